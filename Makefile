@@ -1,0 +1,45 @@
+# NodeGate: one entry point. `make demo` runs the live demo, `make test` runs every test.
+# Both work on a fresh machine with Python 3.11 and Go; the control plane binaries are built once
+# per machine into ~/.cache/nodegate (see gate/devcluster/versions.toml).
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: all demo test check unit integration binaries crds clean-venv
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+binaries: $(STAMP)
+	$(PY) -m gate.devcluster.build
+
+demo: binaries
+	$(VENV)/bin/nodegate demo
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check gate tests bench
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+integration: binaries
+	$(PY) -m pytest tests/integration -q
+
+test: check binaries
+	$(PY) -m pytest tests -q
+
+crds: $(STAMP)
+	$(VENV)/bin/nodegate crds --output crds
+
+clean-venv:
+	rm -rf $(VENV)

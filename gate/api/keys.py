@@ -1,0 +1,64 @@
+"""Every name NodeGate writes onto other objects, in one place.
+
+Node-side keys all live under `nodegate.io/`. A gate's per-node keys embed the gate's name, which is a
+DNS subdomain of at most 253 characters; label *names* are limited to 63 characters, so the label key
+uses the name when it fits and a stable hash otherwise (the annotation keeps the full name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final, Literal
+
+GROUP: Final = "nodegate.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+NODEGATE_PLURAL: Final = "nodegates"
+POLICY_PLURAL: Final = "deploymentpolicies"
+PACKAGES_RESOURCE: Final = "packages"  # virtual resource for RBAC-scoped package use
+USE_VERB: Final = "use"
+BYPASS_VERB: Final = "bypass"
+
+READINESS_TAINT_KEY: Final = f"{GROUP}/runtime-required"
+READINESS_TAINT_EFFECT: Final = "NoSchedule"
+CORDONED_BY: Final = f"{GROUP}/cordoned-by"
+IGNORE_LABEL: Final = f"{GROUP}/ignore"
+FINALIZER: Final = f"{GROUP}/cleanup"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGER: Final = "nodegate"
+
+# Labels on the Jobs, Pods and ConfigMaps the operator creates.
+JOB_GATE_LABEL: Final = f"{GROUP}/gate"
+JOB_NODE_LABEL: Final = f"{GROUP}/node"
+JOB_PACKAGE_LABEL: Final = f"{GROUP}/package"
+JOB_STAGE_LABEL: Final = f"{GROUP}/stage"
+INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"  # on interrupt Jobs: none | service | restartAllServices | reboot
+
+NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]
+NODE_STATUSES: Final[tuple[NodeStatus, ...]] = ("waiting", "in-progress", "complete", "failed", "blocked")
+
+_LABEL_NAME_MAX = 63
+
+
+def _label_safe(prefix: str, gate: str) -> str:
+    name = f"{prefix}.{gate}"
+    if len(name) <= _LABEL_NAME_MAX:
+        return name
+    digest = hashlib.sha256(gate.encode()).hexdigest()[:10]
+    keep = _LABEL_NAME_MAX - len(prefix) - 1 - len(digest) - 1
+    return f"{prefix}.{gate[:keep].rstrip('.-')}-{digest}"
+
+
+def state_annotation(gate: str) -> str:
+    """Annotation holding the node's progress for `gate`: the operator's durable memory."""
+    return f"{GROUP}/state.{gate}"
+
+
+def status_label(gate: str) -> str:
+    """Label with the node's status for `gate` (waiting | in-progress | complete | failed | blocked)."""
+    return f"{GROUP}/{_label_safe('status', gate)}"
+
+
+def gate_of_state_annotation(key: str) -> str | None:
+    prefix = f"{GROUP}/state."
+    return key[len(prefix) :] if key.startswith(prefix) else None

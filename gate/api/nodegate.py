@@ -1,0 +1,290 @@
+"""The NodeGate kind: which nodes, which packages, how to disrupt them safely."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta
+
+PACKAGE_NAME_PATTERN = r"^[a-z][-a-z0-9]{0,41}[a-z]$"
+MAX_PACKAGES = 64
+
+InterruptType = Literal["none", "service", "restartAllServices", "reboot"]
+
+INTERRUPT_RULES = [
+    {
+        "rule": "!has(self.type) || self.type != 'service' || (has(self.services) && size(self.services) > 0)",
+        "message": "an interrupt of type service needs at least one entry in services",
+    }
+]
+
+
+class Interrupt(Model):
+    """What must happen to the node for a change to take effect."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": INTERRUPT_RULES})
+
+    type: InterruptType = Field(
+        default="none",
+        description=(
+            "none: nothing; service: restart the listed systemd services; "
+            "restartAllServices: restart every service; reboot: reboot the node."
+        ),
+    )
+    services: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="systemd units to restart; required when type is service.",
+    )
+
+
+class EnvVar(Model):
+    """A corev1.EnvVar passed to the package's stages."""
+
+    name: str = Field(max_length=256, description="Variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="A corev1.EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+class Resources(Model):
+    """corev1.ResourceRequirements of the package's stage containers."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=32, description="Minimum resources, e.g. {cpu: 100m, memory: 64Mi}."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=32, description="Maximum resources; each at least its request."
+    )
+
+
+UNINSTALL_RULES = [
+    {
+        "rule": "!(has(self.apply) && self.apply) || (has(self.enabled) && self.enabled)",
+        "message": "apply needs enabled: true",
+    }
+]
+
+
+class Uninstall(Model):
+    """Whether and when the package's uninstall stage runs."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": UNINSTALL_RULES})
+
+    enabled: bool = Field(
+        default=False,
+        description="The package can be uninstalled: removing it from the gate or deleting the gate runs uninstall.",
+    )
+    apply: bool = Field(
+        default=False,
+        description="Uninstall now: run the uninstall stage on every node (needs enabled).",
+    )
+
+
+class LocalObjectReference(Model):
+    name: str = Field(max_length=253, description="Name of a Secret in the operator's namespace.")
+
+
+class Package(Model):
+    """One host-layer package: an image carrying stages and checks, at a version."""
+
+    version: str = Field(
+        max_length=128,
+        description="Semantic version of the package; the image tag unless the image is pinned by digest.",
+    )
+    image: str = Field(
+        max_length=512,
+        description=(
+            "Image without a tag (the tag is the version) or with an @sha256 digest, "
+            "e.g. ghcr.io/example/nvidia-tuned."
+        ),
+    )
+    interrupt: Interrupt | None = Field(
+        default=None, description="Interrupt after apply or upgrade; none when unset."
+    )
+    config: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Files made available to the stages (a ConfigMap). A change re-runs the config stage.",
+    )
+    config_interrupts: dict[str, Interrupt] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Interrupts run after a config change, keyed by config key or glob (e.g. '*.conf').",
+    )
+    depends_on: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_PACKAGES,
+        description="Packages of the same gate that must be complete first, with a version constraint (e.g. '>=1.2.0').",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Environment of the stages.")
+    resources: Resources | None = Field(default=None, description="Resources of the stage containers.")
+    timeout: Duration = Field(
+        default="30m", description="How long one stage may run; exceeding it fails the stage."
+    )
+    retries: int = Field(default=2, ge=0, le=20, description="How often a failed stage is retried, with backoff.")
+    uninstall: Uninstall = Field(default_factory=Uninstall, description="Uninstall behaviour.")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16, description="Secrets for pulling the image."
+    )
+
+    def interrupt_or_none(self) -> Interrupt:
+        return self.interrupt or Interrupt()
+
+
+class Drain(Model):
+    """How a node is drained before an interrupt."""
+
+    timeout: Duration = Field(
+        default="15m",
+        description="How long to keep retrying evictions refused by a PodDisruptionBudget; then the node fails.",
+    )
+    grace_period_seconds: int | None = Field(
+        default=None, ge=0, description="Override of the pods' termination grace period; theirs when unset."
+    )
+    delete_empty_dir_data: bool = Field(
+        default=False, description="Evict pods that use emptyDir volumes (their data is lost)."
+    )
+
+
+class Toleration(Model):
+    """A corev1.Toleration."""
+
+    key: str | None = Field(default=None, description="Taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
+
+
+NODEGATE_SPEC_RULES = [
+    {
+        "rule": "!(has(self.deploymentPolicy) && has(self.interruptionBudget))",
+        "message": "set at most one of deploymentPolicy and interruptionBudget",
+    },
+    {
+        "rule": "!has(self.packages) || self.packages.all(k, k.matches('" + PACKAGE_NAME_PATTERN + "'))",
+        "message": "package names must match " + PACKAGE_NAME_PATTERN,
+        "fieldPath": ".packages",
+    },
+]
+
+
+class NodeGateSpec(Model):
+    """What to install on which nodes, and how carefully."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": NODEGATE_SPEC_RULES})
+
+    node_selector: LabelSelector = Field(
+        default_factory=LabelSelector, description="The nodes this gate manages; empty selects every node."
+    )
+    readiness_taint: bool = Field(
+        default=False,
+        description=(
+            "New matching nodes join with the taint nodegate.io/runtime-required:NoSchedule, lifted once "
+            "every readinessTaint gate selecting the node is complete there."
+        ),
+    )
+    priority: int = Field(default=200, ge=1, description="Lower runs first.")
+    sequencing: Literal["node", "all"] = Field(
+        default="node",
+        description=(
+            "node: wait for higher-priority gates on this node; all: wait until they are complete everywhere."
+        ),
+    )
+    serial: bool = Field(default=False, description="Run one package at a time on a node.")
+    paused: bool = Field(default=False, description="Start no new work; running stages finish.")
+    interruption_budget: Budget | None = Field(
+        default=None,
+        description="Nodes disrupted at once (100% when unset); mutually exclusive with deploymentPolicy.",
+    )
+    deployment_policy: str | None = Field(
+        default=None, max_length=253, description="Name of a DeploymentPolicy governing the rollout."
+    )
+    pod_non_interrupt_labels: LabelSelector | None = Field(
+        default=None, description="Pods that must finish on their own before a node is interrupted."
+    )
+    wait_timeout: Duration | None = Field(
+        default=None, description="How long to wait for protected pods; forever when unset."
+    )
+    drain: Drain = Field(default_factory=Drain, description="Drain settings.")
+    additional_tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Tolerations added to the package pods."
+    )
+    packages: dict[str, Package] = Field(
+        default_factory=dict,
+        max_length=MAX_PACKAGES,
+        description="Packages by name; a name matches " + PACKAGE_NAME_PATTERN + ".",
+    )
+
+
+class NodeCounts(Model):
+    matched: int = Field(default=0, description="Nodes the gate selects (not ignored).")
+    complete: int = Field(default=0, description="Nodes where every package is complete.")
+    in_progress: int = Field(default=0, description="Nodes with work running.")
+    failed: int = Field(default=0, description="Nodes where a stage failed for good.")
+    waiting: int = Field(default=0, description="Nodes waiting for their turn.")
+    blocked: int = Field(default=0, description="Nodes blocked by a higher-priority gate or a stopped compartment.")
+
+
+class CompartmentStatus(Model):
+    name: str = Field(description="Compartment name; __default__ for nodes no selector claims.")
+    matched: int = Field(default=0, description="Nodes of the gate in this compartment.")
+    ceiling: int = Field(default=0, description="Most nodes disrupted at once (the budget).")
+    in_progress: int = Field(default=0, description="Nodes disrupted now.")
+    complete: int = Field(default=0, description="Nodes done.")
+    failed: int = Field(default=0, description="Nodes failed.")
+    batch: int = Field(default=0, description="Number of the current batch (1-based; 0 before the first).")
+    batch_size: int = Field(default=0, description="Size of the current batch.")
+    consecutive_failures: int = Field(default=0, description="Failed batches in a row.")
+    state: Literal["waiting", "rolling", "complete", "stopped", "outside-window"] = Field(
+        default="waiting", description="waiting, rolling, complete, stopped or outside-window."
+    )
+
+
+class NodeGateStatus(Model):
+    observed_generation: int | None = Field(default=None, description="The generation last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing, Degraded and Paused.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    status: str | None = Field(
+        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused."
+    )
+    progress: str | None = Field(default=None, description="Complete of matched nodes, e.g. 12/40.")
+    nodes: NodeCounts = Field(default_factory=NodeCounts, description="Node counts by state.")
+    compartments: list[CompartmentStatus] = Field(
+        default_factory=list,
+        description="Rollout progress per compartment.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class NodeGate(Model):
+    """A set of host-layer packages rolled out to the nodes a selector picks."""
+
+    api_version: str = Field(default="nodegate.io/v1alpha1", description="nodegate.io/v1alpha1")
+    kind: str = Field(default="NodeGate", description="NodeGate")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: NodeGateSpec = Field(default_factory=NodeGateSpec, description="Desired state.")
+    status: NodeGateStatus | None = Field(default=None, description="Observed state.")
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name

@@ -1,0 +1,174 @@
+"""The `nodegate` command (also installed as `kubectl-nodegate`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gate import __version__
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A failure to report as one line and a non-zero exit, never a traceback."""
+
+
+def _labels(values: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--label wants key=value, got {item!r}")
+        out[key] = value
+    return out
+
+
+def cmd_crds(args: argparse.Namespace) -> int:
+    from gate.api.crd import stale_crds, write_crds
+
+    out = Path(args.output)
+    if args.check:
+        stale = stale_crds(out)
+        if stale:
+            print(f"stale CRDs in {out}: {', '.join(stale)}; run `nodegate crds --output {out}`", file=sys.stderr)
+            return 1
+        return 0
+    for path in write_crds(out):
+        print(path)
+    return 0
+
+
+def cmd_dev_build(args: argparse.Namespace) -> int:
+    from gate.devcluster.build import ensure_built
+
+    for name, path in ensure_built(progress=_err).items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+def cmd_dev_up(args: argparse.Namespace) -> int:
+    from gate.devcluster.cluster import DevCluster, NodeSpec
+    from gate.devcluster import services
+
+    cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+    cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err)
+    services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
+    print(cluster.kubeconfig)
+    return 0
+
+
+def cmd_dev_down(args: argparse.Namespace) -> int:
+    from gate.devcluster.cluster import DevCluster
+
+    cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+    stopped = cluster.down(quiet=True)
+    print(f"Stopped {', '.join(stopped)}." if stopped else "Nothing was running.")
+    return 0
+
+
+def cmd_dev_kubeconfig(args: argparse.Namespace) -> int:
+    from gate.devcluster.cluster import DevCluster
+
+    cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+    if not cluster.running():
+        raise CliError("the dev cluster is not running; start it with `nodegate dev up`")
+    print(cluster.kubeconfig)
+    return 0
+
+
+def cmd_dev_status(args: argparse.Namespace) -> int:
+    from gate.devcluster.cluster import DevCluster
+
+    cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+    procs = cluster.processes()
+    if not procs:
+        print("Nothing is running.")
+        return 1
+    for name, proc in procs.items():
+        print(f"{name:26} pid {proc.pid:<8} {'running' if proc.alive() else 'EXITED'}  log {proc.log}")
+    return 0 if cluster.running() else 1
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"nodegate {__version__}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gate.cli.demo import run_demo
+
+    return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None)
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodegate", description="Host-layer packages for Kubernetes fleets.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    crds = sub.add_parser("crds", help="generate the CRD manifests from the API models")
+    crds.add_argument("--output", "-o", default="crds", help="directory to write into (default: crds)")
+    crds.add_argument("--check", action="store_true", help="exit 1 when the files there are stale")
+    crds.set_defaults(func=cmd_crds)
+
+    dev = sub.add_parser("dev", help="a local real control plane with simulated nodes")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument("--state-dir", help="where the cluster keeps its state (default: ~/.cache/nodegate/dev)")
+
+    up = dev_sub.add_parser("up", parents=[state], help="start (or reuse) the control plane and return")
+    up.add_argument("--nodes", type=int, default=3, help="simulated nodes to create (default 3)")
+    up.add_argument("--label", action="append", default=[], metavar="K=V", help="label for the nodes (repeatable)")
+    up.add_argument("--job-seconds", type=float, default=1.0,
+                    help="how long a Job's pod runs on a simulated node before it succeeds (default 1)")
+    up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
+    up.add_argument("--no-operator", action="store_true", help="do not start the operator")
+    up.set_defaults(func=cmd_dev_up)
+
+    down = dev_sub.add_parser("down", parents=[state], help="stop every process `dev up` started")
+    down.set_defaults(func=cmd_dev_down)
+    kc = dev_sub.add_parser("kubeconfig", parents=[state], help="print the kubeconfig path")
+    kc.set_defaults(func=cmd_dev_kubeconfig)
+    st = dev_sub.add_parser("status", parents=[state], help="list the processes and whether they run")
+    st.set_defaults(func=cmd_dev_status)
+    bd = dev_sub.add_parser("build", help="build the control plane binaries (once per machine)")
+    bd.set_defaults(func=cmd_dev_build)
+
+    demo = sub.add_parser("demo", help="a live rollout on a local control plane with simulated nodes")
+    demo.add_argument("--quick", action="store_true", help="a short run to the end (used by the tests)")
+    demo.add_argument("--nodes", type=int, default=60, help="simulated nodes (default 60)")
+    demo.add_argument("--state-dir", help="where the demo cluster keeps its state")
+    demo.set_defaults(func=cmd_demo)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=cmd_version)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    func: Handler = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+    except CliError as exc:
+        _err(f"error: {exc}")
+        return 2
+    except Exception as exc:  # one clear line for every known failure kind
+        from gate.devcluster.build import BuildError
+        from gate.devcluster.cluster import ClusterError
+
+        if isinstance(exc, (BuildError, ClusterError)):
+            _err(f"error: {exc}")
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

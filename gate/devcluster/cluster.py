@@ -1,0 +1,510 @@
+"""The local real control plane: etcd, kube-apiserver, kube-controller-manager, kwok.
+
+Everything runs on loopback with free ports, as child processes in their own sessions so they outlive
+`nodegate dev up`. The state directory holds the PKI, the etcd data, the kubeconfig, one log file per
+process and `processes.json` (pid and start time of each, so `down` never kills a recycled pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gate.certs import pki
+from gate.devcluster import build, stages
+from gate.kube.client import CRDS, KWOK_STAGES, NAMESPACES, NODES, KubeClient
+from gate.kube.errors import ApiError, ConnectionFailed
+
+Progress = Callable[[str], None]
+
+NAMESPACE = "nodegate-system"
+# Controllers the tests rely on, plus everything enabled by default. nodelifecycle is off: simulated
+# nodes do not heartbeat (thousands of lease writes would starve two cores), and without a heartbeat
+# that controller would taint every node unreachable and evict its pods.
+CONTROLLERS = "*,-nodelifecycle,-cloud-node-lifecycle,-nodeipam,-service-lb-controller"
+SERVICE_CIDR = "10.96.0.0/16"
+NODE_NAME_PREFIX = "kwok-node-"
+
+
+class ClusterError(RuntimeError):
+    """The dev cluster could not start or is not running; the message says what to look at."""
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("NODEGATE_DEV_DIR", build.cache_root() / "dev"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to recognise the same process later."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may contain spaces, so split after its closing parenthesis.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    started: str
+    log: str
+    argv: list[str] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        return _proc_start_time(self.pid) == self.started
+
+
+@dataclass
+class NodeSpec:
+    """Simulated nodes to create: `count` nodes named `<prefix><index>` with `labels`."""
+
+    count: int
+    labels: dict[str, str] = field(default_factory=dict)
+    prefix: str = NODE_NAME_PREFIX
+    start: int = 0
+    taints: list[dict[str, str]] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(self.start, self.start + self.count)]
+
+
+def node_manifest(name: str, labels: dict[str, str], taints: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {stages.KWOK_NODE_ANNOTATION: stages.KWOK_NODE_VALUE, "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+        },
+        "spec": {"taints": list(taints)},
+    }
+
+
+class DevCluster:
+    """A control plane rooted in one state directory. All methods are idempotent."""
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.dir = (state_dir or default_state_dir()).resolve()
+        self.pki = self.dir / "pki"
+        self.logs = self.dir / "logs"
+        self.kubeconfig = self.dir / "kubeconfig"
+        self._procs_file = self.dir / "processes.json"
+        self._ports_file = self.dir / "ports.json"
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def processes(self) -> dict[str, Process]:
+        if not self._procs_file.exists():
+            return {}
+        data = json.loads(self._procs_file.read_text())
+        return {name: Process(**p) for name, p in data.items()}
+
+    def _save_processes(self, procs: dict[str, Process]) -> None:
+        self._procs_file.write_text(json.dumps({n: p.__dict__ for n, p in procs.items()}, indent=1))
+
+    def ports(self) -> dict[str, int]:
+        return json.loads(self._ports_file.read_text()) if self._ports_file.exists() else {}
+
+    def running(self) -> bool:
+        procs = self.processes()
+        core = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
+        return all(n in procs and procs[n].alive() for n in core)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports()['apiserver']}"
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def up(self, nodes: NodeSpec | None = None, *, job_seconds: float = 1.0, progress: Progress = print,
+           timeout: float = 120.0) -> None:
+        """Start everything that is not running, create `nodes`, and return once all is ready."""
+        started = time.monotonic()
+        bins = build.ensure_built(progress=progress)
+        if self.running():
+            progress(f"Control plane already running ({self.dir}).")
+        else:
+            self.down(quiet=True)  # clear leftovers of a crashed run (half-dead processes)
+            self._start(bins, job_seconds, progress, timeout)
+        if nodes is not None and nodes.count:
+            asyncio.run(self.add_nodes(nodes, timeout=timeout))
+        progress(f"Control plane ready in {time.monotonic() - started:.1f}s; kubeconfig: {self.kubeconfig}")
+
+    def _start(self, bins: dict[str, Path], job_seconds: float, progress: Progress, timeout: float) -> None:
+        for path in (self.dir / "etcd", self.logs):
+            shutil.rmtree(path, ignore_errors=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._write_pki()
+        ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "kwok", "scheduler")}
+        self._ports_file.write_text(json.dumps(ports))
+        self._write_kubeconfigs(ports["apiserver"])
+        procs: dict[str, Process] = {}
+        deadline = time.monotonic() + timeout
+
+        progress("Starting etcd ...")
+        procs["etcd"] = self._spawn("etcd", [
+            str(bins["etcd"]), "--name", "nodegate-dev", "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{ports['etcd']}",
+            "--advertise-client-urls", f"http://127.0.0.1:{ports['etcd']}",
+            "--listen-peer-urls", f"http://127.0.0.1:{ports['etcd-peer']}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{ports['etcd-peer']}",
+            "--initial-cluster", f"nodegate-dev=http://127.0.0.1:{ports['etcd-peer']}",
+            # A throwaway cluster: durability is not worth an fsync per write on a shared disk.
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
+            "--log-level", "warn",
+        ])
+        self._save_processes(procs)
+        self._wait(lambda: _http_ok(f"http://127.0.0.1:{ports['etcd']}/health"), "etcd", procs, deadline)
+
+        progress("Starting kube-apiserver ...")
+        p = self.pki
+        procs["kube-apiserver"] = self._spawn("kube-apiserver", [
+            str(bins["kube-apiserver"]),
+            "--etcd-servers", f"http://127.0.0.1:{ports['etcd']}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(ports["apiserver"]),
+            "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
+            "--client-ca-file", str(p / "ca.crt"),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(p / "sa.pub"),
+            "--service-account-signing-key-file", str(p / "sa.key"),
+            "--api-audiences", "https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode", "RBAC",
+            "--enable-admission-plugins", "NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,"
+            "ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,PodSecurity",
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--allow-privileged=true",
+            "--max-requests-inflight", "800", "--max-mutating-requests-inflight", "400",
+            "--profiling=false", "--v", "1",
+        ])
+        self._save_processes(procs)
+        self._wait(lambda: self._apiserver_ready(ports["apiserver"]), "kube-apiserver", procs, deadline)
+
+        progress("Starting kube-controller-manager and kube-scheduler ...")
+        procs["kube-controller-manager"] = self._spawn("kube-controller-manager", [
+            str(bins["kube-controller-manager"]),
+            "--kubeconfig", str(self.dir / "kcm.kubeconfig"),
+            "--authentication-kubeconfig", str(self.dir / "kcm.kubeconfig"),
+            "--authorization-kubeconfig", str(self.dir / "kcm.kubeconfig"),
+            "--controllers", CONTROLLERS,
+            "--service-account-private-key-file", str(p / "sa.key"),
+            "--root-ca-file", str(p / "ca.crt"),
+            "--use-service-account-credentials=true",
+            "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", str(ports["kcm"]),
+            "--kube-api-qps", "200", "--kube-api-burst", "400",
+            "--concurrent-job-syncs", "20", "--v", "1",
+        ])
+        procs["kube-scheduler"] = self._spawn("kube-scheduler", [
+            str(bins["kube-scheduler"]),
+            "--kubeconfig", str(self.dir / "scheduler.kubeconfig"),
+            "--authentication-kubeconfig", str(self.dir / "scheduler.kubeconfig"),
+            "--authorization-kubeconfig", str(self.dir / "scheduler.kubeconfig"),
+            "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", str(ports["scheduler"]),
+            "--v", "1",
+        ])
+        self._save_processes(procs)
+
+        progress("Installing kwok's Stage CRD and the simulated kubelet's stages ...")
+        asyncio.run(self._install_kwok_objects(bins["kwok"].parent, job_seconds))
+
+        progress("Starting kwok ...")
+        procs["kwok"] = self._spawn("kwok", [
+            str(bins["kwok"]), "--kubeconfig", str(self.dir / "kwok.kubeconfig"),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector", f"{stages.KWOK_NODE_ANNOTATION}={stages.KWOK_NODE_VALUE}",
+            "--enable-crds", "Stage",
+            "--node-lease-duration-seconds", "0",
+            "--server-address", f"127.0.0.1:{ports['kwok']}",
+            "--cidr", "10.0.0.0/8", "--node-ip", "192.168.0.1",
+        ])
+        self._save_processes(procs)
+        self._wait(lambda: _http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), "kwok", procs, deadline)
+        asyncio.run(self._wait_controllers(deadline, procs))
+
+    async def _install_kwok_objects(self, kwok_bin_dir: Path, job_seconds: float) -> None:
+        crd = yaml.safe_load((kwok_bin_dir / "kwok.x-k8s.io_stages.yaml").read_text())
+        async with await self.client() as kube:
+            await kube.apply(crd, field_manager="nodegate-dev")
+            await _wait_established(kube, crd["metadata"]["name"])
+            for stage in [*stages.default_stages(job_seconds), stages.reboot_stage(job_seconds)]:
+                await kube.apply(stage, field_manager="nodegate-dev")
+            await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                             field_manager="nodegate-dev")
+
+    async def _wait_controllers(self, deadline: float, procs: dict[str, Process]) -> None:
+        # The service-account controller creating "default" in a namespace proves the controller
+        # manager is connected and reconciling.
+        async with await self.client() as kube:
+            while True:
+                try:
+                    await kube.get(NAMESPACES, "default")
+                    from gate.kube.client import SERVICEACCOUNTS
+
+                    await kube.get(SERVICEACCOUNTS, "default", "default")
+                    return
+                except (ApiError, ConnectionFailed):
+                    pass
+                self._check_alive(procs)
+                if time.monotonic() > deadline:
+                    raise ClusterError("kube-controller-manager did not create the default service account; "
+                                       f"see {self.logs / 'kube-controller-manager.log'}")
+                await asyncio.sleep(0.2)
+
+    # -- nodes ------------------------------------------------------------------------------------
+
+    async def add_nodes(self, spec: NodeSpec, *, timeout: float = 120.0, concurrency: int = 32) -> list[str]:
+        """Create simulated nodes (existing ones are left as they are) and wait until they are Ready."""
+        names = spec.names()
+        async with await self.client() as kube:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def create(name: str) -> None:
+                async with sem:
+                    try:
+                        await kube.create(NODES, node_manifest(name, spec.labels, spec.taints))
+                    except ApiError as exc:
+                        if exc.status != 409:
+                            raise
+
+            await asyncio.gather(*(create(n) for n in names))
+            await wait_nodes_ready(kube, set(names), timeout=timeout)
+        return names
+
+    # -- stop -------------------------------------------------------------------------------------
+
+    def down(self, *, quiet: bool = False, keep_state: bool = False) -> list[str]:
+        """Stop every process this state directory started; return the names of those stopped."""
+        procs = self.processes()
+        stopped = []
+        # Reverse start order: clients before the API server, the API server before etcd.
+        for name in reversed(list(procs)):
+            proc = procs[name]
+            if proc.alive():
+                _terminate(proc.pid)
+                stopped.append(name)
+        for name in reversed(list(procs)):
+            proc = procs[name]
+            deadline = time.monotonic() + 10
+            while proc.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.alive():
+                _kill(proc.pid)
+        self._procs_file.unlink(missing_ok=True)
+        if not keep_state:
+            shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        if not quiet and not stopped:
+            print("Nothing was running.")
+        return stopped
+
+    def register(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        """Start another process (webhook, operator) under this cluster's bookkeeping."""
+        procs = self.processes()
+        if name in procs and procs[name].alive():
+            return procs[name]
+        procs[name] = self._spawn(name, argv, env)
+        self._save_processes(procs)
+        return procs[name]
+
+    def stop_process(self, name: str, *, sig: int = signal.SIGTERM) -> None:
+        procs = self.processes()
+        proc = procs.pop(name, None)
+        if proc and proc.alive():
+            os.killpg(proc.pid, sig) if sig == signal.SIGKILL else _terminate(proc.pid)
+            deadline = time.monotonic() + 10
+            while proc.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.alive():
+                _kill(proc.pid)
+        self._save_processes(procs)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    async def client(self, **kw: Any) -> KubeClient:
+        return await KubeClient.from_kubeconfig(str(self.kubeconfig), **kw)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        log = self.logs / f"{name}.log"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.dir, env={**os.environ, **(env or {})},
+            )
+        started = _proc_start_time(proc.pid) or ""
+        return Process(name, proc.pid, started, str(log), argv)
+
+    def _check_alive(self, procs: dict[str, Process]) -> None:
+        for name, proc in procs.items():
+            if not proc.alive():
+                tail = _tail(Path(proc.log))
+                self.down(quiet=True)
+                raise ClusterError(f"{name} exited during start-up; last lines of {proc.log}:\n{tail}")
+
+    def _wait(self, ready: Callable[[], bool], what: str, procs: dict[str, Process], deadline: float) -> None:
+        while not ready():
+            self._check_alive(procs)
+            if time.monotonic() > deadline:
+                self.down(quiet=True)
+                raise ClusterError(f"{what} did not become ready in time; see {self.logs / (what + '.log')}")
+            time.sleep(0.1)
+
+    def _apiserver_ready(self, port: int) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return _http_ok(f"https://127.0.0.1:{port}/readyz", ctx)
+
+    def _write_pki(self) -> None:
+        self.pki.mkdir(parents=True, exist_ok=True)
+        if (self.pki / "ca.crt").exists():
+            return  # reuse: kubeconfigs handed out earlier stay valid across restarts
+        ca = pki.create_ca("nodegate-dev-ca")
+        _write_pair(self.pki / "ca", ca)
+        serving = pki.issue(
+            ca, "kube-apiserver", server=True,
+            hosts=["127.0.0.1", "localhost", "10.96.0.1", "kubernetes", "kubernetes.default",
+                   "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
+        )
+        _write_pair(self.pki / "apiserver", serving)
+        clients = {
+            "admin": ("nodegate-dev-admin", ["system:masters"]),
+            "kcm": ("system:kube-controller-manager", []),
+            "scheduler": ("system:kube-scheduler", []),
+            # kwok writes node and pod status and applies Stage side effects to arbitrary objects.
+            "kwok": ("kwok-controller", ["system:masters"]),
+        }
+        for name, (cn, orgs) in clients.items():
+            _write_pair(self.pki / name, pki.issue(ca, cn, organizations=orgs, client=True))
+        private, public = pki.rsa_signing_key()
+        (self.pki / "sa.key").write_bytes(private)
+        (self.pki / "sa.pub").write_bytes(public)
+        for path in self.pki.glob("*.key"):
+            path.chmod(0o600)
+
+    def _write_kubeconfigs(self, port: int) -> None:
+        for name, file in (("admin", self.kubeconfig), ("kcm", self.dir / "kcm.kubeconfig"),
+                           ("scheduler", self.dir / "scheduler.kubeconfig"), ("kwok", self.dir / "kwok.kubeconfig")):
+            file.write_text(yaml.safe_dump(kubeconfig_dict(
+                f"https://127.0.0.1:{port}", (self.pki / "ca.crt").read_bytes(),
+                user=name, cert=(self.pki / f"{name}.crt").read_bytes(), key=(self.pki / f"{name}.key").read_bytes(),
+            )))
+            file.chmod(0o600)
+
+
+def kubeconfig_dict(server: str, ca_pem: bytes, *, user: str, cert: bytes | None = None, key: bytes | None = None,
+                    token: str | None = None, cluster: str = "nodegate-dev") -> dict[str, Any]:
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    creds: dict[str, str] = {}
+    if cert and key:
+        creds = {"client-certificate-data": b64(cert), "client-key-data": b64(key)}
+    if token:
+        creds["token"] = token
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
+        "current-context": cluster,
+    }
+
+
+async def wait_nodes_ready(kube: KubeClient, names: set[str], *, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        items, _ = await kube.list(NODES)
+        ready = {n["metadata"]["name"] for n in items if _node_ready(n)}
+        missing = names - ready
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{len(missing)} simulated nodes did not turn Ready (e.g. {sorted(missing)[:3]}); "
+                               "is kwok running? see its log in the state directory")
+        await asyncio.sleep(0.25)
+
+
+def _node_ready(node: dict[str, Any]) -> bool:
+    for cond in node.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+async def _wait_established(kube: KubeClient, name: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        crd = await kube.get(CRDS, name)
+        conds = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
+        if conds.get("Established") == "True":
+            return
+        await asyncio.sleep(0.1)
+    raise ClusterError(f"CRD {name} was not established in {timeout:.0f}s")
+
+
+def _write_pair(stem: Path, pair: pki.KeyPair) -> None:
+    stem.with_suffix(".crt").write_bytes(pair.cert_pem)
+    stem.with_suffix(".key").write_bytes(pair.key_pem)
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _terminate(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+__all__ = ["ClusterError", "DevCluster", "NodeSpec", "KWOK_STAGES", "NAMESPACE", "node_manifest"]

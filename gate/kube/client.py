@@ -1,0 +1,349 @@
+"""A thin async Kubernetes client: raw JSON over one aiohttp session.
+
+Configuration (kubeconfig, in-cluster service account, token refresh) comes from `kubernetes.aio`;
+requests are plain dicts in and out. The operator handles thousands of nodes: decoding every object
+into generated model classes would cost more than the rest of a reconcile, and the pure layers work
+on dicts and pydantic models of our own anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes.aio import config as kconfig
+from kubernetes.aio.client import Configuration
+
+from gate.kube.errors import ApiError, ConnectionFailed, Gone, api_error
+
+Obj = dict[str, Any]
+PatchType = Literal["merge", "json", "strategic", "apply"]
+
+_PATCH_CONTENT = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{quote(name, safe='')}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+NODES = Resource("", "v1", "nodes", False, "Node")
+PODS = Resource("", "v1", "pods", True, "Pod")
+NAMESPACES = Resource("", "v1", "namespaces", False, "Namespace")
+CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
+SECRETS = Resource("", "v1", "secrets", True, "Secret")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
+SERVICES = Resource("", "v1", "services", True, "Service")
+EVENTS = Resource("events.k8s.io", "v1", "events", True, "Event")
+JOBS = Resource("batch", "v1", "jobs", True, "Job")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudget")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
+DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False, "CustomResourceDefinition")
+SUBJECT_ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", False, "SubjectAccessReview")
+VALIDATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", False,
+    "ValidatingWebhookConfiguration",
+)
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False,
+    "MutatingWebhookConfiguration",
+)
+CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
+CLUSTERROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False, "ClusterRoleBinding")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", True, "RoleBinding")
+NODEGATES = Resource("nodegate.io", "v1alpha1", "nodegates", False, "NodeGate")
+POLICIES = Resource("nodegate.io", "v1alpha1", "deploymentpolicies", False, "DeploymentPolicy")
+KWOK_STAGES = Resource("kwok.x-k8s.io", "v1alpha1", "stages", False, "Stage")
+
+_BUILTIN = [
+    NODES, PODS, NAMESPACES, CONFIGMAPS, SECRETS, SERVICEACCOUNTS, SERVICES, EVENTS, JOBS, PDBS, LEASES,
+    DAEMONSETS, DEPLOYMENTS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, CLUSTERROLES, CLUSTERROLEBINDINGS,
+    ROLES, ROLEBINDINGS, NODEGATES, POLICIES, KWOK_STAGES,
+]
+_BY_KIND = {(r.api_version, r.kind): r for r in _BUILTIN}
+
+
+def resource_for(obj: Obj) -> Resource:
+    """The Resource of a manifest (only the kinds NodeGate itself touches)."""
+    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+    if key not in _BY_KIND:
+        raise ValueError(f"unknown kind {key[1]!r} of {key[0]!r}")
+    return _BY_KIND[key]
+
+
+class KubeClient:
+    """One connection pool to one API server, authenticated as one identity."""
+
+    def __init__(self, configuration: Configuration, *, user_agent: str = "nodegate",
+                 timeout: float = 30.0) -> None:
+        self._cfg = configuration
+        self.base_url = configuration.host.rstrip("/")
+        ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        if configuration.cert_file:
+            ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
+        if not configuration.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        self._ssl = ctx
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self.user_agent = user_agent
+        self.requests = 0  # count of requests sent, for the benchmarks' requests-per-node figures
+
+    # -- construction -----------------------------------------------------------------------------
+
+    @classmethod
+    async def from_kubeconfig(cls, path: str | None = None, context: str | None = None, **kw: Any) -> KubeClient:
+        cfg = Configuration()
+        await kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg,
+                                       persist_config=False)
+        return cls(cfg, **kw)
+
+    @classmethod
+    def in_cluster(cls, **kw: Any) -> KubeClient:
+        cfg = Configuration()
+        kconfig.load_incluster_config(client_configuration=cfg)
+        return cls(cfg, **kw)
+
+    @classmethod
+    async def from_environment(cls, kubeconfig: str | None = None, **kw: Any) -> KubeClient:
+        """In a pod use the service account, elsewhere the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+        import os
+
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+            return cls.in_cluster(**kw)
+        return await cls.from_kubeconfig(kubeconfig or os.environ.get("KUBECONFIG"), **kw)
+
+    def with_token(self, token: str) -> KubeClient:
+        """A client for the same server authenticated by a bearer token instead (e.g. a TokenRequest)."""
+        cfg = Configuration(host=self._cfg.host, ssl_ca_cert=self._cfg.ssl_ca_cert)
+        cfg.api_key = {"authorization": token}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout)
+
+    @property
+    def ca_file(self) -> str | None:
+        return self._cfg.ssl_ca_cert
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=64),
+                headers={"User-Agent": self.user_agent, "Accept": "application/json"},
+            )
+        return self._session
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        # kubernetes.aio stores kubeconfig and service-account tokens under "authorization", already
+        # prefixed ("Bearer ..."); the in-cluster loader adds a hook that re-reads the rotated token file.
+        token = await self._cfg.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                      body: Any = None, content_type: str | None = None, timeout: float | None = None) -> Any:
+        data = None
+        if body is not None:
+            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            content_type = content_type or "application/json"
+        clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        self.requests += 1
+        try:
+            async with self._sess().request(
+                method, self.base_url + path, params=clean, data=data,
+                headers=await self._headers(content_type),
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+            ) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise _error(resp, text, method, path)
+                return json.loads(text) if text else None
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            raise ConnectionFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None,
+                  subresource: str | None = None) -> Obj:
+        result: Obj = await self.request("GET", res.path(namespace, name, subresource))
+        return result
+
+    async def list(self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
+                   field_selector: str | None = None, page_size: int = 500) -> tuple[list[Obj], str]:
+        """Every object (paged), and the list's resourceVersion to start a watch from."""
+        items: list[Obj] = []
+        cont: str | None = None
+        while True:
+            page: Obj = await self.request("GET", res.path(namespace), params={
+                "labelSelector": label_selector, "fieldSelector": field_selector,
+                "limit": page_size, "continue": cont,
+            })
+            for item in page.get("items", []):
+                item.setdefault("apiVersion", res.api_version)
+                item.setdefault("kind", res.kind)
+                items.append(item)
+            cont = page.get("metadata", {}).get("continue")
+            if not cont:
+                return items, page.get("metadata", {}).get("resourceVersion", "")
+
+    async def create(self, res: Resource, obj: Obj, namespace: str | None = None, *,
+                     subresource_of: str | None = None, subresource: str | None = None,
+                     dry_run: bool = False) -> Obj:
+        ns = namespace or obj.get("metadata", {}).get("namespace")
+        path = res.path(ns, subresource_of, subresource) if subresource_of else res.path(ns)
+        result: Obj = await self.request("POST", path, body=obj, params={"dryRun": "All" if dry_run else None})
+        return result
+
+    async def replace(self, res: Resource, obj: Obj, *, subresource: str | None = None) -> Obj:
+        meta = obj["metadata"]
+        result: Obj = await self.request("PUT", res.path(meta.get("namespace"), meta["name"], subresource), body=obj)
+        return result
+
+    async def patch(self, res: Resource, name: str, patch: Any, *, namespace: str | None = None,
+                    patch_type: PatchType = "merge", subresource: str | None = None,
+                    field_manager: str | None = None, force: bool = False, dry_run: bool = False) -> Obj:
+        params: dict[str, Any] = {"fieldManager": field_manager, "dryRun": "All" if dry_run else None}
+        if patch_type == "apply":
+            params["fieldManager"] = field_manager or "nodegate"
+            params["force"] = force
+        result: Obj = await self.request(
+            "PATCH", res.path(namespace, name, subresource), body=patch, params=params,
+            content_type=_PATCH_CONTENT[patch_type],
+        )
+        return result
+
+    async def apply(self, obj: Obj, *, field_manager: str = "nodegate", force: bool = True) -> Obj:
+        """Server-side apply of a whole manifest."""
+        res = resource_for(obj)
+        meta = obj["metadata"]
+        return await self.patch(res, meta["name"], obj, namespace=meta.get("namespace"), patch_type="apply",
+                                field_manager=field_manager, force=force)
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+                     body: Obj | None = None, missing_ok: bool = True) -> Obj | None:
+        try:
+            result: Obj | None = await self.request("DELETE", res.path(namespace, name), body=body)
+            return result
+        except ApiError as exc:
+            if missing_ok and exc.status == 404:
+                return None
+            raise
+
+    async def watch(self, res: Resource, namespace: str | None = None, *, resource_version: str,
+                    label_selector: str | None = None, field_selector: str | None = None,
+                    timeout_seconds: int = 290) -> AsyncIterator[tuple[str, Obj]]:
+        """Events of one watch request: (type, object) with type ADDED, MODIFIED, DELETED, BOOKMARK.
+
+        Ends when the server closes the watch; raises Gone when `resource_version` is too old.
+        """
+        params = {
+            "watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+            "labelSelector": label_selector, "fieldSelector": field_selector, "timeoutSeconds": timeout_seconds,
+        }
+        clean = {k: _param(v) for k, v in params.items() if v is not None}
+        path = res.path(namespace)
+        self.requests += 1
+        try:
+            async with self._sess().get(
+                self.base_url + path, params=clean, headers=await self._headers(None),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout, sock_read=timeout_seconds + 30),
+            ) as resp:
+                if resp.status >= 400:
+                    raise _error(resp, await resp.text(), "WATCH", path)
+                async for raw in _lines(resp.content):
+                    event = json.loads(raw)
+                    kind = event.get("type", "")
+                    obj = event.get("object") or {}
+                    if kind == "ERROR":
+                        code = int(obj.get("code", 500))
+                        raise api_error(code, obj, method="WATCH", path=path)
+                    obj.setdefault("apiVersion", res.api_version)
+                    obj.setdefault("kind", res.kind)
+                    yield kind, obj
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+            raise ConnectionFailed(f"WATCH {path}: {exc.__class__.__name__}: {exc}") from exc
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    # Watch events are newline-delimited JSON; a single event (a big Node) can exceed aiohttp's
+    # default line limit, so lines are assembled from chunks rather than with readline().
+    buf = b""
+    async for chunk in stream.iter_any():
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if buf.strip():
+        yield buf
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _error(resp: aiohttp.ClientResponse, text: str, method: str, path: str) -> ApiError:
+    try:
+        body = json.loads(text) if text else {}
+        if not isinstance(body, dict):
+            body = {"message": text}
+    except ValueError:
+        body = {"message": text[:500]}
+    retry = resp.headers.get("Retry-After")
+    return api_error(resp.status, body, method=method, path=path,
+                     retry_after=float(retry) if retry and retry.isdigit() else None)
+
+
+__all__ = ["ApiError", "Gone", "KubeClient", "Resource", "resource_for"]
