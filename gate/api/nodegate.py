@@ -128,7 +128,9 @@ class Package(Model):
     depends_on: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_PACKAGES,
-        description="Packages of the same gate that must be complete first, with a version constraint (e.g. '>=1.2.0').",
+        description=(
+            "Packages of the same gate that must be complete first, with a version constraint (e.g. '>=1.2.0')."
+        ),
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Environment of the stages.")
     resources: Resources | None = Field(default=None, description="Resources of the stage containers.")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,7 +38,7 @@ class KeyPair:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gate import __version__
+from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
 
+# Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
+# import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
+COMMAND_MODULES: tuple[str, ...] = ()
 
-class CliError(Exception):
-    """A failure to report as one line and a non-zero exit, never a traceback."""
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:
@@ -50,8 +53,8 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
-    from gate.devcluster.cluster import DevCluster, NodeSpec
     from gate.devcluster import services
+    from gate.devcluster.cluster import DevCluster, NodeSpec
 
     cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
     cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err)
@@ -147,6 +150,10 @@ def parser() -> argparse.ArgumentParser:
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
+
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(sub)
     return p
 
 

@@ -153,7 +153,10 @@ def _wrapper(component: Component) -> tuple[str, str]:
         lines.append(")")
     gomod = "\n".join(lines) + "\n"
     imports = "\n".join(f'\t_ "{pkg}"' for pkg in sorted(set(component.binaries.values())))
-    tools = f"//go:build tools\n\n// Keeps the built commands in go.mod for `go mod tidy`.\npackage tools\n\nimport (\n{imports}\n)\n"
+    tools = (
+        "//go:build tools\n\n// Keeps the built commands in go.mod for `go mod tidy`.\n"
+        f"package tools\n\nimport (\n{imports}\n)\n"
+    )
     return gomod, tools
 
 

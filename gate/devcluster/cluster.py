@@ -55,13 +55,29 @@ def free_port() -> int:
 
 
 def _proc_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), to recognise the same process later."""
+    """The kernel's start time of a live `pid` (clock ticks since boot), to recognise it later.
+
+    None when there is no such process or it is a zombie: a child we started and killed stays in the
+    process table until reaped, and must not count as running.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 22; the command name (field 2) may contain spaces, so split after its closing parenthesis.
-    return stat.rsplit(")", 1)[1].split()[19]
+    # The command name (field 2) may contain spaces, so split after its closing parenthesis;
+    # then field 3 (state) is at index 0 and field 22 (start time) at index 19.
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        _reap(pid)
+        return None
+    return fields[19]
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: init reaps it
 
 
 @dataclass
@@ -311,13 +327,16 @@ class DevCluster:
             if proc.alive():
                 _terminate(proc.pid)
                 stopped.append(name)
-        for name in reversed(list(procs)):
-            proc = procs[name]
-            deadline = time.monotonic() + 10
-            while proc.alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
+        # Wait for all of them at once; whoever ignores SIGTERM for 5 s gets SIGKILL.
+        deadline = time.monotonic() + 5
+        while any(p.alive() for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in procs.values():
             if proc.alive():
                 _kill(proc.pid)
+        deadline = time.monotonic() + 5
+        while any(p.alive() for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
         self._procs_file.unlink(missing_ok=True)
         if not keep_state:
             shutil.rmtree(self.dir / "etcd", ignore_errors=True)
@@ -507,4 +526,4 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-__all__ = ["ClusterError", "DevCluster", "NodeSpec", "KWOK_STAGES", "NAMESPACE", "node_manifest"]
+__all__ = ["KWOK_STAGES", "NAMESPACE", "ClusterError", "DevCluster", "NodeSpec", "node_manifest"]

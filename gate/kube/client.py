@@ -8,7 +8,6 @@ on dicts and pydantic models of our own anyway.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -210,7 +209,7 @@ class KubeClient:
                 if resp.status >= 400:
                     raise _error(resp, text, method, path)
                 return json.loads(text) if text else None
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ssl.SSLError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, ssl.SSLError) as exc:
             raise ConnectionFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
 
     async def get(self, res: Resource, name: str, namespace: str | None = None,
@@ -310,7 +309,7 @@ class KubeClient:
                     obj.setdefault("apiVersion", res.api_version)
                     obj.setdefault("kind", res.kind)
                     yield kind, obj
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise ConnectionFailed(f"WATCH {path}: {exc.__class__.__name__}: {exc}") from exc
 
 

@@ -1,0 +1,1 @@
+"""The operator: watches, reconcile, node operations, package Jobs, status, leader election."""

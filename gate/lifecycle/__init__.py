@@ -1,0 +1,1 @@
+"""Pure: the per-node package state machine, the dependency DAG, interrupt merging."""

@@ -1,0 +1,235 @@
+"""The dev control plane is real: a real API server, real controllers, kwok as the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gate.devcluster.cluster import DevCluster, NodeSpec, node_manifest
+from gate.kube.client import JOBS, NODES, PDBS, PODS, KubeClient
+from gate.kube.errors import TooManyRequests
+from tests.conftest import Kubectl, unique
+
+
+def test_server_reports_the_pinned_kubernetes_release(kubectl: Kubectl) -> None:
+    from gate.devcluster.build import load_components
+
+    version = json.loads(kubectl.run("version", "-o", "json").stdout)
+    expected = load_components()["kubernetes"].version
+    assert version["serverVersion"]["gitVersion"] == expected
+    assert version["clientVersion"]["gitVersion"] == expected
+
+
+def test_simulated_nodes_turn_ready(kubectl: Kubectl) -> None:
+    nodes = json.loads(kubectl.run("get", "nodes", "-l", "nodegate.dev/pool=test", "-o", "json").stdout)["items"]
+    assert len(nodes) == 10
+    ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])]
+    assert len(ready) == 10
+    assert all(n["status"]["nodeInfo"]["bootID"] for n in nodes)
+
+
+def test_get_nodegates_shows_printer_columns(kubectl: Kubectl) -> None:
+    name = unique("columns")
+    kubectl.apply(f"""
+apiVersion: nodegate.io/v1alpha1
+kind: NodeGate
+metadata: {{name: {name}}}
+spec:
+  deploymentPolicy: some-policy
+  packages:
+    tuning: {{version: 1.0.0, image: example.com/tuning}}
+""")
+    try:
+        out = kubectl.run("get", "ng", name).stdout
+        header = out.splitlines()[0].split()
+        assert header[:2] == ["NAME", "STATUS"]
+        for column in ("COMPLETE", "IN", "PROGRESS", "FAILED", "POLICY", "AGE"):
+            assert column in header
+        assert "some-policy" in out.splitlines()[1]
+        # the short name of the other kind resolves too
+        assert kubectl.run("get", "dp", check=False).returncode == 0
+    finally:
+        kubectl.run("delete", "ng", name, "--wait=false")
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        ("interruptionBudget: {percent: 10, count: 2}\n  packages: {}",
+         "spec.interruptionBudget", "exactly one of percent or count"),
+        ("interruptionBudget: {percent: 10}\n  deploymentPolicy: p\n  packages: {}",
+         "spec", "at most one of deploymentPolicy and interruptionBudget"),
+        ("packages:\n    Bad_Name: {version: 1.0.0, image: x}", "spec.packages", "package names must match"),
+        ("packages:\n    p1: {version: 1.0.0, image: x, interrupt: {type: service}}",
+         "spec.packages[p1].interrupt", "needs at least one entry in services"),
+        ("interruptionBudget: {percent: 150}\n  packages: {}", "spec.interruptionBudget.percent",
+         "less than or equal to 100"),
+    ],
+)
+def test_cel_rule_rejects_bad_nodegate_naming_the_field(kubectl: Kubectl, spec: str, field: str, message: str) -> None:
+    name = unique("bad")
+    manifest = f"apiVersion: nodegate.io/v1alpha1\nkind: NodeGate\nmetadata: {{name: {name}}}\nspec:\n  {spec}\n"
+    proc = kubectl.apply(manifest, check=False)
+    assert proc.returncode != 0
+    assert field in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_cel_rule_rejects_policy_with_two_strategies(kubectl: Kubectl) -> None:
+    name = unique("bad-dp")
+    proc = kubectl.apply(f"""
+apiVersion: nodegate.io/v1alpha1
+kind: DeploymentPolicy
+metadata: {{name: {name}}}
+spec:
+  compartments:
+  - name: canary
+    selector: {{matchLabels: {{pool: canary}}}}
+    budget: {{count: 1}}
+    strategy: {{fixed: {{initialBatch: 1}}, linear: {{delta: 1}}}}
+""", check=False)
+    assert proc.returncode != 0
+    assert "spec.compartments[0].strategy" in proc.stderr
+    assert "exactly one of fixed, linear or exponential" in proc.stderr
+
+
+async def test_job_pinned_to_a_simulated_node_completes(kube: KubeClient) -> None:
+    name = unique("pinned")
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "nodeName": "kwok-node-3", "restartPolicy": "Never",
+            "initContainers": [{"name": "copy", "image": "busybox"}],
+            "containers": [{"name": "main", "image": "busybox"}],
+        }}},
+    }
+    await kube.create(JOBS, job)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = await kube.get(JOBS, name, "default")
+            conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+            if conds.get("Complete") == "True":
+                break
+            assert conds.get("Failed") != "True", got["status"]
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail("the Job did not complete")
+        pods, _ = await kube.list(PODS, "default", label_selector=f"job-name={name}")
+        assert [p["spec"]["nodeName"] for p in pods] == ["kwok-node-3"]
+        assert pods[0]["status"]["phase"] == "Succeeded"
+    finally:
+        await kube.delete(JOBS, name, "default", body={"propagationPolicy": "Background"})
+
+
+async def _evict(kube: KubeClient, name: str, namespace: str) -> None:
+    await kube.create(PODS, {"apiVersion": "policy/v1", "kind": "Eviction",
+                             "metadata": {"name": name, "namespace": namespace}},
+                      namespace, subresource_of=name, subresource="eviction")
+
+
+async def test_eviction_is_refused_by_a_pdb_until_the_disruption_controller_allows_it(kube: KubeClient) -> None:
+    app = unique("web")
+    ns = "default"
+
+    def pod(i: int) -> dict[str, object]:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{app}-{i}", "namespace": ns, "labels": {"app": app}},
+                "spec": {"nodeName": f"kwok-node-{i}", "containers": [{"name": "c", "image": "nginx"}]}}
+
+    await kube.create(PODS, pod(1))
+    await kube.create(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                             "metadata": {"name": app, "namespace": ns},
+                             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}})
+    try:
+        # With one healthy pod and minAvailable 1, the budget allows no disruption.
+        await _wait_pdb(kube, app, ns, healthy=1)
+        with pytest.raises(TooManyRequests) as refused:
+            await _evict(kube, f"{app}-1", ns)
+        assert "disruption budget" in refused.value.message
+        # A second healthy pod lets the disruption controller allow one eviction.
+        await kube.create(PODS, pod(2))
+        await _wait_pdb(kube, app, ns, healthy=2)
+        await _evict(kube, f"{app}-1", ns)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pods, _ = await kube.list(PODS, ns, label_selector=f"app={app}")
+            if f"{app}-1" not in {p["metadata"]["name"] for p in pods}:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail("the evicted pod was not deleted")
+    finally:
+        await kube.delete(PDBS, app, ns)
+        for i in (1, 2):
+            await kube.delete(PODS, f"{app}-{i}", ns, body={"gracePeriodSeconds": 0})
+
+
+async def _wait_pdb(kube: KubeClient, name: str, ns: str, *, healthy: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pdb = await kube.get(PDBS, name, ns)
+        status = pdb.get("status", {})
+        current = status.get("observedGeneration") == pdb["metadata"]["generation"]
+        if current and status.get("currentHealthy") == healthy:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"PDB {name} never saw {healthy} healthy pods: {pdb.get('status')}")
+
+
+async def test_simulated_reboot_gives_the_node_a_new_boot_id(kube: KubeClient) -> None:
+    node = "kwok-node-7"
+    before = (await kube.get(NODES, node))["status"]["nodeInfo"]["bootID"]
+    name = unique("reboot")
+    await kube.create(JOBS, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {"nodegate.io/stage": "interrupt", "nodegate.io/interrupt": "reboot"}},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}},
+    })
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = await kube.get(NODES, node)
+            ready = [c["status"] for c in got["status"]["conditions"] if c["type"] == "Ready"]
+            if got["status"]["nodeInfo"]["bootID"] != before and ready == ["True"]:
+                return
+            await asyncio.sleep(0.2)
+        pytest.fail("the node did not come back with a new bootID")
+    finally:
+        await kube.delete(JOBS, name, "default", body={"propagationPolicy": "Background"})
+
+
+def test_dev_up_and_down_from_the_cli_leave_no_process(tmp_path: pytest.TempPathFactory) -> None:
+    state = str(tmp_path)
+    up = subprocess.run([sys.executable, "-m", "gate.cli.main", "dev", "up", "--nodes", "2", "--state-dir", state,
+                         "--no-webhook", "--no-operator"], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr
+    kubeconfig = up.stdout.strip().splitlines()[-1]
+    dev = DevCluster(tmp_path)  # type: ignore[arg-type]
+    assert kubeconfig == str(dev.kubeconfig)
+    procs = dev.processes()
+    assert set(procs) >= {"etcd", "kube-apiserver", "kube-controller-manager", "kwok"}
+    again = subprocess.run([sys.executable, "-m", "gate.cli.main", "dev", "up", "--nodes", "2", "--state-dir", state,
+                            "--no-webhook", "--no-operator"], capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0 and "already running" in again.stderr  # idempotent: reused, not restarted
+    assert {n: p.pid for n, p in dev.processes().items()} == {n: p.pid for n, p in procs.items()}
+    down = subprocess.run([sys.executable, "-m", "gate.cli.main", "dev", "down", "--state-dir", state],
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    for proc in procs.values():
+        assert not proc.alive(), f"{proc.name} (pid {proc.pid}) is still running"
+    assert dev.processes() == {}
+
+
+def test_node_manifest_is_managed_by_kwok() -> None:
+    node = node_manifest("n1", {"pool": "a"})
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert node["metadata"]["labels"]["pool"] == "a"
+    assert NodeSpec(3, prefix="x-", start=5).names() == ["x-5", "x-6", "x-7"]
