@@ -1,0 +1,355 @@
+"""The planner: one pure step of a gate's rollout, from a snapshot to what to start now.
+
+See the package docstring (`gate.rollout`) for the rules; this module applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from gate.api.keys import NodeStatus
+from gate.api.nodegate import CompartmentStatus, NodeGate
+from gate.api.policy import DeploymentPolicy
+from gate.rollout.compartment import CompartmentSpec, assign_compartment, compartments_of
+from gate.rollout.order import order_key
+from gate.rollout.priority import blockers, selects
+from gate.rollout.snapshot import GateProgress, NodeSnapshot
+from gate.rollout.strategy import close_batch
+from gate.rollout.window import require_aware, windows_open
+
+WaitReason = Literal["stopped", "paused", "priority", "outside-window", "batch-running", "budget-full", "queued"]
+"""Why a node that has not started does not start now, most fundamental first:
+
+* stopped        — its compartment hit failureThreshold; a person must resume it
+* paused         — the gate is paused
+* priority       — a higher-priority gate is not complete yet (`Wait.gates` names them)
+* outside-window — no maintenance window is open
+* batch-running  — the compartment's current batch has not finished (batches are sticky)
+* budget-full    — disrupted nodes already fill the ceiling (e.g. failed nodes still cordoned)
+* queued         — a batch started now without it; it goes in a later batch
+"""
+
+_BLOCKING: frozenset[WaitReason] = frozenset({"stopped", "priority"})
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why one node does not start now, for its status label, `kubectl describe` and the CLI."""
+
+    compartment: str
+    reason: WaitReason
+    message: str
+    gates: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> NodeStatus:
+        """The node's status label: `blocked` needs something outside the rollout's own pace
+        (a person, or another gate); `waiting` clears by itself as the rollout proceeds."""
+        return "blocked" if self.reason in _BLOCKING else "waiting"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start `node` now, recording `batch` on it (in its state annotation) in the same write."""
+
+    node: str
+    compartment: str
+    batch: int
+
+
+@dataclass(frozen=True)
+class ClosedBatch:
+    """A batch this plan judged because all its nodes finished: for Events and metrics."""
+
+    number: int
+    size: int
+    successes: int
+    good: bool
+
+
+@dataclass(frozen=True)
+class CompartmentPlan:
+    """One compartment's outcome.
+
+    `status` is the new durable state plus counts, counted as if `start` had been performed: write
+    it into `NodeGate.status.compartments`. Its `batch` is the batch running, or between batches the
+    number the next batch will get; `batchSize` is that batch's size (planned, until it is picked).
+    """
+
+    status: CompartmentStatus
+    start: tuple[str, ...]
+    running: tuple[str, ...]
+    closed: tuple[ClosedBatch, ...]
+    stopped_now: bool
+
+    @property
+    def name(self) -> str:
+        return self.status.name
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one reconcile of a gate should do. Nodes not mentioned keep what they have."""
+
+    gate: str
+    compartments: tuple[CompartmentPlan, ...]
+    assignment: Mapping[str, str]
+    waits: Mapping[str, Wait]
+    window_open: bool
+
+    @property
+    def starts(self) -> tuple[Start, ...]:
+        return tuple(
+            Start(node, c.name, c.status.batch) for c in self.compartments for node in c.start
+        )
+
+    def statuses(self) -> list[CompartmentStatus]:
+        return [c.status for c in self.compartments]
+
+    def compartment(self, name: str) -> CompartmentPlan:
+        for c in self.compartments:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A node of a compartment, with the higher-priority gates it waits for."""
+
+    name: str
+    progress: GateProgress
+    blockers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gating:
+    """Gate-wide conditions a compartment obeys."""
+
+    gate: str
+    paused: bool
+    window_open: bool
+    windows_configured: bool
+    sequencing: str
+
+
+def plan(
+    gate: NodeGate,
+    policy: DeploymentPolicy | None,
+    nodes: Iterable[NodeSnapshot],
+    *,
+    now: datetime,
+    gates: Iterable[NodeGate] = (),
+) -> Plan:
+    """Decide which nodes of `gate` start now.
+
+    `policy` is the DeploymentPolicy the gate names (None when it names none); `nodes` is every node
+    of the cluster with each gate's progress on it; `gates` is every NodeGate (for priorities; the
+    planned gate may be among them); the previous durable state is `gate.status.compartments`;
+    `now` must be timezone-aware. Raises PolicyMismatch when `policy` is not the one the gate names.
+    """
+    require_aware(now)
+    specs = compartments_of(gate, policy)
+    windows = policy.spec.windows if policy is not None else []
+    gating = Gating(
+        gate=gate.name,
+        paused=gate.spec.paused,
+        window_open=windows_open(windows, now),
+        windows_configured=bool(windows),
+        sequencing=gate.spec.sequencing,
+    )
+    members = members_by_compartment(gate, specs, list(nodes), gates)
+    previous = previous_state(gate)
+    planned: list[CompartmentPlan] = []
+    waits: dict[str, Wait] = {}
+    assignment: dict[str, str] = {}
+    for spec in specs:
+        compartment, compartment_waits = plan_compartment(spec, members[spec.name], previous.get(spec.name), gating)
+        planned.append(compartment)
+        waits.update(compartment_waits)
+        assignment.update((m.name, spec.name) for m in members[spec.name])
+    return Plan(gate.name, tuple(planned), assignment, waits, gating.window_open)
+
+
+def resume(
+    compartments: Sequence[CompartmentStatus], names: Collection[str] | None = None
+) -> list[CompartmentStatus]:
+    """Clear the stop of the named compartments (all when `names` is None).
+
+    The operator calls it on `nodegate resume` and on a spec change, then writes the result to
+    `status.compartments`. The run of failures restarts at 0, so the next failed batch does not stop
+    the compartment again at once; the next batch keeps the (shrunk) size planned before the stop.
+    """
+    resumed = []
+    for c in compartments:
+        if c.state == "stopped" and (names is None or c.name in names):
+            c = c.model_copy(update={"state": "waiting", "consecutive_failures": 0})
+        resumed.append(c)
+    return resumed
+
+
+def previous_state(gate: NodeGate) -> dict[str, CompartmentStatus]:
+    return {c.name: c for c in gate.status.compartments} if gate.status is not None else {}
+
+
+def members_by_compartment(
+    gate: NodeGate, specs: Sequence[CompartmentSpec], nodes: Sequence[NodeSnapshot], gates: Iterable[NodeGate]
+) -> dict[str, list[Member]]:
+    """Each compartment's nodes in pick order.
+
+    A node belongs to the gate while the gate selects it, and also while the gate still holds it
+    (in flight or disrupted) after its labels changed: otherwise relabelling a node mid-batch would
+    free budget that is still in use.
+    """
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise ValueError(f"node {node.name} appears twice in the snapshot")
+        seen.add(node.name)
+    held = blockers(gate, gates, nodes)
+    members: dict[str, list[Member]] = {spec.name: [] for spec in specs}
+    for node in sorted(nodes, key=lambda n: order_key(n.name)):
+        progress = node.progress(gate.name)
+        if selects(gate, node) or progress.occupies_budget:
+            compartment = assign_compartment(specs, node.labels)
+            members[compartment].append(Member(node.name, progress, held.get(node.name, ())))
+    return members
+
+
+def plan_compartment(
+    spec: CompartmentSpec, members: Sequence[Member], previous: CompartmentStatus | None, gating: Gating
+) -> tuple[CompartmentPlan, dict[str, Wait]]:
+    """One compartment's step: close finished batches, then maybe pick the next batch.
+
+    `members` must be in pick order (see gate.rollout.order).
+    """
+    matched = len(members)
+    ceiling = spec.budget.ceiling(matched)
+    strategy = spec.strategy_for(ceiling)
+    prev = previous if previous is not None else CompartmentStatus(name=spec.name)
+    was_stopped = prev.state == "stopped"
+    failures = prev.consecutive_failures
+    if prev.batch <= 0:
+        batch, size = 1, strategy.params.initial_batch
+    else:
+        batch, size = prev.batch, max(1, prev.batch_size)
+
+    by_batch: dict[int, list[Member]] = {}
+    for m in members:
+        if m.progress.batch > 0:
+            by_batch.setdefault(m.progress.batch, []).append(m)
+    complete = sum(1 for m in members if m.progress.status == "complete")
+
+    # `batch` is closed exactly when the stored number moves past it, so judging a batch twice is
+    # impossible. Normally at most one batch closes per call; more close only when the status was
+    # lost and the history is replayed from the batch numbers on the nodes.
+    closed: list[ClosedBatch] = []
+    stop = False
+    while (current := by_batch.get(batch)) and all(m.progress.finished for m in current):
+        successes = sum(1 for m in current if m.progress.status == "complete")
+        result = close_batch(
+            strategy,
+            size=len(current),
+            successes=successes,
+            complete=complete,
+            matched=matched,
+            consecutive_failures=failures,
+        )
+        closed.append(ClosedBatch(batch, len(current), successes, result.good))
+        failures = result.consecutive_failures
+        # Only the newest closure decides: in a replay, later batches ran, so a person had resumed.
+        stop = result.stop
+        batch += 1
+        size = result.next_size
+    stopped = was_stopped or stop
+
+    running = tuple(m.name for m in members if m.progress.in_flight)
+    occupied = sum(1 for m in members if m.progress.occupies_budget)
+    waiting = [m for m in members if not m.progress.finished and not m.progress.in_flight]
+    room = ceiling - occupied
+
+    start: tuple[str, ...] = ()
+    if not stopped and not gating.paused and gating.window_open and not running and room > 0:
+        eligible = [m.name for m in waiting if not m.blockers]
+        take = min(size, room, len(eligible))
+        if take > 0:
+            start = tuple(eligible[:take])
+            size = take
+
+    started = set(start)
+    waits = {
+        m.name: _wait(m, spec.name, batch, stopped, failures, occupied, ceiling, running, gating)
+        for m in waiting
+        if m.name not in started
+    }
+
+    state: Literal["waiting", "rolling", "complete", "stopped", "outside-window"]
+    if stopped:
+        state = "stopped"
+    elif not waiting and not running:
+        state = "complete"  # every node finished; failures show in `failed`
+    elif running or start:
+        state = "rolling"
+    elif gating.windows_configured and not gating.window_open:
+        state = "outside-window"
+    else:
+        state = "waiting"
+
+    status = CompartmentStatus(
+        name=spec.name,
+        matched=matched,
+        ceiling=ceiling,
+        in_progress=occupied + len(start),
+        complete=complete,
+        failed=sum(1 for m in members if m.progress.status == "failed"),
+        batch=batch,
+        batch_size=size,
+        consecutive_failures=failures,
+        state=state,
+    )
+    return CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped), waits
+
+
+def _wait(
+    member: Member,
+    compartment: str,
+    batch: int,
+    stopped: bool,
+    failures: int,
+    occupied: int,
+    ceiling: int,
+    running: tuple[str, ...],
+    gating: Gating,
+) -> Wait:
+    if stopped:
+        return Wait(
+            compartment,
+            "stopped",
+            f"compartment {compartment} stopped after {failures} failed batches in a row; "
+            f"run `nodegate resume {gating.gate}` to continue",
+        )
+    if gating.paused:
+        return Wait(compartment, "paused", f"gate {gating.gate} is paused")
+    if member.blockers:
+        where = "on this node" if gating.sequencing == "node" else "on all their nodes"
+        names = ", ".join(member.blockers)
+        return Wait(
+            compartment,
+            "priority",
+            f"waits for higher-priority gate {names} to complete {where}",
+            member.blockers,
+        )
+    if not gating.window_open:
+        return Wait(compartment, "outside-window", "no maintenance window is open")
+    if running:
+        return Wait(compartment, "batch-running", f"waits for batch {batch} of {compartment} to finish")
+    if occupied >= ceiling:
+        return Wait(
+            compartment,
+            "budget-full",
+            f"budget of {compartment} is full: {occupied} of at most {ceiling} nodes disrupted",
+        )
+    return Wait(compartment, "queued", f"queued for a later batch of {compartment}")

@@ -1,0 +1,62 @@
+"""What the planner reads about nodes: labels, and each gate's recorded progress on them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gate.api.keys import IGNORE_LABEL, NodeStatus
+
+
+@dataclass(frozen=True)
+class GateProgress:
+    """A node's progress for one gate, as the operator recorded it on the node.
+
+    `batch` is the number of the batch the node was picked into (0: never picked); the operator keeps
+    it in the node's `state.<gate>` annotation. `disrupted` is the operator's own verdict: the gate
+    holds the node out of service right now (work in progress, or failed and still cordoned by
+    NodeGate).
+    """
+
+    status: NodeStatus = "waiting"
+    batch: int = 0
+    disrupted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("complete", "failed")
+
+    @property
+    def in_flight(self) -> bool:
+        """Picked and not finished. A picked node stays in its batch until it finishes, whatever
+        its label says meanwhile; `in-progress` without a batch number (state written by hand or
+        by an older operator) counts too, so it can never slip past the budget."""
+        return not self.finished and (self.batch > 0 or self.status == "in-progress")
+
+    @property
+    def occupies_budget(self) -> bool:
+        """Counts against the compartment's ceiling. In-flight nodes count even before the
+        operator cordons them: the ceiling is reserved at pick time, not at cordon time."""
+        return self.disrupted or self.in_flight
+
+
+NOT_STARTED = GateProgress()
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One node as the operator saw it: name, labels, and progress per gate (by gate name).
+
+    A gate missing from `gates` has not touched the node: its progress is `NOT_STARTED`.
+    """
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gates: Mapping[str, GateProgress] = field(default_factory=dict)
+
+    def progress(self, gate: str) -> GateProgress:
+        return self.gates.get(gate, NOT_STARTED)
+
+    @property
+    def ignored(self) -> bool:
+        return self.labels.get(IGNORE_LABEL) == "true"
