@@ -1,0 +1,173 @@
+"""A watch cache (an informer): one list, then a watch that keeps a local copy current.
+
+Readers ask the cache, never the API server; subscribers hear about every change so a controller can
+enqueue work. A watch that ends is resumed from the last resourceVersion seen (bookmarks keep it
+fresh); a 410 Gone means the server compacted past it, so the cache relists and reports the difference
+as ordinary events, exactly as if it had seen them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from gate.kube.client import KubeClient, Obj, Resource
+from gate.kube.errors import ApiError, ConnectionFailed, Gone
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str, Obj], None]
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+class WatchCache:
+    """A local, always-current copy of one kind (optionally one namespace or label selector)."""
+
+    def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
+                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self._store: dict[str, Obj] = {}
+        self._listeners: list[Listener] = []
+        self._rv = ""
+        self._task: asyncio.Task[None] | None = None
+        self.synced = False
+        self.relists = 0  # how often the cache had to relist (410 Gone), for tests and metrics
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def get(self, name: str, namespace: str | None = None) -> Obj | None:
+        return self._store.get(f"{namespace}/{name}" if namespace else name)
+
+    def items(self) -> list[Obj]:
+        return list(self._store.values())
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def observe(self, obj: Obj) -> None:
+        """Take in an object we just wrote, ahead of its watch event (newer resourceVersion wins).
+
+        Lets a reconcile that runs right after its own write see that write, instead of acting on
+        the stale copy and losing an optimistic-concurrency race against itself.
+        """
+        key = object_key(obj)
+        old = self._store.get(key)
+        if old is None or _rv(obj) >= _rv(old):
+            self._store[key] = obj
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """List, then keep watching in the background. Returns once the first list is in."""
+        await self._relist()
+        self.synced = True
+        self._task = asyncio.create_task(self._run(), name=f"watch-{self.resource.plural}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _relist(self) -> None:
+        items, rv = await self.client.list(self.resource, self.namespace, label_selector=self.label_selector,
+                                           field_selector=self.field_selector)
+        fresh = {object_key(o): o for o in items}
+        old = self._store
+        self._store = fresh
+        self._rv = rv
+        if self.synced:  # report what changed while we were not watching
+            for key, obj in old.items():
+                if key not in fresh:
+                    self._emit("DELETED", obj)
+            for key, obj in fresh.items():
+                prev = old.get(key)
+                if prev is None:
+                    self._emit("ADDED", obj)
+                elif _rv(prev) != _rv(obj):
+                    self._emit("MODIFIED", obj)
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async for kind, obj in self.client.watch(
+                    self.resource, self.namespace, resource_version=self._rv,
+                    label_selector=self.label_selector, field_selector=self.field_selector,
+                ):
+                    backoff = 0.2
+                    new_rv = obj.get("metadata", {}).get("resourceVersion")
+                    if new_rv:
+                        self._rv = new_rv
+                    if kind == "BOOKMARK":
+                        continue
+                    self._apply(kind, obj)
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                self.relists += 1
+                await self._relist_with_retry()
+            except (ConnectionFailed, ApiError) as exc:
+                log.warning("Watch interrupted; resource=%s error=%s", self.resource.plural, exc)
+                await asyncio.sleep(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 10.0)
+            except Exception:  # a bug here must not silently freeze the cache
+                log.exception("Watch failed; resource=%s", self.resource.plural)
+                await asyncio.sleep(1.0)
+
+    async def _relist_with_retry(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self._relist()
+                return
+            except (ConnectionFailed, ApiError) as exc:
+                log.warning("Relist failed; resource=%s error=%s", self.resource.plural, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _apply(self, kind: str, obj: Obj) -> None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            self._store.pop(key, None)
+        else:
+            old = self._store.get(key)
+            if old is not None and _rv(old) > _rv(obj):
+                return  # we already hold a newer copy (observe() of our own write)
+            self._store[key] = obj
+        self._emit(kind, obj)
+
+    def _emit(self, kind: str, obj: Obj) -> None:
+        for listener in self._listeners:
+            try:
+                listener(kind, obj)
+            except Exception:
+                log.exception("Cache listener failed; resource=%s", self.resource.plural)
+
+
+def _rv(obj: Obj) -> int:
+    # resourceVersions are opaque strings by contract, but etcd-backed servers use integers; ordering
+    # them is only used to keep the newer of two copies of the same object.
+    raw: Any = obj.get("metadata", {}).get("resourceVersion", "0")
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,91 @@
+"""The thin Kubernetes layer against the real API server: watch cache and leader election."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gate.kube.cache import WatchCache
+from gate.kube.client import CONFIGMAPS, KubeClient
+from gate.kube.errors import Conflict, NotFound
+from gate.kube.lease import LeaderElector
+from tests.conftest import unique
+
+
+async def _eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.05)
+
+
+async def test_watch_cache_follows_creates_updates_and_deletes(kube: KubeClient) -> None:
+    label = unique("cache")
+    cache = WatchCache(kube, CONFIGMAPS, namespace="default", label_selector=f"test={label}")
+    events: list[tuple[str, str]] = []
+    cache.subscribe(lambda kind, obj: events.append((kind, obj["metadata"]["name"])))
+    first = {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": f"{label}-a", "namespace": "default", "labels": {"test": label}}, "data": {"k": "1"}}
+    await kube.create(CONFIGMAPS, first)
+    await cache.start()
+    try:
+        assert cache.synced and cache.get(f"{label}-a", "default") is not None
+        await kube.create(CONFIGMAPS, {**first, "metadata": {**first["metadata"], "name": f"{label}-b"}})
+        await kube.patch(CONFIGMAPS, f"{label}-a", {"data": {"k": "2"}}, namespace="default")
+        await kube.delete(CONFIGMAPS, f"{label}-a", "default")
+        await _eventually(lambda: ("DELETED", f"{label}-a") in events)
+        assert ("ADDED", f"{label}-b") in events and ("MODIFIED", f"{label}-a") in events
+        assert [o["metadata"]["name"] for o in cache.items()] == [f"{label}-b"]
+    finally:
+        await cache.stop()
+        await kube.delete(CONFIGMAPS, f"{label}-b", "default")
+
+
+async def test_typed_errors_carry_the_status(kube: KubeClient) -> None:
+    with pytest.raises(NotFound):
+        await kube.get(CONFIGMAPS, unique("missing"), "default")
+    name = unique("dup")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"}}
+    await kube.create(CONFIGMAPS, cm)
+    try:
+        with pytest.raises(Conflict) as dup:
+            await kube.create(CONFIGMAPS, cm)
+        assert dup.value.already_exists
+        stale = await kube.get(CONFIGMAPS, name, "default")
+        await kube.patch(CONFIGMAPS, name, {"data": {"x": "1"}}, namespace="default")
+        stale["data"] = {"x": "2"}
+        with pytest.raises(Conflict) as lost:
+            await kube.replace(CONFIGMAPS, stale)  # optimistic concurrency: the stale copy loses
+        assert not lost.value.already_exists and lost.value.temporary
+    finally:
+        await kube.delete(CONFIGMAPS, name, "default")
+
+
+async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube: KubeClient) -> None:
+    lease = unique("lease")
+    leading: list[str] = []
+
+    def elector(identity: str) -> LeaderElector:
+        return LeaderElector(kube, lease, "default", identity, lease_seconds=4, renew_seconds=0.5,
+                             renew_deadline=2, retry_seconds=0.2)
+
+    async def work(identity: str) -> None:
+        leading.append(identity)
+        await asyncio.Event().wait()
+
+    a, b = elector("a"), elector("b")
+    task_a = asyncio.create_task(a.run(lambda: work("a"), lambda: None))
+    await _eventually(lambda: a.is_leader)
+    task_b = asyncio.create_task(b.run(lambda: work("b"), lambda: None))
+    await asyncio.sleep(1.5)  # several renew periods: b must stay a candidate
+    assert leading == ["a"] and not b.is_leader
+    task_a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task_a
+    await _eventually(lambda: b.is_leader, timeout=3)  # released: no need to wait out the 4 s lease
+    assert leading == ["a", "b"]
+    task_b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task_b
