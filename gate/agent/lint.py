@@ -1,0 +1,82 @@
+"""`nodegate package lint`: everything wrong with a package directory, found without running it.
+
+The agent refuses the same problems at run time (`load_package`); lint reports all of them at once,
+plus what is legal but unsafe: a stage that changes the host without a check to prove it worked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import ValidationError
+
+from gate.agent.package import (
+    CHANGING_STAGES,
+    CHECK_OF,
+    MANIFEST,
+    PackageManifest,
+    file_problems,
+    validation_problems,
+)
+
+Level = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"
+
+
+def missing_checks(manifest: PackageManifest) -> list[str]:
+    """Stages that change the host but have no check steps to prove the change took."""
+    out = []
+    for stage in CHANGING_STAGES:
+        changes = bool(manifest.stages.of(stage)) or (manifest.root is not None and stage == "apply")
+        if changes and not manifest.stages.checks_of(stage):
+            why = "has steps" if manifest.stages.of(stage) else "lays down the overlay"
+            out.append(f"{MANIFEST}: stages.{stage} {why} but stages.{CHECK_OF[stage]} is empty")
+    return out
+
+
+def _dockerfile_findings(directory: Path) -> list[Finding]:
+    dockerfile = directory / "Dockerfile"
+    if not dockerfile.is_file():
+        return [Finding("warning", "no Dockerfile next to package.yaml: how is the package image built?")]
+    if "/nodegate-package" not in dockerfile.read_text(errors="replace"):
+        return [Finding("error", "Dockerfile: the image must carry the package at /nodegate-package/")]
+    return []
+
+
+def lint_package(directory: Path) -> list[Finding]:
+    if not directory.is_dir():
+        return [Finding("error", f"{directory}: no such directory")]
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return [Finding("error", f"{MANIFEST}: no such file in {directory}")]
+    try:
+        data = yaml.safe_load(manifest_path.read_text(errors="replace"))
+    except yaml.YAMLError as exc:
+        return [Finding("error", f"{MANIFEST}: not valid YAML: {exc}")]
+    if not isinstance(data, dict):
+        return [Finding("error", f"{MANIFEST}: expected a mapping with apiVersion, kind, name, version and stages")]
+    try:
+        manifest = PackageManifest.model_validate(data)
+    except ValidationError as exc:
+        return [Finding("error", f"{MANIFEST}: {problem}") for problem in validation_problems(exc)]
+    findings = [Finding("error", problem) for problem in file_problems(manifest, directory)]
+    findings += [Finding("error", problem) for problem in missing_checks(manifest)]
+    if manifest.stages.apply and not manifest.stages.uninstall:
+        findings.append(Finding("warning", f"{MANIFEST}: apply changes the host but there are no uninstall steps"))
+    findings += _dockerfile_findings(directory)
+    return findings
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.level == "error" for f in findings)

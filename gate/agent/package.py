@@ -1,0 +1,428 @@
+"""The package format: `package.yaml` as pydantic models, loading, and the published JSON Schema.
+
+A package image carries `/nodegate-package/package.yaml`, the scripts it names and, optionally, an
+overlay directory whose files are copied onto the host root. The models here are the one source of
+the format: the JSON Schema published in `packages/package.schema.json` is generated from them, and
+a test fails when the published file is stale.
+
+Unlike the CRD models, unknown fields are refused: a misspelt `onhost:` must fail `nodegate package
+lint`, not silently run the step in the wrong place.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+from gate.agent.errors import PackageError
+from gate.api.common import Duration, parse_duration
+from gate.api.nodegate import PACKAGE_NAME_PATTERN
+
+API_VERSION: Final = "nodegate.io/v1alpha1"
+KIND: Final = "Package"
+MANIFEST: Final = "package.yaml"
+SCHEMA_ID: Final = "https://nodegate.io/schemas/package-v1alpha1.json"
+
+# Semantic versions as semver.org defines them, written out here so the agent needs no semver library.
+SEMVER_PATTERN: Final = (
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+STEP_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_ENV_PREFIX: Final = "NODEGATE_"
+
+Stage = Literal["apply", "config", "upgrade", "uninstall", "post-interrupt"]
+STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall", "post-interrupt")
+
+StepList = Literal[
+    "apply",
+    "apply-check",
+    "config",
+    "config-check",
+    "upgrade",
+    "upgrade-check",
+    "uninstall",
+    "uninstall-check",
+    "post-interrupt-check",
+]
+CHECK_OF: Final[dict[Stage, StepList]] = {
+    "apply": "apply-check",
+    "config": "config-check",
+    "upgrade": "upgrade-check",
+    "uninstall": "uninstall-check",
+    "post-interrupt": "post-interrupt-check",
+}
+# post-interrupt has checks only: it runs after the node was rebooted or its services restarted.
+STEPS_OF: Final[dict[Stage, StepList | None]] = {
+    "apply": "apply",
+    "config": "config",
+    "upgrade": "upgrade",
+    "uninstall": "uninstall",
+    "post-interrupt": None,
+}
+# Stages whose steps change the host and therefore must be followed by a check.
+CHANGING_STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall")
+
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=128)]
+Env = dict[EnvName, Annotated[str, Field(max_length=32768)]]
+
+
+class PackageModel(BaseModel):
+    """Base of the package.yaml models: camelCase in YAML, snake_case in Python, no unknown fields."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def _check_relative(path: str, what: str) -> str:
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts:
+        raise ValueError(f"{what} must be a path inside the package (relative, no '..'), got {path!r}")
+    return str(pure)
+
+
+def _check_env_names(env: dict[str, str]) -> dict[str, str]:
+    reserved = sorted(name for name in env if name.startswith(RESERVED_ENV_PREFIX))
+    if reserved:
+        raise ValueError(f"variables starting with {RESERVED_ENV_PREFIX} are set by the agent: {', '.join(reserved)}")
+    return env
+
+
+# pydantic cannot express "exactly one of" in the schema by itself; editors validating package.yaml should.
+STEP_SCHEMA_EXTRA: Final[JsonDict] = {"oneOf": [{"required": ["script"]}, {"required": ["command"]}]}
+
+
+class Step(PackageModel):
+    """One command of a stage: a script shipped in the package, or an inline shell command."""
+
+    model_config = ConfigDict(json_schema_extra=STEP_SCHEMA_EXTRA)
+
+    name: str = Field(
+        pattern=STEP_NAME_PATTERN,
+        description="Unique within its stage; names the step in logs, summaries and the idempotence record.",
+    )
+    script: str | None = Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "Path of an executable file inside the package (e.g. scripts/apply.sh), run directly: it needs "
+            "a shebang and the executable bit. Exactly one of script and command."
+        ),
+    )
+    command: str | None = Field(
+        default=None,
+        max_length=32768,
+        description=(
+            "An inline command run with /bin/sh -c; args become its positional parameters $1, $2, ... "
+            "Exactly one of script and command."
+        ),
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Arguments. Upgrade steps get the previous and the new version first, then these."
+        ),
+    )
+    env: Env = Field(
+        default_factory=dict,
+        description="Environment of this step, over the package's env; names starting with NODEGATE_ are reserved.",
+    )
+    on_host: bool = Field(
+        default=True,
+        description=(
+            "Run chrooted into the host root (the default). false: run in the agent container, with the host "
+            "root at $NODEGATE_ROOT."
+        ),
+    )
+    accepted_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        max_length=256,
+        description="Exit codes that count as success.",
+    )
+    idempotent: bool = Field(
+        default=False,
+        description=(
+            "Skip the step when it already succeeded on this node for the same package version and gate "
+            "generation (for expensive steps such as rebuilding an initramfs). Not allowed in checks."
+        ),
+    )
+    timeout: Duration | None = Field(
+        default=None,
+        description="Kill the step (and its children) after this long, e.g. 90s or 5m; the step then fails.",
+    )
+
+    @field_validator("script")
+    @classmethod
+    def _script_inside_package(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relative(value, "script")
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env_names(value)
+
+    @model_validator(mode="after")
+    def _script_xor_command(self) -> Step:
+        if (self.script is None) == (self.command is None):
+            raise ValueError("a step needs exactly one of script and command")
+        return self
+
+    def timeout_seconds(self) -> float | None:
+        return None if self.timeout is None else parse_duration(self.timeout).total_seconds()
+
+
+class Stages(PackageModel):
+    """The steps of each stage. A stage without steps does nothing; its check still runs."""
+
+    apply: list[Step] = Field(
+        default_factory=list, max_length=64, description="Install the package on a node."
+    )
+    apply_check: list[Step] = Field(
+        default_factory=list, max_length=64, alias="apply-check", description="Prove apply took effect."
+    )
+    config: list[Step] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Apply the gate's config (files in $NODEGATE_CONFIG_DIR); runs after apply and on every change.",
+    )
+    config_check: list[Step] = Field(
+        default_factory=list, max_length=64, alias="config-check", description="Prove config took effect."
+    )
+    upgrade: list[Step] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Move from the previous installed version to this one ($1 previous, $2 new).",
+    )
+    upgrade_check: list[Step] = Field(
+        default_factory=list, max_length=64, alias="upgrade-check", description="Prove upgrade took effect."
+    )
+    uninstall: list[Step] = Field(
+        default_factory=list, max_length=64, description="Remove the package from a node."
+    )
+    uninstall_check: list[Step] = Field(
+        default_factory=list, max_length=64, alias="uninstall-check", description="Prove the package is gone."
+    )
+    post_interrupt_check: list[Step] = Field(
+        default_factory=list,
+        max_length=64,
+        alias="post-interrupt-check",
+        description="Prove the change is live after the interrupt (reboot or service restart).",
+    )
+
+    def steps(self, name: StepList) -> list[Step]:
+        """The steps of one list, by its package.yaml name (e.g. "apply-check")."""
+        value: list[Step] = getattr(self, name.replace("-", "_"))
+        return value
+
+    def of(self, stage: Stage) -> list[Step]:
+        """The steps a stage runs before its check (none for post-interrupt, which only checks)."""
+        own = STEPS_OF[stage]
+        return self.steps(own) if own else []
+
+    def checks_of(self, stage: Stage) -> list[Step]:
+        return self.steps(CHECK_OF[stage])
+
+    @model_validator(mode="after")
+    def _names_unique_and_checks_always_run(self) -> Stages:
+        for stage, check in CHECK_OF.items():
+            for name in _lists_of(stage):
+                seen: set[str] = set()
+                for step in self.steps(name):
+                    if step.name in seen:
+                        raise ValueError(f"{name}: step name {step.name!r} is used twice")
+                    seen.add(step.name)
+                    if name == check and step.idempotent:
+                        raise ValueError(f"{name}: step {step.name!r}: checks always run, idempotent is not allowed")
+        return self
+
+
+class PackageManifest(PackageModel):
+    """package.yaml: what a NodeGate package is and what each of its stages runs."""
+
+    api_version: Literal["nodegate.io/v1alpha1"] = Field(description="Always nodegate.io/v1alpha1.")
+    kind: Literal["Package"] = Field(description="Always Package.")
+    name: str = Field(
+        pattern=PACKAGE_NAME_PATTERN,
+        description="The package name; the key of the package in a NodeGate's spec.packages.",
+    )
+    version: str = Field(
+        pattern=SEMVER_PATTERN, max_length=128, description="Semantic version; the image tag of the package."
+    )
+    description: str = Field(default="", max_length=4096, description="One paragraph for people.")
+    root: str | None = Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "Directory inside the package whose files are copied onto the host root before the apply and "
+            "upgrade steps, and removed (restoring what they replaced) before the uninstall steps. "
+            "Regular files and directories only."
+        ),
+    )
+    env: Env = Field(
+        default_factory=dict,
+        description=(
+            "Default environment of every step; the gate's env overrides it, a step's own env overrides both."
+        ),
+    )
+    stages: Stages = Field(default_factory=Stages, description="Steps per stage.")
+
+    @field_validator("root")
+    @classmethod
+    def _root_inside_package(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relative(value, "root")
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env_names(value)
+
+    def scripts(self) -> list[tuple[str, Step]]:
+        """Every (list name, step) whose step runs a script, in package.yaml order."""
+        return [
+            (name, step)
+            for stage in STAGES
+            for name in _lists_of(stage)
+            for step in self.stages.steps(name)
+            if step.script is not None
+        ]
+
+    def uses_host(self) -> bool:
+        return self.root is not None or any(
+            step.on_host for stage in STAGES for name in _lists_of(stage) for step in self.stages.steps(name)
+        )
+
+
+def _lists_of(stage: Stage) -> list[StepList]:
+    step_list = STEPS_OF[stage]
+    return ([step_list] if step_list else []) + [CHECK_OF[stage]]
+
+
+@dataclass(frozen=True)
+class Package:
+    """A validated manifest and the directory it came from."""
+
+    manifest: PackageManifest
+    directory: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    def overlay_dir(self) -> Path | None:
+        return None if self.manifest.root is None else self.directory / self.manifest.root
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def validation_problems(exc: ValidationError) -> list[str]:
+    """pydantic errors as `field.path: message` lines, the way package.yaml spells the fields."""
+    problems = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        problems.append(f"{_location(loc)}: {message}")
+    return problems
+
+
+def parse_manifest(text: str, source: str = MANIFEST) -> PackageManifest:
+    """Parse and validate package.yaml text; PackageError names the file and every bad field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PackageError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise PackageError(f"{source}: expected a mapping with apiVersion, kind, name, version and stages")
+    try:
+        return PackageManifest.model_validate(data)
+    except ValidationError as exc:
+        raise PackageError(f"{source}: " + "; ".join(validation_problems(exc))) from None
+
+
+def _is_inside(path: Path, directory: Path) -> bool:
+    return path.resolve().is_relative_to(directory.resolve())
+
+
+def file_problems(manifest: PackageManifest, directory: Path) -> list[str]:
+    """What is wrong with the files package.yaml refers to: missing, not executable, outside the package."""
+    problems = []
+    for list_name, step in manifest.scripts():
+        assert step.script is not None
+        where = f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}"
+        path = directory / step.script
+        if not path.exists():
+            problems.append(f"{where}: no such file in the package")
+        elif not _is_inside(path, directory):
+            problems.append(f"{where}: resolves outside the package")
+        elif not path.is_file():
+            problems.append(f"{where}: not a regular file")
+        elif not path.stat().st_mode & 0o111:
+            problems.append(f"{where}: not executable (chmod +x)")
+        elif not path.read_bytes()[:2] == b"#!":
+            problems.append(f"{where}: has no #! line, so it cannot be executed directly")
+    if manifest.root is not None:
+        overlay = directory / manifest.root
+        where = f"{MANIFEST}: root {manifest.root}"
+        if not overlay.is_dir():
+            problems.append(f"{where}: no such directory in the package")
+        elif not _is_inside(overlay, directory):
+            problems.append(f"{where}: resolves outside the package")
+        else:
+            for entry in sorted(overlay.rglob("*")):
+                mode = entry.lstat().st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    rel = entry.relative_to(overlay)
+                    problems.append(f"{where}: {rel} is not a regular file or directory")
+    return problems
+
+
+def load_package(directory: Path) -> Package:
+    """Load and fully validate the package in `directory`: manifest, scripts and overlay.
+
+    Raises PackageError before anything else happens, so a bad package never half-applies.
+    """
+    manifest_path = directory / MANIFEST
+    if not directory.is_dir():
+        raise PackageError(f"package directory {directory} does not exist")
+    if not manifest_path.is_file():
+        raise PackageError(f"{manifest_path}: no such file (a package carries /nodegate-package/{MANIFEST})")
+    manifest = parse_manifest(manifest_path.read_text(errors="replace"), str(manifest_path))
+    problems = file_problems(manifest, directory)
+    if problems:
+        raise PackageError("; ".join(problems))
+    return Package(manifest, directory)
+
+
+def package_schema() -> dict[str, Any]:
+    """The JSON Schema of package.yaml, as published in packages/package.schema.json."""
+    schema = PackageManifest.model_json_schema(by_alias=True, mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+
+
+def schema_text() -> str:
+    return json.dumps(package_schema(), indent=2) + "\n"

@@ -1,0 +1,152 @@
+"""Which commands a stage runs, with which arguments and environment: decided without touching anything.
+
+`plan_stage` turns a package, the host's history and the agent's environment into a list of
+invocations; `gate.agent.stage` runs them. Everything that makes a step's behaviour predictable for a
+package author lives here: the environment's precedence, the upgrade arguments, the idempotence skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Final
+
+from gate.agent.history import History, is_done
+from gate.agent.package import CHECK_OF, STEPS_OF, PackageManifest, Stage, Step, StepList
+
+HOST_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a step finds things, as the step itself sees them (inside the chroot, or in the pod)."""
+
+    root: str
+    package_dir: str
+    config_dir: str
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """One run of one stage of one package, as the operator asked for it."""
+
+    stage: Stage
+    gate: str
+    package: str
+    version: str
+    generation: int
+    previous_version: str | None = None  # resolved: only set for upgrade
+
+
+@dataclass(frozen=True)
+class Invocation:
+    list_name: StepList
+    step: Step
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    chroot: bool
+    cwd: str
+    skip_reason: str | None = None
+
+    @property
+    def is_check(self) -> bool:
+        return self.list_name.endswith("-check")
+
+    @property
+    def label(self) -> str:
+        return f"{self.list_name}/{self.step.name}"
+
+
+def step_environment(
+    manifest: PackageManifest,
+    step: Step,
+    environ: Mapping[str, str],
+    agent_vars: Mapping[str, str],
+) -> dict[str, str]:
+    """The environment of one step, from weakest to strongest source:
+
+    a sane PATH; the package's own `env` defaults; the agent's environment (which carries the gate's
+    `env` set by the operator, so the gate can override a package default); the step's `env`; the
+    NODEGATE_* variables the agent computes. Variables starting with NODEGATE_ in the agent's
+    environment are dropped: the agent's resolved values are the truth (e.g. the previous version).
+    A chrooted step never inherits the pod's PATH: it names directories of the container image.
+    """
+    env = {"PATH": HOST_PATH if step.on_host else environ.get("PATH", HOST_PATH), "HOME": "/root"}
+    env.update(manifest.env)
+    env.update(
+        (k, v) for k, v in environ.items() if not k.startswith("NODEGATE_") and not (step.on_host and k == "PATH")
+    )
+    env.update(step.env)
+    env.update(agent_vars)
+    return env
+
+
+def agent_variables(request: StageRequest, list_name: StepList, step: Step, places: Places) -> dict[str, str]:
+    out = {
+        "NODEGATE_GATE": request.gate,
+        "NODEGATE_PACKAGE": request.package,
+        "NODEGATE_VERSION": request.version,
+        "NODEGATE_GENERATION": str(request.generation),
+        "NODEGATE_STAGE": list_name,
+        "NODEGATE_STEP": step.name,
+        "NODEGATE_ROOT": places.root,
+        "NODEGATE_PACKAGE_DIR": places.package_dir,
+        "NODEGATE_CONFIG_DIR": places.config_dir,
+        "NODEGATE_STATE_DIR": places.state_dir,
+    }
+    if request.previous_version is not None:
+        out["NODEGATE_PREVIOUS_VERSION"] = request.previous_version
+    return out
+
+
+def step_argv(list_name: StepList, step: Step, places: Places, request: StageRequest) -> tuple[str, ...]:
+    """The command line: a script by its path in the package, or an inline command through /bin/sh.
+
+    Upgrade steps and checks get the previous and the new version as their first two arguments.
+    """
+    versions: list[str] = []
+    if list_name in ("upgrade", "upgrade-check"):
+        assert request.previous_version is not None, "an upgrade request carries the resolved previous version"
+        versions = [request.previous_version, request.version]
+    if step.script is not None:
+        return (str(PurePosixPath(places.package_dir) / step.script), *versions, *step.args)
+    assert step.command is not None
+    # With `sh -c`, the word after the command becomes $0, so the step's arguments start at $1.
+    return ("/bin/sh", "-c", step.command, f"nodegate-{step.name}", *versions, *step.args)
+
+
+def lists_of(stage: Stage) -> tuple[StepList, ...]:
+    steps = STEPS_OF[stage]
+    return (steps, CHECK_OF[stage]) if steps else (CHECK_OF[stage],)
+
+
+def plan_stage(
+    manifest: PackageManifest,
+    request: StageRequest,
+    history: History,
+    environ: Mapping[str, str],
+    host_places: Places,
+    agent_places: Places,
+) -> list[Invocation]:
+    """The stage's steps then its checks, in package.yaml order, with idempotent repeats marked skipped."""
+    plan = []
+    for list_name in lists_of(request.stage):
+        for step in manifest.stages.steps(list_name):
+            places = host_places if step.on_host else agent_places
+            skip = None
+            if step.idempotent and is_done(history, list_name, step.name, request.version, request.generation):
+                skip = f"already done for version {request.version} at generation {request.generation}"
+            plan.append(
+                Invocation(
+                    list_name=list_name,
+                    step=step,
+                    argv=step_argv(list_name, step, places, request),
+                    env=step_environment(manifest, step, environ, agent_variables(request, list_name, step, places)),
+                    chroot=step.on_host,
+                    cwd=places.package_dir,
+                    skip_reason=skip,
+                )
+            )
+    return plan

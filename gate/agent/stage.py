@@ -1,0 +1,342 @@
+"""`nodegate agent run`: one stage of one package on one node, then its check.
+
+Everything that can be refused is refused before the host is touched: the package (manifest,
+scripts, overlay), the host root, the config directory, the upgrade's previous version. Then, in
+order: lock the package, copy the payload and config onto the host, lay down (or take off) the
+overlay, run the steps (skipping idempotent ones already done), run the checks, record the result in
+the host's history, prune old payloads and logs. The stage passes only when its steps and its checks
+did.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Literal
+
+from gate.agent import logs, overlay
+from gate.agent.errors import PackageError, UsageError
+from gate.agent.history import (
+    History,
+    OverlayFile,
+    load_history,
+    save_history,
+    upgrade_versions,
+    with_overlay,
+    with_stage_result,
+    with_step_done,
+)
+from gate.agent.host import PackageLayout, check_root
+from gate.agent.package import Package, load_package
+from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
+from gate.agent.process import Outcome, run_command
+from gate.agent.summary import Summary, tail
+
+StepStatus = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """Everything `agent run` needs, resolved from flags and environment in one place (gate.cli.agent)."""
+
+    request: StageRequest
+    root: Path
+    payload: Path
+    config_dir: Path | None = None
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    label: str
+    status: StepStatus
+    exit_code: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageResult:
+    summary: Summary
+    steps: list[StepResult]
+    log_path: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.summary.ok
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def read_config(config_dir: Path | None) -> dict[str, bytes]:
+    """The gate's config files from the mounted ConfigMap.
+
+    A ConfigMap volume holds each key as a symlink into a hidden `..data` directory; the names
+    starting with a dot are the volume's bookkeeping, not keys.
+    """
+    if config_dir is None:
+        return {}
+    if not config_dir.is_dir():
+        raise UsageError(f"config directory {config_dir} does not exist")
+    return {
+        entry.name: entry.read_bytes()
+        for entry in sorted(config_dir.iterdir())
+        if not entry.name.startswith(".") and entry.is_file()
+    }
+
+
+def validate(settings: StageSettings) -> Package:
+    """Every refusal that must happen before the host is touched."""
+    request = settings.request
+    package = load_package(settings.payload)
+    if package.name != request.package or package.version != request.version:
+        raise PackageError(
+            f"{settings.payload}/package.yaml is {package.name} {package.version}, "
+            f"but the stage is for {request.package} {request.version} (wrong image tag?)"
+        )
+    check_root(settings.root, needs_shell=package.manifest.uses_host())
+    return package
+
+
+def _replace_dir(dst: Path, fill: Callable[[Path], None]) -> None:
+    """Make `dst` hold what `fill` writes, switching over in two renames so no reader sees half of it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    new, old = dst.with_name(f".{dst.name}.new"), dst.with_name(f".{dst.name}.old")
+    for leftover in (new, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    fill(new)
+    if dst.exists():
+        os.rename(dst, old)
+    os.rename(new, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_tree(source: Path) -> Callable[[Path], None]:
+    def fill(target: Path) -> None:
+        shutil.copytree(source, target, symlinks=True)
+
+    return fill
+
+
+def _write_config(files: Mapping[str, bytes]) -> Callable[[Path], None]:
+    def fill(target: Path) -> None:
+        target.mkdir(mode=0o755)
+        for name, data in files.items():
+            (target / name).write_bytes(data)
+
+    return fill
+
+
+@contextmanager
+def _locked(layout: PackageLayout) -> Iterator[None]:
+    # Two Jobs for the same package on one node (a retry while the old pod still terminates) must not
+    # interleave their steps; the second waits. The operator's stage timeout bounds the wait.
+    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(layout.lock_file, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+class _Run:
+    """The mutable bits of one stage run: the history as it evolves and where it is saved."""
+
+    def __init__(self, layout: PackageLayout, history: History, log: logs.RunLog, now: Callable[[], datetime]):
+        self.layout = layout
+        self.history = history
+        self.log = log
+        self.now = now
+
+    def save(self, history: History) -> None:
+        self.history = history
+        save_history(self.layout.history_file, history)
+
+    def persist_overlay(self, files: list[OverlayFile]) -> None:
+        self.save(with_overlay(self.history, files))
+
+    def stamp(self) -> str:
+        return self.now().isoformat(timespec="seconds")
+
+
+def _places(layout: PackageLayout, version: str) -> tuple[Places, Places]:
+    host = Places(
+        root="/",
+        package_dir=str(layout.host_package_dir(version)),
+        config_dir=str(layout.host_config_dir),
+        state_dir=str(layout.host_data_dir),
+    )
+    agent = Places(
+        root=str(layout.root),
+        package_dir=str(layout.package_dir(version)),
+        config_dir=str(layout.config_dir),
+        state_dir=str(layout.data_dir),
+    )
+    return host, agent
+
+
+def _step_ok(invocation: Invocation, outcome: Outcome) -> bool:
+    return (
+        outcome.start_error is None
+        and not outcome.timed_out
+        and outcome.returncode >= 0
+        and outcome.returncode in invocation.step.accepted_exit_codes
+    )
+
+
+def _run_overlay(run: _Run, request: StageRequest) -> None:
+    layout = run.layout
+    if request.stage in ("apply", "upgrade"):
+        manifest_root = load_package(layout.package_dir(request.version)).overlay_dir()
+        sources, digests = overlay.sources_with_digests(manifest_root)
+        involved = sorted(set(sources) | {f.path for f in run.history.overlay})
+        plan = overlay.plan_install(digests, run.history.overlay, overlay.host_digests(layout.root, involved))
+    elif request.stage == "uninstall":
+        sources, plan = {}, overlay.plan_removal(run.history.overlay)
+    else:
+        return
+    if plan.changes_host() or plan.owned != run.history.overlay:
+        overlay.carry_out(plan, layout, sources, run.persist_overlay, run.log.line)
+
+
+def _forget_package(layout: PackageLayout) -> None:
+    """After a successful uninstall only the history and the logs stay on the host."""
+    for directory in (layout.data_dir, layout.config_dir, layout.packages_dir, layout.backup_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _prune_payloads(layout: PackageLayout, keep: set[str]) -> None:
+    if not layout.packages_dir.is_dir():
+        return
+    for entry in layout.packages_dir.iterdir():
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def run_stage(
+    settings: StageSettings,
+    now: Callable[[], datetime] = _now,
+    echo: IO[str] | None = None,
+) -> StageResult:
+    """Run the stage and its check. Raises AgentError (nothing changed) for anything refused up front."""
+    started = time.monotonic()
+    package = validate(settings)
+    config = read_config(settings.config_dir)
+    request = settings.request
+    layout = PackageLayout(settings.root, request.gate, request.package)
+
+    with _locked(layout):
+        history = load_history(layout.history_file, request.gate, request.package)
+        warning = None
+        if request.stage == "upgrade":
+            previous, warning = upgrade_versions(history, request.version, request.previous_version)
+            request = replace(request, previous_version=previous)
+        else:
+            request = replace(request, previous_version=None)
+
+        # From here on the host changes.
+        _replace_dir(layout.package_dir(request.version), _copy_tree(package.directory))
+        _replace_dir(layout.config_dir, _write_config(config))
+        layout.data_dir.mkdir(parents=True, exist_ok=True)
+        log_path = layout.log_dir / request.version / logs.log_name(now(), request.stage)
+        with logs.RunLog(log_path, echo) as log:
+            run = _Run(layout, history, log, now)
+            log.line(
+                f"Started stage {request.stage} of {request.package} {request.version} "
+                f"(gate {request.gate}, generation {request.generation})."
+            )
+            if warning:
+                log.line(f"Warning: {warning}.")
+            if request.previous_version:
+                log.line(f"Upgrading from {request.previous_version}.")
+            _run_overlay(run, request)
+            results, failed, outcome = _run_steps(run, package, settings, request)
+            ok = failed is None
+            run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
+                                       ok, failed.label if failed else None, run.stamp()))
+            if ok and request.stage == "uninstall":
+                _forget_package(layout)
+            else:
+                _prune_payloads(layout, {v for v in (run.history.installed, run.history.previous,
+                                                     request.version) if v})
+            elapsed = time.monotonic() - started
+            log.line(f"Finished stage {request.stage}: {'passed' if ok else 'FAILED'} in {elapsed:.1f}s.")
+        logs.prune(layout.log_dir, request.version)
+
+    summary = Summary(
+        package=request.package,
+        version=request.version,
+        stage=request.stage,
+        ok=ok,
+        failed_step=failed.label if failed else None,
+        exit_code=outcome.exit_code if outcome else 0,
+        message=_failure_message(failed, outcome) if failed else _success_message(results),
+        duration_seconds=time.monotonic() - started,
+    )
+    return StageResult(summary=summary, steps=results, log_path=log_path)
+
+
+def _success_message(results: list[StepResult]) -> str:
+    ran = sum(1 for r in results if r.status == "ok")
+    skipped = sum(1 for r in results if r.status == "skipped")
+    return f"{ran} steps passed" + (f", {skipped} skipped (already done)" if skipped else "")
+
+
+def _failure_message(failed: Invocation, outcome: Outcome | None) -> str:
+    if outcome is None:
+        return f"{failed.label} failed"
+    if outcome.start_error:
+        return outcome.start_error
+    accepted = ", ".join(str(c) for c in failed.step.accepted_exit_codes)
+    head = f"{failed.label} exited {outcome.exit_code} (accepted: {accepted})"
+    if outcome.timed_out:
+        head = f"{failed.label} timed out"
+    body = tail(outcome.output_tail)
+    return f"{head}\n{body}" if body else head
+
+
+def _prefixed(log: logs.RunLog, prefix: str) -> Callable[[str], None]:
+    def line(text: str) -> None:
+        log.line(text, prefix)
+
+    return line
+
+
+def _run_steps(
+    run: _Run, package: Package, settings: StageSettings, request: StageRequest
+) -> tuple[list[StepResult], Invocation | None, Outcome | None]:
+    host_places, agent_places = _places(run.layout, request.version)
+    invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places)
+    results: list[StepResult] = []
+    for invocation in invocations:
+        if invocation.skip_reason:
+            run.log.line(f"Skipped step {invocation.label}: {invocation.skip_reason}.")
+            results.append(StepResult(invocation.label, "skipped"))
+            continue
+        where = "on the host" if invocation.chroot else "in the agent container"
+        run.log.line(f"Running step {invocation.label} {where}.")
+        started = time.monotonic()
+        outcome = run_command(
+            invocation.argv,
+            invocation.env,
+            invocation.cwd,
+            settings.root if invocation.chroot else None,
+            invocation.step.timeout_seconds(),
+            _prefixed(run.log, f"[{invocation.label}] "),
+        )
+        seconds = time.monotonic() - started
+        if not _step_ok(invocation, outcome):
+            run.log.line(f"Step {invocation.label} failed with exit code {outcome.exit_code}.")
+            results.append(StepResult(invocation.label, "failed", outcome.exit_code, seconds))
+            return results, invocation, outcome
+        results.append(StepResult(invocation.label, "ok", outcome.exit_code, seconds))
+        if invocation.step.idempotent and not invocation.is_check:
+            run.save(with_step_done(run.history, invocation.list_name, invocation.step.name,
+                                    request.version, request.generation, run.stamp()))
+    return results, None, None
