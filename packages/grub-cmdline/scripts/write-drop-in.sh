@@ -1,0 +1,16 @@
+#!/bin/sh
+# grub-mkconfig sources /etc/default/grub.d/*.cfg after /etc/default/grub, so a drop-in adds our
+# arguments without editing the distribution's file, and removing it takes exactly them away.
+set -eu
+drop_in=/etc/default/grub.d/90-nodegate.cfg
+[ -n "${KERNEL_ARGS:-}" ] || { echo "KERNEL_ARGS is empty: nothing to add"; exit 1; }
+case "$KERNEL_ARGS" in *[\"\$\`\\]*) echo "KERNEL_ARGS must not contain quotes, \$, \` or \\"; exit 1;; esac
+
+mkdir -p /etc/default/grub.d
+{
+    echo "# Managed by NodeGate (package grub-cmdline); removed when the package is uninstalled."
+    echo "GRUB_CMDLINE_LINUX=\"\$GRUB_CMDLINE_LINUX $KERNEL_ARGS\""
+} > "$drop_in.tmp"
+mv "$drop_in.tmp" "$drop_in"
+# Remembered for uninstall-check: the gate's KERNEL_ARGS may have changed by then.
+echo "$KERNEL_ARGS" > "$NODEGATE_STATE_DIR/args"
