@@ -1,0 +1,177 @@
+"""`review -> verdict`: which rules apply to a request, and what they decide.
+
+Two steps, both pure: `plan_lookups` names what the rules need to know about other objects, and
+`validate` / `mutate` decide from the request and those `Facts`. Questions for the authorizer come
+back inside the verdict (`Verdict.access`); the server asks them and folds the answers in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from gate.admission.rules import defaults, nodegate, policy
+from gate.admission.rules.facts import Facts, Lookups
+from gate.admission.rules.review import ALLOW, AccessCheck, AdmissionRequest, Verdict, Violation
+from gate.api.keys import BYPASS_VERB, GROUP, NODEGATE_PLURAL, PACKAGES_RESOURCE, READINESS_TAINT_KEY, USE_VERB
+
+Kind = Literal["NodeGate", "DeploymentPolicy", "Node"]
+Webhook = Literal["validate", "mutate"]
+
+
+class ReviewError(ValueError):
+    """A review the rules cannot judge (a kind they do not know, an object missing); the server
+    answers it with a 4xx instead of a verdict."""
+
+
+def kind_of(req: AdmissionRequest) -> Kind:
+    gvk = req.kind
+    if gvk.group == GROUP and gvk.kind in ("NodeGate", "DeploymentPolicy"):
+        return gvk.kind  # type: ignore[return-value]
+    if gvk.group == "" and gvk.kind == "Node":
+        return "Node"
+    raise ReviewError(f"NodeGate's webhook does not handle kind {gvk.kind!r} of group {gvk.group!r}; "
+                      "check the webhook configuration's rules")
+
+
+def _new(req: AdmissionRequest) -> dict[str, Any]:
+    if req.object is None:
+        raise ReviewError(f"request.object is required for {req.operation}")
+    return req.object
+
+
+def _old(req: AdmissionRequest) -> dict[str, Any]:
+    if req.old_object is None:
+        raise ReviewError(f"request.oldObject is required for {req.operation}")
+    return req.old_object
+
+
+def _name(req: AdmissionRequest, obj: dict[str, Any] | None) -> str:
+    meta = obj.get("metadata") if obj else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return req.name or (name if isinstance(name, str) else "")
+
+
+def _spec_changed(req: AdmissionRequest) -> bool:
+    return req.operation != "UPDATE" or nodegate.spec_of(_old(req)) != nodegate.spec_of(_new(req)) \
+        or _old(req).get("spec") != _new(req).get("spec")
+
+
+# -- what to look up -------------------------------------------------------------------------------
+
+
+def plan_lookups(req: AdmissionRequest, webhook: Webhook) -> Lookups:
+    kind = kind_of(req)
+    if webhook == "mutate":
+        if kind == "Node" and req.operation == "CREATE":
+            return Lookups(readiness_gates=True)
+        return Lookups()
+    if kind == "DeploymentPolicy" and req.operation == "DELETE":
+        return Lookups(gates_referencing=_name(req, req.old_object))
+    if kind != "NodeGate" or req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
+        return Lookups()
+    new_spec = nodegate.spec_of(_new(req)) or {}
+    old_spec = nodegate.spec_of(req.old_object) if req.operation == "UPDATE" else None
+    policies: frozenset[str] = frozenset()
+    ref = new_spec.get("deploymentPolicy")
+    if isinstance(ref, str) and ref and (old_spec is None or old_spec.get("deploymentPolicy") != ref):
+        policies = frozenset({ref})
+    installed = None
+    if old_spec is not None:
+        removed = nodegate.removed_uninstallable(old_spec, new_spec)
+        if removed:
+            installed = (_name(req, req.object), removed)
+    return Lookups(policies=policies, installed=installed)
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+
+def validate(req: AdmissionRequest, facts: Facts) -> Verdict:
+    kind = kind_of(req)
+    if kind == "NodeGate":
+        return _validate_nodegate(req, facts)
+    if kind == "DeploymentPolicy":
+        return _validate_policy(req, facts)
+    return _validate_node(req, facts)
+
+
+def _validate_nodegate(req: AdmissionRequest, facts: Facts) -> Verdict:
+    if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
+        return ALLOW  # metadata-only updates (finalizers, labels) never wait on spec rules
+    new = _new(req)
+    old_spec = nodegate.spec_of(_old(req)) if req.operation == "UPDATE" else None
+    new_spec = new.get("spec", {})
+    ref = new_spec.get("deploymentPolicy") if isinstance(new_spec, dict) else None
+    check_policy = old_spec is None or old_spec.get("deploymentPolicy") != ref
+    violations = nodegate.validate_spec(new_spec, existing_policies=facts.existing_policies if check_policy else None)
+    if isinstance(new_spec, dict) and old_spec is not None:
+        violations += nodegate.update_violations(old_spec, new_spec, dict(facts.installed_on))
+    if violations:
+        return Verdict(violations=tuple(violations))
+    who = req.user_info.username or "(anonymous)"
+    checks = tuple(
+        AccessCheck(
+            user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
+            denied=Violation(f"spec.packages[{name}]", f'user "{who}" may not use package "{name}": it needs verb '
+                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); '
+                             "ask an admin for a RoleBinding to a role such as nodegate-package-user",
+                             forbidden=True),
+        )
+        for name in nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
+    )
+    return Verdict(access=checks)
+
+
+def _validate_policy(req: AdmissionRequest, facts: Facts) -> Verdict:
+    if req.operation == "DELETE":
+        return Verdict(violations=tuple(policy.delete_violations(_name(req, req.old_object), facts.referencing_gates)))
+    if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
+        return ALLOW
+    return Verdict(violations=tuple(policy.validate_spec(_new(req).get("spec", {}))))
+
+
+def _validate_node(req: AdmissionRequest, facts: Facts) -> Verdict:
+    if req.operation != "UPDATE":
+        return ALLOW
+    old, new = _old(req), _new(req)
+    if not _removes_readiness_taint(old, new):
+        return ALLOW
+    who = req.user_info.username or "(anonymous)"
+    if who == facts.operator_username:
+        return ALLOW
+    denied = Violation(
+        "spec.taints",
+        f"removing the taint {READINESS_TAINT_KEY}:NoSchedule is reserved to the NodeGate operator, which lifts it "
+        f"once every readinessTaint gate selecting the node is complete there; user \"{who}\" is not allowed verb "
+        f'"{BYPASS_VERB}" on {NODEGATE_PLURAL}.{GROUP}',
+        forbidden=True,
+    )
+    return Verdict(access=(AccessCheck(user=req.user_info, verb=BYPASS_VERB, group=GROUP, resource=NODEGATE_PLURAL,
+                                       name="", denied=denied),))
+
+
+def _taints(node: dict[str, Any]) -> object:
+    spec = node.get("spec")
+    return spec.get("taints") if isinstance(spec, dict) else None
+
+
+def _removes_readiness_taint(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return defaults.has_readiness_taint(_taints(old)) and not defaults.has_readiness_taint(_taints(new))
+
+
+# -- mutation --------------------------------------------------------------------------------------
+
+
+def mutate(req: AdmissionRequest, facts: Facts) -> Verdict:
+    """Defaults and the readiness taint. Mutation never refuses: what is wrong, validation says."""
+    kind = kind_of(req)
+    if req.operation not in ("CREATE", "UPDATE"):
+        return ALLOW
+    obj = _new(req)
+    if kind == "NodeGate":
+        return Verdict(patch=defaults.nodegate_defaults(obj))
+    if kind == "DeploymentPolicy":
+        return Verdict(patch=defaults.policy_defaults(obj))
+    if req.operation == "CREATE":
+        return Verdict(patch=defaults.node_taint(obj, facts.readiness_gates))
+    return ALLOW

@@ -1,0 +1,346 @@
+"""Validation of NodeGate specs: every denial names the field and says what to change.
+
+Works on the raw object, not on the pydantic model: the webhook may see objects the CRD schema would
+refuse (webhooks and schema validation run in no promised order relative to each other's checks), and
+a model that refuses to parse could only say "invalid", where a person needs the field and the reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+import semver
+
+from gate.admission.rules import syntax
+from gate.admission.rules.review import Violation
+from gate.admission.rules.syntax import type_name
+from gate.api.common import parse_duration
+from gate.api.nodegate import PACKAGE_NAME_PATTERN
+
+_PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
+INTERRUPT_TYPES = ("none", "service", "restartAllServices", "reboot")
+_NODE_SAMPLE = 3
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def spec_of(obj: object) -> dict[str, Any] | None:
+    if not isinstance(obj, dict):
+        return None
+    spec = obj.get("spec", {})
+    return spec if isinstance(spec, dict) else None
+
+
+def packages_of(spec: dict[str, Any]) -> dict[str, Any]:
+    packages = spec.get("packages")
+    return packages if isinstance(packages, dict) else {}
+
+
+# -- the whole spec --------------------------------------------------------------------------------
+
+
+def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> list[Violation]:
+    """Everything wrong with a NodeGate spec on its own. `existing_policies` None skips the check that
+    the referenced DeploymentPolicy exists (an UPDATE that keeps the reference)."""
+    if not isinstance(spec, dict):
+        return [Violation("spec", f"must be an object, not {type_name(spec)}")]
+    out: list[Violation] = []
+    out += budget_violations(spec.get("interruptionBudget"), "spec.interruptionBudget")
+    policy = spec.get("deploymentPolicy")
+    if policy is not None:
+        if not isinstance(policy, str) or not policy:
+            out.append(Violation("spec.deploymentPolicy", "must be the name of a DeploymentPolicy"))
+        elif spec.get("interruptionBudget") is not None:
+            out.append(Violation("spec", "set at most one of deploymentPolicy and interruptionBudget: the policy's "
+                                         "compartments carry the budgets"))
+        elif existing_policies is not None and policy not in existing_policies:
+            out.append(Violation("spec.deploymentPolicy",
+                                 f'DeploymentPolicy "{policy}" does not exist; create it first or fix the name'))
+    out += syntax.selector_violations(spec.get("nodeSelector"), "spec.nodeSelector")
+    out += syntax.selector_violations(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels")
+    out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout")
+    drain = spec.get("drain")
+    if drain is not None:
+        if not isinstance(drain, dict):
+            out.append(Violation("spec.drain", f"must be an object, not {type_name(drain)}"))
+        else:
+            out += duration_violations(drain.get("timeout"), "spec.drain.timeout")
+            grace = drain.get("gracePeriodSeconds")
+            if grace is not None and not (is_int(grace) and grace >= 0):
+                out.append(Violation("spec.drain.gracePeriodSeconds", "must be a whole number of seconds, 0 or more"))
+    priority = spec.get("priority")
+    if priority is not None and not (is_int(priority) and priority >= 1):
+        out.append(Violation("spec.priority",
+                             f"must be a whole number of at least 1 (lower runs first), not {priority!r}"))
+    sequencing = spec.get("sequencing")
+    if sequencing is not None and sequencing not in ("node", "all"):
+        out.append(Violation("spec.sequencing", f"must be node or all, not {sequencing!r}"))
+    raw_packages = spec.get("packages")
+    if raw_packages is not None and not isinstance(raw_packages, dict):
+        out.append(Violation("spec.packages",
+                             f"must be a map of package name to package, not {type_name(raw_packages)}"))
+    packages = packages_of(spec)
+    for name, package in packages.items():
+        out += package_violations(name, package, packages)
+    out += cycle_violations(packages)
+    return out
+
+
+def budget_violations(budget: object, path: str) -> list[Violation]:
+    if budget is None:
+        return []
+    if not isinstance(budget, dict):
+        return [Violation(path, f"must be an object with percent or count, not {type_name(budget)}")]
+    percent, count = budget.get("percent"), budget.get("count")
+    out: list[Violation] = []
+    if percent is not None and count is not None:
+        out.append(Violation(path, "set exactly one of percent or count, not both"))
+    elif percent is None and count is None:
+        out.append(Violation(path, "set exactly one of percent or count"))
+    if percent is not None and not (is_int(percent) and 0 <= percent <= 100):
+        out.append(Violation(f"{path}.percent", f"must be a whole number from 0 to 100, not {percent!r}"))
+    if count is not None and not (is_int(count) and count >= 0):
+        out.append(Violation(f"{path}.count", f"must be a whole number of nodes, 0 or more, not {count!r}"))
+    return out
+
+
+def duration_violations(value: object, path: str) -> list[Violation]:
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        return [Violation(path, f"must be a duration string like 90s, 15m or 1h30m, not {type_name(value)}")]
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        return [Violation(path, str(exc))]
+    return []
+
+
+# -- one package -----------------------------------------------------------------------------------
+
+
+def package_violations(name: object, package: object, packages: dict[str, Any]) -> list[Violation]:
+    path = f"spec.packages[{name}]"
+    if not isinstance(name, str) or not _PACKAGE_NAME.match(name):
+        return [Violation("spec.packages", f"package name {name!r} must match {PACKAGE_NAME_PATTERN} "
+                                           "(lowercase letters, digits and '-', 2 to 43 characters)")]
+    if not isinstance(package, dict):
+        return [Violation(path, f"must be an object with version and image, not {type_name(package)}")]
+    out: list[Violation] = []
+    version = syntax.parse_version(package.get("version")) if "version" in package else "version is required"
+    if isinstance(version, str):
+        out.append(Violation(f"{path}.version", version))
+    image = package.get("image")
+    if not isinstance(image, str):
+        out.append(Violation(f"{path}.image", "is required: an image without a tag, e.g. ghcr.io/team/tool"))
+    else:
+        ref = syntax.parse_image(image)
+        if isinstance(ref, str):
+            out.append(Violation(f"{path}.image", ref))
+        elif ref.tag is not None and ref.tag != package.get("version"):
+            version_text = package.get("version")
+            out.append(Violation(f"{path}.image", f'tag "{ref.tag}" differs from version "{version_text}"; drop the '
+                                                  "tag (the version is the tag) or pin a digest with @sha256:"))
+    out += interrupt_violations(package.get("interrupt"), f"{path}.interrupt")
+    out += config_violations(package, path)
+    out += resources_violations(package.get("resources"), f"{path}.resources")
+    out += duration_violations(package.get("timeout"), f"{path}.timeout")
+    retries = package.get("retries")
+    if retries is not None and not (is_int(retries) and 0 <= retries <= 20):
+        out.append(Violation(f"{path}.retries", f"must be a whole number from 0 to 20, not {retries!r}"))
+    uninstall = package.get("uninstall")
+    if uninstall is not None:
+        if not isinstance(uninstall, dict):
+            out.append(Violation(f"{path}.uninstall", f"must be an object, not {type_name(uninstall)}"))
+        elif uninstall.get("apply") is True and uninstall.get("enabled") is not True:
+            out.append(Violation(f"{path}.uninstall.apply",
+                                 "uninstall.apply needs uninstall.enabled: true (the package must be uninstallable)"))
+    out += depends_violations(name, package.get("dependsOn"), packages, path)
+    return out
+
+
+def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
+    if interrupt is None:
+        return []
+    if not isinstance(interrupt, dict):
+        return [Violation(path, f"must be an object with a type, not {type_name(interrupt)}")]
+    kind = interrupt.get("type", "none")
+    if kind not in INTERRUPT_TYPES:
+        return [Violation(f"{path}.type", f"unknown interrupt type {kind!r}; use none, service, "
+                                          "restartAllServices or reboot")]
+    services = interrupt.get("services")
+    if services is not None and not (isinstance(services, list)
+                                     and all(isinstance(s, str) and s for s in services)):
+        return [Violation(f"{path}.services", "must be a list of systemd unit names")]
+    if kind == "service" and not services:
+        return [Violation(f"{path}.services", "an interrupt of type service needs at least one entry in services")]
+    return []
+
+
+def config_violations(package: dict[str, Any], path: str) -> list[Violation]:
+    out: list[Violation] = []
+    config = package.get("config")
+    if config is not None and not (isinstance(config, dict) and all(isinstance(v, str) for v in config.values())):
+        out.append(Violation(f"{path}.config", "must be a map of file name to file content (strings)"))
+        config = {}
+    keys = list((config or {}).keys())
+    interrupts = package.get("configInterrupts")
+    if interrupts is None:
+        return out
+    if not isinstance(interrupts, dict):
+        return [*out, Violation(f"{path}.configInterrupts", "must be a map of config key or glob to interrupt")]
+    for pattern, interrupt in interrupts.items():
+        where = f"{path}.configInterrupts[{pattern}]"
+        if pattern not in keys and not any(fnmatch.fnmatchcase(k, str(pattern)) for k in keys):
+            known = ", ".join(sorted(keys)) if keys else "none"
+            out.append(Violation(where, f"{pattern!r} is neither a config key nor a glob matching one "
+                                        f"(config keys: {known})"))
+        out += interrupt_violations(interrupt, where)
+    return out
+
+
+def resources_violations(resources: object, path: str) -> list[Violation]:
+    if resources is None:
+        return []
+    if not isinstance(resources, dict):
+        return [Violation(path, f"must be an object with requests and limits, not {type_name(resources)}")]
+    out: list[Violation] = []
+    parsed: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        values = resources.get(part)
+        parsed[part] = {}
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            out.append(Violation(f"{path}.{part}", "must be a map of resource name to quantity"))
+            continue
+        for resource, raw in values.items():
+            amount = syntax.parse_quantity(raw)
+            if isinstance(amount, str):
+                out.append(Violation(f"{path}.{part}[{resource}]", amount))
+            elif amount <= 0:
+                out.append(Violation(f"{path}.{part}[{resource}]", f"must be positive, not {raw!r}"))
+            else:
+                parsed[part][resource] = amount
+    for resource, limit in parsed["limits"].items():
+        request = parsed["requests"].get(resource)
+        if request is not None and limit < request:
+            out.append(Violation(f"{path}.limits[{resource}]", f"limit {resources['limits'][resource]!r} is below "
+                                                               f"the request {resources['requests'][resource]!r}"))
+    return out
+
+
+def depends_violations(name: str, depends: object, packages: dict[str, Any], path: str) -> list[Violation]:
+    if depends is None:
+        return []
+    if not isinstance(depends, dict):
+        return [Violation(f"{path}.dependsOn", "must be a map of package name to version constraint")]
+    out: list[Violation] = []
+    for other, constraint in depends.items():
+        where = f"{path}.dependsOn[{other}]"
+        if other == name:
+            out.append(Violation(where, "a package cannot depend on itself"))
+            continue
+        if other not in packages:
+            present = ", ".join(sorted(str(p) for p in packages if p != name)) or "none"
+            out.append(Violation(where, f"package {other!r} is not in this gate (its packages: {present})"))
+            continue
+        preds = syntax.parse_constraint(constraint)
+        if isinstance(preds, str):
+            out.append(Violation(where, preds))
+            continue
+        target = packages[other]
+        version = syntax.parse_version(target.get("version") if isinstance(target, dict) else None)
+        if isinstance(version, semver.Version) and not syntax.satisfies(version, preds):
+            out.append(Violation(where, f"{other} is at version {version}, which does not satisfy {constraint!r}"))
+    return out
+
+
+def cycle_violations(packages: dict[str, Any]) -> list[Violation]:
+    """One violation per dependency cycle, naming it (a → b → a)."""
+    graph: dict[str, list[str]] = {}
+    for name, package in packages.items():
+        deps = package.get("dependsOn") if isinstance(package, dict) else None
+        graph[str(name)] = sorted(str(d) for d in deps if d in packages and d != name) if isinstance(deps, dict) else []
+    out: list[Violation] = []
+    seen_cycles: set[frozenset[str]] = set()
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    for root in sorted(graph):
+        if state.get(root):
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        trail: list[str] = [root]
+        state[root] = 1
+        while stack:
+            node, i = stack[-1]
+            if i < len(graph[node]):
+                stack[-1] = (node, i + 1)
+                nxt = graph[node][i]
+                if state.get(nxt) == 1:
+                    cycle = [*trail[trail.index(nxt):], nxt]
+                    key = frozenset(cycle)
+                    if key not in seen_cycles:
+                        seen_cycles.add(key)
+                        out.append(Violation(f"spec.packages[{nxt}].dependsOn",
+                                             f"dependency cycle {' → '.join(cycle)}; remove one of these dependsOn"))
+                elif not state.get(nxt):
+                    state[nxt] = 1
+                    stack.append((nxt, 0))
+                    trail.append(nxt)
+            else:
+                state[node] = 2
+                stack.pop()
+                trail.pop()
+    return out
+
+
+# -- UPDATE ----------------------------------------------------------------------------------------
+
+
+def removed_uninstallable(old: dict[str, Any], new: dict[str, Any]) -> frozenset[str]:
+    """Packages the update removes whose uninstall is enabled: they must be gone from every node first."""
+    before, after = packages_of(old), packages_of(new)
+    return frozenset(
+        name for name, pkg in before.items()
+        if name not in after and isinstance(pkg, dict) and isinstance(pkg.get("uninstall"), dict)
+        and pkg["uninstall"].get("enabled") is True
+    )
+
+
+def update_violations(old: dict[str, Any], new: dict[str, Any], installed_on: dict[str, tuple[str, ...]] | Any
+                      ) -> list[Violation]:
+    out: list[Violation] = []
+    for name in sorted(removed_uninstallable(old, new)):
+        nodes = tuple(installed_on.get(name, ()))
+        if nodes:
+            sample = ", ".join(nodes[:_NODE_SAMPLE]) + (f" and {len(nodes) - _NODE_SAMPLE} more"
+                                                        if len(nodes) > _NODE_SAMPLE else "")
+            out.append(Violation(f"spec.packages[{name}]", f"cannot be removed while still installed on "
+                                 f"{len(nodes)} node(s) ({sample}): set uninstall.apply: true, wait until it is "
+                                 "uninstalled everywhere, then remove it"))
+    before, after = packages_of(old), packages_of(new)
+    for name, pkg in after.items():
+        prev = before.get(name)
+        if not (isinstance(pkg, dict) and isinstance(prev, dict)):
+            continue
+        v_old, v_new = syntax.parse_version(prev.get("version")), syntax.parse_version(pkg.get("version"))
+        if not (isinstance(v_old, semver.Version) and isinstance(v_new, semver.Version)) or v_new >= v_old:
+            continue
+        uninstallable = all(isinstance(p.get("uninstall"), dict) and p["uninstall"].get("enabled") is True
+                            for p in (prev, pkg))
+        if not uninstallable:
+            out.append(Violation(f"spec.packages[{name}].version",
+                                 f"downgrade from {v_old} to {v_new} needs the uninstall path: enable "
+                                 "uninstall.enabled: true on the installed version first, so it is uninstalled "
+                                 f"before {v_new} is applied"))
+    return out
+
+
+def changed_packages(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Packages a CREATE or UPDATE adds or changes: the ones whose use needs authorizing."""
+    before = packages_of(old) if old is not None else {}
+    return sorted(str(name) for name, pkg in packages_of(new).items() if before.get(name) != pkg)
