@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Final, Literal
+from typing import IO, Final, Literal
 
 from gate.agent import logs
 from gate.agent.errors import HostError, UsageError
@@ -120,6 +120,7 @@ def run_interrupt(
     settings: InterruptSettings,
     report: Callable[[Summary], object],
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    echo: IO[str] | None = None,
 ) -> InterruptResult:
     """Carry out the interrupt; `report` writes a summary early (a reboot may not let us write later)."""
     check_root(settings.root, needs_shell=False)
@@ -142,7 +143,7 @@ def run_interrupt(
         return Summary(package="", version="", stage="interrupt", ok=ok, failed_step=failed, exit_code=code,
                        message=message, duration_seconds=time.monotonic() - started, interrupt=settings.type)
 
-    with logs.RunLog(log_path) as log:
+    with logs.RunLog(log_path, echo) as log:
 
         def run(command: Command) -> tuple[int, str]:
             log.line(f"Running {command.label} on the host.")

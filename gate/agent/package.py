@@ -344,6 +344,8 @@ def validation_problems(exc: ValidationError) -> list[str]:
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown field"
+        elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float)):
+            message += f" (quote it: YAML reads {error['input']!r} as a number)"
         problems.append(f"{_location(loc)}: {message}")
     return problems
 

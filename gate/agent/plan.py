@@ -104,10 +104,11 @@ def agent_variables(request: StageRequest, list_name: StepList, step: Step, plac
 def step_argv(list_name: StepList, step: Step, places: Places, request: StageRequest) -> tuple[str, ...]:
     """The command line: a script by its path in the package, or an inline command through /bin/sh.
 
-    Upgrade steps and checks get the previous and the new version as their first two arguments.
+    Upgrade steps get the previous and the new version as their first two arguments. Upgrade checks
+    do not (they have both in the environment): a check script is usually shared with apply-check.
     """
     versions: list[str] = []
-    if list_name in ("upgrade", "upgrade-check"):
+    if list_name == "upgrade":
         assert request.previous_version is not None, "an upgrade request carries the resolved previous version"
         versions = [request.previous_version, request.version]
     if step.script is not None:

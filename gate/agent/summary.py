@@ -50,13 +50,17 @@ def render(summary: Summary, limit: int = _BUDGET) -> str:
     encoded = _encode(wire)
     if len(encoded) <= limit:
         return encoded.decode()
-    message = summary.message
-    # Every character encodes to at least one byte, so dropping `overflow` characters from the front
-    # always makes progress; the ellipsis added in the first round may need a second one.
-    while message and len(encoded) > limit:
-        message = message[len(encoded) - limit :]
-        wire["message"] = _ELLIPSIS + message
-        encoded = _encode(wire)
+    # Keep characters from the end while they fit; JSON escapes make a character cost 1 to 6 bytes,
+    # so the room is measured on each character's encoded form, not on the character count.
+    room = limit - len(_encode({**wire, "message": _ELLIPSIS}))
+    kept: list[str] = []
+    for char in reversed(summary.message):
+        room -= len(json.dumps(char, ensure_ascii=False).encode()) - 2
+        if room < 0:
+            break
+        kept.append(char)
+    wire["message"] = _ELLIPSIS + "".join(reversed(kept))
+    encoded = _encode(wire)
     if len(encoded) > limit:
         # Only reachable with absurd names (package.yaml bounds them); still return valid JSON.
         wire |= {"message": "", "failedStep": (summary.failed_step or "")[:256] or None,

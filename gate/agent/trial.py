@@ -84,9 +84,12 @@ def run_trial(
         if rows and rows[-1].ok is False:
             rows.append(TrialStep(name, None, "not run: an earlier stage failed"))
             continue
+        if name == "post-interrupt" and interrupt is None:
+            rows.append(TrialStep(name, None, "not run: no --interrupt given"))
+            continue
         if name == "interrupt":
             assert interrupt is not None
-            rows.append(_interrupt_row(interrupt))
+            rows.append(_interrupt_row(interrupt, sink))
             continue
         request = StageRequest(
             stage=name,
@@ -106,12 +109,12 @@ def run_trial(
     return Trial(findings, rows)
 
 
-def _interrupt_row(settings: InterruptSettings) -> TrialStep:
+def _interrupt_row(settings: InterruptSettings, echo: IO[str]) -> TrialStep:
     def ignore(summary: Summary) -> None:
         return None
 
     try:
-        result = run_interrupt(settings, ignore)
+        result = run_interrupt(settings, ignore, echo=echo)
     except AgentError as exc:
         return TrialStep(f"interrupt {settings.type}", False, str(exc))
     detail = "; ".join(result.commands) if result.summary.ok else result.summary.message

@@ -1,0 +1,279 @@
+"""A minimal root filesystem for the agent's chroot tests, made from the machine's own binaries.
+
+No download: `/bin/sh`, coreutils, grep, sed and friends are copied from the host together with the
+shared libraries `ldd` names, into a merged-/usr layout. What a real node would do through systemd,
+the kernel or the boot loader is played by fakes, installed as `/usr/libexec/nodegate-fakes/fake-*`
+with the real command names symlinked to them. Every fake appends its command line to
+`/var/log/fake-calls.log`, so tests assert on what the agent and the packages asked the host to do.
+
+The fakes keep just enough state to make the example packages' checks meaningful:
+
+* sysctl keys are files under `/proc/sys` (as in the real kernel), pre-filled with defaults;
+* `update-initramfs` writes `/boot/initrd.img-<kernel>` as the list of files it would contain, which
+  the fake `lsinitramfs` prints;
+* `update-grub` renders `/boot/grub/grub.cfg` from `/etc/default/grub` and `/etc/default/grub.d/*.cfg`;
+* a reboot (`reboot` or `systemctl reboot`) "boots" the root: `/proc/cmdline` becomes grub.cfg's
+  kernel line and blocklisted modules disappear from `/proc/modules`;
+* `systemctl` restarts units listed in `/etc/fake-systemd/running`, and fails on request: a file
+  `/etc/fake-systemd/fail-<what>` makes that operation fail; `shutdown-kills-caller` makes a reboot
+  send SIGTERM to its caller, as systemd stopping the agent's pod would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Final
+
+REQUIRED: Final = ("sh", "cat", "grep", "sed", "mkdir", "rm", "cp", "mv", "tr", "cut", "sha256sum", "cmp", "test")
+OPTIONAL: Final = (
+    "echo", "printf", "rmdir", "ls", "chmod", "touch", "date", "head", "tail", "wc", "env", "sleep", "ln",
+    "readlink", "basename", "dirname", "id", "true", "false", "stat", "sort", "uniq", "mktemp", "tee", "awk",
+    "diff", "find", "uname", "xargs", "[",
+)
+FAKE_DIR: Final = "usr/libexec/nodegate-fakes"
+CALLS: Final = "var/log/fake-calls.log"
+KERNEL: Final = "6.1.0-fake"
+
+_LIB = re.compile(r"(/\S+)")
+
+FAKE_SYSTEMCTL = r"""#!/bin/sh
+# FAKE systemctl for NodeGate's agent tests: records its calls and plays a tiny systemd.
+echo "systemctl $*" >> /var/log/fake-calls.log
+state=/etc/fake-systemd
+case "$1" in
+    reboot)
+        exec /usr/libexec/nodegate-fakes/fake-reboot --from-systemctl ;;
+    daemon-reload)
+        if [ -e "$state/fail-daemon-reload" ]; then echo "Failed to reload daemon: fake failure" >&2; exit 1; fi ;;
+    restart)
+        shift
+        for unit in "$@"; do
+            if [ -e "$state/fail-restart-$unit" ]; then
+                echo "Job for $unit failed because the control process exited with error code." >&2
+                exit 1
+            fi
+            echo "$unit" >> /var/log/fake-restarts.log
+        done ;;
+    list-units)
+        if [ -e "$state/fail-list-units" ]; then echo "Failed to list units: fake failure" >&2; exit 1; fi
+        cat "$state/running" ;;
+    is-active)
+        shift
+        [ "$1" = --quiet ] && shift
+        grep -q "^$1 " "$state/running" ;;
+esac
+"""
+
+FAKE_REBOOT = r"""#!/bin/sh
+# FAKE reboot for NodeGate's agent tests: records the call and "boots" the test root.
+[ "${1:-}" = --from-systemctl ] || echo "reboot $*" >> /var/log/fake-calls.log
+state=/etc/fake-systemd
+if [ -e "$state/fail-reboot" ]; then echo "Failed to reboot: fake failure" >&2; exit 1; fi
+if [ -f /boot/grub/grub.cfg ]; then
+    line=$(grep -m1 -E '^[[:space:]]*linux[[:space:]]' /boot/grub/grub.cfg)
+    set -- $line
+    shift
+    echo "BOOT_IMAGE=$*" > /proc/cmdline
+fi
+for module in $(cat /etc/modprobe.d/*.conf 2>/dev/null | sed -n 's/^blacklist[[:space:]][[:space:]]*//p'); do
+    grep -v "^$module " /proc/modules > /proc/modules.new || true
+    mv /proc/modules.new /proc/modules
+done
+echo "fake-boot-$$" > /proc/sys/kernel/random/boot_id
+if [ -e "$state/shutdown-kills-caller" ]; then kill -TERM "$PPID"; fi
+if [ -e "$state/shutdown-kills-self" ]; then kill -TERM "$$"; fi
+exit 0
+"""
+
+FAKE_SYSCTL = r"""#!/bin/sh
+# FAKE sysctl for NodeGate's agent tests: records its calls; keys are files under /proc/sys.
+echo "sysctl $*" >> /var/log/fake-calls.log
+path() { echo "/proc/sys/$(echo "$1" | tr . /)"; }
+set_kv() {
+    key=$(echo "$1" | tr -d '[:blank:]')
+    value=$(echo "$2" | sed 's/^[[:blank:]]*//; s/[[:blank:]]*$//')
+    p=$(path "$key")
+    if [ ! -e "$p" ]; then echo "sysctl: cannot stat $p: No such file or directory" >&2; return 1; fi
+    echo "$value" > "$p"
+    echo "$key = $value"
+}
+load() {
+    status=0
+    while IFS='=' read -r k v; do
+        case "$k" in ''|'#'*|';'*) continue ;; esac
+        set_kv "$k" "$v" || status=1
+    done < "$1"
+    return $status
+}
+case "$1" in
+    -n) p=$(path "$2"); [ -e "$p" ] || { echo "sysctl: cannot stat $p" >&2; exit 255; }; cat "$p" ;;
+    -p) load "${2:-/etc/sysctl.conf}" ;;
+    --system)
+        status=0
+        for f in /etc/sysctl.d/*.conf /etc/sysctl.conf; do
+            [ -f "$f" ] && { load "$f" || status=1; }
+        done
+        exit $status ;;
+    -w) set_kv "${2%%=*}" "${2#*=}" ;;
+    *=*) set_kv "${1%%=*}" "${1#*=}" ;;
+    *) echo "$1 = $(cat "$(path "$1")")" ;;
+esac
+"""
+
+FAKE_UPDATE_INITRAMFS = r"""#!/bin/sh
+# FAKE update-initramfs for NodeGate's agent tests: records its calls; an "initramfs" is the list
+# of files it would contain (what the fake lsinitramfs prints).
+echo "update-initramfs $*" >> /var/log/fake-calls.log
+if [ -e /etc/fake-systemd/fail-update-initramfs ]; then echo "update-initramfs: fake failure" >&2; exit 1; fi
+for dir in /lib/modules/*; do
+    version=${dir##*/}
+    {
+        echo .
+        echo "usr/lib/modules/$version"
+        for f in /etc/modprobe.d/*; do [ -e "$f" ] && echo "${f#/}"; done
+    } > "/boot/initrd.img-$version"
+    echo "update-initramfs: Generating /boot/initrd.img-$version"
+done
+"""
+
+FAKE_LSINITRAMFS = r"""#!/bin/sh
+# FAKE lsinitramfs for NodeGate's agent tests: prints what the fake update-initramfs put in.
+echo "lsinitramfs $*" >> /var/log/fake-calls.log
+cat "$1"
+"""
+
+FAKE_UPDATE_GRUB = r"""#!/bin/sh
+# FAKE update-grub for NodeGate's agent tests: records its calls and renders a one-entry grub.cfg
+# the way grub-mkconfig would, from /etc/default/grub and /etc/default/grub.d/*.cfg.
+echo "update-grub $*" >> /var/log/fake-calls.log
+GRUB_CMDLINE_LINUX=""
+GRUB_CMDLINE_LINUX_DEFAULT=""
+[ -f /etc/default/grub ] && . /etc/default/grub
+for f in /etc/default/grub.d/*.cfg; do [ -f "$f" ] && . "$f"; done
+mkdir -p /boot/grub
+cat > /boot/grub/grub.cfg.new <<EOF
+# FAKE grub.cfg rendered by the test root's fake update-grub
+menuentry 'Debian GNU/Linux' {
+	linux	/boot/vmlinuz-__KERNEL__ root=/dev/sda1 ro $GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT
+	initrd	/boot/initrd.img-__KERNEL__
+}
+EOF
+mv /boot/grub/grub.cfg.new /boot/grub/grub.cfg
+echo "Generating grub configuration file ... done"
+""".replace("__KERNEL__", KERNEL)
+
+FAKES: Final = {
+    "systemctl": ("usr/bin", FAKE_SYSTEMCTL),
+    "reboot": ("usr/sbin", FAKE_REBOOT),
+    "sysctl": ("usr/sbin", FAKE_SYSCTL),
+    "update-initramfs": ("usr/sbin", FAKE_UPDATE_INITRAMFS),
+    "lsinitramfs": ("usr/bin", FAKE_LSINITRAMFS),
+    "update-grub": ("usr/sbin", FAKE_UPDATE_GRUB),
+}
+
+FILES: Final = {
+    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+    "etc/group": "root:x:0:\n",
+    "etc/hostname": "fake-node\n",
+    "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
+    "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
+    "etc/fake-systemd/running": (
+        "chrony.service loaded active running chrony, an NTP client/server\n"
+        "cron.service loaded active running Regular background program processing daemon\n"
+        "dbus.service loaded active running D-Bus System Message Bus\n"
+        "ssh.service loaded active running OpenBSD Secure Shell server\n"
+        "systemd-journald.service loaded active running Journal Service\n"
+        "getty@tty1.service loaded active running Getty on tty1\n"
+    ),
+    "proc/cmdline": f"BOOT_IMAGE=/boot/vmlinuz-{KERNEL} root=/dev/sda1 ro quiet\n",
+    "proc/modules": (
+        "nouveau 2433024 0 - Live 0x0000000000000000\n"
+        "drm_kms_helper 200704 1 nouveau, Live 0x0000000000000000\n"
+        "ext4 1007616 1 - Live 0x0000000000000000\n"
+    ),
+    "proc/sys/net/core/somaxconn": "4096\n",
+    "proc/sys/vm/swappiness": "60\n",
+    "proc/sys/vm/max_map_count": "65530\n",
+    "proc/sys/kernel/random/boot_id": "fake-boot-0\n",
+    f"boot/vmlinuz-{KERNEL}": "",
+}
+DIRS: Final = ("etc/modprobe.d", "etc/sysctl.d", "etc/default/grub.d", f"usr/lib/modules/{KERNEL}", "var/lib",
+               "var/log", "run", "root", "dev")
+
+
+def _shared_libraries(binary: str) -> list[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        match = _LIB.search(line.split("=>")[-1])
+        if match and os.path.exists(match.group(1)):
+            libs.append(match.group(1))
+    return libs
+
+
+def _copy_into(root: Path, source: str, where: str | None = None) -> None:
+    target = root / (where or source).lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        shutil.copy2(source, target)  # follows symlinks: sh -> dash arrives as a real sh
+
+
+def build(root: Path) -> Path:
+    """Build the test root filesystem at `root` (an empty or missing directory)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for top in ("usr/bin", "usr/sbin", "usr/lib", "usr/lib64", FAKE_DIR, "tmp"):
+        (root / top).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    for link in ("bin", "sbin", "lib", "lib64"):
+        (root / link).symlink_to(f"usr/{link}")
+    libraries: set[str] = set()
+    for name in REQUIRED + OPTIONAL:
+        found = shutil.which(name)
+        if found is None:
+            if name in REQUIRED:
+                raise RuntimeError(f"the test root needs `{name}` from the host, and it has none")
+            continue
+        _copy_into(root, found, f"/usr/bin/{name}")
+        libraries.update(_shared_libraries(found))
+    for library in sorted(libraries):
+        _copy_into(root, library)
+    for directory in DIRS:
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    for path, text in FILES.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    for name, (directory, script) in FAKES.items():
+        fake = root / FAKE_DIR / f"fake-{name}"
+        fake.write_text(script)
+        fake.chmod(0o755)
+        (root / directory / name).symlink_to(os.path.relpath(fake, root / directory))
+    for name, minor in (("null", 3), ("zero", 5), ("urandom", 9)):
+        os.mknod(root / "dev" / name, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+    return root
+
+
+def clone(base: Path, dest: Path) -> Path:
+    """A private copy of a built root (device nodes included, hence cp -a)."""
+    subprocess.run(["cp", "-a", str(base), str(dest)], check=True)
+    return dest
+
+
+def fake_calls(root: Path) -> list[str]:
+    """The command lines the fakes recorded, oldest first."""
+    path = root / CALLS
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def restarted_units(root: Path) -> list[str]:
+    path = root / "var/log/fake-restarts.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def make_fail(root: Path, what: str) -> None:
+    """Make one fake operation fail from now on, e.g. "restart-chrony.service" or "reboot"."""
+    (root / "etc/fake-systemd" / f"fail-{what}").write_text("")
