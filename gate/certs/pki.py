@@ -60,9 +60,10 @@ def _name(common_name: str, organizations: Iterable[str] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
-def create_ca(common_name: str, valid_for: dt.timedelta = dt.timedelta(days=3650)) -> KeyPair:
+def create_ca(common_name: str, valid_for: dt.timedelta = dt.timedelta(days=3650), *,
+              now: dt.datetime | None = None) -> KeyPair:
     key = new_key()
-    now = _now()
+    now = now or _now()
     name = _name(common_name)
     cert = (
         x509.CertificateBuilder()
@@ -112,13 +113,14 @@ def issue(
     server: bool = False,
     client: bool = False,
     valid_for: dt.timedelta = dt.timedelta(days=365),
+    now: dt.datetime | None = None,
 ) -> KeyPair:
     """Issue a leaf certificate signed by `ca` for a server (with SANs), a client, or both."""
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     assert isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey))
     ca_cert = ca.cert
     key = new_key()
-    now = _now()
+    now = now or _now()
     usages = []
     if server:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)

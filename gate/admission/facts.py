@@ -1,0 +1,123 @@
+"""Where the rules' `Facts` come from: the webhook's watch caches, and live reads where a stale cache
+could let a wrong answer through.
+
+* Node CREATE (the hot path) reads the readinessTaint gates from the NodeGate cache: no API call.
+* "Does this DeploymentPolicy exist?" asks the cache, and on a miss the API server (a policy created a
+  moment ago may not have reached the cache yet; a false denial would be wrong).
+* "Which gates reference this policy?" (DELETE) and "where is this package still installed?" (UPDATE
+  removing a package) are rare and must not miss a write from a moment ago: always live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from gate.admission.rules import policy as policy_rules
+from gate.admission.rules.facts import Facts, Lookups, ReadinessGate
+from gate.api.keys import state_annotation, status_label
+from gate.kube.cache import WatchCache
+from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
+from gate.kube.errors import NotFound
+
+log = logging.getLogger(__name__)
+
+UNINSTALLED_STATES = frozenset({"uninstalled", "removed", "absent"})
+
+
+class ClusterFacts:
+    def __init__(self, client: KubeClient, *, operator_username: str) -> None:
+        self.client = client
+        self.operator_username = operator_username
+        self.gates = WatchCache(client, NODEGATES)
+        self.policies = WatchCache(client, POLICIES)
+
+    async def start(self) -> None:
+        await asyncio.gather(self.gates.start(), self.policies.start())
+
+    async def stop(self) -> None:
+        await asyncio.gather(self.gates.stop(), self.policies.stop())
+
+    @property
+    def synced(self) -> bool:
+        return self.gates.synced and self.policies.synced
+
+    async def facts(self, lookups: Lookups) -> Facts:
+        if lookups.empty:
+            return Facts(operator_username=self.operator_username)
+        existing = frozenset(await _gather_existing(self, lookups.policies))
+        referencing: tuple[str, ...] = ()
+        if lookups.gates_referencing:
+            gates, _ = await self.client.list(NODEGATES)
+            referencing = tuple(policy_rules.referencing_gates(lookups.gates_referencing, gates))
+        installed: dict[str, tuple[str, ...]] = {}
+        if lookups.installed:
+            installed = await self._installed(*lookups.installed)
+        readiness = readiness_gates(self.gates.items()) if lookups.readiness_gates else ()
+        return Facts(existing_policies=existing, referencing_gates=referencing, installed_on=installed,
+                     readiness_gates=readiness, operator_username=self.operator_username)
+
+    async def _policy_exists(self, name: str) -> bool:
+        if self.policies.get(name) is not None:
+            return True
+        try:
+            await self.client.get(POLICIES, name)
+            return True
+        except NotFound:
+            return False
+
+    async def _installed(self, gate: str, packages: frozenset[str]) -> dict[str, tuple[str, ...]]:
+        # Nodes the gate touched carry its status label; the state annotation says what is installed.
+        nodes, _ = await self.client.list(NODES, label_selector=status_label(gate))
+        found: dict[str, list[str]] = {p: [] for p in packages}
+        for node in nodes:
+            annotation = (node.get("metadata", {}).get("annotations") or {}).get(state_annotation(gate))
+            present = installed_packages(annotation)
+            for package in packages:
+                if present is None or package in present:
+                    found[package].append(str(node["metadata"]["name"]))
+        return {p: tuple(sorted(n)) for p, n in found.items() if n}
+
+
+async def _gather_existing(source: ClusterFacts, names: frozenset[str]) -> list[str]:
+    answers = await asyncio.gather(*(source._policy_exists(n) for n in sorted(names)))
+    return [n for n, yes in zip(sorted(names), answers, strict=True) if yes]
+
+
+def readiness_gates(gates: list[dict[str, Any]]) -> tuple[ReadinessGate, ...]:
+    out = []
+    for gate in gates:
+        spec = gate.get("spec")
+        meta = gate.get("metadata") or {}
+        if isinstance(spec, dict) and spec.get("readinessTaint") is True and not meta.get("deletionTimestamp"):
+            out.append(ReadinessGate(str(meta.get("name")), spec.get("nodeSelector")))
+    return tuple(out)
+
+
+def installed_packages(annotation: str | None) -> set[str] | None:
+    """Packages a node's `state.<gate>` annotation records as installed; None when it cannot be read
+    (then every package counts as installed there: refusing a removal is the recoverable mistake).
+
+    Reads `{"packages": {name: {...}}}` and treats an entry whose state/phase/status says uninstalled
+    as gone; no annotation means the gate never installed anything there.
+    """
+    if annotation is None:
+        return set()
+    try:
+        data = json.loads(annotation)
+    except ValueError:
+        return None
+    packages = data.get("packages") if isinstance(data, dict) else None
+    if not isinstance(packages, dict):
+        return None
+    out = set()
+    for name, entry in packages.items():
+        if not isinstance(entry, dict):
+            out.add(str(name))
+            continue
+        words = {str(entry.get(k, "")).lower() for k in ("state", "phase", "status")}
+        if not words & UNINSTALLED_STATES:
+            out.add(str(name))
+    return out

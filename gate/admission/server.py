@@ -1,0 +1,252 @@
+"""The webhook server: aiohttp over TLS, a thin adapter around the pure rules.
+
+POST /validate and /mutate take an AdmissionReview v1 and answer one. Per request: parse (pydantic),
+`plan_lookups`, fetch the facts, `validate`/`mutate`, ask the authorizer the verdict's questions
+(concurrently), fold the answers in, answer. Input that is not a well-formed review gets a 4xx with a
+message; a rule or lookup that fails gets a denial (validation) or an unpatched allow (mutation) with
+the reason, never a 5xx: a 5xx tells the API server nothing a person can act on.
+
+GET /healthz (the process serves), /readyz (a serving certificate is loaded and the caches are
+synced), /metrics (Prometheus).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import signal
+import time
+from typing import Literal, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from gate.admission.authz import Authorizer, SubjectAccessReviewer
+from gate.admission.certificates import FileCertificates, SelfManagedCertificates
+from gate.admission.facts import ClusterFacts
+from gate.admission.rules import decide
+from gate.admission.rules.facts import Facts, Lookups
+from gate.admission.rules.review import AdmissionReview, Verdict, Violation, response_for
+from gate.admission.settings import WebhookSettings
+from gate.certs.reload import ReloadableCertificate
+from gate.certs.rotation import CertPolicy
+from gate.kube.client import KubeClient
+from gate.kube.errors import ApiError, ConnectionFailed
+
+log = logging.getLogger(__name__)
+
+Webhook = Literal["validate", "mutate"]
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class FactSource(Protocol):
+    @property
+    def synced(self) -> bool: ...
+
+    async def facts(self, lookups: Lookups) -> Facts: ...
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("nodegate_admission_requests", "Admission requests answered.",
+                                ["webhook", "kind", "operation", "verdict"], registry=self.registry)
+        self.latency = Histogram("nodegate_admission_duration_seconds", "Time to answer an admission request.",
+                                 ["webhook", "kind", "operation", "verdict"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.errors = Counter("nodegate_admission_errors", "Requests whose rules or lookups failed.",
+                              ["webhook", "stage"], registry=self.registry)
+
+    def observe(self, webhook: str, kind: str, operation: str, verdict: str, seconds: float) -> None:
+        self.requests.labels(webhook, kind, operation, verdict).inc()
+        self.latency.labels(webhook, kind, operation, verdict).observe(seconds)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "not an AdmissionReview v1: " + "; ".join(parts)
+
+
+class AdmissionServer:
+    def __init__(self, *, facts: FactSource, authorizer: Authorizer, certificate: ReloadableCertificate,
+                 max_body_bytes: int = 3 * 1024 * 1024, metrics: Metrics | None = None) -> None:
+        self.facts = facts
+        self.authorizer = authorizer
+        self.certificate = certificate
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics or Metrics()
+        self.shutting_down = False
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/validate", self.validate)
+        app.router.add_post("/mutate", self.mutate)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        return app
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    def not_ready_reason(self) -> str | None:
+        if self.shutting_down:
+            return "shutting down"
+        if not self.certificate.loaded:
+            return "no serving certificate loaded yet"
+        if not self.facts.synced:
+            return "the NodeGate and DeploymentPolicy caches are not synced yet"
+        return None
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reason = self.not_ready_reason()
+        if reason:
+            return web.Response(status=503, text=f"not ready: {reason}\n")
+        return web.Response(text="ok\n")
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- reviews ----------------------------------------------------------------------------------
+
+    async def validate(self, request: web.Request) -> web.Response:
+        return await self._review(request, "validate")
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        return await self._review(request, "mutate")
+
+    async def _review(self, request: web.Request, webhook: Webhook) -> web.Response:
+        started = time.perf_counter()
+        if request.content_type != "application/json":
+            self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
+            return _error(415, f"content type must be application/json, not {request.content_type or 'none'!r}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
+            return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+        try:
+            review = AdmissionReview.model_validate_json(body)
+        except ValidationError as exc:
+            self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
+            if any(e.get("type") == "json_invalid" for e in exc.errors()):
+                return _error(400, "the body is not valid JSON")
+            return _error(422, _summarise(exc))
+        req = review.request
+        kind, operation = req.kind.kind, req.operation
+        try:
+            verdict = await self._judge(review, webhook)
+        except decide.ReviewError as exc:
+            self.metrics.observe(webhook, kind, operation, "bad-request", time.perf_counter() - started)
+            return _error(422, str(exc))
+        answer = response_for(req.uid, verdict)
+        outcome = "allowed" if answer.response.allowed else "denied"
+        if webhook == "mutate" and answer.response.patch:
+            outcome = "patched"
+        self.metrics.observe(webhook, kind, operation, outcome, time.perf_counter() - started)
+        return web.Response(body=answer.model_dump_json(by_alias=True, exclude_none=True),
+                            content_type="application/json")
+
+    async def _judge(self, review: AdmissionReview, webhook: Webhook) -> Verdict:
+        req = review.request
+        lookups = decide.plan_lookups(req, webhook)  # ReviewError: the caller answers 422
+        try:
+            facts = await self.facts.facts(lookups)
+        except (ApiError, ConnectionFailed) as exc:
+            self.metrics.errors.labels(webhook, "lookup").inc()
+            log.warning("Lookup failed; kind=%s name=%s error=%s", req.kind.kind, req.name, exc)
+            return self._failed(webhook, f"could not look up what this request depends on ({exc}); retry shortly")
+        try:
+            verdict = decide.validate(req, facts) if webhook == "validate" else decide.mutate(req, facts)
+        except decide.ReviewError:
+            raise
+        except Exception:
+            self.metrics.errors.labels(webhook, "rules").inc()
+            log.exception("Rule failed; kind=%s operation=%s name=%s", req.kind.kind, req.operation, req.name)
+            return self._failed(webhook, "NodeGate's admission rules failed on this object (logged as a bug)")
+        if verdict.access:
+            try:
+                answers = await self.authorizer.answer(verdict.access)
+            except (ApiError, ConnectionFailed) as exc:
+                self.metrics.errors.labels(webhook, "authorization").inc()
+                log.warning("SubjectAccessReview failed; user=%s error=%s", req.user_info.username, exc)
+                return self._failed(webhook, f"could not check authorization ({exc}); retry shortly")
+            verdict = verdict.with_answers(answers)
+        return verdict
+
+    @staticmethod
+    def _failed(webhook: Webhook, reason: str) -> Verdict:
+        # Validation fails closed (the configuration's failurePolicy is Fail for what it guards);
+        # mutation lets the object through unpatched: the operator's own checks catch what it missed.
+        if webhook == "validate":
+            return Verdict(violations=(Violation("", reason),))
+        return Verdict(warnings=(f"nodegate: not mutated: {reason}",))
+
+
+async def serve(settings: WebhookSettings) -> None:
+    """Run `nodegate webhook serve` until SIGTERM or SIGINT."""
+    client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-webhook")
+    certificate = ReloadableCertificate()
+    facts = ClusterFacts(client, operator_username=settings.operator_username)
+    server = AdmissionServer(facts=facts, certificate=certificate, max_body_bytes=settings.max_body_bytes,
+                             authorizer=SubjectAccessReviewer(client, cache_seconds=settings.sar_cache_seconds))
+    certs: SelfManagedCertificates | FileCertificates
+    if settings.cert_mode == "self-managed":
+        policy = CertPolicy(hosts=settings.hosts,
+                            propagation=dt.timedelta(seconds=settings.cert_propagation_seconds))
+        certs = SelfManagedCertificates(client, certificate, namespace=settings.secret_namespace,
+                                        secret_name=settings.secret_name, policy=policy,
+                                        configuration_name=settings.configuration_name,
+                                        interval=settings.cert_check_seconds)
+    else:
+        certs = FileCertificates(certificate, settings.cert_files, interval=settings.cert_check_seconds)
+
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=10)
+    await runner.setup()
+    host, port = settings.host_port
+    site = web.TCPSite(runner, host, port, ssl_context=certificate.context, backlog=1024)
+    await site.start()
+    log.info("Serving admission webhook; listen=%s:%d certMode=%s", host, port, settings.cert_mode)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def start_caches() -> None:
+        backoff = 0.5
+        while True:
+            try:
+                await facts.start()
+                log.info("Caches synced; nodegates=%d policies=%d", len(facts.gates), len(facts.policies))
+                return
+            except (ApiError, ConnectionFailed) as exc:
+                log.warning("Cache start failed; retrying; error=%s", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    tasks = [asyncio.create_task(certs.run(), name="certificates"),
+             asyncio.create_task(start_caches(), name="caches")]
+    try:
+        await stop.wait()
+    finally:
+        log.info("Shutting down; finishing requests in flight")
+        server.shutting_down = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+        await facts.stop()
+        await client.close()

@@ -1,0 +1,122 @@
+"""Settings of `nodegate webhook serve`, in one place: defaults here, flags and env read here.
+
+Every setting has a flag and an environment variable `NODEGATE_WEBHOOK_<NAME>` (flags win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+CertMode = Literal["self-managed", "files"]
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    listen: str = "0.0.0.0:9443"
+    """host:port to serve TLS on."""
+    cert_mode: CertMode = "self-managed"
+    """self-managed: keep a CA and serving certificate in a Secret, rotate it and patch the caBundle;
+    files: serve tls.crt/tls.key from cert_dir (cert-manager or a mounted Secret), reloaded on change."""
+    cert_dir: str = "/tls"
+    secret_namespace: str = "nodegate-system"
+    secret_name: str = "nodegate-webhook-tls"
+    hosts: tuple[str, ...] = ("nodegate-webhook", "nodegate-webhook.nodegate-system",
+                              "nodegate-webhook.nodegate-system.svc",
+                              "nodegate-webhook.nodegate-system.svc.cluster.local", "127.0.0.1")
+    """SANs of the self-managed serving certificate."""
+    configuration_name: str = "nodegate"
+    """Validating- and MutatingWebhookConfiguration whose caBundle the self-managed mode keeps current."""
+    operator_namespace: str = "nodegate-system"
+    operator_service_account: str = "nodegate-operator"
+    kubeconfig: str | None = None
+    cert_check_seconds: float = 60.0
+    """How often the certificate Secret (or the files) is re-read and rotation considered."""
+    cert_propagation_seconds: float = 600.0
+    """How long a new CA is trusted before the serving certificate moves to it."""
+    sar_cache_seconds: float = 10.0
+    """How long an allowed SubjectAccessReview answer is reused (denials are never cached)."""
+    max_body_bytes: int = 3 * 1024 * 1024
+    """Largest request body: an AdmissionReview holds two objects of at most 1.5 MiB each."""
+    log_level: str = "info"
+
+    @property
+    def operator_username(self) -> str:
+        return f"system:serviceaccount:{self.operator_namespace}:{self.operator_service_account}"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+    @property
+    def cert_files(self) -> tuple[Path, Path]:
+        return Path(self.cert_dir, "tls.crt"), Path(self.cert_dir, "tls.key")
+
+
+_HELP = {
+    "listen": "host:port to serve TLS on",
+    "cert_mode": "self-managed (Secret, rotation, caBundle) or files (cert-manager / mounted Secret)",
+    "cert_dir": "directory with tls.crt and tls.key (files mode)",
+    "secret_namespace": "namespace of the certificate Secret (self-managed mode)",
+    "secret_name": "name of the certificate Secret (self-managed mode)",
+    "hosts": "comma-separated SANs of the serving certificate (self-managed mode)",
+    "configuration_name": "name of the webhook configurations whose caBundle to keep current",
+    "operator_namespace": "namespace of the operator's ServiceAccount",
+    "operator_service_account": "the operator's ServiceAccount (may remove the readiness taint)",
+    "kubeconfig": "kubeconfig to use (default: in-cluster, else $KUBECONFIG)",
+    "cert_check_seconds": "how often certificates are re-read and rotation considered",
+    "cert_propagation_seconds": "how long a new CA is trusted before the serving certificate uses it",
+    "sar_cache_seconds": "how long an allowed SubjectAccessReview is reused (0: never)",
+    "max_body_bytes": "largest request body accepted",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in fields(WebhookSettings):
+        flag = "--" + f.name.replace("_", "-")
+        default = WebhookSettings.__dataclass_fields__[f.name].default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        kw: dict[str, Any] = {"default": None, "help": f"{_HELP[f.name]} (default {shown}; env {env_name(f.name)})"}
+        if f.name == "cert_mode":
+            kw["choices"] = ["self-managed", "files"]
+        parser.add_argument(flag, dest=f.name, **kw)
+
+
+def env_name(name: str) -> str:
+    return "NODEGATE_WEBHOOK_" + name.upper()
+
+
+def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WebhookSettings:
+    """Flags win over environment variables, which win over the defaults."""
+    env = dict(os.environ if environ is None else environ)
+    values: dict[str, Any] = {}
+    for f in fields(WebhookSettings):
+        raw = getattr(args, f.name, None)
+        if raw is None:
+            raw = env.get(env_name(f.name))
+        if raw is None:
+            continue
+        default = WebhookSettings.__dataclass_fields__[f.name].default
+        if isinstance(default, tuple):
+            values[f.name] = tuple(h.strip() for h in str(raw).split(",") if h.strip())
+        elif isinstance(default, bool):
+            values[f.name] = str(raw).lower() in ("1", "true", "yes")
+        elif isinstance(default, int):
+            values[f.name] = int(raw)
+        elif isinstance(default, float):
+            values[f.name] = float(raw)
+        else:
+            values[f.name] = str(raw)
+    settings = WebhookSettings(**values)
+    if settings.cert_mode not in ("self-managed", "files"):
+        raise ValueError(f"cert mode must be self-managed or files, not {settings.cert_mode!r}")
+    settings.host_port  # noqa: B018 - fail early on a malformed --listen
+    return settings
+
+
+__all__ = ["WebhookSettings", "add_arguments", "from_args"]
