@@ -24,8 +24,6 @@ from gate.kube.errors import NotFound
 
 log = logging.getLogger(__name__)
 
-UNINSTALLED_STATES = frozenset({"uninstalled", "removed", "absent"})
-
 
 class ClusterFacts:
     def __init__(self, client: KubeClient, *, operator_username: str) -> None:
@@ -97,27 +95,16 @@ def readiness_gates(gates: list[dict[str, Any]]) -> tuple[ReadinessGate, ...]:
 
 
 def installed_packages(annotation: str | None) -> set[str] | None:
-    """Packages a node's `state.<gate>` annotation records as installed; None when it cannot be read
-    (then every package counts as installed there: refusing a removal is the recoverable mistake).
-
-    Reads `{"packages": {name: {...}}}` and treats an entry whose state/phase/status says uninstalled
-    as gone; no annotation means the gate never installed anything there.
-    """
-    if annotation is None:
+    """Packages a node's `state.<gate>` annotation records as installed (its `installed` map, see
+    gate.api.state); None when it cannot be read: then every package counts as installed there, since
+    refusing a removal is the mistake a person can recover from. No annotation: nothing installed."""
+    if not annotation:
         return set()
     try:
         data = json.loads(annotation)
     except ValueError:
         return None
-    packages = data.get("packages") if isinstance(data, dict) else None
-    if not isinstance(packages, dict):
+    if not isinstance(data, dict):
         return None
-    out = set()
-    for name, entry in packages.items():
-        if not isinstance(entry, dict):
-            out.add(str(name))
-            continue
-        words = {str(entry.get(k, "")).lower() for k in ("state", "phase", "status")}
-        if not words & UNINSTALLED_STATES:
-            out.add(str(name))
-    return out
+    installed = data.get("installed", {})
+    return {str(name) for name in installed} if isinstance(installed, dict) else None
