@@ -229,7 +229,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--gate", help="the NodeGate the package belongs to (env NODEGATE_GATE)")
     run.add_argument("--generation", type=int, help="the gate's metadata.generation (env NODEGATE_GENERATION)")
     run.add_argument("--previous-version",
-                     help="upgrade: the version being replaced, when the host has no record (env NODEGATE_PREVIOUS_VERSION)")
+                     help="upgrade: the version being replaced, when the host has no record "
+                     "(env NODEGATE_PREVIOUS_VERSION)")
     run.add_argument("--payload", default=DEFAULT_PAYLOAD,
                      help=f"the package's files, copied from the image (default {DEFAULT_PAYLOAD})")
     run.add_argument("--config-dir", help=f"the package's config files (default {DEFAULT_CONFIG_DIR} when present)")

@@ -53,10 +53,9 @@ class Agent:
         text = self.termination_log.read_text() if self.termination_log.exists() else "{}"
         return Run(code, json.loads(text))
 
-    def run(self, stage: str, payload: Path, *extra: str, package: str | None = None, version: str = "1.0.0",
+    def run(self, stage: str, payload: Path, *extra: str, package: str = "demo-pkg", version: str = "1.0.0",
             gate: str = "test-gate", generation: int = 1, config_dir: Path | None = None) -> Run:
-        name = package or payload.name
-        args = ["agent", "run", "--stage", stage, "--package", name, "--version", version, "--gate", gate,
+        args = ["agent", "run", "--stage", stage, "--package", package, "--version", version, "--gate", gate,
                 "--generation", str(generation), "--root", str(self.root), "--payload", str(payload)]
         if config_dir is not None:
             args += ["--config-dir", str(config_dir)]

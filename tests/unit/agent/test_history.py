@@ -94,5 +94,5 @@ def test_history_survives_a_round_trip_and_a_missing_file_is_an_empty_history(tm
 def test_a_corrupt_history_is_refused_with_what_to_do(tmp_path: Path) -> None:
     path = tmp_path / "history.json"
     path.write_text("{not json")
-    with pytest.raises(HostError, match="is not a valid NodeGate history .*move it away"):
+    with pytest.raises(HostError, match=r"is not a valid NodeGate history .*move it away"):
         load_history(path, "g", "p")

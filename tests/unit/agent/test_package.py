@@ -35,7 +35,8 @@ def manifest(extra: str = "", stages: str = "") -> str:
         version: 1.0.0
         """
     )
-    return base + textwrap.dedent(extra) + ("stages:\n" + textwrap.indent(textwrap.dedent(stages), "  ") if stages else "")
+    tail = "stages:\n" + textwrap.indent(textwrap.dedent(stages), "  ") if stages else ""
+    return base + textwrap.dedent(extra) + tail
 
 
 def test_a_valid_manifest_gets_the_documented_defaults() -> None:
@@ -56,8 +57,10 @@ def test_a_valid_manifest_gets_the_documented_defaults() -> None:
         (manifest().replace("demo-pkg", "Demo_Pkg"), "name: String should match pattern"),
         (manifest().replace("kind: Package", "kind: Pkg"), "kind: Input should be 'Package'"),
         (manifest("rooot: root\n"), "rooot: unknown field"),
-        (manifest(stages="apply:\n  - {name: a, script: a.sh, onhost: false}\n"), "stages.apply[0].onhost: unknown field"),
-        (manifest(stages="apply:\n  - {name: a, script: a.sh, command: 'true'}\n"), "exactly one of script and command"),
+        (manifest(stages="apply:\n  - {name: a, script: a.sh, onhost: false}\n"),
+         "stages.apply[0].onhost: unknown field"),
+        (manifest(stages="apply:\n  - {name: a, script: a.sh, command: 'true'}\n"),
+         "exactly one of script and command"),
         (manifest(stages="apply:\n  - {name: a}\n"), "exactly one of script and command"),
         (manifest(stages="apply:\n  - {name: a, script: ../escape.sh}\n"), "must be a path inside the package"),
         (manifest(stages="apply:\n  - {name: a, script: /bin/true}\n"), "must be a path inside the package"),
@@ -80,7 +83,7 @@ def test_a_valid_manifest_gets_the_documented_defaults() -> None:
     ],
 )
 def test_a_bad_manifest_is_refused_naming_the_field(text: str, expected: str) -> None:
-    with pytest.raises(PackageError, match="package.yaml") as caught:
+    with pytest.raises(PackageError, match=r"package\.yaml") as caught:
         parse_manifest(text)
     assert expected in str(caught.value)
 

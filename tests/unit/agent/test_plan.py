@@ -88,7 +88,8 @@ def test_environment_precedence_package_then_gate_then_step_then_agent() -> None
                "PATH": "/opt/venv/bin:/usr/bin"}
     (step,) = plan_stage(m, request(), empty(), environ, HOST, AGENT)
     env = step.env
-    assert (env["FROM_PACKAGE"], env["OVERRIDDEN"], env["BOTH"], env["FROM_STEP"]) == ("package", "gate", "step", "step")
+    assert (env["FROM_PACKAGE"], env["OVERRIDDEN"], env["BOTH"]) == ("package", "gate", "step")
+    assert env["FROM_STEP"] == "step"
     assert "NODEGATE_PREVIOUS_VERSION" not in env  # the agent's resolved values replace the pod's
     assert env["NODEGATE_STAGE"] == "apply" and env["NODEGATE_STEP"] == "s" and env["NODEGATE_GENERATION"] == "3"
     assert env["NODEGATE_CONFIG_DIR"] == "/cfg" and env["NODEGATE_STATE_DIR"] == "/data"

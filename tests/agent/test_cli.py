@@ -1,0 +1,79 @@
+"""The commands as the operator's Job and a package author run them: real processes, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate.cli.main import main
+from tests.agent.conftest import REPO
+from tests.agent.packaging import make_package
+
+
+def nodegate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NODEGATE_")}
+    return subprocess.run([sys.executable, "-m", "gate.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**base, **(env or {})}, timeout=120)
+
+
+def test_agent_run_takes_its_identity_from_the_pods_environment(root: Path, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'echo "$NODEGATE_GATE/$NODEGATE_PACKAGE/$NODEGATE_VERSION" > /etc/who'}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    log = tmp_path / "termination-log"
+    env = {"NODEGATE_GATE": "gpu-base", "NODEGATE_PACKAGE": "demo-pkg", "NODEGATE_VERSION": "1.0.0",
+           "NODEGATE_STAGE": "apply"}
+    proc = nodegate("agent", "run", "--generation", "2", "--root", str(root), "--payload", str(pkg),
+                    "--termination-log", str(log), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "etc/who").read_text() == "gpu-base/demo-pkg/1.0.0\n"
+    assert json.loads(log.read_text())["ok"] is True
+    assert (root / "var/lib/nodegate/gpu-base/demo-pkg/history.json").exists()
+
+
+def test_exit_codes_separate_a_failed_stage_from_a_refused_one(root: Path, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'exit 5'}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    common = ["--stage", "apply", "--package", "demo-pkg", "--gate", "g", "--root", str(root), "--payload", str(pkg),
+              "--termination-log", str(tmp_path / "t")]
+    failed = nodegate("agent", "run", "--version", "1.0.0", *common)
+    refused = nodegate("agent", "run", "--version", "2.0.0", *common)
+    assert (failed.returncode, refused.returncode) == (1, 2)
+    assert refused.stderr.startswith("error: ") and "wrong image tag" in refused.stderr
+    assert "Traceback" not in failed.stderr + refused.stderr
+
+
+def test_package_test_reports_the_failing_stage_and_where_its_log_is(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'touch /etc/x'}]
+        apply-check: [{name: c, command: 'test -e /etc/x'}]
+        uninstall: [{name: u, command: 'echo "cannot remove" >&2; exit 1'}]
+        uninstall-check: [{name: uc, command: 'test ! -e /etc/x'}]
+    """)
+    (pkg / "Dockerfile").write_text("FROM busybox\nCOPY . /nodegate-package/\n")
+    assert main(["package", "test", str(pkg), "--root", str(root)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("PASS  apply ")
+    assert out[1] == "FAIL  uninstall          uninstall/u exited 1 (accepted: 0)"
+    assert out[2].startswith("      log: ") and out[2].endswith("-uninstall.log")
+    assert out[-1] == "FAILED"
+
+
+def test_package_test_refuses_a_package_that_does_not_lint(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pkg = make_package(tmp_path, "apply: [{name: s, command: 'touch /etc/x'}]\n")
+    assert main(["package", "test", str(pkg), "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "error: package.yaml: stages.apply has steps but stages.apply-check is empty" in out
+    assert not (root / "etc/x").exists()

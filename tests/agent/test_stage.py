@@ -1,0 +1,345 @@
+"""`nodegate agent run` against a real chroot: steps, checks, idempotence, upgrades, config, logs, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gate.agent.logs import KEEP_RUNS, KEEP_VERSIONS
+from tests.agent.conftest import Agent
+from tests.agent.packaging import configmap, make_package
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+STATE = "var/lib/nodegate/test-gate/demo-pkg"
+LOGS = "var/log/nodegate/test-gate/demo-pkg"
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Everything under a root: to prove a refused run changed nothing."""
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+        elif path.is_dir():
+            out[rel] = "dir"
+    return out
+
+
+def test_host_steps_run_chrooted_and_pod_steps_see_the_host_at_nodegate_root(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply:
+          - {name: on-host, command: 'cat /etc/hostname > /etc/seen-from-host; pwd > /etc/cwd'}
+          - {name: in-pod, command: 'echo "$NODEGATE_ROOT" > "$NODEGATE_ROOT/etc/root-from-pod"', onHost: false}
+        apply-check:
+          - {name: both-ran, command: 'test -s /etc/seen-from-host && test -s /etc/root-from-pod'}
+    """)
+    run = agent.run("apply", pkg)
+    assert run.code == 0, run.summary
+    assert (agent.root / "etc/seen-from-host").read_text() == "fake-node\n"  # the test root's, not this machine's
+    assert (agent.root / "etc/cwd").read_text() == f"/{STATE}/package/1.0.0\n"
+    assert (agent.root / "etc/root-from-pod").read_text() == f"{agent.root}\n"
+    assert run.summary == {**run.summary, "package": "demo-pkg", "version": "1.0.0", "stage": "apply", "ok": True,
+                           "failedStep": None, "exitCode": 0, "message": "3 steps passed"}
+
+
+def test_the_payload_is_copied_onto_the_host_and_scripts_run_from_there(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, script: scripts/s.sh, args: [one, two words]}]
+        apply-check: [{name: c, command: 'test -e /tmp/args'}]
+    """, scripts={"scripts/s.sh": 'printf "%s|" "$0" "$@" > /tmp/args\n'})
+    assert agent.run("apply", pkg).code == 0
+    assert (agent.root / "tmp/args").read_text() == f"/{STATE}/package/1.0.0/scripts/s.sh|one|two words|"
+    assert (agent.root / STATE / "package/1.0.0/package.yaml").read_text() == (pkg / "package.yaml").read_text()
+
+
+def test_a_failing_check_fails_the_stage_with_the_tail_of_its_output(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'true'}]
+        apply-check:
+          - name: c
+            command: |
+              i=0; while [ $i -lt 300 ]; do echo "noise $i"; i=$((i+1)); done
+              echo "value is 3, want 4"; exit 4
+    """)
+    run = agent.run("apply", pkg)
+    assert run.code == 1
+    assert (run.summary["ok"], run.summary["failedStep"], run.summary["exitCode"]) == (False, "apply-check/c", 4)
+    message = str(run.summary["message"])
+    assert message.startswith("apply-check/c exited 4 (accepted: 0)\n")
+    assert message.endswith("noise 299\nvalue is 3, want 4") and "noise 0\n" not in message
+    assert len(agent.termination_log.read_bytes()) <= 4096
+    history = json.loads((agent.root / STATE / "history.json").read_text())
+    assert history["installed"] is None  # a stage whose check failed installs nothing
+
+
+def test_a_failing_step_stops_the_stage_before_later_steps_and_checks(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply:
+          - {name: breaks, command: 'echo broken >&2; exit 2'}
+          - {name: later, command: 'touch /tmp/later'}
+        apply-check: [{name: c, command: 'touch /tmp/checked'}]
+    """)
+    run = agent.run("apply", pkg)
+    assert (run.code, run.summary["failedStep"], run.summary["exitCode"]) == (1, "apply/breaks", 2)
+    assert "broken" in str(run.summary["message"])  # stderr is part of the output
+    assert not (agent.root / "tmp/later").exists() and not (agent.root / "tmp/checked").exists()
+
+
+def test_accepted_exit_codes_count_as_success(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: nothing-to-do, command: 'exit 3', acceptedExitCodes: [0, 3]}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    assert agent.run("apply", pkg).code == 0
+
+
+def test_a_command_missing_in_the_host_is_a_failed_step_not_a_crash(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, script: scripts/s.sh}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    script = pkg / "scripts/s.sh"
+    script.parent.mkdir()
+    script.write_text("#!/usr/bin/python3-not-on-this-host\n")
+    script.chmod(0o755)
+    run = agent.run("apply", pkg)
+    assert (run.code, run.summary["failedStep"], run.summary["exitCode"]) == (1, "apply/s", 127)
+    assert "cannot start" in str(run.summary["message"])
+
+
+def test_a_step_past_its_timeout_is_killed_with_its_children(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: hangs, command: 'sleep 60 & sleep 60', timeout: 1s}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    run = agent.run("apply", pkg)
+    assert (run.code, run.summary["failedStep"]) == (1, "apply/hangs")
+    assert "timed out" in str(run.summary["message"])
+
+
+COUNTING = """
+    apply:
+      - {name: expensive, command: 'echo x >> /var/tmp-expensive', idempotent: true}
+      - {name: cheap, command: 'echo x >> /var/tmp-cheap'}
+      - {name: flaky, command: 'test ! -e /etc/break-flaky'}
+    apply-check: [{name: c, command: 'echo x >> /var/tmp-checks'}]
+"""
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_idempotent_steps_run_once_per_version_and_generation_across_reruns(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, COUNTING)
+    first = agent.run("apply", pkg, generation=5)
+    second = agent.run("apply", pkg, generation=5)
+    assert (first.code, second.code) == (0, 0)
+    assert second.summary["message"] == "3 steps passed, 1 skipped (already done)"
+    root = agent.root
+    counts = [lines(root / f"var/tmp-{name}") for name in ("expensive", "cheap", "checks")]
+    assert counts == [1, 2, 2]
+    assert agent.run("apply", pkg, generation=6).code == 0  # the gate changed: do it again
+    assert lines(root / "var/tmp-expensive") == 2
+
+
+def test_a_retry_after_a_failure_skips_the_idempotent_steps_that_already_succeeded(
+    agent: Agent, tmp_path: Path
+) -> None:
+    pkg = make_package(tmp_path, COUNTING)
+    (agent.root / "etc/break-flaky").write_text("")
+    assert agent.run("apply", pkg).summary["failedStep"] == "apply/flaky"
+    (agent.root / "etc/break-flaky").unlink()
+    assert agent.run("apply", pkg).code == 0
+    assert (lines(agent.root / "var/tmp-expensive"), lines(agent.root / "var/tmp-cheap")) == (1, 2)
+
+
+def test_reinstalling_after_uninstall_runs_idempotent_steps_again(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, COUNTING + """
+    uninstall: [{name: u, command: 'true'}]
+    uninstall-check: [{name: uc, command: 'true'}]
+""")
+    for stage in ("apply", "uninstall", "apply"):
+        assert agent.run(stage, pkg).code == 0
+    assert lines(agent.root / "var/tmp-expensive") == 2
+
+
+UPGRADE = """
+    apply: [{name: s, command: 'true'}]
+    apply-check: [{name: c, command: 'true'}]
+    upgrade:
+      - name: move
+        command: 'echo "$1 $2 $3 | $NODEGATE_PREVIOUS_VERSION $NODEGATE_VERSION" > /etc/upgrade-seen'
+        args: [--extra]
+    upgrade-check: [{name: uc, command: 'echo "$# $NODEGATE_PREVIOUS_VERSION" > /etc/upgrade-check-seen'}]
+"""
+
+
+def test_upgrade_gets_the_previous_version_from_the_hosts_history(agent: Agent, tmp_path: Path) -> None:
+    old = make_package(tmp_path, UPGRADE, version="1.0.0")
+    new = make_package(tmp_path, UPGRADE, version="1.1.0")
+    assert agent.run("apply", old, version="1.0.0").code == 0
+    run = agent.run("upgrade", new, "--previous-version", "0.9.0", version="1.1.0")  # the operator is wrong
+    assert run.code == 0, run.summary
+    assert (agent.root / "etc/upgrade-seen").read_text() == "1.0.0 1.1.0 --extra | 1.0.0 1.1.0\n"
+    assert (agent.root / "etc/upgrade-check-seen").read_text() == "0 1.0.0\n"
+    history = json.loads((agent.root / STATE / "history.json").read_text())
+    assert (history["installed"], history["previous"]) == ("1.1.0", "1.0.0")
+    log = next((agent.root / LOGS / "1.1.0").glob("*-upgrade.log")).read_text()
+    assert "the host records 1.0.0 as the previous version, not 0.9.0" in log
+    # Both versions' payloads are kept (a rollback needs the old scripts); nothing older is.
+    assert sorted(p.name for p in (agent.root / STATE / "package").iterdir()) == ["1.0.0", "1.1.0"]
+
+
+def test_upgrade_on_a_host_without_history_uses_the_given_previous_version(agent: Agent, tmp_path: Path) -> None:
+    new = make_package(tmp_path, UPGRADE, version="1.1.0")
+    assert agent.run("upgrade", new, "--previous-version", "1.0.0", version="1.1.0").code == 0
+    assert (agent.root / "etc/upgrade-seen").read_text() == "1.0.0 1.1.0 --extra | 1.0.0 1.1.0\n"
+
+
+def test_upgrade_with_no_known_previous_version_is_refused_before_touching_the_host(
+    agent: Agent, tmp_path: Path
+) -> None:
+    new = make_package(tmp_path, UPGRADE, version="1.1.0")
+    run = agent.run("upgrade", new, version="1.1.0")
+    assert run.code == 2
+    assert "no previous version is recorded on the host and none was given" in str(run.summary["message"])
+    assert not (agent.root / "etc/upgrade-seen").exists()
+
+
+def test_config_files_from_the_configmap_are_visible_and_follow_changes(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        config:
+          - name: show
+            command: 'ls "$NODEGATE_CONFIG_DIR" > /etc/config-keys; cat "$NODEGATE_CONFIG_DIR/a.conf" > /etc/a.conf'
+        config-check: [{name: same, command: 'cmp "$NODEGATE_CONFIG_DIR/a.conf" /etc/a.conf'}]
+        apply: [{name: s, command: 'true'}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    mount = configmap(tmp_path / "cm", {"a.conf": "alpha=1\n", "b.conf": "beta\n"})
+    assert agent.run("config", pkg, config_dir=mount).code == 0
+    assert (agent.root / "etc/config-keys").read_text() == "a.conf\nb.conf\n"  # ..data is not a key
+    assert (agent.root / "etc/a.conf").read_text() == "alpha=1\n"
+    configmap(mount, {"a.conf": "alpha=2\n"})
+    assert agent.run("config", pkg, config_dir=mount, generation=2).code == 0
+    assert (agent.root / "etc/config-keys").read_text() == "a.conf\n"
+    assert (agent.root / "etc/a.conf").read_text() == "alpha=2\n"
+
+
+def test_the_gates_env_overrides_package_defaults_and_the_step_overrides_both(
+    agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = make_package(tmp_path, """
+        apply:
+          - name: s
+            command: 'echo "$A $B $C $NODEGATE_STAGE $NODEGATE_GATE $NODEGATE_GENERATION" > /etc/env'
+            env: {C: step}
+        apply-check: [{name: c, command: 'true'}]
+    """, header="env: {A: package, B: package, C: package}\n")
+    monkeypatch.setenv("B", "gate")
+    monkeypatch.setenv("C", "gate")
+    assert agent.run("apply", pkg, generation=4).code == 0
+    assert (agent.root / "etc/env").read_text() == "package gate step apply test-gate 4\n"
+
+
+def test_each_run_is_logged_per_version_and_old_logs_are_pruned(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'echo step-output-here'}]
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    logs = agent.root / LOGS
+    for version in ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"):
+        (logs / version).mkdir(parents=True)
+        (logs / version / f"2020010{version[2]}T000000.000000Z-apply.log").write_text("old\n")
+    for i in range(KEEP_RUNS + 3):
+        (logs / "1.0.0").mkdir(parents=True, exist_ok=True)
+        (logs / "1.0.0" / f"20200101T0000{i:02d}.000000Z-apply.log").write_text("old\n")
+    assert agent.run("apply", pkg).code == 0
+    kept = sorted((logs / "1.0.0").iterdir())
+    assert len(kept) == KEEP_RUNS
+    assert "[apply/s] step-output-here" in kept[-1].read_text()
+    assert len([d for d in logs.iterdir()]) == KEEP_VERSIONS
+    assert not (logs / "0.1.0").exists() and not (logs / "0.2.0").exists() and (logs / "0.6.0").exists()
+
+
+def test_the_overlay_is_laid_down_and_uninstall_restores_what_it_replaced(agent: Agent, tmp_path: Path) -> None:
+    (agent.root / "etc/motd").write_text("the original motd\n")
+    (agent.root / "usr/lib/conf.d").mkdir(parents=True)
+    (agent.root / "etc/conf.d").symlink_to("/usr/lib/conf.d")  # absolute: must resolve inside the root
+    pkg = make_package(tmp_path, """
+        apply-check: [{name: c, command: 'grep -q ours /etc/motd && test -e /etc/conf.d/x.conf'}]
+        uninstall-check: [{name: u, command: 'grep -q original /etc/motd && test ! -e /etc/conf.d/x.conf'}]
+    """, overlay={"etc/motd": "ours\n", "etc/conf.d/x.conf": "x=1\n", "etc/nodegate-demo/new.conf": "new\n"})
+    (pkg / "root/etc/motd").chmod(0o600)
+    assert agent.run("apply", pkg).code == 0
+    assert (agent.root / "etc/motd").read_text() == "ours\n"
+    assert (agent.root / "etc/motd").stat().st_mode & 0o777 == 0o600
+    assert (agent.root / "usr/lib/conf.d/x.conf").read_text() == "x=1\n"
+    assert agent.run("apply", pkg).code == 0  # a rerun must not save our own file as the original
+    run = agent.run("uninstall", pkg)
+    assert run.code == 0, run.summary
+    assert (agent.root / "etc/motd").read_text() == "the original motd\n"
+    assert not (agent.root / "etc/nodegate-demo/new.conf").exists()
+    # Only the history and the logs stay behind.
+    assert sorted(p.name for p in (agent.root / STATE).iterdir()) == ["history.json", "lock"]
+
+
+def test_an_upgrade_that_drops_an_overlay_file_removes_it(agent: Agent, tmp_path: Path) -> None:
+    stages = "apply-check: [{name: c, command: 'true'}]\nupgrade-check: [{name: c, command: 'true'}]\n"
+    old = make_package(tmp_path, stages, version="1.0.0", overlay={"etc/a": "a\n", "etc/b": "b\n"})
+    new = make_package(tmp_path, stages, version="2.0.0", overlay={"etc/a": "a2\n"})
+    assert agent.run("apply", old, version="1.0.0").code == 0
+    assert agent.run("upgrade", new, version="2.0.0").code == 0
+    assert (agent.root / "etc/a").read_text() == "a2\n" and not (agent.root / "etc/b").exists()
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        ("bad-yaml", "package.yaml: stages.apply[0].onhost: unknown field"),
+        ("missing-script", "script scripts/s.sh: no such file in the package"),
+        ("missing-overlay", "root root: no such directory in the package"),
+        ("wrong-name", "is demo-pkg 1.0.0, but the stage is for other-pkg 1.0.0"),
+        ("missing-root", "does not exist or is not a directory"),
+        ("root-without-shell", "has no /bin/sh"),
+        ("missing-config-dir", "config directory"),
+    ],
+)
+def test_a_refused_run_exits_2_with_a_clear_summary_and_changes_nothing_on_the_host(
+    agent: Agent, tmp_path: Path, breakage: str, expected: str
+) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, script: scripts/s.sh}]
+        apply-check: [{name: c, command: 'true'}]
+    """, scripts={"scripts/s.sh": "touch /etc/applied\n"}, overlay={"etc/overlaid": "x\n"})
+    args: dict[str, object] = {}
+    if breakage == "bad-yaml":
+        manifest = pkg / "package.yaml"
+        manifest.write_text(manifest.read_text().replace("script:", "onhost: true, script:"))
+    elif breakage == "missing-script":
+        (pkg / "scripts/s.sh").unlink()
+    elif breakage == "missing-overlay":
+        for f in (pkg / "root/etc").iterdir():
+            f.unlink()
+        (pkg / "root/etc").rmdir()
+        (pkg / "root").rmdir()
+    elif breakage == "wrong-name":
+        args["package"] = "other-pkg"
+    elif breakage == "missing-root":
+        agent.root = tmp_path / "no-such-root"
+    elif breakage == "root-without-shell":
+        (agent.root / "usr/bin/sh").unlink()
+    elif breakage == "missing-config-dir":
+        args["config_dir"] = tmp_path / "no-configmap"
+    before = tree(agent.root) if agent.root.exists() else {}
+    run = agent.run("apply", pkg, **args)  # type: ignore[arg-type]
+    assert run.code == 2
+    assert run.summary["ok"] is False and expected in str(run.summary["message"])
+    assert (tree(agent.root) if agent.root.exists() else {}) == before
