@@ -199,6 +199,7 @@ FILES: Final = {
     "proc/sys/net/core/somaxconn": "4096\n",
     "proc/sys/vm/swappiness": "60\n",
     "proc/sys/vm/max_map_count": "65530\n",
+    "proc/sys/vm/nr_hugepages": "0\n",
     "proc/sys/kernel/random/boot_id": "fake-boot-0\n",
     f"boot/vmlinuz-{KERNEL}": "",
 }
