@@ -150,6 +150,11 @@ class DevCluster:
     def ports(self) -> dict[str, int]:
         return json.loads(self._ports_file.read_text()) if self._ports_file.exists() else {}
 
+    def set_port(self, name: str, port: int) -> None:
+        ports = self.ports()
+        ports[name] = port
+        self._ports_file.write_text(json.dumps(ports))
+
     def running(self) -> bool:
         procs = self.processes()
         core = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
@@ -270,7 +275,7 @@ class DevCluster:
         crd = yaml.safe_load((kwok_bin_dir / "kwok.x-k8s.io_stages.yaml").read_text())
         async with await self.client() as kube:
             await kube.apply(crd, field_manager="nodegate-dev")
-            await _wait_established(kube, crd["metadata"]["name"])
+            await wait_established(kube, crd["metadata"]["name"])
             for stage in [*stages.default_stages(job_seconds), stages.reboot_stage(job_seconds)]:
                 await kube.apply(stage, field_manager="nodegate-dev")
             await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
@@ -481,7 +486,7 @@ def _node_ready(node: dict[str, Any]) -> bool:
     return False
 
 
-async def _wait_established(kube: KubeClient, name: str, timeout: float = 30.0) -> None:
+async def wait_established(kube: KubeClient, name: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         crd = await kube.get(CRDS, name)

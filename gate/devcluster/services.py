@@ -1,24 +1,117 @@
 """NodeGate's own processes next to the dev control plane: the admission webhook and the operator.
 
 They run out of cluster as local processes (the API server reaches the webhook on 127.0.0.1), under
-the same bookkeeping as the control plane so `nodegate dev down` stops them too.
+the same bookkeeping as the control plane so `nodegate dev down` stops them too. The operator runs
+as its ServiceAccount with the RBAC the chart grants (a token from the TokenRequest API), so the dev
+cluster exercises exactly the permissions a real install has.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
-from gate.devcluster.cluster import DevCluster
+import yaml
+
+import gate
+from gate.controller.rbac import OPERATOR_SERVICE_ACCOUNT, operator_rbac
+from gate.devcluster.cluster import NAMESPACE, ClusterError, DevCluster, free_port, kubeconfig_dict
+from gate.kube.client import SERVICEACCOUNTS
 
 Progress = Callable[[str], None]
+SOURCE_ROOT = Path(gate.__file__).resolve().parent.parent
 
 
 def start(cluster: DevCluster, *, webhook: bool, operator: bool, progress: Progress) -> None:
-    """Start the webhook and the operator that are asked for and not yet running."""
+    """Install the CRDs, then start the webhook and the operator that are asked for and not running."""
+    asyncio.run(install_crds(cluster))
     if webhook:
         start_webhook(cluster, progress)
     if operator:
-        progress("The operator is not part of this build yet; starting without it.")
+        start_operator(cluster, progress)
+
+
+def python_env() -> dict[str, str]:
+    """Run NodeGate's processes from this same source tree, installed or not."""
+    return {"PYTHONPATH": str(SOURCE_ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+async def service_account_kubeconfig(cluster: DevCluster, name: str, namespace: str, path: Path,
+                                     *, hours: int = 168) -> Path:
+    """A kubeconfig authenticating as a ServiceAccount, by a token from the TokenRequest API."""
+    async with await cluster.client() as kube:
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": {"expirationSeconds": hours * 3600}}
+        token = await kube.create(SERVICEACCOUNTS, request, namespace, subresource_of=name, subresource="token")
+    config = kubeconfig_dict(cluster.server, (cluster.pki / "ca.crt").read_bytes(),
+                             user=f"system:serviceaccount:{namespace}:{name}", token=token["status"]["token"])
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+async def install_operator_rbac(cluster: DevCluster) -> None:
+    async with await cluster.client() as kube:
+        for obj in operator_rbac(NAMESPACE):
+            await kube.apply(obj, field_manager="nodegate-dev")
+
+
+async def install_crds(cluster: DevCluster) -> None:
+    """The CRDs as generated from the models of this source tree (what `nodegate crds` writes)."""
+    from gate.api.crd import all_crds
+    from gate.devcluster.cluster import wait_established
+
+    async with await cluster.client() as kube:
+        for crd in all_crds().values():
+            await kube.apply(crd, field_manager="nodegate-dev")
+        for crd in all_crds().values():
+            await wait_established(kube, crd["metadata"]["name"])
+
+
+def operator_argv(kubeconfig: Path, port: int, identity: str, extra: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "gate.cli.main", "operator", "run", "--kubeconfig", str(kubeconfig),
+            "--namespace", NAMESPACE, "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
+            "--identity", identity, *(extra or [])]
+
+
+def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "operator",
+                   extra: list[str] | None = None, env: dict[str, str] | None = None,
+                   wait_leader: bool = True) -> int:
+    """Start one operator replica as the operator's ServiceAccount; returns its metrics port."""
+    procs = cluster.processes()
+    if name in procs and procs[name].alive():
+        return int(cluster.ports().get(name, 0))
+    progress(f"Starting the operator ({name}) ...")
+    asyncio.run(install_operator_rbac(cluster))
+    kubeconfig = asyncio.run(service_account_kubeconfig(
+        cluster, OPERATOR_SERVICE_ACCOUNT, NAMESPACE, cluster.dir / "operator.kubeconfig"))
+    port = free_port()
+    cluster.set_port(name, port)
+    cluster.register(name, operator_argv(kubeconfig, port, name, extra), {**python_env(), **(env or {})})
+    wait_ready(cluster, name, port, want="leader" if wait_leader else None)
+    return port
+
+
+def wait_ready(cluster: DevCluster, name: str, port: int, *, want: str | None, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = cluster.processes().get(name)
+        if proc is None or not proc.alive():
+            log = Path(proc.log).read_text()[-2000:] if proc else ""
+            raise ClusterError(f"{name} exited during start-up:\n{log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                body = resp.read().decode()
+                if want is None or body == want:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise ClusterError(f"{name} did not become ready in {timeout:.0f}s; see {cluster.logs / (name + '.log')}")
 
 
 # -- the admission webhook ---------------------------------------------------------------------------

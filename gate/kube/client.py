@@ -151,8 +151,7 @@ class KubeClient:
     def with_token(self, token: str) -> KubeClient:
         """A client for the same server authenticated by a bearer token instead (e.g. a TokenRequest)."""
         cfg = Configuration(host=self._cfg.host, ssl_ca_cert=self._cfg.ssl_ca_cert)
-        cfg.api_key = {"authorization": token}
-        cfg.api_key_prefix = {"authorization": "Bearer"}
+        cfg.api_key = {"BearerToken": f"Bearer {token}"}
         return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout)
 
     @property
@@ -180,9 +179,9 @@ class KubeClient:
 
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers: dict[str, str] = {}
-        # kubernetes.aio stores kubeconfig and service-account tokens under "authorization", already
+        # kubernetes.aio stores kubeconfig and service-account tokens under "BearerToken", already
         # prefixed ("Bearer ..."); the in-cluster loader adds a hook that re-reads the rotated token file.
-        token = await self._cfg.get_api_key_with_prefix("authorization")
+        token = await self._cfg.get_api_key_with_prefix("BearerToken")
         if token:
             headers["Authorization"] = token
         if content_type:

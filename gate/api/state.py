@@ -1,0 +1,111 @@
+"""A node's progress for one gate: the `nodegate.io/state.<gate>` annotation, the operator's memory.
+
+Everything the operator must remember across a crash lives here (or is derivable from objects whose
+names are deterministic, such as the stage Jobs). The annotation is JSON; a hand-edited value that no
+longer parses is reported as a failed node with the reason, never a crash, and never overwrites
+other gates' annotations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from gate.api.common import Model
+from gate.api.keys import NodeStatus
+from gate.api.nodegate import Interrupt, InterruptType, Package
+
+StateVersion = Literal[1]
+Stage = Literal["uninstall", "upgrade", "apply", "config", "interrupt", "post-interrupt"]
+PACKAGE_STAGES: tuple[Stage, ...] = ("uninstall", "upgrade", "apply", "config")
+
+# The phases of one round on a node, in order. A round starts when the planner picks the node and
+# ends when everything the spec asks for is on the node (complete) or something failed for good.
+Phase = Literal["idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish"]
+PHASES: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish")
+
+
+class Installed(Model):
+    """What a package left on the node when its last stage succeeded."""
+
+    version: str = Field(description="Installed version.")
+    spec_hash: str = Field(default="", description="Hash of the fields whose change re-runs apply.")
+    config: dict[str, str] = Field(default_factory=dict, description="Hash per config key last applied.")
+
+
+class Failure(Model):
+    package: str | None = Field(default=None, description="Package whose stage failed; none for node steps.")
+    stage: str = Field(description="Stage or node step that failed (drain, wait-pods, interrupt, ...).")
+    reason: str = Field(description="CamelCase reason, e.g. StageFailed, DrainTimeout, ImagePullFailed.")
+    message: str = Field(default="", description="What went wrong, for a person.")
+    generation: int = Field(default=0, description="Gate generation the failure happened under.")
+
+
+class NodeGateState(Model):
+    v: StateVersion = 1
+    status: NodeStatus = "waiting"
+    generation: int = Field(default=0, description="Gate generation of the current (or last) round.")
+    round: int = Field(default=0, description="Bumped by a reset or rerun, so stage Jobs get new names.")
+    batch: int = Field(default=0, description="Rollout batch the node was picked into (0: not picked).")
+    compartment: str | None = None
+    phase: Phase = "idle"
+    phase_since: str | None = Field(default=None, description="When the current phase began (RFC 3339).")
+    boot_id: str | None = Field(default=None, description="The node's bootID when last seen by the operator.")
+    cordoned: bool = Field(default=False, description="NodeGate cordoned the node in this round.")
+    interrupt: Interrupt | None = Field(default=None, description="Merged interrupt this round needs.")
+    interrupted: list[str] = Field(default_factory=list, description="Packages that asked for the interrupt.")
+    installed: dict[str, Installed] = Field(default_factory=dict)
+    post_checked: list[str] = Field(default_factory=list, description="Packages whose post-interrupt check passed.")
+    drain_blocked_by: str | None = None
+    failure: Failure | None = None
+    reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
+
+    def dump(self) -> str:
+        return json.dumps(self.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
+                          separators=(",", ":"), sort_keys=True)
+
+
+class StateParseError(ValueError):
+    """The annotation holds something that is not a valid state (hand-edited, truncated)."""
+
+
+def load_state(raw: str | None) -> NodeGateState:
+    if not raw:
+        return NodeGateState()
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise StateParseError("the state annotation is not a JSON object")
+        return NodeGateState.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        first = str(exc).splitlines()[0][:200]
+        raise StateParseError(f"the state annotation does not parse: {first}") from exc
+
+
+def _digest(payload: object) -> str:
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def spec_hash(package: Package) -> str:
+    """Hash of what re-runs apply when it changes: image, env, resources (not version, not config)."""
+    return _digest({
+        "image": package.image,
+        "env": [e.to_wire() for e in package.env],
+        "resources": package.resources.to_wire() if package.resources else None,
+        "pullSecrets": [s.name for s in package.image_pull_secrets],
+    })
+
+
+def config_hashes(package: Package) -> dict[str, str]:
+    return {key: hashlib.sha256(value.encode()).hexdigest()[:16] for key, value in package.config.items()}
+
+
+def config_hash(package: Package) -> str:
+    return _digest(config_hashes(package))
+
+
+INTERRUPT_RANK: dict[InterruptType, int] = {"none": 0, "service": 1, "restartAllServices": 2, "reboot": 3}

@@ -1,0 +1,64 @@
+"""`nodegate operator run`: the operator process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    from gate.controller.settings import OperatorSettings
+
+    op = sub.add_parser("operator", help="the operator that rolls NodeGates across the fleet")
+    op_sub = op.add_subparsers(dest="operator_command", required=True, metavar="ACTION")
+    run = op_sub.add_parser("run", help="run the operator (leader-elected; safe to run several replicas)")
+    OperatorSettings.add_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"ts": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                           "msg": record.getMessage()})
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gate.controller.settings import OperatorSettings
+
+    settings = OperatorSettings.from_args(args)
+    setup_logging(settings.log_level, settings.log_format)
+    return asyncio.run(_run(settings))
+
+
+async def _run(settings: Any) -> int:
+    from gate.controller.operator import Operator
+    from gate.kube.client import KubeClient
+
+    client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-operator")
+    operator = Operator(settings, client)
+    task = asyncio.create_task(operator.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        logging.getLogger("nodegate.operator").info("Shut down; lease released")
+    finally:
+        await client.close()
+    return 0

@@ -1,0 +1,221 @@
+"""Stage Jobs and package ConfigMaps as manifests (pure: building, not sending).
+
+A stage runs as a Job pinned to its node (`nodeName`, so no scheduler is involved and a cordon does
+not stop it), tolerating the readiness taint and `unschedulable`, privileged with the host's root at
+/host. An init container from the package image copies the package payload into an emptyDir; the
+agent container (NodeGate's image) runs the stage against the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.common import parse_duration
+from gate.api.nodegate import NodeGate, Package
+from gate.api.state import config_hash
+from gate.controller.settings import OperatorSettings
+from gate.lifecycle.machine import JobPhase, JobRequest, JobView
+
+Obj = dict[str, Any]
+
+PAYLOAD_DIR = "/nodegate-payload"
+CONFIG_DIR = "/nodegate-config"
+HOST_ROOT = "/host"
+TERMINATION_LOG = "/dev/termination-log"
+GATE_NAME_ANNOTATION = f"{keys.GROUP}/gate-name"
+NODE_NAME_ANNOTATION = f"{keys.GROUP}/node-name"
+
+
+def label_value(text: str) -> str:
+    """A label value for any name: itself when it fits in 63 characters, else a stable hash."""
+    if len(text) <= 63:
+        return text
+    return text[:52].rstrip("-.") + "-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def image_ref(package: Package) -> str:
+    """The package image at its version: `image:version`, or the image as is when pinned by digest."""
+    if "@" in package.image:
+        return package.image
+    return f"{package.image}:{package.version}"
+
+
+def config_map_name(gate: str, package: str, pkg: Package) -> str:
+    """Content-addressed and immutable: a stage always sees exactly the config it was started for."""
+    digest = hashlib.sha256(f"{gate}\0{package}\0{config_hash(pkg)}".encode()).hexdigest()[:16]
+    return f"ng-config-{digest}"
+
+
+def owner_reference(gate: NodeGate) -> Obj:
+    # A cluster-scoped owner of namespaced objects: garbage collection removes them with the gate.
+    return {"apiVersion": keys.API_VERSION, "kind": "NodeGate", "name": gate.name,
+            "uid": gate.metadata.uid or "", "controller": True, "blockOwnerDeletion": False}
+
+
+def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
+    pkg = gate.spec.packages[package]
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(gate.name, package, pkg), "namespace": settings.namespace,
+            "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.JOB_GATE_LABEL: label_value(gate.name),
+                       keys.JOB_PACKAGE_LABEL: package},
+            "annotations": {GATE_NAME_ANNOTATION: gate.name},
+            "ownerReferences": [owner_reference(gate)],
+        },
+        "immutable": True,
+        "data": dict(pkg.config),
+    }
+
+
+def _seconds(duration: str) -> int:
+    return max(1, int(parse_duration(duration).total_seconds()))
+
+
+def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: OperatorSettings) -> Obj:
+    labels = {
+        keys.MANAGED_BY_LABEL: keys.MANAGER,
+        keys.JOB_GATE_LABEL: label_value(gate.name),
+        keys.JOB_NODE_LABEL: label_value(node),
+        keys.JOB_STAGE_LABEL: request.stage,
+    }
+    annotations = {GATE_NAME_ANNOTATION: gate.name, NODE_NAME_ANNOTATION: node}
+    tolerations: list[Obj] = [
+        {"key": keys.READINESS_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        *(t.to_wire() for t in gate.spec.additional_tolerations),
+    ]
+    volumes: list[Obj] = [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]
+    mounts: list[Obj] = [{"name": "host", "mountPath": HOST_ROOT}]
+    env: list[Obj] = [
+        {"name": "NODEGATE_GATE", "value": gate.name},
+        {"name": "NODEGATE_STAGE", "value": request.stage},
+        {"name": "NODEGATE_NODE", "value": node},
+    ]
+    init: list[Obj] = []
+    pull_secrets: list[Obj] = []
+    resources: Obj = {}
+    timeout = 600
+    retries = 0
+    if request.package is not None:
+        pkg = gate.spec.packages[request.package]
+        labels[keys.JOB_PACKAGE_LABEL] = request.package
+        annotations[f"{keys.GROUP}/version"] = pkg.version
+        args = ["agent", "run", "--stage", request.stage, "--package", request.package,
+                "--version", pkg.version, "--gate", gate.name,
+                "--generation", str(gate.metadata.generation or 0),
+                "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
+                "--termination-log", TERMINATION_LOG]
+        if request.previous_version:
+            args += ["--previous-version", request.previous_version]
+            env.append({"name": "NODEGATE_PREVIOUS_VERSION", "value": request.previous_version})
+        env += [{"name": "NODEGATE_PACKAGE", "value": request.package},
+                {"name": "NODEGATE_VERSION", "value": pkg.version},
+                *(e.to_wire() for e in pkg.env)]
+        volumes += [{"name": "payload", "emptyDir": {}},
+                    {"name": "config", "configMap": {"name": config_map_name(gate.name, request.package, pkg),
+                                                     "optional": True}}]
+        mounts += [{"name": "payload", "mountPath": PAYLOAD_DIR},
+                   {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+        init.append({
+            "name": "payload", "image": image_ref(pkg),
+            "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
+            "volumeMounts": [{"name": "payload", "mountPath": PAYLOAD_DIR}],
+        })
+        pull_secrets = [{"name": s.name} for s in pkg.image_pull_secrets]
+        resources = pkg.resources.to_wire() if pkg.resources else {}
+        timeout = _seconds(pkg.timeout)
+        retries = pkg.retries
+    else:
+        interrupt = request.interrupt
+        assert interrupt is not None
+        labels[keys.INTERRUPT_LABEL] = interrupt.type
+        args = ["agent", "interrupt", "--type", interrupt.type, "--root", HOST_ROOT,
+                "--termination-log", TERMINATION_LOG]
+        for service in interrupt.services:
+            args += ["--service", service]
+    container: Obj = {
+        "name": "agent", "image": settings.agent_image, "command": ["nodegate"], "args": args,
+        "env": env, "volumeMounts": mounts,
+        "securityContext": {"privileged": True},
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if resources:
+        container["resources"] = resources
+    pod_spec: Obj = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "hostPID": True,
+        "serviceAccountName": settings.package_service_account,
+        "automountServiceAccountToken": False,
+        "tolerations": tolerations,
+        "initContainers": init,
+        "containers": [container],
+        "volumes": volumes,
+        # Each attempt gets `timeout`; the Job's own deadline bounds all attempts together.
+        "activeDeadlineSeconds": timeout,
+    }
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": request.name, "namespace": settings.namespace, "labels": labels,
+                     "annotations": annotations, "ownerReferences": [owner_reference(gate)]},
+        "spec": {
+            "backoffLimit": retries,
+            "activeDeadlineSeconds": timeout * (retries + 1) + 60 * retries,
+            "ttlSecondsAfterFinished": 7 * 24 * 3600,  # a safety net; the operator deletes finished Jobs
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def job_view(job: Obj, pods: list[Obj]) -> JobView:
+    """What the decider needs of a Job and its newest pod: phase, failure message, stuck reason."""
+    status = job.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    phase: JobPhase
+    message = ""
+    if conditions.get("Complete", {}).get("status") == "True":
+        phase = "succeeded"
+    elif conditions.get("Failed", {}).get("status") == "True":
+        phase = "failed"
+        failed = conditions["Failed"]
+        message = f"{failed.get('reason', '')}: {failed.get('message', '')}".strip(": ")
+    elif status.get("active"):
+        phase = "running"
+    else:
+        phase = "pending"
+    pod = max(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""), default=None)
+    waiting_reason = ""
+    waiting_since = None
+    if pod is not None:
+        pstatus = pod.get("status") or {}
+        for cs in [*(pstatus.get("initContainerStatuses") or []), *(pstatus.get("containerStatuses") or [])]:
+            state = cs.get("state") or {}
+            if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing",
+                                                                                "ContainerCreating"):
+                waiting_reason = state["waiting"].get("reason", "")
+                message = message or state["waiting"].get("message", "")
+                break
+            term = state.get("terminated")
+            if term and term.get("exitCode", 0) != 0 and term.get("message"):
+                message = term["message"].strip()  # the agent's JSON summary
+        if pod.get("status", {}).get("phase") == "Pending" and phase == "running":
+            phase = "pending"
+        if waiting_reason:
+            waiting_since = _time(pod.get("metadata", {}).get("creationTimestamp"))
+    return JobView(
+        name=job["metadata"]["name"], phase=phase, message=message[:2000], waiting_reason=waiting_reason,
+        waiting_since=waiting_since, created=_time(job.get("metadata", {}).get("creationTimestamp")),
+    )

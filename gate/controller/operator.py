@@ -1,0 +1,628 @@
+"""The operator process: leader election, watch caches, the work queue, and the executor.
+
+Two kinds of work keys:
+
+* `("gate", name)`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`): start the
+  nodes the rollout planner picks, put finished nodes back in line after a spec change, label and
+  taint nodes, write the gate's status. Debounced: many node events make one gate reconcile.
+* `("node", gate, node)`: one step of that node's state machine (`gate.lifecycle.machine.decide`).
+
+Both read only the caches, decide without I/O, then perform the decision here. Every Node write
+carries the resourceVersion it was decided on, so a decision made on a stale copy is refused by the
+API server (409) and simply decided again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from gate.api import keys
+from gate.api.nodegate import NodeGate
+from gate.api.policy import DeploymentPolicy
+from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.controller.events import EventRecorder
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, job_view, stage_job
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.queue import WorkQueue
+from gate.controller.settings import OperatorSettings
+from gate.controller.views import fleet_node, node_view, pod_view
+from gate.kube.cache import WatchCache
+from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
+from gate.kube.errors import ApiError, ConnectionFailed, TooManyRequests
+from gate.kube.lease import LeaderElector
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear
+from gate.lifecycle.machine import Decision, EventRequest, NodeChange, NodeContext, Timing, decide, decide_removal
+
+log = logging.getLogger("nodegate.operator")
+
+Key = tuple[str, ...]
+Obj = dict[str, Any]
+GATE_DEBOUNCE = 0.3
+
+
+class Operator:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics or OperatorMetrics()
+        self.recorder = EventRecorder(client, settings.identity)
+        self.timing = Timing(image_pull_grace=settings.image_pull_grace, pending_timeout=settings.pending_timeout,
+                             reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds)
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.gates = WatchCache(client, NODEGATES)
+        self.policies = WatchCache(client, POLICIES)
+        self.nodes = WatchCache(client, NODES)
+        selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
+        self.jobs = WatchCache(client, JOBS, namespace=settings.namespace, label_selector=selector)
+        self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector)
+        self.ready = False
+        self._fleet_memo: dict[str, tuple[str, FleetNode]] = {}
+        self._gate_memo: dict[str, tuple[str, NodeGate]] = {}
+        self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
+        self._pods_by_job: dict[str, set[str]] = {}
+        self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
+                                     lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
+                                     renew_deadline=settings.renew_deadline)
+
+    # -- process ----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve health and metrics, and do the work whenever this replica is the leader."""
+        runner = await self._serve_health()
+        try:
+            await self.elector.run(self._lead, self._stand_down)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    async def _lead(self) -> None:
+        self.metrics.leader.set(1)
+        self.queue = WorkQueue()
+        for cache in (self.gates, self.policies, self.nodes, self.jobs, self.pods):
+            cache.synced = False
+        self.jobs.subscribe(self._on_job)
+        self.pods.subscribe(self._on_pod)
+        self.nodes.subscribe(self._on_node)
+        self.gates.subscribe(self._on_gate)
+        self.policies.subscribe(self._on_policy)
+        caches = (self.gates, self.policies, self.nodes, self.jobs, self.pods)
+        try:
+            await self._start_caches(caches)
+            for job in self.jobs.items():
+                self._index_job("ADDED", job)
+            for pod in self.pods.items():
+                self._index_pod("ADDED", pod)
+            self.ready = True
+            log.info("Caches synced; gates=%d nodes=%d", len(self.gates), len(self.nodes))
+            for gate in self.gates.items():
+                self.queue.add(("gate", gate["metadata"]["name"]))
+                self._enqueue_gate_nodes(gate["metadata"]["name"])
+            workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
+            workers.append(asyncio.create_task(self._resync()))
+            await asyncio.gather(*workers)
+        finally:
+            self.ready = False
+            self.queue.close()
+            for cache in caches:
+                await cache.stop()
+            self.jobs._listeners.clear()
+            self.pods._listeners.clear()
+            self.nodes._listeners.clear()
+            self.gates._listeners.clear()
+            self.policies._listeners.clear()
+
+    async def _start_caches(self, caches: tuple[WatchCache, ...]) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.gather(*(c.start() for c in caches if not c.synced))
+                return
+            except (ApiError, ConnectionFailed) as exc:
+                hint = " (are the NodeGate CRDs installed?)" if isinstance(exc, ApiError) and exc.status == 404 else ""
+                log.warning("Caches did not sync%s; error=%s retry_in=%.1fs", hint, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _stand_down(self) -> None:
+        self.metrics.leader.set(0)
+        self.ready = False
+        log.warning("Stopped all work: not the leader")
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            for gate in self.gates.items():
+                self.queue.add(("gate", gate["metadata"]["name"]))
+
+    async def _worker(self, number: int) -> None:
+        while True:
+            key = await self.queue.get()
+            started = time.monotonic()
+            try:
+                if key[0] == "gate":
+                    await self.reconcile_gate(key[1])
+                else:
+                    await self.reconcile_node(key[1], key[2])
+                self.queue.forget(key)
+            except asyncio.CancelledError:
+                raise
+            except (ApiError, ConnectionFailed) as exc:
+                delay = self.queue.retry(key)
+                level = logging.DEBUG if isinstance(exc, ApiError) and exc.status == 409 else logging.WARNING
+                log.log(level, "Reconcile failed; key=%s error=%s retry_in=%.2fs", "/".join(key), exc, delay)
+                self.metrics.reconcile_errors.labels(key[0], type(exc).__name__).inc()
+            except Exception as exc:
+                delay = self.queue.retry(key)
+                log.exception("Reconcile crashed; key=%s retry_in=%.2fs", "/".join(key), delay)
+                self.metrics.reconcile_errors.labels(key[0], type(exc).__name__).inc()
+            finally:
+                self.queue.done(key)
+                self.metrics.reconcile_duration.labels(key[0]).observe(time.monotonic() - started)
+                self.metrics.queue_depth.set(len(self.queue))
+                self.metrics.api_requests.set(self.client.requests)
+
+    # -- event handlers: map changes to keys ------------------------------------------------------
+
+    def _gate_later(self, gate: str) -> None:
+        self.queue.add_after(("gate", gate), GATE_DEBOUNCE)
+
+    def _on_gate(self, kind: str, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        self.queue.add(("gate", name))
+        self._enqueue_gate_nodes(name)
+
+    def _enqueue_gate_nodes(self, gate: str) -> None:
+        annotation = keys.state_annotation(gate)
+        for node in self.nodes.items():
+            if annotation in (node["metadata"].get("annotations") or {}):
+                self.queue.add(("node", gate, node["metadata"]["name"]))
+
+    def _on_policy(self, kind: str, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        for gate in self.gates.items():
+            if (gate.get("spec") or {}).get("deploymentPolicy") == name:
+                self.queue.add(("gate", gate["metadata"]["name"]))
+
+    def _on_node(self, kind: str, obj: Obj) -> None:
+        node = obj["metadata"]["name"]
+        annotations = obj["metadata"].get("annotations") or {}
+        self._fleet_memo.pop(node, None) if kind == "DELETED" else None
+        for gate in self.gates.items():
+            gname = gate["metadata"]["name"]
+            raw = annotations.get(keys.state_annotation(gname))
+            if raw and '"in-progress"' in raw and kind != "DELETED":
+                self.queue.add(("node", gname, node))
+            self._gate_later(gname)
+
+    def _index_job(self, kind: str, job: Obj) -> tuple[str, str] | None:
+        ann = job["metadata"].get("annotations") or {}
+        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
+        if not gate or not node:
+            return None
+        names = self._jobs_by_node.setdefault((gate, node), set())
+        if kind == "DELETED":
+            names.discard(job["metadata"]["name"])
+        else:
+            names.add(job["metadata"]["name"])
+        return gate, node
+
+    def _on_job(self, kind: str, job: Obj) -> None:
+        owner = self._index_job(kind, job)
+        if owner is not None:
+            self.queue.add(("node", *owner))
+
+    def _index_pod(self, kind: str, pod: Obj) -> str | None:
+        job = (pod["metadata"].get("labels") or {}).get("job-name")
+        if not job:
+            return None
+        names = self._pods_by_job.setdefault(job, set())
+        if kind == "DELETED":
+            names.discard(pod["metadata"]["name"])
+            if not names:
+                self._pods_by_job.pop(job, None)
+        else:
+            names.add(pod["metadata"]["name"])
+        return job
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        self._index_pod(kind, pod)
+        ann = pod["metadata"].get("annotations") or {}
+        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
+        if gate and node:
+            self.queue.add(("node", gate, node))
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _gate(self, name: str) -> NodeGate | None:
+        obj = self.gates.get(name)
+        if obj is None:
+            return None
+        rv = obj["metadata"].get("resourceVersion", "")
+        memo = self._gate_memo.get(name)
+        if memo is not None and memo[0] == rv:
+            return memo[1]
+        try:
+            gate = NodeGate.model_validate(obj)
+        except ValidationError as exc:
+            log.error("NodeGate does not parse; gate=%s error=%s", name, str(exc).splitlines()[0])
+            return None
+        self._gate_memo[name] = (rv, gate)
+        return gate
+
+    def _all_gates(self) -> list[NodeGate]:
+        out = []
+        for obj in self.gates.items():
+            gate = self._gate(obj["metadata"]["name"])
+            if gate is not None and not gate.metadata.deletion_timestamp:
+                out.append(gate)
+        return out
+
+    def _fleet(self) -> list[FleetNode]:
+        out = []
+        for obj in self.nodes.items():
+            name = obj["metadata"]["name"]
+            rv = obj["metadata"].get("resourceVersion", "")
+            memo = self._fleet_memo.get(name)
+            if memo is None or memo[0] != rv:
+                memo = (rv, fleet_node(obj))
+                self._fleet_memo[name] = memo
+            out.append(memo[1])
+        return out
+
+    def _jobs_of(self, gate: str, node: str) -> dict[str, Any]:
+        views = {}
+        for name in list(self._jobs_by_node.get((gate, node), ())):
+            job = self.jobs.get(name, self.settings.namespace)
+            if job is None:
+                continue
+            pods = [p for p in (self.pods.get(n, self.settings.namespace)
+                                for n in self._pods_by_job.get(name, ())) if p is not None]
+            views[name] = job_view(job, pods)
+        return views
+
+    # -- gate reconcile ---------------------------------------------------------------------------
+
+    async def reconcile_gate(self, name: str) -> None:
+        gate = self._gate(name)
+        obj = self.gates.get(name)
+        if gate is None or obj is None:
+            return
+        if gate.metadata.deletion_timestamp:
+            await self._finalize(gate, obj)
+            return
+        if keys.FINALIZER not in gate.metadata.finalizers:
+            patched = await self.client.patch(NODEGATES, name, {"metadata": {
+                "finalizers": [*gate.metadata.finalizers, keys.FINALIZER],
+                "resourceVersion": gate.metadata.resource_version}})
+            self.gates.observe(patched)
+            return  # the watch brings the new version back to us
+        policy: DeploymentPolicy | None = None
+        if gate.spec.deployment_policy:
+            raw_policy = self.policies.get(gate.spec.deployment_policy)
+            if raw_policy is None:
+                await self._gate_problem(obj, gate, "PolicyNotFound",
+                                         f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
+                return
+            policy = DeploymentPolicy.model_validate(raw_policy)
+        now = datetime.now(UTC)
+        created = _parse_time(gate.metadata.creation_timestamp)
+        gplan = plan_gate(gate, policy, self._fleet(), gates=self._all_gates(), now=now, gate_created=created)
+        sem = asyncio.Semaphore(16)
+
+        async def apply(node: str, update: NodeUpdate) -> None:
+            async with sem:
+                await self._write_node_update(gate, node, update)
+
+        results = await asyncio.gather(*(apply(n, u) for n, u in gplan.updates.items()), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for node in gplan.active:
+            self.queue.add(("node", name, node))
+        if errors:
+            # Node writes that lost a race are retried through the queue; status waits for them so
+            # that compartment progress is never written ahead of the nodes it counts.
+            raise errors[0]
+        await self._write_status(obj, gplan.status.to_wire())
+        for event in gplan.events:
+            await self.recorder.emit(obj, event.type, event.reason, event.message)
+        self._gate_metrics(gate, gplan.status.to_wire())
+
+    async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
+        status = dict(obj.get("status") or {})
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Degraded"]
+        conditions.append({"type": "Degraded", "status": "True", "reason": reason, "message": message,
+                           "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
+        status.update({"conditions": conditions, "status": "Degraded",
+                       "observedGeneration": gate.metadata.generation or 0})
+        await self._write_status(obj, status)
+        await self.recorder.emit(obj, "Warning", reason, message)
+
+    async def _write_status(self, obj: Obj, status: Obj) -> None:
+        current = obj.get("status") or {}
+        if _same_status(current, status):
+            return
+        patched = await self.client.patch(NODEGATES, obj["metadata"]["name"],
+                                          {"status": status, "metadata": {
+                                              "resourceVersion": obj["metadata"]["resourceVersion"]}},
+                                          subresource="status")
+        self.gates.observe(patched)
+
+    def _gate_metrics(self, gate: NodeGate, status: Obj) -> None:
+        nodes = status.get("nodes", {})
+        for st, field in (("complete", "complete"), ("in-progress", "inProgress"), ("failed", "failed"),
+                          ("waiting", "waiting"), ("blocked", "blocked")):
+            self.metrics.nodes.labels(gate.name, st).set(nodes.get(field, 0))
+        for c in status.get("compartments", []):
+            labels = (gate.name, c["name"])
+            self.metrics.c_matched.labels(*labels).set(c.get("matched", 0))
+            self.metrics.c_ceiling.labels(*labels).set(c.get("ceiling", 0))
+            self.metrics.c_in_progress.labels(*labels).set(c.get("inProgress", 0))
+            self.metrics.c_complete.labels(*labels).set(c.get("complete", 0))
+            self.metrics.c_failed.labels(*labels).set(c.get("failed", 0))
+            self.metrics.c_batch.labels(*labels).set(c.get("batch", 0))
+            self.metrics.c_failures.labels(*labels).set(c.get("consecutiveFailures", 0))
+            self.metrics.c_stopped.labels(*labels).set(1 if c.get("state") == "stopped" else 0)
+
+    async def _finalize(self, gate: NodeGate, obj: Obj) -> None:
+        """Deleting a gate: uninstall what can be, uncordon, remove every node key, then let go."""
+        annotation = keys.state_annotation(gate.name)
+        holders = [n["metadata"]["name"] for n in self.nodes.items()
+                   if annotation in (n["metadata"].get("annotations") or {})]
+        for node in holders:
+            self.queue.add(("node", gate.name, node))
+        if holders:
+            return  # node reconciles remove their keys; their events bring us back
+        if keys.FINALIZER in gate.metadata.finalizers:
+            rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
+            with contextlib.suppress(ApiError):
+                await self.client.patch(NODEGATES, gate.name, {"metadata": {
+                    "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
+            log.info("Released gate; gate=%s", gate.name)
+
+    # -- node reconcile ---------------------------------------------------------------------------
+
+    async def reconcile_node(self, gate_name: str, node_name: str) -> None:
+        gate = self._gate(gate_name)
+        node_obj = self.nodes.get(node_name)
+        if gate is None or node_obj is None:
+            return
+        raw = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate_name))
+        if raw is None:
+            return
+        try:
+            state = load_state(raw)
+        except StateParseError:
+            return  # the gate reconcile reports it; nothing here may overwrite it
+        view = node_view(node_obj)
+        removing = bool(gate.metadata.deletion_timestamp)
+        if not removing and state.status != "in-progress":
+            return
+        pods = None
+        if removing or state.phase in ("wait-pods", "drain"):
+            pods = await self._pods_on(node_name)
+        fleet = self._fleet_memo.get(node_name)
+        fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
+        ctx = NodeContext(gate=gate, node=view, state=state, jobs=self._jobs_of(gate_name, node_name), pods=pods,
+                          now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
+                          timing=self.timing)
+        decision = decide_removal(ctx) if removing else decide(ctx)
+        await self._execute(gate, node_obj, decision)
+
+    async def _pods_on(self, node: str) -> list[Any]:
+        items, _ = await self.client.list(PODS, field_selector=f"spec.nodeName={node}")
+        return [pod_view(p, self.settings.namespace) for p in items]
+
+    async def _execute(self, gate: NodeGate, node_obj: Obj, decision: Decision) -> None:
+        node = node_obj["metadata"]["name"]
+        old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
+        if decision.writes_node or decision.remove_state:
+            update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
+            node_obj = await self._write_node_update(gate, node, update, base=node_obj)
+        for request in decision.create_jobs:
+            if request.package is not None and gate.spec.packages[request.package].config:
+                await self._ensure(CONFIGMAPS, config_map(gate, request.package, self.settings))
+            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings))
+            if created is not None:
+                # Seen at once by the next reconcile of this node, before the watch event arrives.
+                self.jobs.observe(created)
+                self._index_job("ADDED", created)
+                log.info("Started stage; gate=%s node=%s package=%s stage=%s job=%s", gate.name, node,
+                         request.package or "-", request.stage, request.name)
+        for name in decision.delete_jobs:
+            job = self.jobs.get(name, self.settings.namespace)
+            if job is not None:
+                self._stage_metrics(job, "succeeded")
+                self._index_job("DELETED", job)
+            await self.client.delete(JOBS, name, self.settings.namespace, body={"propagationPolicy": "Background"})
+        blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
+        if blocked is not None and decision.state is not None or blocked:
+            state = decision.state or load_state(old_state)
+            if blocked and state.drain_blocked_by != blocked:
+                state = state.model_copy(update={"drain_blocked_by": blocked})
+                fresh = self.nodes.get(node) or node_obj
+                await self._write_node_update(gate, node, NodeUpdate(state=state), base=fresh)
+        gate_obj = self.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
+                                                 "metadata": {"name": gate.name}}
+        for event in decision.events:
+            target = gate_obj if event.target == "gate" else node_obj
+            await self.recorder.emit(target, event.type, event.reason, event.message)
+        if decision.state is not None and decision.state.status == "failed" and decision.state.failure:
+            f = decision.state.failure
+            self.metrics.stage_failures.labels(gate.name, f.package or "-", f.stage, f.reason).inc()
+        if decision.requeue_after is not None:
+            self.queue.add_after(("node", gate.name, node), decision.requeue_after)
+        new_status = decision.state.status if decision.state is not None else None
+        if decision.remove_state or (new_status is not None and old_state is not None
+                                     and f'"{new_status}"' not in old_state):
+            self._gate_later(gate.name)
+
+    def _stage_metrics(self, job: Obj, outcome: str) -> None:
+        labels = job["metadata"].get("labels") or {}
+        created = _parse_time(job["metadata"].get("creationTimestamp"))
+        if created is not None:
+            self.metrics.stage_duration.labels(labels.get(keys.JOB_PACKAGE_LABEL, "-"),
+                                               labels.get(keys.JOB_STAGE_LABEL, "-"), outcome).observe(
+                (datetime.now(UTC) - created).total_seconds())
+
+    async def _ensure(self, resource: Any, obj: Obj) -> Obj | None:
+        """Create; an object that already exists is fine (None): names are deterministic."""
+        try:
+            return await self.client.create(resource, obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return None
+
+    async def _evict(self, gate: NodeGate, node: str, pods: Iterable[tuple[str, str]]) -> str | None:
+        """Evict pods; returns the PodDisruptionBudget blocking one of them, if any."""
+        grace = gate.spec.drain.grace_period_seconds
+        blocked: str | None = None
+
+        async def evict(namespace: str, name: str) -> str | None:
+            body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction",
+                         "metadata": {"name": name, "namespace": namespace}}
+            if grace is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": grace}
+            try:
+                await self.client.create(PODS, body, namespace, subresource_of=name, subresource="eviction")
+            except TooManyRequests as exc:
+                self.metrics.drains_blocked.labels(gate.name).inc()
+                return _blocking_pdb(exc, namespace, name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            return None
+
+        for result in await asyncio.gather(*(evict(ns, n) for ns, n in pods)):
+            blocked = blocked or result
+        if blocked:
+            await self.recorder.emit(self.nodes.get(node) or {"kind": "Node", "metadata": {"name": node}},
+                                     "Warning", "DrainBlocked", f"Eviction refused: {blocked}")
+        return blocked
+
+    # -- node writes ------------------------------------------------------------------------------
+
+    async def _write_node_update(self, gate: NodeGate, node: str, update: NodeUpdate,
+                                 base: Obj | None = None) -> Obj:
+        """One merge patch: state annotation, status label, cordon and taint, guarded by resourceVersion."""
+        obj = base or self.nodes.get(node)
+        if obj is None:
+            return {}
+        meta = obj["metadata"]
+        annotations: dict[str, Any] = {}
+        labels: dict[str, Any] = {}
+        spec: dict[str, Any] = {}
+        change = update.change
+        state_key, label_key = keys.state_annotation(gate.name), keys.status_label(gate.name)
+        if update.remove_state:
+            annotations[state_key] = None
+            labels[label_key] = None
+        elif update.state is not None:
+            annotations[state_key] = update.state.dump()
+            labels[label_key] = update.state.status
+        if change.status is not None and not update.remove_state:
+            labels[label_key] = change.status
+        if change.cordoned_by is not None:
+            annotations[keys.CORDONED_BY] = change.cordoned_by
+        if change.clear_cordoned_by and (meta.get("annotations") or {}).get(keys.CORDONED_BY):
+            annotations[keys.CORDONED_BY] = None
+        if change.unschedulable is not None:
+            spec["unschedulable"] = change.unschedulable
+        taints = list((obj.get("spec") or {}).get("taints") or [])
+        has_taint = any(t.get("key") == keys.READINESS_TAINT_KEY for t in taints)
+        if change.add_readiness_taint and not has_taint:
+            spec["taints"] = [*taints, {"key": keys.READINESS_TAINT_KEY, "effect": keys.READINESS_TAINT_EFFECT}]
+            self.metrics.taints_added.labels(gate.name).inc()
+        elif change.remove_readiness_taint and has_taint:
+            spec["taints"] = [t for t in taints if t.get("key") != keys.READINESS_TAINT_KEY]
+            self.metrics.taint_removals.labels(gate.name).inc()
+        current_ann = meta.get("annotations") or {}
+        current_lab = meta.get("labels") or {}
+        annotations = {k: v for k, v in annotations.items() if current_ann.get(k) != v}
+        labels = {k: v for k, v in labels.items() if current_lab.get(k) != v}
+        if (obj.get("spec") or {}).get("unschedulable", False) == spec.get("unschedulable", None):
+            spec.pop("unschedulable")
+        if not annotations and not labels and not spec:
+            events = update.events
+            for event in events:
+                await self.recorder.emit(obj, event.type, event.reason, event.message)
+            return obj
+        patch: Obj = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+        if annotations:
+            patch["metadata"]["annotations"] = annotations
+        if labels:
+            patch["metadata"]["labels"] = labels
+        if spec:
+            patch["spec"] = spec
+        result = await self.client.patch(NODES, node, patch)
+        self.nodes.observe(result)
+        self._fleet_memo.pop(node, None)
+        for event in update.events:
+            await self.recorder.emit(result, event.type, event.reason, event.message)
+        if update.state is not None and update.state.status == "in-progress":
+            self.queue.add(("node", gate.name, node))
+        return result
+
+    # -- health -----------------------------------------------------------------------------------
+
+    async def _serve_health(self) -> web.AppRunner | None:
+        if not self.settings.metrics_port:
+            return None
+        app = web.Application()
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            # A standby is ready too: it is healthy and waiting for the lease.
+            if self.elector.is_leader and not self.ready:
+                return web.Response(status=503, text="caches not synced")
+            return web.Response(text="leader" if self.elector.is_leader else "standby")
+
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.metrics_host, self.settings.metrics_port)
+        await site.start()
+        return runner
+
+
+def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
+    for cause in exc.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            return f"pod {namespace}/{pod}: {cause.get('message', '')}"
+    return f"pod {namespace}/{pod}: {exc.message}"
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _same_status(current: Obj, new: Obj) -> bool:
+    def strip(status: Obj) -> str:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+        return json.dumps({**status, "conditions": conds}, sort_keys=True)
+
+    return strip(current) == strip(new)
+
+
+__all__ = ["EventRequest", "NodeChange", "NodeGateState", "Operator"]

@@ -1,0 +1,82 @@
+"""Every operator setting in one place: documented defaults, read from flags and environment once.
+
+Each field's environment variable is `NODEGATE_<FIELD IN UPPER CASE>`; a flag of the same name in
+kebab case wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from gate import __version__
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespace: str = field(default="nodegate-system", metadata={
+        "help": "namespace of the operator: stage Jobs, ConfigMaps, the leader Lease and Events live here"})
+    kubeconfig: str | None = field(default=None, metadata={
+        "help": "kubeconfig to use; in a pod the service account is used when unset"})
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", metadata={
+        "help": "this replica's name in the leader Lease (default: hostname-pid)"})
+    lease_name: str = field(default="nodegate-operator", metadata={"help": "name of the leader election Lease"})
+    lease_seconds: int = field(default=15, metadata={"help": "lease duration; a standby takes over after it"})
+    renew_seconds: float = field(default=5.0, metadata={"help": "how often the leader renews the lease"})
+    renew_deadline: float = field(default=10.0, metadata={
+        "help": "the leader stops all work when it could not renew for this long"})
+    agent_image: str = field(default=f"ghcr.io/nodegate/nodegate:{__version__}", metadata={
+        "help": "image of the agent container in stage Jobs (NodeGate's own image)"})
+    package_service_account: str = field(default="nodegate-package", metadata={
+        "help": "service account of package pods (no API access is needed; its token is not mounted)"})
+    workers: int = field(default=16, metadata={"help": "node reconciles run concurrently"})
+    metrics_port: int = field(default=8080, metadata={"help": "port of /metrics, /healthz and /readyz (0: off)"})
+    metrics_host: str = field(default="0.0.0.0", metadata={"help": "address /metrics listens on"})
+    image_pull_grace: float = field(default=120.0, metadata={
+        "help": "seconds a stage pod may fail to pull its image before the stage fails"})
+    pending_timeout: float = field(default=600.0, metadata={
+        "help": "seconds a stage pod may stay pending before the stage fails"})
+    reboot_timeout: float = field(default=900.0, metadata={
+        "help": "seconds a rebooted node has to come back with a new boot ID and Ready"})
+    poll_seconds: float = field(default=5.0, metadata={
+        "help": "how often to look again at nodes waiting on pods, drains or reboots"})
+    resync_seconds: float = field(default=300.0, metadata={
+        "help": "every gate is reconciled at least this often even without events"})
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    log_format: str = field(default="text", metadata={"help": "text or json"})
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            default = None if f.default is MISSING else f.default
+            kind = _kind(f.type)
+            helptext = f.metadata.get("help", "")
+            env = f"NODEGATE_{f.name.upper()}"
+            parser.add_argument(flag, type=kind, default=None,
+                                help=f"{helptext} (env {env}; default {default!r})")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> OperatorSettings:
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            flag_value = getattr(args, f.name, None) if args is not None else None
+            env_value = env.get(f"NODEGATE_{f.name.upper()}")
+            if flag_value is not None:
+                values[f.name] = flag_value
+            elif env_value is not None:
+                values[f.name] = _kind(f.type)(env_value)
+        return cls(**values)
+
+
+def _kind(annotation: object) -> Any:
+    text = str(annotation)
+    if "int" in text and "str" not in text:
+        return int
+    if "float" in text:
+        return float
+    return str

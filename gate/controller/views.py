@@ -1,0 +1,76 @@
+"""Read API objects (dicts) into the views the pure layers decide on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.lifecycle.fleet import FleetNode
+from gate.lifecycle.machine import NodeView, PodView
+
+Obj = dict[str, Any]
+
+
+def node_view(node: Obj) -> NodeView:
+    meta = node.get("metadata", {})
+    spec = node.get("spec", {}) or {}
+    status = node.get("status", {}) or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    taints = tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or [])
+    return NodeView(
+        name=meta.get("name", ""),
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        unschedulable=bool(spec.get("unschedulable")),
+        boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
+        ready=ready,
+        taints=taints,
+    )
+
+
+def node_states(node: Obj, gates: Iterable[str] | None = None) -> dict[str, NodeGateState | StateParseError]:
+    """Every gate's state on the node (or only those named), parsed; a bad one as its error."""
+    out: dict[str, NodeGateState | StateParseError] = {}
+    wanted = set(gates) if gates is not None else None
+    for key, value in (node.get("metadata", {}).get("annotations") or {}).items():
+        gate = keys.gate_of_state_annotation(key)
+        if gate is None or (wanted is not None and gate not in wanted):
+            continue
+        try:
+            out[gate] = load_state(value)
+        except StateParseError as exc:
+            out[gate] = exc
+    return out
+
+
+def fleet_node(node: Obj) -> FleetNode:
+    created = node.get("metadata", {}).get("creationTimestamp")
+    return FleetNode(node_view(node), parse_time(created), node_states(node))
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def pod_view(pod: Obj, operator_namespace: str) -> PodView:
+    meta = pod.get("metadata", {})
+    owners = meta.get("ownerReferences") or []
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return PodView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        labels=labels,
+        phase=(pod.get("status") or {}).get("phase", "Unknown"),
+        daemonset=any(o.get("kind") == "DaemonSet" for o in owners),
+        mirror="kubernetes.io/config.mirror" in annotations,
+        empty_dir=any("emptyDir" in v for v in volumes),
+        deleting=bool(meta.get("deletionTimestamp")),
+        ours=meta.get("namespace") == operator_namespace and labels.get(keys.MANAGED_BY_LABEL) == keys.MANAGER,
+    )

@@ -1,0 +1,269 @@
+"""One gate across the fleet: which nodes start, which go back in line, labels, taints and status.
+
+Pure, like the per-node machine: the operator passes every node with every gate's parsed state, and
+performs the updates returned. The rollout planner (`gate.rollout`) decides *which* nodes start;
+this module turns that into node updates and the gate's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gate.api import keys
+from gate.api.common import Condition
+from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
+from gate.api.policy import DeploymentPolicy
+from gate.api.state import NodeGateState, StateParseError
+from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, start_round
+from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    view: NodeView
+    created: datetime | None
+    states: Mapping[str, NodeGateState | StateParseError]  # by gate name: what each gate recorded
+
+
+@dataclass
+class NodeUpdate:
+    state: NodeGateState | None = None
+    change: NodeChange = field(default_factory=NodeChange)
+    remove_state: bool = False  # drop this gate's annotation and label (the node left the gate)
+    events: list[EventRequest] = field(default_factory=list)
+
+
+@dataclass
+class GatePlan:
+    updates: dict[str, NodeUpdate]
+    status: NodeGateStatus
+    active: list[str]  # nodes in progress: the node-level reconcile drives them
+    events: list[EventRequest]
+    rollout: Plan | None
+
+
+def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
+    if state is None:
+        return GateProgress()
+    if isinstance(state, StateParseError):
+        return GateProgress(status="failed")
+    disrupted = state.status == "in-progress" or (state.status == "failed" and state.cordoned)
+    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
+
+
+def selects(gate: NodeGate, node: NodeView) -> bool:
+    return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(dict(node.labels))
+
+
+def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) -> bool:
+    """Every *other* readinessTaint gate that selects the node is complete on it."""
+    for other in gates:
+        if other.name == gate_name or not other.spec.readiness_taint or not selects(other, node.view):
+            continue
+        state = node.states.get(other.name)
+        if not isinstance(state, NodeGateState) or state.status != "complete":
+            return False
+    return True
+
+
+def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
+    return updates.setdefault(name, NodeUpdate())
+
+
+def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
+              gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None) -> GatePlan:
+    name = gate.name
+    generation = gate.metadata.generation or 0
+    updates: dict[str, NodeUpdate] = {}
+    events: list[EventRequest] = []
+    snapshots: list[NodeSnapshot] = []
+    matched: list[FleetNode] = []
+    for node in fleet:
+        raw = node.states.get(name)
+        in_scope = selects(gate, node.view)
+        if isinstance(raw, StateParseError):
+            if in_scope and node.view.labels.get(keys.status_label(name)) != "failed":
+                up = _update(updates, node.view.name)
+                up.change.status = "failed"
+                up.events.append(EventRequest("node", "Warning", "StateCorrupt",
+                                              f"NodeGate {name}: {raw}; reset the node with `nodegate node reset`"))
+        state = raw if isinstance(raw, NodeGateState) else None
+        if not in_scope and state is not None and state.status not in ("in-progress",):
+            # The node left the gate (labels changed, or ignore=true): forget it, undo our cordon.
+            up = _update(updates, node.view.name)
+            up.remove_state = True
+            if state.cordoned and node.view.cordoned_by == name:
+                up.change.unschedulable = False
+                up.change.clear_cordoned_by = True
+            continue
+        if in_scope:
+            matched.append(node)
+        effective = state
+        if state is not None and in_scope:
+            effective = _requeue(gate, state, generation)
+            if effective is not state:
+                up = _update(updates, node.view.name)
+                up.state = effective
+                up.change.status = "waiting"
+        if in_scope and gate.spec.readiness_taint and not node.view.has_readiness_taint:
+            done = effective is not None and effective.status == "complete"
+            joined_after = gate_created is not None and node.created is not None and node.created > gate_created
+            rebooted = effective is not None and bool(effective.boot_id) and effective.boot_id != node.view.boot_id
+            if not done and (joined_after or rebooted):
+                up = _update(updates, node.view.name)
+                up.change.add_readiness_taint = True
+                why = "joined without it" if joined_after else "rebooted before completing"
+                up.events.append(EventRequest("node", "Normal", "ReadinessTaintAdded",
+                                              f"NodeGate {name} tainted the node: it {why}"))
+        progresses = {g: progress_of(s) for g, s in node.states.items()}
+        if effective is not None:
+            progresses[name] = progress_of(effective)
+        snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
+
+    gate_for_plan = _fresh_rollout(gate) if _spec_changed(gate) else gate
+    rollout = plan(gate_for_plan, policy, snapshots, now=now, gates=gates)
+    states = {n.view.name: n for n in fleet}
+    for start in rollout.starts:
+        node = states[start.node]
+        current = updates.get(start.node)
+        base = (current.state if current and current.state else None) or _state(node.states.get(name))
+        up = _update(updates, start.node)
+        up.state = start_round(base, gate=gate, batch=start.batch, compartment=start.compartment,
+                               boot_id=node.view.boot_id, now=now)
+        up.change.status = "in-progress"
+    for node_name, wait in rollout.waits.items():
+        if node_name in updates and updates[node_name].change.status in ("in-progress",):
+            continue
+        if states[node_name].view.labels.get(keys.status_label(name)) != wait.status:
+            _update(updates, node_name).change.status = wait.status
+    for comp in rollout.compartments:
+        for closed in comp.closed:
+            verdict = "succeeded" if closed.good else "failed"
+            events.append(EventRequest("gate", "Normal" if closed.good else "Warning",
+                                       "BatchSucceeded" if closed.good else "BatchFailed",
+                                       f"Compartment {comp.name}: batch {closed.number} {verdict} "
+                                       f"({closed.successes}/{closed.size} nodes)"))
+        if comp.stopped_now:
+            events.append(EventRequest("gate", "Warning", "CompartmentStopped",
+                                       f"Compartment {comp.name} stopped after {comp.status.consecutive_failures} "
+                                       "failed batches in a row; `nodegate resume` continues it"))
+
+    active = []
+    counts = NodeCounts(matched=len(matched))
+    for node in matched:
+        up = updates.get(node.view.name)
+        raw = node.states.get(name)
+        state = up.state if up is not None and up.state is not None else raw
+        status = _status_of(state)
+        if isinstance(raw, StateParseError):
+            status = "failed"
+        if status == "in-progress":
+            active.append(node.view.name)
+            counts.in_progress += 1
+        elif status == "complete":
+            counts.complete += 1
+        elif status == "failed":
+            counts.failed += 1
+        else:
+            wait = rollout.waits.get(node.view.name)
+            if wait is not None and wait.status == "blocked":
+                counts.blocked += 1
+            else:
+                counts.waiting += 1
+    status = _gate_status(gate, counts, rollout.statuses(), now)
+    return GatePlan(updates, status, active, events, rollout)
+
+
+def _state(raw: NodeGateState | StateParseError | None) -> NodeGateState:
+    return raw if isinstance(raw, NodeGateState) else NodeGateState()
+
+
+def _status_of(state: NodeGateState | StateParseError | None) -> str:
+    if isinstance(state, NodeGateState):
+        return state.status
+    if isinstance(state, StateParseError):
+        return "failed"
+    return "waiting"
+
+
+def _requeue(gate: NodeGate, state: NodeGateState, generation: int) -> NodeGateState:
+    """A finished node goes back in line when the spec asks for more (a new version, config, ...),
+    and a failed node gets another round once the spec changed after its failure."""
+    if state.status == "complete" and pending_work(gate, state):
+        return state.model_copy(update={"status": "waiting", "batch": 0})
+    if state.status == "failed" and state.failure is not None and state.failure.generation < generation:
+        return state.model_copy(update={"status": "waiting", "batch": 0, "failure": None})
+    return state
+
+
+def _spec_changed(gate: NodeGate) -> bool:
+    status = gate.status
+    return status is not None and status.observed_generation is not None and (
+        status.observed_generation < (gate.metadata.generation or 0))
+
+
+def _fresh_rollout(gate: NodeGate) -> NodeGate:
+    """After a spec change a stopped compartment resumes, and batches start small again: a new
+    version deserves the same care as the first. Batch numbers keep counting up, so nodes picked
+    in earlier rollouts never look like members of the next batch."""
+    assert gate.status is not None
+    restarted = [c.model_copy(update={"batch_size": 0, "consecutive_failures": 0})
+                 for c in resume(gate.status.compartments)]
+    return gate.model_copy(update={"status": gate.status.model_copy(update={"compartments": restarted})})
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, previous: Sequence[Condition], now: datetime,
+               generation: int) -> Condition:
+    status = "True" if ok else "False"
+    since = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+    for old in previous:
+        if old.type == type_ and old.status == status:
+            since = old.last_transition_time or since
+    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
+                     observed_generation=generation)
+
+
+def _gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
+                 now: datetime) -> NodeGateStatus:
+    generation = gate.metadata.generation or 0
+    previous = gate.status.conditions if gate.status is not None else []
+    stopped = [c.name for c in compartments if c.state == "stopped"]
+    done = counts.complete == counts.matched
+    progressing = counts.in_progress > 0 or counts.waiting > 0
+    degraded = counts.failed > 0 or bool(stopped)
+    paused = gate.spec.paused
+    if done:
+        ready_reason, ready_msg = "Complete", f"All {counts.matched} matched nodes are complete"
+    else:
+        ready_reason, ready_msg = "Incomplete", f"{counts.complete} of {counts.matched} nodes are complete"
+    if degraded:
+        parts = []
+        if counts.failed:
+            parts.append(f"{counts.failed} nodes failed")
+        if stopped:
+            parts.append(f"compartments stopped: {', '.join(stopped)}")
+        deg_reason = "CompartmentStopped" if stopped else "NodesFailed"
+        deg_msg = "; ".join(parts)
+    else:
+        deg_reason, deg_msg = "AsExpected", "No failures"
+    if paused:
+        prog_reason, prog_msg = "Paused", "The gate is paused: no new work starts"
+    elif progressing:
+        prog_reason = "RollingOut"
+        prog_msg = f"{counts.in_progress} nodes in progress, {counts.waiting} waiting"
+    else:
+        prog_reason, prog_msg = "Idle", "Nothing to do"
+    conditions = [
+        _condition("Ready", done, ready_reason, ready_msg, previous, now, generation),
+        _condition("Progressing", progressing and not paused, prog_reason, prog_msg, previous, now, generation),
+        _condition("Degraded", degraded, deg_reason, deg_msg, previous, now, generation),
+        _condition("Paused", paused, "Paused" if paused else "NotPaused",
+                   "spec.paused is true" if paused else "spec.paused is false", previous, now, generation),
+    ]
+    summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"
+    return NodeGateStatus(
+        observed_generation=generation, conditions=conditions, status=summary,
+        progress=f"{counts.complete}/{counts.matched}", nodes=counts, compartments=compartments,
+    )
