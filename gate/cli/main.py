@@ -15,7 +15,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
-COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.webhook")
+COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook")
 
 
 
