@@ -67,12 +67,18 @@ def resolve_in_root(root: Path, host_path: PurePosixPath | str) -> Path:
     return root / current.relative_to("/")
 
 
-def check_root(root: Path, needs_shell: bool) -> None:
-    """Refuse a root that is missing or cannot run host steps, before anything is written to it."""
+def check_root(root: Path, needs_shell: bool, needs_chroot: bool | None = None) -> None:
+    """Refuse a root that is missing or cannot run host steps, before anything is written to it.
+
+    `needs_chroot` defaults to `needs_shell`: host steps are what the agent chroots for.
+    """
+    needs_chroot = needs_shell if needs_chroot is None else needs_chroot
     if not root.is_dir():
         raise HostError(f"host root {root} does not exist or is not a directory (is the host mounted there?)")
     if needs_shell and not os.path.lexists(resolve_in_root(root, "/bin/sh")):
         raise HostError(f"host root {root} has no /bin/sh, so steps cannot run chrooted into it")
+    if needs_chroot and os.geteuid() != 0:
+        raise HostError(f"chrooting into {root} needs root: run the agent privileged (or with sudo)")
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def run_interrupt(
     echo: IO[str] | None = None,
 ) -> InterruptResult:
     """Carry out the interrupt; `report` writes a summary early (a reboot may not let us write later)."""
-    check_root(settings.root, needs_shell=False)
+    check_root(settings.root, needs_shell=False, needs_chroot=True)
     if settings.type not in INTERRUPT_TYPES:
         raise UsageError(f"unknown interrupt type {settings.type!r}; use one of {', '.join(INTERRUPT_TYPES)}")
     has_systemctl = _on_host(settings.root, "systemctl")

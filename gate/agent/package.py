@@ -296,8 +296,9 @@ class PackageManifest(PackageModel):
             if step.script is not None
         ]
 
-    def uses_host(self) -> bool:
-        return self.root is not None or any(
+    def runs_on_host(self) -> bool:
+        """Whether any step runs chrooted into the host (the overlay alone needs no chroot)."""
+        return any(
             step.on_host for stage in STAGES for name in _lists_of(stage) for step in self.stages.steps(name)
         )
 

@@ -102,7 +102,7 @@ def validate(settings: StageSettings) -> Package:
             f"{settings.payload}/package.yaml is {package.name} {package.version}, "
             f"but the stage is for {request.package} {request.version} (wrong image tag?)"
         )
-    check_root(settings.root, needs_shell=package.manifest.uses_host())
+    check_root(settings.root, needs_shell=package.manifest.runs_on_host())
     return package
 
 

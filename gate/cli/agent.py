@@ -177,6 +177,9 @@ def cmd_package_test(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir():
         raise CliError(f"--root {root} is not a directory")
+    if root.resolve() == Path("/"):
+        raise CliError("refusing --root /: package test really runs every stage, uninstall included; "
+                       "give it a root filesystem to spend")
     directory = Path(args.directory)
     config_dir = Path(args.config_dir) if args.config_dir else None
     if config_dir is None and (directory / "sample-config").is_dir():

@@ -44,6 +44,15 @@ def test_a_missing_root_or_one_without_a_shell_is_refused(tmp_path: Path) -> Non
     check_root(tmp_path, needs_shell=False)
 
 
+def test_chrooting_without_root_privileges_is_refused_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/sh").write_text("")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(HostError, match="needs root: run the agent privileged"):
+        check_root(tmp_path, needs_shell=True)
+    check_root(tmp_path, needs_shell=False)  # an overlay-only package copies files, no chroot
+
+
 def test_the_layout_separates_gates_and_packages() -> None:
     layout = PackageLayout(Path("/host"), "gpu-base", "module-blocklist")
     assert str(layout.host_package_dir("1.0.0")) == "/var/lib/nodegate/gpu-base/module-blocklist/package/1.0.0"
