@@ -122,6 +122,20 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(agent: Agent, tmp_p
     run = agent.run("apply", pkg)
     assert (run.code, run.summary["failedStep"]) == (1, "apply/hangs")
     assert "timed out" in str(run.summary["message"])
+    assert processes_in(agent.root) == []  # the background sleep went too
+
+
+def processes_in(root: Path) -> list[int]:
+    """Processes still running chrooted into `root` (their /proc/<pid>/root points there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "root") == str(root):
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile, or not ours to inspect
+    return found
 
 
 COUNTING = """
