@@ -1,0 +1,42 @@
+"""In-memory stand-ins for the server's collaborators, for tests and the benchmark: facts from a fixed
+list of objects and an authorizer with fixed answers. The server code around them is the real one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gate.admission.facts import readiness_gates
+from gate.admission.rules import policy as policy_rules
+from gate.admission.rules.facts import DEFAULT_OPERATOR_USERNAME, Facts, Lookups
+from gate.admission.rules.review import AccessCheck
+
+
+class StaticFacts:
+    synced = True
+
+    def __init__(self, gates: Sequence[dict[str, Any]] = (), policies: Sequence[str] = (),
+                 installed_on: dict[str, tuple[str, ...]] | None = None) -> None:
+        self.gates = list(gates)
+        self.policies = frozenset(policies)
+        self.installed_on = installed_on or {}
+
+    async def facts(self, lookups: Lookups) -> Facts:
+        return Facts(
+            existing_policies=self.policies & lookups.policies,
+            referencing_gates=tuple(policy_rules.referencing_gates(lookups.gates_referencing, self.gates))
+            if lookups.gates_referencing else (),
+            installed_on=self.installed_on if lookups.installed else {},
+            readiness_gates=readiness_gates(self.gates) if lookups.readiness_gates else (),
+            operator_username=DEFAULT_OPERATOR_USERNAME,
+        )
+
+
+class FixedAuthorizer:
+    def __init__(self, allowed: bool = True) -> None:
+        self.allowed = allowed
+        self.asked: list[AccessCheck] = []
+
+    async def answer(self, checks: Sequence[AccessCheck]) -> list[bool]:
+        self.asked.extend(checks)
+        return [self.allowed] * len(checks)
