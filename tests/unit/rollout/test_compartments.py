@@ -51,7 +51,7 @@ def test_compartments_come_in_policy_order_with_default_last_even_when_empty() -
     ],
 )
 def test_ceiling_rounds_percent_down_but_to_at_least_one(matched: int, budget: dict[str, int], ceiling: int) -> None:
-    labels = {f"n{i}": {} for i in range(matched)}
+    labels: dict[str, dict[str, str]] = {f"n{i}": {} for i in range(matched)}
     result = Fleet.of(make_gate(budget=budget), None, labels).plan()
 
     status = result.compartment(DEFAULT_COMPARTMENT).status

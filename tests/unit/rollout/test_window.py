@@ -34,6 +34,20 @@ def test_window_spanning_midnight_in_berlin_belongs_to_the_day_it_opens(utc: dat
     assert window_contains(FRI_NIGHT_BERLIN, utc) is inside
 
 
+@pytest.mark.parametrize(
+    ("local", "inside"),
+    [("08:59", False), ("09:00", True), ("16:59", True), ("17:00", False)],
+)
+def test_same_day_window_includes_its_opening_minute_and_excludes_its_closing_minute(
+    local: str, inside: bool
+) -> None:
+    window = Window(days=["Mon"], start="09:00", end="17:00", time_zone="America/New_York")
+    hour, minute = map(int, local.split(":"))
+    now = datetime(2025, 1, 6, hour, minute, 30, tzinfo=ZoneInfo("America/New_York"))
+
+    assert window_contains(window, now) is inside
+
+
 def test_window_with_equal_start_and_end_lasts_a_full_day() -> None:
     window = Window(days=["Sat"], start="06:00", end="06:00", time_zone="UTC")
 
@@ -91,3 +105,22 @@ def test_window_membership_matches_a_minute_of_week_oracle(window: Window, now: 
 def test_window_membership_does_not_depend_on_the_zone_now_is_given_in(window: Window, now: datetime) -> None:
     elsewhere = now.astimezone(timezone(timedelta(hours=-7, minutes=-30)))
     assert window_contains(window, now) == window_contains(window, elsewhere)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=windows,
+    day=st.integers(0, 365 * 2),
+    edge=st.sampled_from(["start", "end"]),
+    shift=st.integers(-1, 1),
+    second=st.sampled_from([0, 59]),
+)
+def test_window_membership_matches_the_oracle_at_its_opening_and_closing_minutes(
+    window: Window, day: int, edge: str, shift: int, second: int
+) -> None:
+    zone = ZoneInfo(window.time_zone)
+    hhmm = window.start if edge == "start" else window.end
+    local = datetime(2025, 1, 1, int(hhmm[:2]), int(hhmm[3:]), second, tzinfo=zone) + timedelta(days=day)
+    now = (local + timedelta(minutes=shift)).astimezone(UTC)
+
+    assert window_contains(window, now) == _inside_by_minute_of_week(window, now)
