@@ -7,6 +7,7 @@ and every problem comes back as a `Violation` naming the field, never as an exce
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +25,20 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
+# The parsers below are pure functions of one string, and the same strings (versions, quantities,
+# label keys, images) come back in request after request: they are memoised.
+_memo = functools.lru_cache(maxsize=4096)
+
+
 def label_key_problem(key: object) -> str | None:
     """Why `key` is not a label key (`[prefix/]name`), or None when it is one."""
     if not isinstance(key, str) or not key:
         return "a label key must be a non-empty string"
+    return _label_key_problem(key)
+
+
+@_memo
+def _label_key_problem(key: str) -> str | None:
     prefix, slash, name = key.rpartition("/")
     if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         return f"the prefix of label key {key!r} must be a DNS subdomain (lowercase, at most 253 characters)"
@@ -142,6 +153,7 @@ class ImageRef:
     digest: str | None
 
 
+@_memo
 def parse_image(text: str) -> ImageRef | str:
     """The parts of an image reference, or why it is not one.
 
@@ -181,6 +193,11 @@ def parse_quantity(value: object) -> Fraction | str:
         return f"a quantity must be a number or a string like 100m or 1Gi, not {type_name(value)}"
     if isinstance(value, (int, float)):
         return Fraction(value)
+    return _parse_quantity_text(value)
+
+
+@_memo
+def _parse_quantity_text(value: str) -> Fraction | str:
     match = _QUANTITY.match(value.strip()) if len(value) <= 64 else None
     if not match:
         return f"{value!r} is not a quantity like 100m, 0.5, 64Mi or 2Gi"
@@ -202,6 +219,11 @@ def parse_quantity(value: object) -> Fraction | str:
 def parse_version(text: object) -> semver.Version | str:
     if not isinstance(text, str):
         return f"a version must be a string like 1.2.0, not {type_name(text)}"
+    return _parse_version_text(text)
+
+
+@_memo
+def _parse_version_text(text: str) -> semver.Version | str:
     try:
         return semver.Version.parse(text)
     except (ValueError, TypeError):
@@ -228,6 +250,11 @@ def parse_constraint(text: object) -> list[Predicate] | str:
     `1.2.3` (exactly), `*` (any)."""
     if not isinstance(text, str) or not text.strip():
         return "a version constraint must be a non-empty string like >=1.2.0 or ^1.4"
+    return _parse_constraint_text(text)
+
+
+@_memo
+def _parse_constraint_text(text: str) -> list[Predicate] | str:
     if len(text) > 256:
         return "a version constraint must be at most 256 characters"
     preds: list[Predicate] = []
