@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Literal
 
 from gate.api.keys import NodeStatus
@@ -219,14 +220,76 @@ def members_by_compartment(
     return members
 
 
+@dataclass(frozen=True)
+class BatchTally:
+    """How far one batch got: it closes when every node in it finished."""
+
+    size: int
+    finished: int
+    successes: int
+
+
+@dataclass(frozen=True)
+class CompartmentView:
+    """What the decision needs to know about a compartment's nodes, counted once.
+
+    `waiting` (not picked, not finished) and `eligible` (waiting and not held by a higher-priority
+    gate) are in pick order; `decide` only iterates them from the front, so a simulation can hand in
+    queues it consumes as it goes.
+    """
+
+    matched: int
+    complete: int
+    failed: int
+    occupied: int
+    running: tuple[str, ...]
+    waiting: Collection[Member]
+    eligible: Collection[str]
+    batches: Mapping[int, BatchTally]
+
+
+def tally(members: Sequence[Member]) -> CompartmentView:
+    """Count a compartment's nodes; `members` must be in pick order (see gate.rollout.order)."""
+    batches: dict[int, BatchTally] = {}
+    for m in members:
+        if m.progress.batch > 0:
+            b = batches.get(m.progress.batch, BatchTally(0, 0, 0))
+            batches[m.progress.batch] = BatchTally(
+                b.size + 1,
+                b.finished + m.progress.finished,
+                b.successes + (m.progress.status == "complete"),
+            )
+    waiting = [m for m in members if not m.progress.finished and not m.progress.in_flight]
+    return CompartmentView(
+        matched=len(members),
+        complete=sum(1 for m in members if m.progress.status == "complete"),
+        failed=sum(1 for m in members if m.progress.status == "failed"),
+        occupied=sum(1 for m in members if m.progress.occupies_budget),
+        running=tuple(m.name for m in members if m.progress.in_flight),
+        waiting=waiting,
+        eligible=[m.name for m in waiting if not m.blockers],
+        batches=batches,
+    )
+
+
 def plan_compartment(
     spec: CompartmentSpec, members: Sequence[Member], previous: CompartmentStatus | None, gating: Gating
 ) -> tuple[CompartmentPlan, dict[str, Wait]]:
-    """One compartment's step: close finished batches, then maybe pick the next batch.
+    """One compartment's step: close finished batches, then maybe pick the next batch."""
+    return decide(spec, tally(members), previous, gating)
 
-    `members` must be in pick order (see gate.rollout.order).
-    """
-    matched = len(members)
+
+def decide(
+    spec: CompartmentSpec,
+    view: CompartmentView,
+    previous: CompartmentStatus | None,
+    gating: Gating,
+    *,
+    explain: bool = True,
+) -> tuple[CompartmentPlan, dict[str, Wait]]:
+    """The decision proper, on counts: costs O(batch size), plus O(waiting nodes) when `explain`
+    asks for every waiting node's reason, so a simulation of thousands of batches stays linear."""
+    matched = view.matched
     ceiling = spec.budget.ceiling(matched)
     strategy = spec.strategy_for(ceiling)
     prev = previous if previous is not None else CompartmentStatus(name=spec.name)
@@ -237,28 +300,21 @@ def plan_compartment(
     else:
         batch, size = prev.batch, max(1, prev.batch_size)
 
-    by_batch: dict[int, list[Member]] = {}
-    for m in members:
-        if m.progress.batch > 0:
-            by_batch.setdefault(m.progress.batch, []).append(m)
-    complete = sum(1 for m in members if m.progress.status == "complete")
-
     # `batch` is closed exactly when the stored number moves past it, so judging a batch twice is
     # impossible. Normally at most one batch closes per call; more close only when the status was
     # lost and the history is replayed from the batch numbers on the nodes.
     closed: list[ClosedBatch] = []
     stop = False
-    while (current := by_batch.get(batch)) and all(m.progress.finished for m in current):
-        successes = sum(1 for m in current if m.progress.status == "complete")
+    while (current := view.batches.get(batch)) is not None and current.finished == current.size:
         result = close_batch(
             strategy,
-            size=len(current),
-            successes=successes,
-            complete=complete,
+            size=current.size,
+            successes=current.successes,
+            complete=view.complete,
             matched=matched,
             consecutive_failures=failures,
         )
-        closed.append(ClosedBatch(batch, len(current), successes, result.good))
+        closed.append(ClosedBatch(batch, current.size, current.successes, result.good))
         failures = result.consecutive_failures
         # Only the newest closure decides: in a replay, later batches ran, so a person had resumed.
         stop = result.stop
@@ -266,30 +322,28 @@ def plan_compartment(
         size = result.next_size
     stopped = was_stopped or stop
 
-    running = tuple(m.name for m in members if m.progress.in_flight)
-    occupied = sum(1 for m in members if m.progress.occupies_budget)
-    waiting = [m for m in members if not m.progress.finished and not m.progress.in_flight]
-    room = ceiling - occupied
-
+    running = view.running
+    room = ceiling - view.occupied
     start: tuple[str, ...] = ()
     if not stopped and not gating.paused and gating.window_open and not running and room > 0:
-        eligible = [m.name for m in waiting if not m.blockers]
-        take = min(size, room, len(eligible))
+        take = min(size, room, len(view.eligible))
         if take > 0:
-            start = tuple(eligible[:take])
+            start = tuple(islice(view.eligible, take))
             size = take
 
-    started = set(start)
-    waits = {
-        m.name: _wait(m, spec.name, batch, stopped, failures, occupied, ceiling, running, gating)
-        for m in waiting
-        if m.name not in started
-    }
+    waits: dict[str, Wait] = {}
+    if explain:
+        started = set(start)
+        waits = {
+            m.name: _wait(m, spec.name, batch, stopped, failures, view.occupied, ceiling, running, gating)
+            for m in view.waiting
+            if m.name not in started
+        }
 
     state: Literal["waiting", "rolling", "complete", "stopped", "outside-window"]
     if stopped:
         state = "stopped"
-    elif not waiting and not running:
+    elif not view.waiting and not running:
         state = "complete"  # every node finished; failures show in `failed`
     elif running or start:
         state = "rolling"
@@ -302,9 +356,9 @@ def plan_compartment(
         name=spec.name,
         matched=matched,
         ceiling=ceiling,
-        in_progress=occupied + len(start),
-        complete=complete,
-        failed=sum(1 for m in members if m.progress.status == "failed"),
+        in_progress=view.occupied + len(start),
+        complete=view.complete,
+        failed=view.failed,
         batch=batch,
         batch_size=size,
         consecutive_failures=failures,
