@@ -139,7 +139,8 @@ async def measure(args: argparse.Namespace) -> None:
                         ("mutate joining Node", "/mutate", node_review())]
             print(f"TLS 1.3, keep-alive; offered rate {args.rate:.0f} req/s for {args.seconds:.0f}s; "
                   f"max rate with {args.concurrency} connections for {args.seconds:.0f}s")
-            print(f"{'payload':30} {'server':6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>6} {'max req/s':>10}")
+            print(f"{'payload':30} {'server':6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>6} "
+                  f"{'max req/s':>10}")
             for label, path, body in payloads:
                 rows = {}
                 for kind in ("ours", "bare"):

@@ -114,7 +114,8 @@ async def node_patcher(kube: KubeClient) -> AsyncIterator[str]:
 REMOVE_TAINT = json.dumps({"spec": {"taints": []}})
 
 
-def test_ordinary_user_cannot_remove_the_readiness_taint(kubectl: Kubectl, tainted_node: str, node_patcher: str) -> None:
+def test_ordinary_user_cannot_remove_the_readiness_taint(kubectl: Kubectl, tainted_node: str,
+    node_patcher: str) -> None:
     proc = kubectl.run("patch", "node", tainted_node, "--type=merge", "-p", REMOVE_TAINT, as_user=node_patcher,
                        check=False)
     assert proc.returncode != 0
@@ -140,7 +141,8 @@ def test_operator_service_account_removes_the_taint(kubectl: Kubectl, tainted_no
 def test_user_with_bypass_removes_the_taint(kubectl: Kubectl, tainted_node: str, node_patcher: str) -> None:
     kubectl.run("apply", "-f", "config/rbac/package-user.yaml")
     binding = unique("bypass")
-    kubectl.run("create", "clusterrolebinding", binding, "--clusterrole=nodegate-taint-bypass", f"--user={node_patcher}")
+    kubectl.run("create", "clusterrolebinding", binding, "--clusterrole=nodegate-taint-bypass",
+        f"--user={node_patcher}")
     try:
         proc = kubectl.run("patch", "node", tainted_node, "--type=merge", "-p", REMOVE_TAINT, as_user=node_patcher,
                            check=False)

@@ -69,7 +69,8 @@ def test_unchanged_packages_need_no_use_right(kubectl: Kubectl, user: tuple[str,
     gate_name = unique("rbac")
     kubectl.apply(gate(gate_name, {"lustre-client": "2.1.0"}))
     try:
-        proc = kubectl.run("patch", "nodegates.nodegate.io", gate_name, "--type=merge", "-p", '{"spec":{"paused":true}}',
+        proc = kubectl.run("patch", "nodegates.nodegate.io", gate_name, "--type=merge", "-p",
+            '{"spec":{"paused":true}}',
                            as_user=name, check=False)
         assert proc.returncode == 0, proc.stderr
     finally:

@@ -21,11 +21,14 @@ def messages(obj: dict[str, Any], **kw: Any) -> list[str]:
 
 
 CASES = [
-    (gate(interruptionBudget={"percent": 10, "count": 2}), "spec.interruptionBudget: set exactly one of percent or count"),
+    (gate(interruptionBudget={"percent": 10, "count": 2}),
+        "spec.interruptionBudget: set exactly one of percent or count"),
     (gate(interruptionBudget={}), "spec.interruptionBudget: set exactly one of percent or count"),
-    (gate(interruptionBudget={"percent": 101}), "spec.interruptionBudget.percent: must be a whole number from 0 to 100"),
+    (gate(interruptionBudget={"percent": 101}),
+        "spec.interruptionBudget.percent: must be a whole number from 0 to 100"),
     (gate(interruptionBudget={"percent": -1}), "spec.interruptionBudget.percent"),
-    (gate(interruptionBudget={"count": -1}), "spec.interruptionBudget.count: must be a whole number of nodes, 0 or more"),
+    (gate(interruptionBudget={"count": -1}),
+        "spec.interruptionBudget.count: must be a whole number of nodes, 0 or more"),
     (gate(interruptionBudget={"count": 1}, deploymentPolicy="p"),
      "spec: set at most one of deploymentPolicy and interruptionBudget"),
     (gate(nodeSelector={"matchLabels": {"a/b/c": "x"}}), "spec.nodeSelector.matchLabels[a/b/c]"),
@@ -41,7 +44,8 @@ CASES = [
     (gate({"tuned": {"image": "x"}}), "spec.packages[tuned].version: version is required"),
     (gate({"tuned": package(image="example.com/tool:1.0.1")}),
      'spec.packages[tuned].image: tag "1.0.1" differs from version "1.0.0"'),
-    (gate({"tuned": package(image="Example.com/Tool")}), "spec.packages[tuned].image: 'Example.com/Tool' is not an image"),
+    (gate({"tuned": package(image="Example.com/Tool")}),
+        "spec.packages[tuned].image: 'Example.com/Tool' is not an image"),
     (gate({"tuned": package(image="x@sha256:abc")}), "spec.packages[tuned].image"),
     (gate({"tuned": package(interrupt={"type": "kexec"})}),
      "spec.packages[tuned].interrupt.type: unknown interrupt type 'kexec'"),
@@ -137,7 +141,8 @@ def test_downgrade_without_uninstall_is_refused_and_with_it_allowed() -> None:
     assert any("downgrade from 1.2.0 to 1.1.0 needs the uninstall path" in m
                for m in messages(gate({"tuned": package("1.1.0")}), old=old))
     enabled = {"uninstall": {"enabled": True}}
-    assert messages(gate({"tuned": package("1.1.0", **enabled)}), old=gate({"tuned": package("1.2.0", **enabled)})) == []
+    assert messages(gate({"tuned": package("1.1.0", **enabled)}), old=gate({"tuned": package("1.2.0",
+        **enabled)})) == []
     assert messages(gate({"tuned": package("1.3.0")}), old=old) == []
 
 

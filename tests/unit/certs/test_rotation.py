@@ -78,7 +78,8 @@ def test_ca_rotation_publishes_the_new_ca_before_serving_with_it() -> None:
 @given(steps=st.lists(st.integers(1, 29 * 24 * 60), min_size=5, max_size=200))
 def test_every_served_certificate_was_trusted_long_enough_before(steps: list[int]) -> None:
     """Walk time forward in random steps (minutes, up to 29 days: the loop checks far more often than
-    the 30 days of renewal margin, so no certificate may ever lapse); each new serving certificate must be signed by a CA
+    the 30 days of renewal margin, so no certificate may ever lapse); each new serving certificate
+    must be signed by a CA
     that was already in the published bundle for `propagation`, unless the old one had become
     unusable anyway."""
     state = plan(CertState(), POLICY, T0).state
