@@ -12,7 +12,16 @@ The operator calls `plan` on every reconcile with a snapshot and performs what i
 Nothing here remembers anything between calls. The durable state is what the operator already
 writes: per compartment `status.compartments` (batch, batchSize, consecutiveFailures, state), and per
 node the batch number it was picked into (its `state.<gate>` annotation). A plan from that state
-alone is the same after a restart, so a crash at any line is harmless.
+alone is the same after a restart, so a crash at any line is harmless. Write the statuses before the
+nodes: if the node writes are lost, the next plan picks the same batch again (same nodes, same
+number); if the status write is lost, the batch numbers on the nodes still hold the batch together,
+and a status lost altogether is rebuilt by replaying the batches recorded on the nodes.
+
+In a compartment status, `batch` is the batch running, or between batches the number the next batch
+will get (it moves past a batch exactly when that batch is judged, which is what keeps a batch from
+being judged twice); `batchSize` is that batch's size, planned until it is picked. `inProgress`
+counts the nodes disrupted now (in flight, or failed and still cordoned), the figure the ceiling
+bounds. `state` is `complete` once every node finished; failed ones show in `failed`.
 
 Rules, in the order they apply:
 
