@@ -162,6 +162,21 @@ def test_crash_after_writing_status_but_before_the_nodes_picks_the_same_batch_ag
     assert {s.batch for s in retried.starts} == {2}
 
 
+def test_crash_after_writing_the_nodes_but_before_the_status_starts_no_extra_batch() -> None:
+    fleet = _fleet(12, exponential(2, 2))
+    fleet.step()
+    fleet.finish_all()
+    stale = list(fleet.statuses().values())
+    second = fleet.step()
+    fleet.persist(stale)  # the status write was lost; the nodes carry batch 2
+
+    result = fleet.plan()
+
+    assert result.starts == ()
+    assert sorted(result.compartment(D).running) == sorted(s.node for s in second.starts)
+    assert result.compartment(D).status.batch == 2
+
+
 def test_lost_status_is_rebuilt_from_the_batch_numbers_on_the_nodes() -> None:
     fleet = _fleet(20, exponential(1, 2, failureThreshold=None, safetyLimit=100))
     fleet.progress.update({"n00": done(1), "n01": done(2), "n02": done(2), "n03": done(3), "n04": failed(3)})
