@@ -366,6 +366,7 @@ def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decisio
         stuck = _stuck(view, ctx)
         if stuck:
             return r.fail(stuck[0], stuck[1], package=name, stage=stage)
+        _look_again_for(r, view)
         running += 1
     if recorded:
         # Record results first; the next step sees the new `installed` and moves on.
@@ -415,6 +416,21 @@ def _stuck(view: JobView, ctx: NodeContext) -> tuple[str, str] | None:
     return None
 
 
+def _look_again_for(r: _Round, view: JobView) -> None:
+    """A Job that may turn out stuck is looked at again when its grace runs out: no event may come."""
+    timing = r.ctx.timing
+    if view.waiting_reason:
+        since = view.waiting_since or view.created or r.ctx.now
+        due = timing.image_pull_grace - (r.ctx.now - since).total_seconds()
+    elif view.phase == "pending" and view.created is not None:
+        due = timing.pending_timeout - (r.ctx.now - view.created).total_seconds()
+    else:
+        return
+    due = max(0.1, due + 0.05)
+    current = r.decision.requeue_after
+    r.decision.requeue_after = due if current is None else min(current, due)
+
+
 def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     ctx, s = r.ctx, r.state
     if required.type == "none":
@@ -458,6 +474,7 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     stuck = _stuck(view, ctx)
     if stuck:
         return r.fail(stuck[0], stuck[1], stage="interrupt")
+    _look_again_for(r, view)
     return r.finish_decision()
 
 
@@ -486,6 +503,7 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
             stuck = _stuck(view, ctx)
             if stuck:
                 return r.fail(stuck[0], stuck[1], package=name, stage="post-interrupt")
+            _look_again_for(r, view)
             waiting = True
     if waiting or r.changed:
         if not waiting:
@@ -534,11 +552,15 @@ def decide_removal(ctx: NodeContext) -> Decision:
     r = _Round(ctx)
     s = r.state
     gate = ctx.gate
-    running = [v for v in ctx.jobs.values() if v.phase in ("pending", "running")
-               and not v.name.startswith("ng-uninstall-")]
+    # Stages of the last round: a running one may finish (a host change is never cut off half way);
+    # Jobs of a failed node or stuck ones (image pull, never scheduled) will not, and are removed.
+    leftovers = [v for v in ctx.jobs.values() if not v.name.startswith("ng-uninstall-")]
+    running = [v for v in leftovers if v.phase in ("pending", "running") and s.status != "failed"
+               and _stuck(v, ctx) is None]
     if running:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
+    r.decision.delete_jobs.extend(v.name for v in leftovers)
     for name, pkg in sorted(gate.spec.packages.items()):
         if name not in s.installed or not pkg.uninstall.enabled:
             continue

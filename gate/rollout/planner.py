@@ -298,7 +298,9 @@ def decide(
     if prev.batch <= 0:
         batch, size = 1, strategy.params.initial_batch
     else:
-        batch, size = prev.batch, max(1, prev.batch_size)
+        # batchSize 0 means "start this rollout afresh" (the operator writes it after a spec change):
+        # the next batch is the strategy's initial one, whatever the last rollout grew to.
+        batch, size = prev.batch, prev.batch_size if prev.batch_size > 0 else strategy.params.initial_batch
 
     # `batch` is closed exactly when the stored number moves past it, so judging a batch twice is
     # impossible. Normally at most one batch closes per call; more close only when the status was

@@ -1,0 +1,220 @@
+"""Fixtures for the operator's scenarios: one operator per session, one set of nodes per test.
+
+Every test creates its own simulated nodes (labelled with the test's unique name) and a gate
+selecting only them, so tests never see each other's nodes or budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from gate.api import keys
+from gate.devcluster.cluster import DevCluster, NodeSpec
+from gate.devcluster.services import start_operator
+from gate.kube.cache import WatchCache
+from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, KubeClient
+from gate.kube.errors import NotFound
+
+Obj = dict[str, Any]
+NAMESPACE = "nodegate-system"
+# Fast settings for simulated nodes: their stages take half a second.
+OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4", "--image-pull-grace", "2", "--pending-timeout", "60",
+                  "--reboot-timeout", "60", "--resync-seconds", "30"]
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: DevCluster) -> Iterator[int]:
+    """The operator as a separate process, authenticated as its ServiceAccount; yields its metrics port."""
+    port = start_operator(cluster, lambda m: None, extra=OPERATOR_FLAGS)
+    yield port
+    cluster.stop_process("operator")
+
+
+@dataclass
+class JobRecord:
+    name: str
+    gate: str
+    node: str
+    package: str | None
+    stage: str
+    interrupt: str | None
+    args: list[str]
+    created: float
+    finished: float | None = None
+    succeeded: bool | None = None
+
+
+@dataclass
+class JobLog:
+    """Every stage Job the operator created in this session, recorded by an independent watch."""
+
+    records: dict[str, JobRecord] = field(default_factory=dict)
+    creations: list[str] = field(default_factory=list)
+
+    def on_event(self, kind: str, job: Obj) -> None:
+        meta = job["metadata"]
+        name = meta["name"]
+        if name not in self.records:
+            labels = meta.get("labels") or {}
+            ann = meta.get("annotations") or {}
+            container = job["spec"]["template"]["spec"]["containers"][0]
+            self.records[name] = JobRecord(
+                name=name, gate=ann.get("nodegate.io/gate-name", ""), node=ann.get("nodegate.io/node-name", ""),
+                package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
+                interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(container.get("args", [])),
+                created=time.monotonic(),
+            )
+            self.creations.append(name)
+        rec = self.records[name]
+        conds = {c["type"]: c["status"] for c in (job.get("status") or {}).get("conditions") or []}
+        if rec.finished is None and (conds.get("Complete") == "True" or conds.get("Failed") == "True"):
+            rec.finished = time.monotonic()
+            rec.succeeded = conds.get("Complete") == "True"
+        if kind == "DELETED" and rec.finished is None:
+            rec.finished = time.monotonic()
+
+    def of(self, gate: str, node: str | None = None) -> list[JobRecord]:
+        return [self.records[n] for n in self.creations
+                if self.records[n].gate == gate and (node is None or self.records[n].node == node)]
+
+
+@pytest.fixture(scope="session")
+async def job_log(cluster: DevCluster) -> AsyncIterator[JobLog]:
+    client = await cluster.client()
+    log = JobLog()
+    cache = WatchCache(client, JOBS, namespace=NAMESPACE)
+    cache.subscribe(log.on_event)
+    await cache.start()
+    for job in cache.items():
+        log.on_event("ADDED", job)
+    yield log
+    await cache.stop()
+    await client.close()
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float = 60.0, what: str = "condition",
+                   interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class Scenario:
+    """One test's gate and nodes, with helpers to drive and observe them."""
+
+    def __init__(self, cluster: DevCluster, kube: KubeClient, name: str) -> None:
+        self.cluster = cluster
+        self.kube = kube
+        self.name = name
+        self.nodes: list[str] = []
+        self.stages: list[str] = []
+
+    async def add_nodes(self, count: int, labels: dict[str, str] | None = None, *, start: int = 0,
+                        taints: list[dict[str, str]] | None = None) -> list[str]:
+        spec = NodeSpec(count, {"test": self.name, **(labels or {})}, prefix=f"{self.name}-", start=start,
+                        taints=taints or [])
+        names = await self.cluster.add_nodes(spec)
+        self.nodes += names
+        return names
+
+    def gate_manifest(self, packages: Obj, **spec: Any) -> Obj:
+        body: Obj = {"nodeSelector": {"matchLabels": {"test": self.name}}, "packages": packages}
+        body.update(spec)
+        return {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": self.name},
+                "spec": body}
+
+    async def apply_gate(self, packages: Obj, **spec: Any) -> Obj:
+        return await self.kube.apply(self.gate_manifest(packages, **spec), field_manager="test", force=True)
+
+    async def patch_gate(self, patch: Obj) -> Obj:
+        return await self.kube.patch(NODEGATES, self.name, patch)
+
+    async def gate(self) -> Obj:
+        return await self.kube.get(NODEGATES, self.name)
+
+    async def node(self, name: str) -> Obj:
+        return await self.kube.get(NODES, name)
+
+    async def node_status(self, name: str) -> str | None:
+        labels = (await self.node(name))["metadata"].get("labels") or {}
+        return labels.get(keys.status_label(self.name))
+
+    async def state(self, name: str) -> Obj:
+        import json
+
+        raw = ((await self.node(name))["metadata"].get("annotations") or {}).get(keys.state_annotation(self.name))
+        return json.loads(raw) if raw else {}
+
+    async def wait_ready(self, timeout: float = 90.0) -> Obj:
+        async def ready() -> bool:
+            status = (await self.gate()).get("status") or {}
+            gen = (await self.gate())["metadata"]["generation"]
+            conds = {c["type"]: c for c in status.get("conditions") or []}
+            return (status.get("observedGeneration") == gen and conds.get("Ready", {}).get("status") == "True")
+
+        await wait_for(ready, timeout=timeout, what=f"gate {self.name} Ready")
+        return await self.gate()
+
+    async def wait_condition(self, type_: str, status: str = "True", timeout: float = 60.0) -> Obj:
+        async def reached() -> bool:
+            conds = {c["type"]: c for c in ((await self.gate()).get("status") or {}).get("conditions") or []}
+            return bool(conds.get(type_, {}).get("status") == status)
+
+        await wait_for(reached, timeout=timeout, what=f"gate {self.name} {type_}={status}")
+        return await self.gate()
+
+    async def wait_node(self, node: str, status: str, timeout: float = 60.0) -> None:
+        async def reached() -> bool:
+            return await self.node_status(node) == status
+
+        await wait_for(reached, timeout=timeout, what=f"node {node} {status}")
+
+    async def inject(self, stage: Obj) -> None:
+        """Add a kwok Stage (failure, hang, pull error) for this test; removed at cleanup."""
+        stage = {**stage, "metadata": {**stage["metadata"], "name": f"{self.name}-{stage['metadata']['name']}"}}
+        await self.kube.apply(stage, field_manager="test", force=True)
+        self.stages.append(stage["metadata"]["name"])
+
+    async def cleanup(self) -> None:
+        for stage in self.stages:
+            await self.kube.delete(KWOK_STAGES, stage)
+        try:
+            await self.kube.delete(NODEGATES, self.name)
+            async def gone() -> bool:
+                try:
+                    await self.kube.get(NODEGATES, self.name)
+                    return False
+                except NotFound:
+                    return True
+            await wait_for(gone, timeout=60, what=f"gate {self.name} deleted")
+        finally:
+            for node in self.nodes:
+                await self.kube.delete(NODES, node)
+
+
+@pytest.fixture
+async def scenario(request: pytest.FixtureRequest, cluster: DevCluster, operator: int, kube: KubeClient,
+                   job_log: JobLog) -> AsyncIterator[Scenario]:
+    from tests.conftest import unique
+
+    base = request.node.name.removeprefix("test_").replace("_", "-")[:20].strip("-")
+    sc = Scenario(cluster, kube, unique(base))
+    try:
+        yield sc
+    finally:
+        await sc.cleanup()
+
+
+def dump(obj: Obj) -> str:
+    return yaml.safe_dump(obj)

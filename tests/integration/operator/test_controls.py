@@ -1,0 +1,193 @@
+"""Readiness taint, uninstall, deletion, pause and crash safety on simulated nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from gate.api import keys
+from gate.devcluster.cluster import DevCluster
+from gate.devcluster.services import start_operator
+from gate.kube.client import NODEGATES, NODES
+from gate.kube.errors import NotFound
+from tests.integration.operator.conftest import OPERATOR_FLAGS, JobLog, Scenario, wait_for
+
+PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
+
+
+def _tainted(node: dict) -> bool:  # type: ignore[type-arg]
+    return any(t["key"] == keys.READINESS_TAINT_KEY for t in node["spec"].get("taints") or [])
+
+
+async def test_node_joining_without_the_taint_is_tainted_before_any_stage_and_untainted_when_done(
+        scenario: Scenario, job_log: JobLog) -> None:
+    # No webhook runs here: the operator's backstop must taint the new node itself.
+    await scenario.add_nodes(1)  # an existing node: never tainted
+    await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
+    await scenario.wait_ready()
+    [old] = scenario.nodes
+    assert not _tainted(await scenario.node(old))
+    seen_taint_before_job = asyncio.Event()
+    [new] = await scenario.add_nodes(1, start=1)
+
+    async def watch_order() -> None:
+        while not job_log.of(scenario.name, new):
+            if _tainted(await scenario.node(new)):
+                seen_taint_before_job.set()
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(watch_order(), timeout=60)
+    await scenario.wait_ready()
+    assert seen_taint_before_job.is_set(), "a stage Job was created before the node was tainted"
+    assert not _tainted(await scenario.node(new)), "the taint was not lifted after the node completed"
+    events, _ = await scenario.kube.list(
+        __import__("gate.kube.client", fromlist=["EVENTS"]).EVENTS, "default",
+        field_selector=f"regarding.name={new}")
+    reasons = {e["reason"] for e in events}
+    assert {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= reasons
+
+
+async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scenario: Scenario) -> None:
+    from gate.devcluster.stages import failing_stage
+
+    [node] = await scenario.add_nodes(1, taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
+    other = f"{scenario.name}-second"
+    # The second gate never completes on the node: its only stage fails there.
+    await scenario.inject(failing_stage("fail", nodes=[node], package="never"))
+    manifest = scenario.gate_manifest({"never": {**PKG, "retries": 0}}, readinessTaint=True)
+    manifest["metadata"]["name"] = other
+    await scenario.kube.apply(manifest, field_manager="test", force=True)
+    try:
+        await scenario.apply_gate({"fine": PKG}, readinessTaint=True)
+        await scenario.wait_ready()
+        assert _tainted(await scenario.node(node)), "tainted while another readinessTaint gate failed there"
+    finally:
+        await scenario.kube.delete(NODEGATES, other)
+
+        async def gone() -> bool:
+            try:
+                await scenario.kube.get(NODEGATES, other)
+                return False
+            except NotFound:
+                return True
+
+        await wait_for(gone, what="second gate deleted")
+    # With the failing gate gone, nothing requires the taint any more... but only this gate may
+    # decide that now; the deletion of the other gate lifts it when this one is complete.
+    async def untainted() -> bool:
+        return not _tainted(await scenario.node(node))
+
+    await wait_for(untainted, what="taint lifted once the remaining readiness gate is complete")
+
+
+async def test_uninstall_apply_runs_uninstall_on_every_node(scenario: Scenario, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(2)
+    pkg = {**PKG, "uninstall": {"enabled": True}}
+    await scenario.apply_gate({"agent": pkg, "keep": PKG})
+    await scenario.wait_ready()
+    await scenario.apply_gate({"agent": {**pkg, "uninstall": {"enabled": True, "apply": True}}, "keep": PKG})
+    await scenario.wait_ready()
+    for node in nodes:
+        assert [r.stage for r in job_log.of(scenario.name, node) if r.package == "agent"] == ["apply", "uninstall"]
+        installed = (await scenario.state(node))["installed"]
+        assert "agent" not in installed and "keep" in installed
+
+
+async def test_deleting_the_gate_uninstalls_uncordons_and_removes_every_key(
+        scenario: Scenario, job_log: JobLog) -> None:
+    from gate.devcluster.stages import failing_stage
+
+    good, failed = await scenario.add_nodes(2)
+    # One node fails after cordon: deletion must still uncordon it and clean it up.
+    await scenario.inject(failing_stage("fail", nodes=[failed], package="tool", stage="post-interrupt"))
+    await scenario.apply_gate({
+        "tool": {**PKG, "retries": 0, "uninstall": {"enabled": True},
+                 "interrupt": {"type": "service", "services": ["t"]}},
+        "plain": PKG,
+    }, interruptionBudget={"percent": 100})
+    await scenario.wait_node(failed, "failed")
+    await scenario.wait_node(good, "complete")
+    assert (await scenario.node(failed))["spec"].get("unschedulable") is True
+    await scenario.kube.delete(NODEGATES, scenario.name)
+
+    async def gone() -> bool:
+        try:
+            await scenario.gate()
+            return False
+        except NotFound:
+            return True
+
+    await wait_for(gone, what="gate deleted after cleanup")
+    for node in (good, failed):
+        obj = await scenario.node(node)
+        annotations = obj["metadata"].get("annotations") or {}
+        labels = obj["metadata"].get("labels") or {}
+        assert not [k for k in annotations if k.startswith("nodegate.io/")], annotations
+        assert not [k for k in labels if k.startswith("nodegate.io/")], labels
+        assert not obj["spec"].get("unschedulable")
+    uninstalls = [r.node for r in job_log.of(scenario.name) if r.stage == "uninstall"]
+    assert sorted(uninstalls) == sorted([good, failed])  # only "tool" has uninstall enabled
+
+
+async def test_paused_gate_starts_nothing_until_resumed(scenario: Scenario, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(2)
+    await scenario.apply_gate({"base": PKG}, paused=True)
+    gate = await scenario.wait_condition("Paused")
+    await asyncio.sleep(2)
+    assert job_log.of(scenario.name) == []
+    gate = await scenario.gate()
+    assert gate["status"]["status"] == "Paused" and gate["status"]["nodes"]["complete"] == 0
+    for node in nodes:
+        assert await scenario.node_status(node) == "waiting"
+    await scenario.apply_gate({"base": PKG}, paused=False)
+    await scenario.wait_ready()
+    assert len(job_log.of(scenario.name)) == 2
+
+
+async def test_operator_killed_mid_rollout_resumes_without_repeating_or_overrunning(
+        scenario: Scenario, cluster: DevCluster, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(6)
+    await scenario.apply_gate({
+        "first": {**PKG, "interrupt": {"type": "reboot"}},
+        "second": {**PKG, "dependsOn": {"first": ">=1.0.0"}},
+    }, interruptionBudget={"count": 2})
+    disrupted_max = 0
+
+    async def watch_budget() -> None:
+        nonlocal disrupted_max
+        while True:
+            items, _ = await scenario.kube.list(NODES, label_selector=f"test={scenario.name}")
+            now = sum(1 for n in items if n["spec"].get("unschedulable"))
+            disrupted_max = max(disrupted_max, now)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch_budget())
+    try:
+        for _ in range(3):
+            await wait_for(lambda: _some_in_progress(scenario), what="nodes in progress")
+            cluster.stop_process("operator", sig=signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(start_operator, cluster, lambda m: None, extra=OPERATOR_FLAGS)
+        await scenario.wait_ready(timeout=120)
+    finally:
+        watcher.cancel()
+    assert disrupted_max <= 2, f"{disrupted_max} nodes were cordoned at once with a budget of 2"
+    names = [r.name for r in job_log.of(scenario.name)]
+    assert len(names) == len(set(names))
+    per_step: dict[tuple[str, str | None, str], int] = {}
+    for r in job_log.of(scenario.name):
+        key = (r.node, r.package, r.stage)
+        per_step[key] = per_step.get(key, 0) + 1
+    repeated = {k: v for k, v in per_step.items() if v > 1}
+    assert not repeated, f"stages ran twice on a node: {repeated}"
+    for node in nodes:
+        obj = await scenario.node(node)
+        assert not obj["spec"].get("unschedulable")
+        assert (await scenario.state(node))["installed"].keys() == {"first", "second"}
+
+
+async def _some_in_progress(sc: Scenario) -> bool:
+    for node in sc.nodes:
+        if await sc.node_status(node) == "in-progress":
+            return True
+    return False

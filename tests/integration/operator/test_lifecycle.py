@@ -1,0 +1,164 @@
+"""The per-node package lifecycle on simulated nodes: install, upgrade, config, order, interrupts."""
+
+from __future__ import annotations
+
+from gate.api import keys
+from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+
+PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
+
+
+def _stages(log: JobLog, gate: str, node: str) -> list[tuple[str | None, str]]:
+    return [(r.package, r.stage) for r in log.of(gate, node)]
+
+
+async def test_first_install_runs_apply_on_every_node_and_reports_ready(scenario: Scenario, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(3)
+    await scenario.apply_gate({"base": PKG})
+    gate = await scenario.wait_ready()
+    status = gate["status"]
+    assert status["nodes"]["matched"] == 3 and status["nodes"]["complete"] == 3
+    assert status["progress"] == "3/3" and status["status"] == "Ready"
+    for node in nodes:
+        assert await scenario.node_status(node) == "complete"
+        state = await scenario.state(node)
+        assert state["installed"]["base"]["version"] == "1.0.0"
+        assert _stages(job_log, scenario.name, node) == [("base", "apply")]
+        # no interrupt was asked for: the node was never cordoned
+        assert not (await scenario.node(node))["spec"].get("unschedulable")
+
+
+async def test_version_upgrade_runs_upgrade_with_the_previous_version(scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    await scenario.apply_gate({"base": PKG})
+    await scenario.wait_ready()
+    await scenario.apply_gate({"base": {**PKG, "version": "1.1.0"}})
+    await scenario.wait_ready()
+    upgrade = [r for r in job_log.of(scenario.name, node) if r.stage == "upgrade"]
+    assert len(upgrade) == 1
+    args = upgrade[0].args
+    assert args[args.index("--version") + 1] == "1.1.0"
+    assert args[args.index("--previous-version") + 1] == "1.0.0"
+    assert (await scenario.state(node))["installed"]["base"]["version"] == "1.1.0"
+
+
+async def test_config_change_reruns_config_and_only_matching_config_interrupts(
+        scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    pkg = {**PKG, "config": {"tuned.conf": "a=1", "notes.txt": "v1"},
+           "configInterrupts": {"*.conf": {"type": "service", "services": ["tuned"]}}}
+    await scenario.apply_gate({"tuning": pkg})
+    await scenario.wait_ready()
+    first = _stages(job_log, scenario.name, node)
+    assert first == [("tuning", "apply"), ("tuning", "config"), (None, "interrupt"), ("tuning", "post-interrupt")]
+
+    # A key that no configInterrupt matches: config runs again, nothing is interrupted.
+    await scenario.apply_gate({"tuning": {**pkg, "config": {"tuned.conf": "a=1", "notes.txt": "v2"}}})
+    await scenario.wait_ready()
+    second = _stages(job_log, scenario.name, node)[len(first):]
+    assert second == [("tuning", "config")]
+
+    # A *.conf key: config, then the service restart with its cordon and check.
+    await scenario.apply_gate({"tuning": {**pkg, "config": {"tuned.conf": "a=2", "notes.txt": "v2"}}})
+    await scenario.wait_ready()
+    third = _stages(job_log, scenario.name, node)[len(first) + len(second):]
+    assert third == [("tuning", "config"), (None, "interrupt"), ("tuning", "post-interrupt")]
+    interrupt = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"][-1]
+    assert interrupt.interrupt == "service" and interrupt.args[-2:] == ["--service", "tuned"]
+
+
+async def test_packages_run_in_dependency_order(scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    await scenario.apply_gate({
+        "driver": {**PKG, "dependsOn": {"kernel": ">=1.0.0"}},
+        "kernel": {**PKG},
+        "tools": {**PKG, "dependsOn": {"driver": "^1.0"}},
+    })
+    await scenario.wait_ready()
+    records = job_log.of(scenario.name, node)
+    order = [r.package for r in records]
+    assert order == ["kernel", "driver", "tools"]
+    by_pkg = {r.package: r for r in records}
+    # each starts only after its dependency finished
+    assert by_pkg["kernel"].finished is not None and by_pkg["kernel"].finished <= by_pkg["driver"].created
+    assert by_pkg["driver"].finished is not None and by_pkg["driver"].finished <= by_pkg["tools"].created
+
+
+async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scenario, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(2)
+    packages = {name: PKG for name in ("alpha", "beta", "gamma")}
+    await scenario.apply_gate(packages, serial=True)
+    await scenario.wait_ready()
+    for node in nodes:
+        records = sorted(job_log.of(scenario.name, node), key=lambda r: r.created)
+        assert len(records) == 3
+        for before, after in zip(records, records[1:]):
+            assert before.finished is not None and before.finished <= after.created, "serial stages overlapped"
+
+    await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages}, serial=False)
+    await scenario.wait_ready()
+    for node in nodes:
+        upgrades = [r for r in job_log.of(scenario.name, node) if r.stage == "upgrade"]
+        assert len(upgrades) == 3
+        first_end = min(r.finished or 0 for r in upgrades)
+        assert all(r.created < first_end for r in upgrades), "parallel stages were not started together"
+
+
+async def test_interrupts_merge_into_one_per_node(scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    await scenario.apply_gate({
+        "pa": {**PKG, "interrupt": {"type": "service", "services": ["svc-a"]}},
+        "pb": {**PKG, "interrupt": {"type": "service", "services": ["svc-b", "svc-a"]}},
+        "pc": {**PKG},
+    })
+    await scenario.wait_ready()
+    interrupts = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"]
+    assert len(interrupts) == 1
+    assert interrupts[0].interrupt == "service"
+    assert interrupts[0].args[-4:] == ["--service", "svc-a", "--service", "svc-b"]
+    checks = sorted(r.package or "" for r in job_log.of(scenario.name, node) if r.stage == "post-interrupt")
+    assert checks == ["pa", "pb"]  # pc asked for no interrupt: nothing to check after it
+
+    await scenario.apply_gate({
+        "pa": {**PKG, "version": "1.1.0", "interrupt": {"type": "service", "services": ["svc-a"]}},
+        "pb": {**PKG, "version": "1.1.0", "interrupt": {"type": "restartAllServices"}},
+        "pc": {**PKG, "version": "1.1.0"},
+    })
+    await scenario.wait_ready()
+    interrupts = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"]
+    assert len(interrupts) == 2 and interrupts[1].interrupt == "restartAllServices"
+    assert "--service" not in interrupts[1].args
+
+
+async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    before = (await scenario.node(node))["status"]["nodeInfo"]["bootID"]
+    await scenario.apply_gate({"kernel": {**PKG, "interrupt": {"type": "reboot"}}})
+    await scenario.wait_ready()
+    after = await scenario.node(node)
+    assert after["status"]["nodeInfo"]["bootID"] != before
+    assert not after["spec"].get("unschedulable")
+    assert keys.CORDONED_BY not in (after["metadata"].get("annotations") or {})
+    stages = _stages(job_log, scenario.name, node)
+    assert stages == [("kernel", "apply"), (None, "interrupt"), ("kernel", "post-interrupt")]
+    assert [r.interrupt for r in job_log.of(scenario.name, node) if r.stage == "interrupt"] == ["reboot"]
+
+
+async def test_human_cordoned_node_stays_cordoned(scenario: Scenario) -> None:
+    nodes = await scenario.add_nodes(2)
+    from gate.kube.client import NODES
+
+    await scenario.kube.patch(NODES, nodes[0], {"spec": {"unschedulable": True}})
+    await scenario.apply_gate({"kernel": {**PKG, "interrupt": {"type": "service", "services": ["x"]}}})
+    await scenario.wait_ready()
+    human, ours = await scenario.node(nodes[0]), await scenario.node(nodes[1])
+    assert human["spec"].get("unschedulable") is True, "NodeGate uncordoned a node someone else cordoned"
+    assert not ours["spec"].get("unschedulable")
+
+    async def no_marker() -> bool:
+        for n in nodes:
+            if keys.CORDONED_BY in ((await scenario.node(n))["metadata"].get("annotations") or {}):
+                return False
+        return True
+
+    await wait_for(no_marker, what="cordoned-by annotations removed")
