@@ -37,10 +37,17 @@ def test_get_nodegates_shows_printer_columns(kubectl: Kubectl) -> None:
     name = unique("columns")
     kubectl.apply(f"""
 apiVersion: nodegate.io/v1alpha1
+kind: DeploymentPolicy
+metadata: {{name: {name}-policy}}
+spec:
+  default: {{budget: {{percent: 10}}, strategy: {{fixed: {{initialBatch: 1}}}}}}
+---
+apiVersion: nodegate.io/v1alpha1
 kind: NodeGate
 metadata: {{name: {name}}}
 spec:
-  deploymentPolicy: some-policy
+  nodeSelector: {{matchLabels: {{nothing: selects-this}}}}
+  deploymentPolicy: {name}-policy
   packages:
     tuning: {{version: 1.0.0, image: example.com/tuning}}
 """)
@@ -50,11 +57,12 @@ spec:
         assert header[:2] == ["NAME", "STATUS"]
         for column in ("COMPLETE", "IN", "PROGRESS", "FAILED", "POLICY", "AGE"):
             assert column in header
-        assert "some-policy" in out.splitlines()[1]
+        assert f"{name}-policy" in out.splitlines()[1]
         # the short name of the other kind resolves too
         assert kubectl.run("get", "dp", check=False).returncode == 0
     finally:
-        kubectl.run("delete", "ng", name, "--wait=false")
+        kubectl.run("delete", "ng", name)
+        kubectl.run("delete", "dp", f"{name}-policy")
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from gate.devcluster.services import WEBHOOK_SECRET
 from gate.kube.client import NODEGATES, NODES, POLICIES, SECRETS, KubeClient
 from gate.kube.errors import ApiError
 from tests.conftest import Kubectl, unique
-from tests.integration.admission.conftest import Webhook
+from tests.integration.conftest import Webhook
 
 
 def nodegate(name: str, packages: dict[str, dict[str, object]], **spec: object) -> dict[str, object]:

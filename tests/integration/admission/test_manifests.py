@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import Kubectl
-from tests.integration.admission.conftest import Webhook
+from tests.integration.conftest import Webhook
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 GOOD = sorted((MANIFESTS / "good").glob("*.yaml"))

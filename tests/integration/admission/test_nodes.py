@@ -12,7 +12,7 @@ import pytest
 from gate.api.keys import IGNORE_LABEL, READINESS_TAINT_KEY
 from gate.kube.client import CLUSTERROLEBINDINGS, CLUSTERROLES, NODEGATES, NODES, KubeClient
 from tests.conftest import Kubectl, unique
-from tests.integration.admission.conftest import Webhook
+from tests.integration.conftest import Webhook
 
 TAINT = {"key": READINESS_TAINT_KEY, "effect": "NoSchedule"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, Kubectl, unique
-from tests.integration.admission.conftest import Webhook
+from tests.integration.conftest import Webhook
 
 ROLES = REPO / "config" / "rbac" / "package-user.yaml"
 

@@ -47,6 +47,7 @@ class JobRecord:
     interrupt: str | None
     args: list[str]
     created: float
+    resource_version: int = 0  # etcd revision of the creation: orders it against other objects' changes
     finished: float | None = None
     succeeded: bool | None = None
 
@@ -69,7 +70,7 @@ class JobLog:
                 name=name, gate=ann.get("nodegate.io/gate-name", ""), node=ann.get("nodegate.io/node-name", ""),
                 package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
                 interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(container.get("args", [])),
-                created=time.monotonic(),
+                created=time.monotonic(), resource_version=int(meta.get("resourceVersion", "0")),
             )
             self.creations.append(name)
         rec = self.records[name]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 from gate.api import keys
-from gate.devcluster.cluster import DevCluster
+from gate.devcluster.cluster import DevCluster, node_manifest
 from gate.devcluster.services import start_operator
-from gate.kube.client import NODEGATES, NODES
+from gate.kube.cache import WatchCache
+from gate.kube.client import EVENTS, NODEGATES, NODES
 from gate.kube.errors import NotFound
+from tests.integration.conftest import Webhook
 from tests.integration.operator.conftest import OPERATOR_FLAGS, JobLog, Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
@@ -19,32 +22,48 @@ def _tainted(node: dict) -> bool:  # type: ignore[type-arg]
     return any(t["key"] == keys.READINESS_TAINT_KEY for t in node["spec"].get("taints") or [])
 
 
-async def test_node_joining_without_the_taint_is_tainted_before_any_stage_and_untainted_when_done(
-        scenario: Scenario, job_log: JobLog) -> None:
-    # No webhook runs here: the operator's backstop must taint the new node itself.
+async def test_node_joining_while_the_webhook_is_up_is_tainted_at_creation(
+        scenario: Scenario, webhook: Webhook, job_log: JobLog) -> None:
+    await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
+    await scenario.wait_condition("Ready")
+    created = await scenario.kube.create(NODES, node_manifest(f"{scenario.name}-0", {"test": scenario.name}))
+    scenario.nodes.append(created["metadata"]["name"])
+    assert _tainted(created), "the mutating webhook did not taint the joining node"
+    await scenario.wait_node(created["metadata"]["name"], "complete")
+    assert not _tainted(await scenario.node(created["metadata"]["name"]))
+
+
+async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator_before_any_stage(
+        scenario: Scenario, webhook: Webhook, cluster: DevCluster, job_log: JobLog) -> None:
     await scenario.add_nodes(1)  # an existing node: never tainted
     await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
     await scenario.wait_ready()
     [old] = scenario.nodes
     assert not _tainted(await scenario.node(old))
-    seen_taint_before_job = asyncio.Event()
-    [new] = await scenario.add_nodes(1, start=1)
-
-    async def watch_order() -> None:
-        while not job_log.of(scenario.name, new):
-            if _tainted(await scenario.node(new)):
-                seen_taint_before_job.set()
-            await asyncio.sleep(0.02)
-
-    await asyncio.wait_for(watch_order(), timeout=60)
-    await scenario.wait_ready()
-    assert seen_taint_before_job.is_set(), "a stage Job was created before the node was tainted"
-    assert not _tainted(await scenario.node(new)), "the taint was not lifted after the node completed"
-    events, _ = await scenario.kube.list(
-        __import__("gate.kube.client", fromlist=["EVENTS"]).EVENTS, "default",
-        field_selector=f"regarding.name={new}")
-    reasons = {e["reason"] for e in events}
-    assert {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= reasons
+    name = f"{scenario.name}-1"
+    # Watch the node from its creation: etcd revisions order its changes against the Jobs' creation.
+    taint_revisions: list[int] = []
+    watch = WatchCache(scenario.kube, NODES, field_selector=f"metadata.name={name}")
+    watch.subscribe(lambda kind, obj: taint_revisions.append(int(obj["metadata"]["resourceVersion"]))
+                    if _tainted(obj) else None)
+    await watch.start()
+    webhook_pid = cluster.processes()["webhook"].pid
+    os.kill(webhook_pid, signal.SIGSTOP)  # down: the API server's call times out, failurePolicy Ignore
+    try:
+        created = await scenario.kube.create(NODES, node_manifest(name, {"test": scenario.name}))
+    finally:
+        os.kill(webhook_pid, signal.SIGCONT)
+    scenario.nodes.append(name)
+    try:
+        assert not _tainted(created), "the webhook was supposed to be down"
+        await scenario.wait_node(name, "complete")
+    finally:
+        await watch.stop()
+    first_job = min(r.resource_version for r in job_log.of(scenario.name, name))
+    assert taint_revisions and min(taint_revisions) < first_job, "a stage Job was created before the taint"
+    assert not _tainted(await scenario.node(name)), "the taint was not lifted after the node completed"
+    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={name}")
+    assert {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= {e["reason"] for e in events}
 
 
 async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scenario: Scenario) -> None:
