@@ -10,7 +10,7 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 # Go's time.ParseDuration grammar, restricted to the units that make sense for rollouts.
@@ -111,7 +111,7 @@ class LabelSelector(Model):
         return labels, exprs
 
 
-BUDGET_RULES = [
+BUDGET_RULES: list[JsonValue] = [
     {
         "rule": "has(self.percent) != has(self.count)",
         "message": "exactly one of percent or count must be set",

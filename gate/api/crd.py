@@ -78,7 +78,7 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         shown = json.dumps(default) if not isinstance(default, str) else default
         out["description"] = f"{out['description'].rstrip('.')}. Default: {shown}."
     # description and type first: the generated YAML reads like hand-written CRDs
-    ordered = {k: out.pop(k) for k in ("description", "type") if k in out}
+    ordered: Schema = {k: out.pop(k) for k in ("description", "type") if k in out}
     ordered.update(out)
     return ordered
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta
 
@@ -13,7 +13,7 @@ MAX_PACKAGES = 64
 
 InterruptType = Literal["none", "service", "restartAllServices", "reboot"]
 
-INTERRUPT_RULES = [
+INTERRUPT_RULES: list[JsonValue] = [
     {
         "rule": "!has(self.type) || self.type != 'service' || (has(self.services) && size(self.services) > 0)",
         "message": "an interrupt of type service needs at least one entry in services",
@@ -71,7 +71,7 @@ class Resources(Model):
     )
 
 
-UNINSTALL_RULES = [
+UNINSTALL_RULES: list[JsonValue] = [
     {
         "rule": "!(has(self.apply) && self.apply) || (has(self.enabled) && self.enabled)",
         "message": "apply needs enabled: true",
@@ -174,7 +174,7 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
 
 
-NODEGATE_SPEC_RULES = [
+NODEGATE_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!(has(self.deploymentPolicy) && has(self.interruptionBudget))",
         "message": "set at most one of deploymentPolicy and interruptionBudget",

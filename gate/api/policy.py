@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from gate.api.common import Budget, Condition, LabelSelector, Model, ObjectMeta
 
@@ -53,7 +53,7 @@ class ExponentialStrategy(FixedStrategy):
     growth_factor: int = Field(default=2, ge=2, description="Multiplier of the batch size after a good batch.")
 
 
-STRATEGY_RULES = [
+STRATEGY_RULES: list[JsonValue] = [
     {
         "rule": "(has(self.fixed) ? 1 : 0) + (has(self.linear) ? 1 : 0) + (has(self.exponential) ? 1 : 0) == 1",
         "message": "set exactly one of fixed, linear or exponential",
@@ -108,7 +108,7 @@ class CompartmentDefault(Model):
     strategy: Strategy = Field(default_factory=default_strategy, description="How batches grow.")
 
 
-COMPARTMENT_RULES = [
+COMPARTMENT_RULES: list[JsonValue] = [
     {"rule": "self.name != '__default__'", "message": "__default__ is reserved", "fieldPath": ".name"}
 ]
 

@@ -223,7 +223,7 @@ class Operator:
             self.queue.add(("node", *owner))
 
     def _index_pod(self, kind: str, pod: Obj) -> str | None:
-        job = (pod["metadata"].get("labels") or {}).get("job-name")
+        job: str | None = (pod["metadata"].get("labels") or {}).get("job-name")
         if not job:
             return None
         names = self._pods_by_job.setdefault(job, set())
@@ -446,7 +446,7 @@ class Operator:
                 self._index_job("DELETED", job)
             await self.client.delete(JOBS, name, self.settings.namespace, body={"propagationPolicy": "Background"})
         blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
-        if blocked is not None and decision.state is not None or blocked:
+        if blocked:
             state = decision.state or load_state(old_state)
             if blocked and state.drain_blocked_by != blocked:
                 state = state.model_copy(update={"drain_blocked_by": blocked})

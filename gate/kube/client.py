@@ -129,14 +129,15 @@ class KubeClient:
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, context: str | None = None, **kw: Any) -> KubeClient:
         cfg = Configuration()
-        await kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg,
+        await kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=cfg,
                                        persist_config=False)
         return cls(cfg, **kw)
 
     @classmethod
     def in_cluster(cls, **kw: Any) -> KubeClient:
         cfg = Configuration()
-        kconfig.load_incluster_config(client_configuration=cfg)
+        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return cls(cfg, **kw)
 
     @classmethod

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +45,7 @@ class LeaderElector:
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
 
-    async def run(self, on_started: Callable[[], Awaitable[None]], on_stopped: Callable[[], None]) -> None:
+    async def run(self, on_started: Callable[[], Coroutine[Any, Any, None]], on_stopped: Callable[[], None]) -> None:
         """Campaign forever; run `on_started()` while leading, cancel it the moment leadership is lost."""
         try:
             while True:

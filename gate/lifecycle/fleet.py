@@ -153,27 +153,24 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     active = []
     counts = NodeCounts(matched=len(matched))
     for node in matched:
-        up = updates.get(node.view.name)
-        raw = node.states.get(name)
-        state = up.state if up is not None and up.state is not None else raw
-        status = _status_of(state)
-        if isinstance(raw, StateParseError):
-            status = "failed"
-        if status == "in-progress":
+        queued = updates.get(node.view.name)
+        recorded = node.states.get(name)
+        node_state = queued.state if queued is not None and queued.state is not None else recorded
+        node_status = "failed" if isinstance(recorded, StateParseError) else _status_of(node_state)
+        if node_status == "in-progress":
             active.append(node.view.name)
             counts.in_progress += 1
-        elif status == "complete":
+        elif node_status == "complete":
             counts.complete += 1
-        elif status == "failed":
+        elif node_status == "failed":
             counts.failed += 1
         else:
-            wait = rollout.waits.get(node.view.name)
-            if wait is not None and wait.status == "blocked":
+            node_wait = rollout.waits.get(node.view.name)
+            if node_wait is not None and node_wait.status == "blocked":
                 counts.blocked += 1
             else:
                 counts.waiting += 1
-    status = _gate_status(gate, counts, rollout.statuses(), now)
-    return GatePlan(updates, status, active, events, rollout)
+    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now), active, events, rollout)
 
 
 def _state(raw: NodeGateState | StateParseError | None) -> NodeGateState:

@@ -25,7 +25,8 @@ from gate.kube.errors import NotFound
 Obj = dict[str, Any]
 NAMESPACE = "nodegate-system"
 # Fast settings for simulated nodes: their stages take half a second.
-OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4", "--image-pull-grace", "2", "--pending-timeout", "60",
+OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4",
+                  "--image-pull-grace", "2", "--pending-timeout", "60",
                   "--reboot-timeout", "60", "--resync-seconds", "30"]
 
 

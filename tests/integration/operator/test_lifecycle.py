@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from gate.api import keys
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
@@ -92,7 +94,7 @@ async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scen
     for node in nodes:
         records = sorted(job_log.of(scenario.name, node), key=lambda r: r.created)
         assert len(records) == 3
-        for before, after in zip(records, records[1:]):
+        for before, after in itertools.pairwise(records):
             assert before.finished is not None and before.finished <= after.created, "serial stages overlapped"
 
     await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages}, serial=False)

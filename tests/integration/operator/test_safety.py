@@ -66,7 +66,7 @@ async def test_wait_timeout_fails_the_node_naming_the_protected_pod(scenario: Sc
 
 
 async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario: Scenario) -> None:
-    node, other = await scenario.add_nodes(2)
+    node, _other = await scenario.add_nodes(2)
     app = f"{scenario.name}-web"
     await scenario.kube.create(PODS, _pod(f"{app}-0", node, {"app": app}))
     await scenario.kube.create(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
