@@ -62,3 +62,19 @@ def status_label(gate: str) -> str:
 def gate_of_state_annotation(key: str) -> str | None:
     prefix = f"{GROUP}/state."
     return key[len(prefix) :] if key.startswith(prefix) else None
+
+
+# Requests a person (or `nodegate`) leaves for the operator, which acts on them and removes them.
+# The operator owns node state and gate status; requests keep it the only writer of both.
+RESUME_ANNOTATION: Final = f"{GROUP}/resume"
+"""On a NodeGate: clear stopped compartments. Value: compartment names, comma-separated, or "*"."""
+
+
+def reset_annotation(gate: str) -> str:
+    """On a Node: rerun `gate` on this node from scratch (forget what it installed)."""
+    return f"{GROUP}/reset.{gate}"
+
+
+def rerun_annotation(gate: str) -> str:
+    """On a Node: rerun one package's stage of `gate` on this node. Value: "package/stage"."""
+    return f"{GROUP}/rerun.{gate}"

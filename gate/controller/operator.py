@@ -333,6 +333,9 @@ class Operator:
             # that compartment progress is never written ahead of the nodes it counts.
             raise errors[0]
         await self._write_status(obj, gplan.status.to_wire())
+        if gplan.resumed:
+            annotations = {keys.RESUME_ANNOTATION: None}
+            self.gates.observe(await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}}))
         for event in gplan.events:
             await self.recorder.emit(obj, event.type, event.reason, event.message)
         self._gate_metrics(gate, gplan.status.to_wire())
@@ -525,6 +528,8 @@ class Operator:
         spec: dict[str, Any] = {}
         change = update.change
         state_key, label_key = keys.state_annotation(gate.name), keys.status_label(gate.name)
+        for key in update.remove_annotations:
+            annotations[key] = None
         if update.remove_state:
             annotations[state_key] = None
             labels[label_key] = None

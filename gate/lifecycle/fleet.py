@@ -16,7 +16,7 @@ from gate.api.common import Condition
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
-from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, start_round
+from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
 
 
@@ -32,6 +32,7 @@ class NodeUpdate:
     state: NodeGateState | None = None
     change: NodeChange = field(default_factory=NodeChange)
     remove_state: bool = False  # drop this gate's annotation and label (the node left the gate)
+    remove_annotations: list[str] = field(default_factory=list)  # requests acted on
     events: list[EventRequest] = field(default_factory=list)
 
 
@@ -42,6 +43,7 @@ class GatePlan:
     active: list[str]  # nodes in progress: the node-level reconcile drives them
     events: list[EventRequest]
     rollout: Plan | None
+    resumed: bool = False  # a resume request was acted on: the operator removes the annotation
 
 
 def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
@@ -83,6 +85,8 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     for node in fleet:
         raw = node.states.get(name)
         in_scope = selects(gate, node.view)
+        if isinstance(raw, StateParseError) and keys.reset_annotation(name) in node.view.annotations:
+            raw = None  # a reset replaces the unreadable state; `_requests` below writes the new one
         if isinstance(raw, StateParseError):
             if in_scope and node.view.labels.get(keys.status_label(name)) != "failed":
                 up = _update(updates, node.view.name)
@@ -100,6 +104,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             continue
         if in_scope:
             matched.append(node)
+        if in_scope and not isinstance(raw, StateParseError):
+            requested = _requests(gate, node, state, updates)
+            if requested is not None:
+                state = requested
         effective = state
         if state is not None and in_scope:
             effective = _requeue(gate, state, generation)
@@ -122,7 +130,11 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             progresses[name] = progress_of(effective)
         snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
 
+    resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
     gate_for_plan = _fresh_rollout(gate) if _spec_changed(gate) else gate
+    if resumed:
+        gate_for_plan = _resumed(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
+        events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the rollout"))
     rollout = plan(gate_for_plan, policy, snapshots, now=now, gates=gates)
     states = {n.view.name: n for n in fleet}
     for start in rollout.starts:
@@ -170,7 +182,48 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 counts.blocked += 1
             else:
                 counts.waiting += 1
-    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now), active, events, rollout)
+    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now), active, events, rollout,
+                    resumed=resumed)
+
+
+def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
+              updates: dict[str, NodeUpdate]) -> NodeGateState | None:
+    """Act on a person's reset or rerun request on the node; the new state, or None for no change.
+
+    A request for a node in the middle of a round waits until the round ends (the annotation stays):
+    the stages running there are never cut off."""
+    annotations = node.view.annotations
+    reset_key, rerun_key = keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name)
+    if reset_key not in annotations and rerun_key not in annotations:
+        return None
+    if state is not None and state.status == "in-progress":
+        return None
+    up = _update(updates, node.view.name)
+    base = state or NodeGateState()
+    if reset_key in annotations:
+        fresh = NodeGateState(round=base.round, boot_id=base.boot_id)  # the next pick starts a new round
+        up.remove_annotations.append(reset_key)
+        if node.view.cordoned_by == gate.name:
+            up.change.unschedulable = False
+            up.change.clear_cordoned_by = True
+        message = f"NodeGate {gate.name} will run on the node again from scratch (reset requested)"
+    else:
+        package, _, stage = annotations[rerun_key].partition("/")
+        fresh = rerun(base, package, stage or "apply")
+        up.remove_annotations.append(rerun_key)
+        message = f"NodeGate {gate.name} will rerun {package} {stage or 'apply'} on the node (rerun requested)"
+    fresh = fresh.model_copy(update={"status": "waiting", "batch": 0, "failure": None})
+    up.state = fresh
+    up.change.status = "waiting"
+    up.events.append(EventRequest("node", "Normal", "RerunRequested", message))
+    return fresh
+
+
+def _resumed(gate: NodeGate, value: str) -> NodeGate:
+    names = None if value.strip() in ("", "*") else {n.strip() for n in value.split(",") if n.strip()}
+    status = gate.status or NodeGateStatus()
+    return gate.model_copy(update={"status": status.model_copy(
+        update={"compartments": resume(status.compartments, names)})})
 
 
 def _state(raw: NodeGateState | StateParseError | None) -> NodeGateState:

@@ -1,0 +1,137 @@
+"""One gate across the fleet: starts, requeues, requests, taints and the status, without I/O."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from gate.api import keys
+from gate.api.nodegate import NodeGate
+from gate.api.state import Failure, Installed, NodeGateState, StateParseError, spec_hash
+from gate.lifecycle.fleet import FleetNode, plan_gate
+from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
+from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node
+
+
+def fleet_node(name: str, *, labels: dict[str, str] | None = None, state: NodeGateState | None = None,
+               created_after: bool = False, **view: Any) -> FleetNode:
+    states: dict[str, NodeGateState | StateParseError] = {"g": state} if state is not None else {}
+    return FleetNode(node(name=name, labels=labels or {"pool": "a"}, **view),
+                     NOW + timedelta(hours=1) if created_after else NOW - timedelta(days=1), states)
+
+
+def complete(g: NodeGate, **kw: Any) -> NodeGateState:
+    installed = {n: Installed(version=p.version, spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
+    return NodeGateState(status="complete", installed=installed, round=1, batch=1, **kw)
+
+
+def test_budget_bounds_the_first_starts_and_status_counts_them() -> None:
+    g = gate({"k": PKG}, interruptionBudget={"count": 2})
+    plan = plan_gate(g, None, [fleet_node(f"n{i}") for i in range(5)], gates=[g], now=NOW)
+    started = [n for n, u in plan.updates.items() if u.state is not None and u.state.status == "in-progress"]
+    assert len(started) == 2 and sorted(plan.active) == sorted(started)
+    assert plan.status.nodes.in_progress == 2 and plan.status.nodes.waiting == 3
+    assert plan.status.progress == "0/5" and plan.status.status == "Progressing"
+    for name in started:
+        assert plan.updates[name].state.round == 1  # type: ignore[union-attr]
+
+
+def test_a_version_change_puts_complete_nodes_back_in_line() -> None:
+    old = gate({"k": PKG})
+    new = gate({"k": {**PKG, "version": "1.1.0"}})
+    plan = plan_gate(new, None, [fleet_node("n1", state=complete(old))], gates=[new], now=NOW)
+    update = plan.updates["n1"]
+    assert update.state is not None and update.state.status == "in-progress" and update.state.round == 2
+
+
+def test_failed_nodes_retry_only_after_the_spec_changed() -> None:
+    g = gate({"k": PKG})
+    failed = NodeGateState(status="failed", round=1, batch=1, failure=Failure(stage="apply", reason="StageFailed",
+                                                                              generation=1))
+    same = plan_gate(g, None, [fleet_node("n1", state=failed)], gates=[g], now=NOW)
+    assert "n1" not in same.updates or same.updates["n1"].state is None
+    newer = NodeGate.model_validate({**g.to_wire(), "metadata": {"name": "g", "generation": 2}})
+    retry = plan_gate(newer, None, [fleet_node("n1", state=failed)], gates=[newer], now=NOW)
+    assert retry.updates["n1"].state is not None and retry.updates["n1"].state.status == "in-progress"
+
+
+def test_a_node_joining_after_a_readiness_gate_is_tainted_and_an_old_one_is_not() -> None:
+    g = gate({"k": PKG}, readinessTaint=True)
+    plan = plan_gate(g, None, [fleet_node("old"), fleet_node("new", created_after=True)], gates=[g], now=NOW,
+                     gate_created=NOW)
+    assert plan.updates["new"].change.add_readiness_taint
+    assert not plan.updates["old"].change.add_readiness_taint
+
+
+def test_reset_request_starts_the_node_from_scratch_and_undoes_our_cordon() -> None:
+    g = gate({"k": PKG})
+    failed = complete(g).model_copy(update={"status": "failed", "cordoned": True})
+    request = {keys.reset_annotation("g"): "now", keys.CORDONED_BY: "g"}
+    plan = plan_gate(g, None, [fleet_node("n1", state=failed, annotations=request, unschedulable=True)],
+                     gates=[g], now=NOW)
+    up = plan.updates["n1"]
+    assert up.state is not None and up.state.installed == {} and up.state.round == 2
+    assert keys.reset_annotation("g") in up.remove_annotations
+    assert up.change.unschedulable is False and up.change.clear_cordoned_by
+
+
+def test_reset_replaces_an_unreadable_state() -> None:
+    g = gate({"k": PKG})
+    broken = FleetNode(node(name="n1", labels={}, annotations={keys.reset_annotation("g"): "x"}), None,
+                       {"g": StateParseError("hand-edited")})
+    plan = plan_gate(g, None, [broken], gates=[g], now=NOW)
+    assert plan.updates["n1"].state is not None
+
+
+def test_unreadable_state_is_reported_failed_and_left_alone() -> None:
+    g = gate({"k": PKG})
+    broken = FleetNode(node(name="n1", labels={}), None, {"g": StateParseError("hand-edited")})
+    plan = plan_gate(g, None, [broken], gates=[g], now=NOW)
+    up = plan.updates["n1"]
+    assert up.change.status == "failed" and up.state is None and not up.remove_state
+    assert plan.status.nodes.failed == 1
+
+
+def test_a_node_leaving_the_selector_is_released() -> None:
+    g = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "a"}})
+    state = complete(g).model_copy(update={"status": "failed", "cordoned": True})
+    plan = plan_gate(g, None, [fleet_node("n1", labels={"pool": "b"}, state=state, unschedulable=True,
+                                          annotations={keys.CORDONED_BY: "g"})], gates=[g], now=NOW)
+    up = plan.updates["n1"]
+    assert up.remove_state and up.change.unschedulable is False
+
+
+def test_resume_request_clears_a_stopped_compartment() -> None:
+    raw = gate({"k": PKG}).to_wire()
+    raw["metadata"]["annotations"] = {keys.RESUME_ANNOTATION: "*"}
+    raw["status"] = {"observedGeneration": 1, "compartments": [{"name": "__default__", "state": "stopped",
+                                                                "batch": 3, "batchSize": 1,
+                                                                "consecutiveFailures": 3}]}
+    g = NodeGate.model_validate(raw)
+    plan = plan_gate(g, None, [fleet_node("n1")], gates=[g], now=NOW)
+    assert plan.resumed
+    [comp] = plan.status.compartments
+    assert comp.state != "stopped" and comp.consecutive_failures == 0
+    assert "n1" in plan.active
+
+
+def test_package_work_table() -> None:
+    g = gate({"p1": {**PKG, "config": {"a.conf": "1", "b.txt": "2"},
+                     "configInterrupts": {"*.conf": {"type": "service", "services": ["s"]}},
+                     "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}})
+    pkg = g.spec.packages["p1"]
+    fresh = package_work("p1", pkg, None)
+    assert fresh.stages == ("apply", "config") and fresh.interrupt.type == "reboot"
+    ok = Installed(version="1.0.0", spec_hash=spec_hash(pkg), config={})
+    only_config = package_work("p1", pkg, ok)
+    assert only_config.stages == ("config",) and only_config.interrupt.type == "service"
+    older = Installed(version="0.9.0", spec_hash="x")
+    assert package_work("p1", pkg, older).stages[0] == "upgrade"
+    newer = Installed(version="2.0.0", spec_hash="x")
+    assert package_work("p1", pkg, newer).stages[:2] == ("uninstall", "apply")
+
+
+def test_version_constraints() -> None:
+    assert constraint_satisfied(">=1.2.0 <2", "1.9.9") and not constraint_satisfied(">=1.2.0 <2", "2.0.0")
+    assert constraint_satisfied("^0.3", "0.3.9") and not constraint_satisfied("^0.3", "0.4.0")
+    assert constraint_error("one point two") is not None and constraint_error("~1.2") is None

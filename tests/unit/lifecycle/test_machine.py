@@ -1,0 +1,255 @@
+"""The per-node state machine, decided without I/O: one step at a time, from the world as it is."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gate.api import keys
+from gate.api.nodegate import Interrupt, NodeGate
+from gate.api.state import Installed, NodeGateState, spec_hash
+from gate.lifecycle.machine import (
+    Decision,
+    JobView,
+    NodeContext,
+    NodeView,
+    PodView,
+    Timing,
+    decide,
+    decide_removal,
+    start_round,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+PKG = {"version": "1.0.0", "image": "example.com/pkg"}
+
+
+def gate(packages: dict[str, Any], **spec: Any) -> NodeGate:
+    return NodeGate.model_validate({"metadata": {"name": "g", "generation": 1},
+                                    "spec": {"packages": packages, **spec}})
+
+
+def node(**kw: Any) -> NodeView:
+    base: dict[str, Any] = {"name": "n1", "labels": {}, "annotations": {}, "unschedulable": False,
+                            "boot_id": "boot-1", "ready": True}
+    base.update(kw)
+    return NodeView(**base)
+
+
+def started(g: NodeGate, **kw: Any) -> NodeGateState:
+    return start_round(NodeGateState(**kw), gate=g, batch=1, compartment="__default__", boot_id="boot-1", now=NOW)
+
+
+REBOOT = {"interrupt": Interrupt(type="reboot"), "interrupted": ["k"]}
+
+
+def ctx(g: NodeGate, state: NodeGateState, *, jobs: dict[str, JobView] | None = None,
+        pods: list[PodView] | None = None, n: NodeView | None = None, now: datetime = NOW,
+        readiness_clear: bool = True) -> NodeContext:
+    return NodeContext(gate=g, node=n or node(), state=state, jobs=jobs or {}, pods=pods, now=now,
+                       readiness_clear=readiness_clear, timing=Timing(image_pull_grace=60, pending_timeout=300))
+
+
+def run_until_quiet(g: NodeGate, state: NodeGateState, *, n: NodeView | None = None,
+                    outcome: str = "succeeded", max_steps: int = 50) -> tuple[NodeGateState, list[str], NodeView]:
+    """Drive the machine like the executor would, with every Job ending in `outcome`."""
+    jobs: dict[str, JobView] = {}
+    created: list[str] = []
+    view = n or node()
+    for _ in range(max_steps):
+        d = decide(ctx(g, state, jobs=jobs, pods=[], n=view))
+        if d.state is not None:
+            state = d.state
+        view = _apply_node(view, d)
+        for req in d.create_jobs:
+            created.append(f"{req.package or '-'}:{req.stage}")
+            jobs[req.name] = JobView(req.name, outcome)  # type: ignore[arg-type]
+            if req.stage == "interrupt" and req.interrupt and req.interrupt.type == "reboot":
+                view = node(**{**view.__dict__, "boot_id": view.boot_id + "'"})
+        for name in d.delete_jobs:
+            jobs.pop(name, None)
+        if state.status != "in-progress":
+            return state, created, view
+        if not d.create_jobs and not d.delete_jobs and d.state is None and d.node.empty():
+            break
+    return state, created, view
+
+
+def _apply_node(view: NodeView, d: Decision) -> NodeView:
+    fields = dict(view.__dict__)
+    annotations = dict(view.annotations)
+    if d.node.unschedulable is not None:
+        fields["unschedulable"] = d.node.unschedulable
+    if d.node.cordoned_by:
+        annotations[keys.CORDONED_BY] = d.node.cordoned_by
+    if d.node.clear_cordoned_by:
+        annotations.pop(keys.CORDONED_BY, None)
+    if d.node.remove_readiness_taint:
+        fields["taints"] = ()
+    fields["annotations"] = annotations
+    return NodeView(**fields)
+
+
+def test_a_round_without_interrupt_runs_stages_in_dependency_order_and_never_cordons() -> None:
+    g = gate({"app": {**PKG, "dependsOn": {"base": ">=1.0.0"}}, "base": PKG})
+    state, created, view = run_until_quiet(g, started(g))
+    assert state.status == "complete"
+    assert created == ["base:apply", "app:apply"]
+    assert not view.unschedulable
+    assert state.installed["app"].version == "1.0.0" and state.installed["base"].spec_hash == spec_hash(
+        g.spec.packages["base"])
+
+
+def test_an_interrupt_round_cordons_drains_interrupts_checks_and_uncordons() -> None:
+    g = gate({"tuned": {**PKG, "interrupt": {"type": "service", "services": ["tuned"]}, "config": {"a.conf": "1"}}})
+    state, created, view = run_until_quiet(g, started(g))
+    assert state.status == "complete"
+    assert created == ["tuned:apply", "tuned:config", "-:interrupt", "tuned:post-interrupt"]
+    assert not view.unschedulable and keys.CORDONED_BY not in view.annotations
+
+
+def test_cordon_is_one_write_with_the_marker_and_the_state() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    d = decide(ctx(g, started(g)))
+    assert d.node.unschedulable is True and d.node.cordoned_by == "g"
+    assert d.state is not None and d.state.cordoned and d.state.phase == "wait-pods"
+    assert not d.create_jobs  # nothing runs before the node is drained
+
+
+def test_a_node_someone_else_cordoned_is_not_uncordoned() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "service", "services": ["s"]}}})
+    state, _, view = run_until_quiet(g, started(g), n=node(unschedulable=True))
+    assert state.status == "complete"
+    assert view.unschedulable, "NodeGate uncordoned a node it did not cordon"
+
+
+def test_protected_pods_hold_the_drain_until_wait_timeout() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}}, waitTimeout="10m",
+             podNonInterruptLabels={"matchLabels": {"workload": "training"}})
+    state = started(g).model_copy(update={"phase": "wait-pods", "phase_since": NOW.isoformat(), "cordoned": True,
+                                          **REBOOT})
+    training = PodView("ml", "train-0", {"workload": "training"}, "Running")
+    d = decide(ctx(g, state, pods=[training], now=NOW + timedelta(minutes=5)))
+    assert d.state is None and d.requeue_after is not None and not d.evict
+    d = decide(ctx(g, state, pods=[training], now=NOW + timedelta(minutes=10)))
+    assert d.state is not None and d.state.status == "failed"
+    assert d.state.failure is not None and d.state.failure.reason == "WaitTimeout"
+    assert "ml/train-0" in d.state.failure.message
+
+
+def test_drain_evicts_only_what_a_drain_should() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    state = started(g).model_copy(update={"phase": "drain", "phase_since": NOW.isoformat(), "cordoned": True,
+                                          **REBOOT})
+    pods = [
+        PodView("web", "web-0", {}, "Running"),
+        PodView("kube-system", "ds-0", {}, "Running", daemonset=True),
+        PodView("kube-system", "static-0", {}, "Running", mirror=True),
+        PodView("batch", "done-0", {}, "Succeeded"),
+        PodView("nodegate-system", "stage-0", {}, "Running", ours=True),
+        PodView("web", "web-1", {}, "Running", deleting=True),
+    ]
+    d = decide(ctx(g, state, pods=pods))
+    assert d.evict == [("web", "web-0")]
+    d = decide(ctx(g, state, pods=pods[1:5]))
+    assert d.state is not None and d.state.phase == "stages"
+
+
+def test_drain_refuses_emptydir_pods_unless_allowed() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    state = started(g).model_copy(update={"phase": "drain", "phase_since": NOW.isoformat(), **REBOOT})
+    cache = PodView("web", "cache-0", {}, "Running", empty_dir=True)
+    d = decide(ctx(g, state, pods=[cache]))
+    assert d.state is not None and d.state.failure is not None and d.state.failure.reason == "DrainRefused"
+    g2 = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}}, drain={"deleteEmptyDirData": True})
+    assert decide(ctx(g2, state, pods=[cache])).evict == [("web", "cache-0")]
+
+
+def test_drain_timeout_names_what_blocked_it() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}}, drain={"timeout": "1m"})
+    state = started(g).model_copy(update={"phase": "drain", "phase_since": NOW.isoformat(),
+                                          "drain_blocked_by": "pod web/web-0: needs 1 healthy", **REBOOT})
+    d = decide(ctx(g, state, pods=[PodView("web", "web-0", {}, "Running")], now=NOW + timedelta(minutes=1)))
+    assert d.state is not None and d.state.failure is not None
+    assert d.state.failure.reason == "DrainTimeout" and "web/web-0" in d.state.failure.message
+
+
+def test_a_failed_stage_fails_the_node_with_the_job_message() -> None:
+    g = gate({"k": PKG})
+    d0 = decide(ctx(g, started(g)))
+    [req] = d0.create_jobs
+    state = d0.state or started(g)
+    d = decide(ctx(g, state, jobs={req.name: JobView(req.name, "failed", message='{"failedStep":"x"}')}))
+    assert d.state is not None and d.state.status == "failed"
+    assert d.state.failure is not None and d.state.failure.package == "k" and "failedStep" in d.state.failure.message
+    assert d.node.status == "failed"
+
+
+def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
+    g = gate({"k": PKG})
+    state = decide(ctx(g, started(g))).state or started(g)
+    name = decide(ctx(g, state)).create_jobs[0].name
+    view = JobView(name, "pending", waiting_reason="ImagePullBackOff", waiting_since=NOW)
+    early = decide(ctx(g, state, jobs={name: view}, now=NOW + timedelta(seconds=30)))
+    assert early.state is None and early.requeue_after == pytest.approx(30.05)
+    late = decide(ctx(g, state, jobs={name: view}, now=NOW + timedelta(seconds=61)))
+    assert late.state is not None and late.state.failure is not None
+    assert late.state.failure.reason == "ImagePullFailed"
+
+
+def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    state = started(g).model_copy(update={"phase": "interrupt", "phase_since": NOW.isoformat(), "boot_id": "boot-1", **REBOOT,
+                                          "installed": {"k": Installed(version="1.0.0",
+                                                                       spec_hash=spec_hash(g.spec.packages["k"]))}})
+    d = decide(ctx(g, state))
+    [req] = d.create_jobs
+    assert req.interrupt is not None and req.interrupt.type == "reboot"
+    done = {req.name: JobView(req.name, "succeeded")}
+    same_boot = decide(ctx(g, state, jobs=done))
+    assert same_boot.state is None, "a Job that succeeded without a reboot is not a reboot"
+    not_ready = decide(ctx(g, state, jobs=done, n=node(boot_id="boot-2", ready=False)))
+    assert not_ready.state is None
+    back = decide(ctx(g, state, jobs=done, n=node(boot_id="boot-2")))
+    assert back.state is not None and back.state.phase == "post-interrupt"
+
+
+def test_readiness_taint_is_lifted_only_when_every_readiness_gate_is_done() -> None:
+    g = gate({"k": PKG}, readinessTaint=True)
+    tainted = node(taints=((keys.READINESS_TAINT_KEY, "NoSchedule"),))
+    state, _, view = run_until_quiet(g, started(g), n=tainted)
+    assert state.status == "complete" and not view.has_readiness_taint
+    final = started(g).model_copy(update={"phase": "finish"})
+    d = decide(ctx(g, final, n=tainted, readiness_clear=False))
+    assert d.state is not None and d.state.status == "complete" and not d.node.remove_readiness_taint
+
+
+def test_paused_gate_records_results_but_starts_nothing() -> None:
+    g = gate({"one": PKG, "two": {**PKG, "dependsOn": {"one": "*"}}}, paused=True)
+    d = decide(ctx(g, started(g)))
+    assert not d.create_jobs
+
+
+def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
+    g = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}})
+    installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
+    state = NodeGateState(status="complete", installed=installed, round=1)
+    cordoned = node(unschedulable=True, annotations={keys.CORDONED_BY: "g"})
+    d = decide_removal(ctx(g, state, n=cordoned))
+    assert [(r.package, r.stage) for r in d.create_jobs] == [("gone", "uninstall")]
+    assert not d.remove_state
+    name = d.create_jobs[0].name
+    # Once the uninstall succeeded the node is released in the same step: keys gone, cordon undone.
+    d = decide_removal(ctx(g, state, n=cordoned, jobs={name: JobView(name, "succeeded")}))
+    assert name in d.delete_jobs
+    assert d.remove_state and d.node.unschedulable is False and d.node.clear_cordoned_by
+
+
+def test_job_names_are_deterministic_and_change_with_the_round() -> None:
+    g = gate({"k": PKG})
+    first = decide(ctx(g, started(g))).create_jobs[0].name
+    again = decide(ctx(g, started(g))).create_jobs[0].name
+    later = decide(ctx(g, started(g, round=5))).create_jobs[0].name
+    assert first == again and first != later and len(first) <= 63
