@@ -201,9 +201,9 @@ def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
 
 def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
     g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
-    state = started(g).model_copy(update={"phase": "interrupt", "phase_since": NOW.isoformat(), "boot_id": "boot-1", **REBOOT,
-                                          "installed": {"k": Installed(version="1.0.0",
-                                                                       spec_hash=spec_hash(g.spec.packages["k"]))}})
+    installed = {"k": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["k"]))}
+    state = started(g).model_copy(update={"phase": "interrupt", "phase_since": NOW.isoformat(), "boot_id": "boot-1",
+                                          "installed": installed, **REBOOT})
     d = decide(ctx(g, state))
     [req] = d.create_jobs
     assert req.interrupt is not None and req.interrupt.type == "reboot"
