@@ -12,11 +12,11 @@ from gate import __version__
 from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
+HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "demo", "dev", "package", "crds", "version")
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
-COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook")
-
+COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet")
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:
@@ -110,8 +110,14 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def prog_name(argv0: str | None = None) -> str:
+    """`kubectl nodegate` when kubectl runs us as its plugin `kubectl-nodegate`, else `nodegate`."""
+    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
+    return "kubectl nodegate" if name.startswith("kubectl-") else "nodegate"
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nodegate", description="Host-layer packages for Kubernetes fleets.")
+    p = argparse.ArgumentParser(prog=prog_name(), description="Host-layer packages for Kubernetes fleets.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     crds = sub.add_parser("crds", help="generate the CRD manifests from the API models")
@@ -154,6 +160,9 @@ def parser() -> argparse.ArgumentParser:
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(module_name)
         module.register(sub)
+    # `--help` lists what a person uses day to day first, the tools for the fleet's processes last.
+    rank = {name: i for i, name in enumerate(HELP_ORDER)}
+    sub._choices_actions.sort(key=lambda a: rank.get(a.dest, len(rank)))
     return p
 
 
@@ -164,16 +173,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `nodegate status --watch | head`: the reader left, which is fine
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except CliError as exc:
         _err(f"error: {exc}")
         return 2
     except Exception as exc:  # one clear line for every known failure kind
         from gate.devcluster.build import BuildError
         from gate.devcluster.cluster import ClusterError
+        from gate.kube.errors import ApiError, ConnectionFailed
 
         if isinstance(exc, (BuildError, ClusterError)):
             _err(f"error: {exc}")
             return 1
+        if isinstance(exc, (ApiError, ConnectionFailed)):  # a command that did not translate its own
+            from gate.cli.kubectx import explain
+
+            _err(f"error: {explain(exc)}")
+            return 2
         raise
 
 

@@ -1,0 +1,114 @@
+"""The commands a person runs against a cluster: status, plan, pause, resume, node, rerun, package logs.
+
+This module only builds the parser; each handler imports `gate.cli.actions` (the Kubernetes client,
+pydantic models, rich) when it runs, so `nodegate version` and `--help` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gate.api import keys
+
+DEFAULT_NAMESPACE = "nodegate-system"
+OUTPUTS = ("text", "json", "yaml")
+RERUN_STAGES = ("apply", "config")
+
+
+def _action(name: str) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        from gate.cli import actions
+
+        result: int = getattr(actions, name)(args)
+        return result
+
+    handler.__name__ = name
+    return handler
+
+
+def _subparsers_of(parser: argparse.ArgumentParser) -> Any:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return None
+
+
+def register(sub: Any) -> None:
+    """Add status, plan, pause, resume, node, rerun and `package logs` to the `nodegate` parser."""
+    cluster = argparse.ArgumentParser(add_help=False)
+    cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    cluster.add_argument("--context", help="kubeconfig context to use (default: the current one)")
+    cluster.add_argument("--namespace", "-n", default=DEFAULT_NAMESPACE,
+                         help=f"the operator's namespace, where stage Jobs run (default {DEFAULT_NAMESPACE})")
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--output", "-o", choices=OUTPUTS, default="text", help="output format (default text)")
+    dry = argparse.ArgumentParser(add_help=False)
+    dry.add_argument("--dry-run", action="store_true",
+                     help="send the change as a server-side dry run: checked, admitted, not stored")
+
+    status = sub.add_parser("status", parents=[cluster, output],
+                            help="rollout status: per compartment progress, nodes in progress, failures, waits")
+    status.add_argument("gate", nargs="?", metavar="GATE", help="one NodeGate (default: all)")
+    status.add_argument("--watch", "-w", action="store_true", help="keep the status on screen, live, until Ctrl-C")
+    status.set_defaults(func=_action("cmd_status"))
+
+    plan = sub.add_parser("plan", parents=[cluster, output],
+                          help="the batches of a rollout, done, running and planned, assuming every node succeeds")
+    plan.add_argument("gate", metavar="GATE")
+    plan.set_defaults(func=_action("cmd_plan"))
+
+    pause = sub.add_parser("pause", parents=[cluster, dry], help="pause a NodeGate: no new work starts")
+    pause.add_argument("gate", metavar="GATE")
+    pause.set_defaults(func=_action("cmd_pause"))
+
+    resume = sub.add_parser("resume", parents=[cluster, dry],
+                            help="unpause a NodeGate and resume its stopped compartments")
+    resume.add_argument("gate", metavar="GATE")
+    resume.add_argument("--compartment", "-c", action="append", default=[], metavar="NAME",
+                        help="resume only this stopped compartment (repeatable; default: every stopped one)")
+    resume.set_defaults(func=_action("cmd_resume"))
+
+    node = sub.add_parser("node", help="nodes and NodeGate: list, reset, ignore, unignore")
+    node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    listing = node_sub.add_parser("list", parents=[cluster, output], help="nodes and their status per NodeGate")
+    listing.add_argument("--gate", "-g", help="one NodeGate's nodes, with compartment, phase and failures")
+    listing.set_defaults(func=_action("cmd_node_list"))
+    reset = node_sub.add_parser("reset", parents=[cluster, dry],
+                                help="run a NodeGate on a node again from scratch (e.g. after fixing it)")
+    reset.add_argument("node", metavar="NODE")
+    reset.add_argument("--gate", "-g", help="only this NodeGate (default: every NodeGate that ran on the node)")
+    reset.set_defaults(func=_action("cmd_node_reset"))
+    ignore = node_sub.add_parser("ignore", parents=[cluster, dry],
+                                 help=f"opt a node out of every NodeGate ({keys.IGNORE_LABEL}=true)")
+    ignore.add_argument("node", metavar="NODE")
+    ignore.set_defaults(func=_action("cmd_node_ignore"))
+    unignore = node_sub.add_parser("unignore", parents=[cluster, dry], help="opt a node back in")
+    unignore.add_argument("node", metavar="NODE")
+    unignore.set_defaults(func=_action("cmd_node_unignore"))
+
+    rerun = sub.add_parser("rerun", parents=[cluster, dry], help="run one package's stage on one node again")
+    rerun.add_argument("gate", metavar="GATE")
+    rerun.add_argument("--node", required=True, metavar="NODE")
+    rerun.add_argument("--package", required=True, metavar="PACKAGE")
+    rerun.add_argument("--stage", choices=RERUN_STAGES, default="apply",
+                       help="apply: install again (default); config: apply the config files again")
+    rerun.set_defaults(func=_action("cmd_rerun"))
+
+    # `package` (lint, test, schema) belongs to the authors' tools; `logs` joins that group.
+    package = sub.choices.get("package")
+    package_sub = _subparsers_of(package) if package is not None else None
+    if package_sub is None:
+        package = sub.add_parser("package", help="package tools")
+        package_sub = package.add_subparsers(dest="package_command", required=True, metavar="ACTION")
+    for choice in sub._choices_actions:
+        if choice.dest == "package" and "logs" not in (choice.help or ""):
+            choice.help = (choice.help or "package tools") + "; logs of a package's stage on a node"
+    logs = package_sub.add_parser("logs", parents=[cluster],
+                                  help="logs of a package's stage on a node (its stage Job's pod)")
+    logs.add_argument("node", metavar="NODE")
+    logs.add_argument("package", metavar="PACKAGE")
+    logs.add_argument("--stage", help="only this stage (apply, config, upgrade, uninstall, post-interrupt)")
+    logs.add_argument("--gate", "-g", help="only this NodeGate's Jobs")
+    logs.add_argument("--follow", "-f", action="store_true", help="stream the log while the stage runs")
+    logs.set_defaults(func=_action("cmd_package_logs"))

@@ -1,0 +1,407 @@
+"""What `nodegate status` says about a gate, computed from a snapshot of the cluster. Pure: no I/O.
+
+The CLI reads NodeGates, DeploymentPolicies, Nodes and the stage Jobs once (or keeps them current with
+watches), and this module turns them into a `GateReport`: per compartment the counts behind a progress
+bar, the nodes in progress with their phase and running stages, the failed nodes with the reason, and
+what the rest wait for. The wait reasons come from running the operator's own pure planning step
+(`gate.lifecycle.fleet.plan_gate`, which calls the rollout planner) on the snapshot: the status says
+what the operator would decide, not a second opinion that could drift from it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from gate.api import keys
+from gate.api.nodegate import CompartmentStatus, NodeGate
+from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
+from gate.api.state import Failure, NodeGateState, StateParseError
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.controller.views import fleet_node, parse_time
+from gate.lifecycle.fleet import FleetNode, plan_gate
+from gate.rollout import PolicyMismatch, Wait
+
+Obj = dict[str, Any]
+NodeState = Literal["complete", "in-progress", "failed", "waiting", "blocked", "starting"]
+
+# How a phase of a round reads in one line.
+PHASE_TEXT = {
+    "idle": "starting",
+    "cordon": "cordoning",
+    "wait-pods": "waiting for protected pods",
+    "drain": "draining",
+    "stages": "running stages",
+    "interrupt": "interrupting",
+    "post-interrupt": "post-interrupt checks",
+    "finish": "finishing",
+}
+WAIT_ORDER = ("starting", "stopped", "paused", "priority", "outside-window", "batch-running", "budget-full", "queued")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the status is computed from: raw API objects as the API server returned them."""
+
+    gates: Sequence[Obj]
+    policies: Mapping[str, Obj]
+    nodes: Sequence[Obj]
+    jobs: Sequence[Obj] = ()
+    jobs_visible: bool = True  # False when the reader may not list Jobs: no stage names then
+
+
+@dataclass(frozen=True)
+class CompartmentReport:
+    name: str
+    matched: int
+    complete: int
+    in_progress: int
+    failed: int
+    waiting: int
+    ceiling: int
+    batch: int
+    batch_size: int
+    consecutive_failures: int
+    state: str
+
+
+@dataclass(frozen=True)
+class ActiveNode:
+    """A node in the middle of a round."""
+
+    name: str
+    compartment: str
+    batch: int
+    phase: str
+    seconds: float | None  # in the current phase
+    running: tuple[str, ...]  # "package stage" of the stage Jobs running now, or "interrupt reboot"
+    detail: str = ""  # e.g. what blocks the drain
+
+    @property
+    def doing(self) -> str:
+        text = PHASE_TEXT.get(self.phase, self.phase)
+        if self.running:
+            text += ": " + ", ".join(self.running)
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+
+@dataclass(frozen=True)
+class FailedNode:
+    name: str
+    compartment: str
+    package: str | None
+    stage: str
+    reason: str
+    message: str
+    cordoned: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.package} {self.stage}" if self.package else self.stage
+
+
+@dataclass(frozen=True)
+class WaitGroup:
+    """Nodes of one compartment waiting for the same thing."""
+
+    compartment: str
+    reason: str
+    message: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GateReport:
+    name: str
+    summary: str  # Ready | Progressing | Degraded | Paused | Unknown
+    matched: int
+    complete: int
+    generation: int
+    observed_generation: int | None
+    policy: str | None
+    paused: bool
+    compartments: tuple[CompartmentReport, ...]
+    active: tuple[ActiveNode, ...]
+    failed: tuple[FailedNode, ...]
+    waits: tuple[WaitGroup, ...]
+    notes: tuple[str, ...] = ()  # gate-wide: policy missing, operator behind, Degraded message
+    node_states: Mapping[str, NodeState] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.matched > 0 and self.complete == self.matched
+
+
+def build_reports(snapshot: Snapshot, now: datetime, names: Sequence[str] | None = None) -> list[GateReport]:
+    """A report per gate (every gate, or those named, in that order); `now` must be timezone-aware."""
+    gates: dict[str, NodeGate] = {}
+    broken: dict[str, str] = {}
+    for raw in snapshot.gates:
+        name = raw.get("metadata", {}).get("name", "")
+        try:
+            gates[name] = NodeGate.model_validate(raw)
+        except ValidationError as exc:
+            broken[name] = str(exc).splitlines()[0]
+    fleet = [fleet_node(n) for n in snapshot.nodes]
+    running = _running_jobs(snapshot.jobs)
+    live = [g for g in gates.values() if not g.metadata.deletion_timestamp]
+    wanted = list(names) if names is not None else sorted({*gates, *broken})
+    reports = []
+    for name in wanted:
+        if name in broken:
+            reports.append(_unreadable(name, broken[name]))
+        elif name in gates:
+            reports.append(gate_report(gates[name], snapshot.policies, fleet, live, running, now,
+                                       jobs_visible=snapshot.jobs_visible))
+    return reports
+
+
+def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[FleetNode], gates: Sequence[NodeGate],
+                running: Mapping[tuple[str, str], tuple[str, ...]], now: datetime, *,
+                jobs_visible: bool = True) -> GateReport:
+    notes: list[str] = []
+    policy: DeploymentPolicy | None = None
+    wanted = gate.spec.deployment_policy
+    if wanted and wanted in policies:
+        policy = DeploymentPolicy.model_validate(policies[wanted])
+    generation = gate.metadata.generation or 0
+    observed = gate.status.observed_generation if gate.status is not None else None
+    if gate.metadata.deletion_timestamp:
+        notes.append("being deleted: the operator uninstalls what it can and removes its keys from the nodes")
+    if gate.status is None or observed is None:
+        notes.append("the operator has not reported on this gate yet (is it running?)")
+    elif observed < generation:
+        notes.append(f"the operator has not acted on generation {generation} yet (last seen: {observed})")
+    if not jobs_visible:
+        notes.append("stage names unknown: no permission to list Jobs in the operator's namespace")
+
+    try:
+        gplan = plan_gate(gate, policy, fleet, gates=gates, now=now,
+                          gate_created=parse_time(gate.metadata.creation_timestamp))
+    except PolicyMismatch:
+        notes.insert(0, f"DeploymentPolicy {wanted} does not exist: the operator starts nothing until it does")
+        return _without_plan(gate, fleet, running, now, notes)
+    rollout = gplan.rollout
+    assert rollout is not None  # plan_gate always plans
+    if gate.status is not None:
+        for cond in gate.status.conditions:
+            if cond.type == "Degraded" and cond.status == "True" and cond.message:
+                notes.append(f"degraded: {cond.message}")
+    if not rollout.window_open and policy is not None and policy.spec.windows:
+        notes.append("outside every maintenance window: new nodes start only inside one")
+
+    by_name = {n.view.name: n for n in fleet}
+    starting = {s.node: s for s in rollout.starts}
+    node_states: dict[str, NodeState] = {}
+    per_compartment: dict[str, dict[str, int]] = {c.name: _zero() for c in rollout.compartments}
+    active: list[ActiveNode] = []
+    failed: list[FailedNode] = []
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    in_batch: dict[tuple[str, int], int] = {}  # nodes recorded in each batch: its real size
+    for node_name, compartment in rollout.assignment.items():
+        raw = by_name[node_name].states.get(gate.name)
+        state = _node_state(raw, rollout.waits.get(node_name), node_name in starting)
+        number = starting[node_name].batch if node_name in starting else (
+            raw.batch if isinstance(raw, NodeGateState) else 0)
+        if number:
+            in_batch[(compartment, number)] = in_batch.get((compartment, number), 0) + 1
+        node_states[node_name] = state
+        per_compartment[compartment][_bucket(state)] += 1
+        if state == "in-progress" and isinstance(raw, NodeGateState):
+            active.append(_active(node_name, compartment, raw, running.get((gate.name, node_name), ()), now))
+        elif state == "failed":
+            failed.append(_failed(node_name, compartment, raw))
+        elif state == "starting":
+            start = starting[node_name]
+            key = (compartment, "starting",
+                   f"picked for batch {start.batch} of {compartment}; the operator starts them now")
+            groups.setdefault(key, []).append(node_name)
+        elif state in ("waiting", "blocked"):
+            wait = rollout.waits.get(node_name)
+            if wait is not None:
+                groups.setdefault((compartment, wait.reason, wait.message), []).append(node_name)
+
+    compartments = []
+    for plan_c in rollout.compartments:
+        counts = per_compartment[plan_c.name]
+        # The plan's status, not the recorded one: it is the operator's next step, so batch, state
+        # and the wait reasons agree even while the operator is a step behind the nodes.
+        c = plan_c.status
+        if plan_c.name == DEFAULT_COMPARTMENT and policy is not None and sum(counts.values()) == 0:
+            continue  # a policy's catch-all with no nodes is noise
+        if counts["in_progress"] and in_batch.get((c.name, c.batch)):
+            # While a batch runs its size is the nodes in it (the planned size of a rollout restarted
+            # by a spec change can differ from the batch still finishing).
+            c = c.model_copy(update={"batch_size": in_batch[(c.name, c.batch)]})
+        compartments.append(_compartment(c, counts))
+    order = {c.name: i for i, c in enumerate(rollout.compartments)}
+    waits = sorted(
+        (WaitGroup(c, reason, message, tuple(sorted(nodes))) for (c, reason, message), nodes in groups.items()),
+        key=lambda w: (order.get(w.compartment, 0), WAIT_ORDER.index(w.reason) if w.reason in WAIT_ORDER else 99,
+                       w.message),
+    )
+    matched = len(node_states)
+    complete = sum(1 for s in node_states.values() if s == "complete")
+    return GateReport(
+        name=gate.name, summary=_summary(gate), matched=matched, complete=complete, generation=generation,
+        observed_generation=observed, policy=wanted, paused=gate.spec.paused, compartments=tuple(compartments),
+        active=tuple(sorted(active, key=lambda a: (order.get(a.compartment, 0), a.name))),
+        failed=tuple(sorted(failed, key=lambda f: (order.get(f.compartment, 0), f.name))),
+        waits=tuple(waits), notes=tuple(notes), node_states=node_states,
+    )
+
+
+def _zero() -> dict[str, int]:
+    return {"complete": 0, "in_progress": 0, "failed": 0, "waiting": 0}
+
+
+def _bucket(state: NodeState) -> str:
+    # A node picked for a batch counts as in progress from the pick on, as it does against the budget.
+    return {"complete": "complete", "in-progress": "in_progress", "starting": "in_progress",
+            "failed": "failed"}.get(state, "waiting")
+
+
+def _compartment(c: CompartmentStatus, counts: Mapping[str, int]) -> CompartmentReport:
+    return CompartmentReport(
+        name=c.name, matched=sum(counts.values()), complete=counts["complete"], in_progress=counts["in_progress"],
+        failed=counts["failed"], waiting=counts["waiting"], ceiling=c.ceiling, batch=c.batch,
+        batch_size=c.batch_size, consecutive_failures=c.consecutive_failures, state=c.state,
+    )
+
+
+def _node_state(raw: NodeGateState | StateParseError | None, wait: Wait | None, starting: bool) -> NodeState:
+    if isinstance(raw, StateParseError):
+        return "failed"
+    status = raw.status if raw is not None else "waiting"
+    if status in ("complete", "in-progress", "failed"):
+        return status
+    if starting:
+        return "starting"
+    if wait is not None:
+        return wait.status
+    return "waiting"
+
+
+def _active(name: str, compartment: str, state: NodeGateState, running: tuple[str, ...], now: datetime
+            ) -> ActiveNode:
+    since = parse_time(state.phase_since)
+    seconds = max(0.0, (now - since).total_seconds()) if since is not None else None
+    detail = ""
+    if state.phase == "drain" and state.drain_blocked_by:
+        detail = f"blocked by {state.drain_blocked_by}"
+    elif state.phase == "interrupt" and state.interrupt is not None and not running:
+        detail = state.interrupt.type
+        if state.interrupt.services:
+            detail += " " + ", ".join(state.interrupt.services)
+    return ActiveNode(name, compartment, state.batch, state.phase, seconds, running, detail)
+
+
+def _failed(name: str, compartment: str, raw: NodeGateState | StateParseError | None) -> FailedNode:
+    if isinstance(raw, StateParseError):
+        return FailedNode(name, compartment, None, "state", "StateCorrupt",
+                          f"{raw}; `nodegate node reset {name}` starts the node afresh", False)
+    failure = (raw.failure if raw is not None else None) or Failure(stage="unknown", reason="Failed")
+    cordoned = raw.cordoned if raw is not None else False
+    return FailedNode(name, compartment, failure.package, failure.stage, failure.reason,
+                      failure_message(failure.message), cordoned)
+
+
+def failure_message(message: str) -> str:
+    """A failure message for a person: the agent's JSON summary (a stage pod's termination message)
+    becomes "step X exited N: <its message>"; anything else is returned as it is."""
+    text = message.strip()
+    if not text.startswith("{"):
+        return text
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(summary, dict):
+        return text
+    parts = []
+    step, code = summary.get("failedStep"), summary.get("exitCode")
+    if step and code is not None:
+        parts.append(f"step {step} exited {code}")
+    elif step:
+        parts.append(f"step {step} failed")
+    elif code is not None:
+        parts.append(f"exited {code}")
+    detail = str(summary.get("message") or "").strip()
+    if detail:
+        parts.append(detail.splitlines()[-1] if len(detail) > 300 else detail)
+    return ": ".join(parts) or text
+
+
+def _summary(gate: NodeGate) -> str:
+    if gate.status is not None and gate.status.status:
+        return gate.status.status
+    return "Paused" if gate.spec.paused else "Unknown"
+
+
+def _unreadable(name: str, error: str) -> GateReport:
+    return GateReport(name=name, summary="Unknown", matched=0, complete=0, generation=0, observed_generation=None,
+                      policy=None, paused=False, compartments=(), active=(), failed=(), waits=(),
+                      notes=(f"the object does not parse: {error}",))
+
+
+def _without_plan(gate: NodeGate, fleet: Sequence[FleetNode], running: Mapping[tuple[str, str], tuple[str, ...]],
+                  now: datetime, notes: list[str]) -> GateReport:
+    """No policy, so no compartments: still show the nodes the gate already holds."""
+    active, failed = [], []
+    node_states: dict[str, NodeState] = {}
+    for node in fleet:
+        raw = node.states.get(gate.name)
+        if raw is None:
+            continue
+        state = _node_state(raw, None, False)
+        node_states[node.view.name] = state
+        compartment = (raw.compartment or "") if isinstance(raw, NodeGateState) else ""
+        if state == "in-progress" and isinstance(raw, NodeGateState):
+            active.append(_active(node.view.name, compartment, raw, running.get((gate.name, node.view.name), ()), now))
+        elif state == "failed":
+            failed.append(_failed(node.view.name, compartment, raw))
+    return GateReport(
+        name=gate.name, summary=_summary(gate), matched=len(node_states),
+        complete=sum(1 for s in node_states.values() if s == "complete"), generation=gate.metadata.generation or 0,
+        observed_generation=gate.status.observed_generation if gate.status else None,
+        policy=gate.spec.deployment_policy, paused=gate.spec.paused, compartments=(), active=tuple(active),
+        failed=tuple(failed), waits=(), notes=tuple(notes), node_states=node_states,
+    )
+
+
+def _running_jobs(jobs: Sequence[Obj]) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(gate, node) -> what its unfinished stage Jobs run, e.g. "chrony-conf apply", "interrupt reboot"."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for job in jobs:
+        meta = job.get("metadata", {})
+        ann = meta.get("annotations") or {}
+        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
+        if not gate or not node or meta.get("deletionTimestamp"):
+            continue
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
+            continue
+        labels = meta.get("labels") or {}
+        stage = labels.get(keys.JOB_STAGE_LABEL, "?")
+        package = labels.get(keys.JOB_PACKAGE_LABEL)
+        what = f"{package} {stage}" if package else labels.get(keys.INTERRUPT_LABEL) or stage
+        out.setdefault((gate, node), []).append(what)
+    return {k: tuple(sorted(set(v))) for k, v in out.items()}
+
+
+def progress_counts(report: GateReport) -> dict[str, int]:
+    """Gate-wide counts by what the progress bar shows."""
+    totals = _zero()
+    for c in report.compartments:
+        totals["complete"] += c.complete
+        totals["in_progress"] += c.in_progress
+        totals["failed"] += c.failed
+        totals["waiting"] += c.waiting
+    return totals
