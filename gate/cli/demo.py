@@ -1,19 +1,456 @@
-"""`nodegate demo`: a live rollout on a local control plane with simulated nodes."""
+"""`nodegate demo`: a live rollout on a local control plane with simulated nodes, start to end.
+
+The story, in six steps: start (or restart) the demo's own control plane with 60 simulated nodes in
+three compartments, the admission webhook and the operator; show a bad spec refused by the webhook;
+apply the demo's DeploymentPolicy and NodeGate (the example packages); follow the rollout live until
+a planted failure stops one compartment; fix it, rerun the package on that node and resume the
+compartment with the same `nodegate` commands a person would type; follow it to the end, summarise,
+and say how to explore further. Ctrl-C stops everything the demo started.
+
+The demo keeps its state in its own directory (`~/.cache/nodegate/demo`), so it never touches a
+cluster `nodegate dev up` started. `--quick` runs the same story on 12 nodes with short stages and
+stops the control plane at the end: the integration tests run it that way.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import shutil
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gate.devcluster.cluster import DevCluster, NodeSpec
+import yaml
+
+from gate.cli.errors import CliError
+
+MANIFESTS = Path(__file__).resolve().parent / "demo_manifests"
+GATE = "host-tuning"
+POLICY = "demo-fleet"
+DEMO_LABEL = "nodegate.dev/demo"
+POOL_LABEL = "nodegate.dev/pool"
+POOLS = ("canary", "pool-a", "pool-b")
+FAILING_POOL = "pool-b"
+FAILING_PACKAGE = "chrony-conf"
+FAILURE_STAGE_NAME = "demo-planted-failure"
+# What the agent would say on a node without chrony: its JSON summary, as a stage pod leaves it.
+FAILURE_SUMMARY = {"package": FAILING_PACKAGE, "version": "1.0.0", "stage": "apply", "ok": False,
+                   "failedStep": "enable-confdir", "exitCode": 1,
+                   "message": "/etc/chrony/chrony.conf not found: is chrony installed?", "durationSeconds": 0.04}
+# Fast operator settings for simulated nodes, whose stages take a second or less.
+OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--image-pull-grace", "10", "--pending-timeout", "60",
+                  "--reboot-timeout", "60", "--resync-seconds", "30"]
 
 
-def run_demo(*, quick: bool, nodes: int, state_dir: Path | None) -> int:
-    cluster = DevCluster(state_dir)
-    cluster.up(NodeSpec(nodes, {"demo": "true"}), progress=lambda m: print(m, file=sys.stderr, flush=True))
-    print(f"\nA real control plane with {nodes} simulated nodes is running.")
-    print(f"  export KUBECONFIG={cluster.kubeconfig}")
-    print("  kubectl get nodes")
-    print("The live rollout is not yet part of this build (the operator lands next); "
-          "stop the cluster with `nodegate dev down`.")
+class DemoError(RuntimeError):
+    """The demo could not tell its story (something did not happen in time); the message says what."""
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    nodes: int
+    job_seconds: float
+    quick: bool
+    keep: bool  # leave the control plane running at the end
+    state_dir: Path
+    phase_timeout: float  # longest wait for one phase of the rollout
+
+    @property
+    def pools(self) -> dict[str, int]:
+        return pool_sizes(self.nodes)
+
+
+def pool_sizes(nodes: int) -> dict[str, int]:
+    """How many nodes each compartment gets: a small canary, the rest split between the pools."""
+    if nodes < 6:
+        raise CliError("the demo needs at least 6 nodes (2 per compartment)")
+    canary = max(2, round(nodes / 15))
+    pool_a = (nodes - canary) // 2
+    return {"canary": canary, "pool-a": pool_a, "pool-b": nodes - canary - pool_a}
+
+
+def default_state_dir() -> Path:
+    from gate.devcluster.build import cache_root
+
+    return Path(os.environ.get("NODEGATE_DEMO_DIR", cache_root() / "demo"))
+
+
+def manifest(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((MANIFESTS / name).read_text())
+    return data
+
+
+def failing_node(names: list[str]) -> str:
+    """A pool-b node in the compartment's second batch: the first batch succeeds, the second fails.
+
+    Nodes are picked in the order of `gate.rollout.order_key`, and the linear strategy's first batch
+    has two nodes, so the third node in that order is in batch 2 whatever the pool's size."""
+    from gate.rollout import order_key
+
+    return sorted(names, key=order_key)[2]
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+class Narrator:
+    """Step headers, commands and remarks; rich in a terminal, plain text otherwise."""
+
+    def __init__(self, quick: bool) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False)
+        self.rich = sys.stdout.isatty()
+        self.quick = quick
+        self.step = 0
+        self.steps = 6
+
+    def header(self, text: str) -> None:
+        self.step += 1
+        if self.rich:
+            self.console.rule(f"[bold]Step {self.step}/{self.steps}  {text}", align="left")
+        else:
+            print(f"\n== Step {self.step}/{self.steps}: {text}", flush=True)
+
+    def say(self, text: str) -> None:
+        if self.rich:
+            self.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def command(self, text: str) -> None:
+        if self.rich:
+            self.console.print(f"[bold cyan]$ {text}[/]")
+        else:
+            print(f"$ {text}", flush=True)
+
+    def progress(self, text: str) -> None:
+        if self.rich:
+            self.console.print(f"[dim]  {text}[/]")
+        else:
+            print(f"  {text}", flush=True)
+
+    def pause(self, seconds: float) -> None:
+        """Time to read, in a terminal; none in quick mode or when nobody is watching."""
+        if self.rich and not self.quick:
+            time.sleep(seconds)
+
+
+# -- the story -----------------------------------------------------------------------------------
+
+
+def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, keep: bool = False,
+             down: bool = False) -> int:
+    from gate.devcluster.cluster import DevCluster
+
+    settings = DemoSettings(
+        nodes=nodes or (12 if quick else 60), job_seconds=0.3 if quick else 1.0, quick=quick,
+        keep=keep or not quick, state_dir=(state_dir or default_state_dir()).resolve(),
+        phase_timeout=240.0 if quick else 600.0,
+    )
+    cluster = DevCluster(settings.state_dir)
+    if down:
+        stopped = cluster.down(quiet=True)
+        print(f"Stopped the demo's {', '.join(stopped)}." if stopped else "The demo was not running.")
+        return 0
+    pool_sizes(settings.nodes)  # refuse a bad --nodes before starting anything
+    say = Narrator(quick)
+    started = time.monotonic()
+    try:
+        _story(cluster, settings, say)
+    except KeyboardInterrupt:
+        say.say("\nInterrupted: stopping the demo's control plane ...")
+        cluster.down(quiet=True)
+        return 130
+    except (DemoError, CliError) as exc:
+        say.say(f"\nThe demo failed: {exc}")
+        say.say(f"Process logs: {cluster.logs}")
+        cluster.down(quiet=True, keep_state=True)
+        return 1
+    except BaseException:
+        cluster.down(quiet=True, keep_state=True)
+        raise
+    say.say(f"\nThe demo took {time.monotonic() - started:.0f}s.")
+    if settings.keep:
+        _explore(cluster, say)
+    else:
+        cluster.down(quiet=True)
+        say.say("Stopped the demo's control plane (--quick).")
     return 0
+
+
+def _story(cluster: Any, settings: DemoSettings, say: Narrator) -> None:
+    from gate.devcluster import services
+    from gate.devcluster.cluster import NodeSpec
+
+    pools = settings.pools
+    say.header(f"A real control plane with {settings.nodes} simulated nodes")
+    if cluster.processes():
+        say.progress(f"Stopping the previous demo run ({settings.state_dir}) to start afresh ...")
+        cluster.down(quiet=True)
+    cluster.up(None, job_seconds=settings.job_seconds, progress=say.progress)
+    names: dict[str, list[str]] = {}
+    for pool, count in pools.items():
+        spec = NodeSpec(count, {DEMO_LABEL: "true", POOL_LABEL: pool}, prefix=f"{pool}-")
+        names[pool] = asyncio.run(cluster.add_nodes(spec))
+    say.progress("Nodes: " + ", ".join(f"{n} in {p}" for p, n in pools.items()) +
+                 f" (kwok plays their kubelet; a stage takes {settings.job_seconds:g}s)")
+    asyncio.run(services.install_crds(cluster))
+    services.start_webhook(cluster, say.progress)
+    services.start_operator(cluster, say.progress, extra=OPERATOR_FLAGS)
+    # Everything below talks to the demo cluster, as `export KUBECONFIG=...` would make it.
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+
+    say.header("Admission: a bad spec is refused with its reason")
+    asyncio.run(_apply(manifest("policy.yaml")))
+    say.command("kubectl apply -f bad-gate.yaml   # sysctl-tuning 1.0.0 with the image tag :2.0.0")
+    refusal = asyncio.run(_refused(manifest("bad-gate.yaml")))
+    say.say(f"[red]{_escape(refusal)}[/]" if say.rich else refusal)
+    say.pause(3)
+
+    bad_node = failing_node(names[FAILING_POOL])
+    say.header(f"Rolling out NodeGate {GATE} under DeploymentPolicy {POLICY}")
+    asyncio.run(_plant_failure(bad_node))
+    say.say(f"Planted failure: node {bad_node} has no chrony, so {FAILING_PACKAGE} fails there "
+            f"(a kwok Stage fails its pod with the agent's summary).")
+    asyncio.run(_apply(manifest("gate.yaml")))
+    say.command(f"kubectl apply -f {POLICY}.yaml -f {GATE}.yaml")
+    say.pause(2)
+    _follow(say, settings, f"{FAILING_POOL} stops at its failed batch; the other compartments carry on",
+            lambda r: _compartment_state(r, FAILING_POOL) == "stopped")
+    report = asyncio.run(_report())
+    failed = [f for f in report.failed if f.name == bad_node]
+    if not failed:
+        raise DemoError(f"{FAILING_POOL} stopped, but node {bad_node} is not among the failed nodes")
+    say.say(f"Node {bad_node} failed in {failed[0].where}: {failed[0].reason}: {failed[0].message}")
+    say.say(f"Its batch failed, and with failureThreshold 1 compartment {FAILING_POOL} stopped: it starts "
+            "nothing new until a person resumes it. The node stays cordoned.")
+    say.pause(4)
+
+    say.header(f"Fix the node, rerun {FAILING_PACKAGE} there, resume {FAILING_POOL}")
+    asyncio.run(_remove_failure())
+    say.say(f"(Installing chrony on {bad_node}: here, removing the planted failure.)")
+    for argv in (["package", "logs", bad_node, FAILING_PACKAGE],
+                 ["rerun", GATE, "--node", bad_node, "--package", FAILING_PACKAGE],
+                 ["resume", GATE, "--compartment", FAILING_POOL]):
+        _cli(argv, say)
+    say.pause(2)
+
+    say.header("Following the rollout to the end")
+    _follow(say, settings, "every node completes", lambda r: r.done and r.summary == "Ready")
+
+    say.header("Summary")
+    _summary(say, settings, asyncio.run(_report()), asyncio.run(_events()), bad_node)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _cli(argv: list[str], say: Narrator) -> None:
+    from gate.cli.main import main
+
+    say.command("nodegate " + " ".join(argv))
+    code = main(argv)
+    if code != 0:
+        raise DemoError(f"`nodegate {' '.join(argv)}` exited {code}")
+
+
+def _compartment_state(report: Any, name: str) -> str | None:
+    for c in report.compartments:
+        if c.name == name:
+            state: str = c.state
+            return state
+    return None
+
+
+# -- talking to the cluster ----------------------------------------------------------------------
+
+
+async def _client() -> Any:
+    from gate.kube.client import KubeClient
+
+    return await KubeClient.from_kubeconfig(os.environ["KUBECONFIG"], user_agent="nodegate-demo")
+
+
+async def _apply(obj: dict[str, Any]) -> None:
+    async with await _client() as kube:
+        await kube.apply(obj, field_manager="nodegate-demo")
+
+
+async def _refused(obj: dict[str, Any]) -> str:
+    from gate.kube.client import NODEGATES
+    from gate.kube.errors import ApiError
+
+    async with await _client() as kube:
+        try:
+            await kube.create(NODEGATES, obj, dry_run=True)
+        except ApiError as exc:
+            return f'Error from server: {exc.message}'
+    raise DemoError("the API server admitted a NodeGate whose image tag differs from its version: "
+                    "is the admission webhook registered?")
+
+
+async def _plant_failure(node: str) -> None:
+    from gate.devcluster.stages import failing_stage
+
+    stage = failing_stage(FAILURE_STAGE_NAME, nodes=[node], package=FAILING_PACKAGE, stage="apply",
+                          message=json.dumps(FAILURE_SUMMARY, separators=(",", ":")))
+    async with await _client() as kube:
+        await kube.apply(stage, field_manager="nodegate-demo")
+
+
+async def _remove_failure() -> None:
+    from gate.kube.client import KWOK_STAGES
+
+    async with await _client() as kube:
+        await kube.delete(KWOK_STAGES, FAILURE_STAGE_NAME)
+
+
+async def _report() -> Any:
+    from gate.cli.actions import fetch_snapshot, reports_of
+
+    async with await _client() as kube:
+        [report] = reports_of(await fetch_snapshot(kube, "nodegate-system", GATE), GATE)
+    return report
+
+
+async def _events() -> list[dict[str, Any]]:
+    from gate.kube.client import EVENTS
+
+    async with await _client() as kube:
+        items, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={GATE}")
+    return sorted(items, key=lambda e: e.get("eventTime") or "")
+
+
+def _follow(say: Narrator, settings: DemoSettings, until_text: str, until: Callable[[Any], bool]) -> None:
+    say.progress(f"Live status until {until_text} ...")
+    asyncio.run(_follow_async(say, settings, until))
+
+
+async def _follow_async(say: Narrator, settings: DemoSettings, until: Callable[[Any], bool]) -> None:
+    """Keep the gate's status on screen until `until(report)`: a live rich view in a terminal, a
+    one-line progress every two seconds otherwise (and the full status once at the end)."""
+    from gate.cli.actions import StatusFeed, reports_of
+    from gate.cli.render import render_rich, render_text
+
+    started = time.monotonic()
+    async with await _client() as kube:
+        feed = StatusFeed(kube, "nodegate-system")
+        await feed.start()
+        try:
+            reports = reports_of(feed.snapshot(), GATE)
+            if say.rich:
+                from rich.live import Live
+
+                with Live(render_rich(reports, limit=8), console=say.console, refresh_per_second=4,
+                          auto_refresh=False) as live:
+                    while not (reports and until(reports[0])):
+                        _check_time(started, settings)
+                        await feed.wait(0.5)
+                        reports = reports_of(feed.snapshot(), GATE)
+                        live.update(render_rich(reports, limit=8), refresh=True)
+            else:
+                last = ""
+                while True:
+                    line = _one_line(reports[0]) if reports else ""
+                    if line and line != last:
+                        print(f"  {time.monotonic() - started:5.0f}s  {line}", flush=True)
+                        last = line
+                    if reports and until(reports[0]):
+                        break
+                    _check_time(started, settings)
+                    await asyncio.sleep(2.0)
+                    reports = reports_of(feed.snapshot(), GATE)
+                sys.stdout.write(render_text(reports))
+        finally:
+            await feed.stop()
+
+
+def _check_time(started: float, settings: DemoSettings) -> None:
+    if time.monotonic() - started > settings.phase_timeout:
+        raise DemoError(f"the rollout did not get there within {settings.phase_timeout:.0f}s; "
+                        f"see `nodegate status {GATE}` and the operator's log")
+
+
+def _one_line(report: Any) -> str:
+    parts = []
+    for c in report.compartments:
+        extra = []
+        if c.in_progress:
+            extra.append(f"{c.in_progress} running")
+        if c.failed:
+            extra.append(f"{c.failed} failed")
+        if c.state in ("stopped", "complete"):
+            extra.append(c.state)
+        parts.append(f"{c.name} {c.complete}/{c.matched}" + (f" ({', '.join(extra)})" if extra else ""))
+    return "  |  ".join(parts)
+
+
+def _summary(say: Narrator, settings: DemoSettings, report: Any, events: list[dict[str, Any]], bad_node: str) -> None:
+    if not report.done:
+        raise DemoError(f"the rollout ended with {report.complete} of {report.matched} nodes complete")
+    say.say(f"NodeGate {GATE}: {report.summary}, {report.complete} of {report.matched} nodes complete.")
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.get("reason", "")] = counts.get(e.get("reason", ""), 0) + 1
+    batches = counts.get("BatchSucceeded", 0) + counts.get("BatchFailed", 0)
+    say.say(f"{batches} batches across {len(report.compartments)} compartments, "
+            f"{counts.get('BatchFailed', 0)} failed; every node was cordoned, drained, rebooted once for "
+            "two packages, checked after the reboot and uncordoned.")
+    say.say(f"The planted failure on {bad_node} stopped {FAILING_POOL} after one bad batch; a rerun and a "
+            "resume finished it.")
+    notable = [e for e in events if e.get("type") == "Warning" or e.get("reason") == "Resumed"]
+    if notable:
+        say.say("What the NodeGate's Events say about it:")
+        for e in notable[:8]:
+            say.say(f"  {e.get('type', ''):8} {e.get('reason', ''):20} {_readable(e.get('note', ''))}")
+
+
+def _readable(note: str) -> str:
+    """An Event's note on one line, with an agent's JSON summary in it shown as `failure_message` does."""
+    from gate.cli.report import failure_message
+
+    start = note.find("{")
+    if start >= 0:
+        note = note[:start] + failure_message(note[start:])
+    line = " ".join(note.split())
+    return line if len(line) <= 140 else line[:137] + "..."
+
+
+def _explore(cluster: Any, say: Narrator) -> None:
+    from gate.devcluster.build import binary_paths
+
+    kubectl = "kubectl"
+    if shutil.which("kubectl") is None:
+        kubectl = str(binary_paths(("kubernetes",))["kubectl"])
+    nodegate = nodegate_command()
+    say.say("\nThe control plane keeps running. Explore it:")
+    lines = [(f"export KUBECONFIG={cluster.kubeconfig}", ""),
+             (f"{kubectl} get ng", "NodeGates and their progress"),
+             (f"{kubectl} get nodes -L {POOL_LABEL} -L nodegate.io/status.{GATE}", ""),
+             (f"{nodegate} status", "the status you saw, once (-w: live)"),
+             (f"{nodegate} plan {GATE}", "every batch, per compartment"),
+             (f"{nodegate} node list --gate {GATE}", "every node, its phase and batch"),
+             (f"{kubectl} events --for nodegate/{GATE}", "what the operator said about it"),
+             (f"{nodegate} demo --down", "stop it")]
+    width = max(len(cmd) for cmd, _ in lines)
+    for cmd, comment in lines:
+        say.command(f"{cmd.ljust(width)}   # {comment}" if comment else cmd)
+
+
+def nodegate_command() -> str:
+    """How to run `nodegate` again from this shell: on PATH, as invoked (.venv/bin/nodegate), or the module."""
+    if shutil.which("nodegate"):
+        return "nodegate"
+    invoked = sys.argv[0]
+    if Path(invoked).name in ("nodegate", "kubectl-nodegate") and Path(invoked).exists():
+        return invoked if Path(invoked).name == "nodegate" else "kubectl nodegate"
+    return f"{Path(sys.executable).name} -m gate.cli.main"

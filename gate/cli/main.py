@@ -103,7 +103,8 @@ def cmd_version(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gate.cli.demo import run_demo
 
-    return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None)
+    return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None,
+                    keep=args.keep, down=args.down)
 
 
 def _err(message: str) -> None:
@@ -149,9 +150,15 @@ def parser() -> argparse.ArgumentParser:
     bd.set_defaults(func=cmd_dev_build)
 
     demo = sub.add_parser("demo", help="a live rollout on a local control plane with simulated nodes")
-    demo.add_argument("--quick", action="store_true", help="a short run to the end (used by the tests)")
-    demo.add_argument("--nodes", type=int, default=60, help="simulated nodes (default 60)")
-    demo.add_argument("--state-dir", help="where the demo cluster keeps its state")
+    demo.add_argument("--quick", action="store_true",
+                      help="the same story on 12 nodes with short stages; stops the control plane at the end "
+                      "(the tests run it)")
+    demo.add_argument("--nodes", type=int, help="simulated nodes, split into canary, pool-a, pool-b "
+                      "(default 60; 12 with --quick)")
+    demo.add_argument("--keep", action="store_true", help="with --quick: leave the control plane running")
+    demo.add_argument("--down", action="store_true", help="stop the demo's control plane and exit")
+    demo.add_argument("--state-dir", help="where the demo's control plane keeps its state "
+                      "(default ~/.cache/nodegate/demo; never the one of `nodegate dev`)")
     demo.set_defaults(func=cmd_demo)
 
     version = sub.add_parser("version", help="print the version")

@@ -120,15 +120,15 @@ def _more(total: int, shown: int, gate: str) -> str:
 # -- plain text ----------------------------------------------------------------------------------
 
 
-def render_text(reports: Sequence[GateReport], *, durations: bool = True) -> str:
+def render_text(reports: Sequence[GateReport], *, durations: bool = True, limit: int = LIST_LIMIT) -> str:
     """Plain text for pipes and logs. `durations=False` leaves out the clock-driven parts, so two
     renderings compare equal exactly when something changed (what `--watch` prints on)."""
     if not reports:
         return "No NodeGates.\n"
-    return "\n".join(_gate_text(r, durations) for r in reports)
+    return "\n".join(_gate_text(r, durations, limit) for r in reports)
 
 
-def _gate_text(r: GateReport, durations: bool) -> str:
+def _gate_text(r: GateReport, durations: bool, limit: int) -> str:
     lines = [headline(r)]
     lines += [f"  ! {note}" for note in r.notes]
     if r.compartments:
@@ -146,15 +146,15 @@ def _gate_text(r: GateReport, durations: bool) -> str:
         lines.append(f"  In progress ({len(r.active)}):")
         active = [(a.compartment, a.name, f"batch {a.batch}  {a.doing}" + (f"  for {duration(a.seconds)}"
                                                                            if durations else ""))
-                for a in r.active[:LIST_LIMIT]]
+                for a in r.active[:limit]]
         lines += _aligned(active)
-        if len(r.active) > LIST_LIMIT:
-            lines.append("    " + _more(len(r.active), LIST_LIMIT, r.name))
+        if len(r.active) > limit:
+            lines.append("    " + _more(len(r.active), limit, r.name))
     if r.failed:
         lines.append(f"  Failed ({len(r.failed)}):")
-        lines += _aligned([(f.compartment, f.name, _failure(f)) for f in r.failed[:LIST_LIMIT]])
-        if len(r.failed) > LIST_LIMIT:
-            lines.append("    " + _more(len(r.failed), LIST_LIMIT, r.name))
+        lines += _aligned([(f.compartment, f.name, _failure(f)) for f in r.failed[:limit]])
+        if len(r.failed) > limit:
+            lines.append("    " + _more(len(r.failed), limit, r.name))
     if r.waits:
         lines.append("  Waiting:")
         lines += _aligned([(w.compartment, _wait_nodes(w), f"{w.reason}: {w.message}") for w in r.waits])
@@ -180,13 +180,13 @@ def _failure(f: FailedNode) -> str:
 # -- rich ----------------------------------------------------------------------------------------
 
 
-def render_rich(reports: Sequence[GateReport]) -> RenderableType:
+def render_rich(reports: Sequence[GateReport], *, limit: int = LIST_LIMIT) -> RenderableType:
     if not reports:
         return Text("No NodeGates.")
-    return Group(*(_gate_rich(r) for r in reports))
+    return Group(*(_gate_rich(r, limit) for r in reports))
 
 
-def _gate_rich(r: GateReport) -> RenderableType:
+def _gate_rich(r: GateReport, limit: int) -> RenderableType:
     parts: list[RenderableType] = []
     for note in r.notes:
         parts.append(Text(f"! {note}", style="red" if note.startswith(("degraded", "DeploymentPolicy")) else "yellow"))
@@ -203,10 +203,10 @@ def _gate_rich(r: GateReport) -> RenderableType:
         parts.append(table)
     if r.active:
         parts.append(_section(f"In progress ({len(r.active)})", "yellow",
-                              [_active_row(a) for a in r.active[:LIST_LIMIT]], len(r.active), r.name))
+                              [_active_row(a) for a in r.active[:limit]], len(r.active), r.name))
     if r.failed:
         parts.append(_section(f"Failed ({len(r.failed)})", "red",
-                              [(f.compartment, f.name, _failure(f)) for f in r.failed[:LIST_LIMIT]],
+                              [(f.compartment, f.name, _failure(f)) for f in r.failed[:limit]],
                               len(r.failed), r.name))
     if r.waits:
         parts.append(_section("Waiting", "grey50",

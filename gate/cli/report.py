@@ -171,6 +171,7 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
     wanted = gate.spec.deployment_policy
     if wanted and wanted in policies:
         policy = DeploymentPolicy.model_validate(policies[wanted])
+    recorded = {c.name: c for c in gate.status.compartments} if gate.status is not None else {}
     generation = gate.metadata.generation or 0
     observed = gate.status.observed_generation if gate.status is not None else None
     if gate.metadata.deletion_timestamp:
@@ -231,9 +232,9 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
     compartments = []
     for plan_c in rollout.compartments:
         counts = per_compartment[plan_c.name]
-        # The plan's status, not the recorded one: it is the operator's next step, so batch, state
-        # and the wait reasons agree even while the operator is a step behind the nodes.
-        c = plan_c.status
+        # What the operator recorded is the truth a person acts on (a stop is only real once it is
+        # written); the plan's status stands in until the operator has written one.
+        c = recorded.get(plan_c.name) or plan_c.status
         if plan_c.name == DEFAULT_COMPARTMENT and policy is not None and sum(counts.values()) == 0:
             continue  # a policy's catch-all with no nodes is noise
         if counts["in_progress"] and in_batch.get((c.name, c.batch)):
