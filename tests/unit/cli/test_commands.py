@@ -1,0 +1,108 @@
+"""The command line itself: every command's flags, the kubectl plugin name, one-line errors without a cluster."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gate.cli.main import main, parser, prog_name
+
+CLUSTER_COMMANDS = {
+    "status": [], "plan": ["g"], "pause": ["g"], "resume": ["g"], "rerun": ["g", "--node", "n", "--package", "p"],
+    "node list": [], "node reset": ["n"], "node ignore": ["n"], "node unignore": ["n"], "package logs": ["n", "p"],
+}
+CHANGING = {"pause", "resume", "rerun", "node reset", "node ignore", "node unignore"}
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("command", sorted(CLUSTER_COMMANDS))
+def test_every_cluster_command_takes_a_kubeconfig_and_a_context(command: str) -> None:
+    args = _parse([*command.split(), *CLUSTER_COMMANDS[command], "--kubeconfig", "/k", "--context", "c"])
+    assert (args.kubeconfig, args.context, args.namespace) == ("/k", "c", "nodegate-system")
+
+
+@pytest.mark.parametrize("command", sorted(CHANGING))
+def test_every_command_that_changes_something_has_dry_run(command: str) -> None:
+    assert _parse([*command.split(), *CLUSTER_COMMANDS[command], "--dry-run"]).dry_run is True
+    assert _parse([*command.split(), *CLUSTER_COMMANDS[command]]).dry_run is False
+
+
+def test_resume_takes_compartments_and_rerun_only_stages_it_can_rerun() -> None:
+    assert _parse(["resume", "g", "-c", "a", "--compartment", "b,c"]).compartment == ["a", "b,c"]
+    assert _parse(["rerun", "g", "--node", "n", "--package", "p"]).stage == "apply"
+    with pytest.raises(SystemExit):
+        _parse(["rerun", "g", "--node", "n", "--package", "p", "--stage", "interrupt"])
+
+
+def test_package_logs_joins_the_authors_package_tools() -> None:
+    choices = _parse(["package", "logs", "n", "p", "-f", "--stage", "config"])
+    assert (choices.node, choices.package, choices.follow, choices.stage) == ("n", "p", True, "config")
+    assert _parse(["package", "lint", "dir"]).directories == ["dir"]
+
+
+def test_as_a_kubectl_plugin_the_usage_says_kubectl_nodegate() -> None:
+    assert prog_name("/usr/local/bin/kubectl-nodegate") == "kubectl nodegate"
+    assert prog_name(".venv/bin/nodegate") == "nodegate"
+
+
+def test_help_lists_the_everyday_commands_first(capsys: pytest.CaptureFixture[str]) -> None:
+    parser().print_help()
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("    ")
+              and not line.startswith("     ")]
+    assert listed[:6] == ["status", "plan", "pause", "resume", "rerun", "node"]
+
+
+def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_no_kubeconfig_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["status"]) == 2
+    assert _error_line(capsys).startswith("error: no kubeconfig: set KUBECONFIG or pass --kubeconfig")
+    assert main(["pause", "g", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert _error_line(capsys) == f"error: the kubeconfig {tmp_path / 'missing'} does not exist"
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    from gate.devcluster.cluster import free_port
+
+    server = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+              "users": [{"name": "u", "user": {"token": "t"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    for argv in (["status"], ["node", "ignore", "n"], ["plan", "g"]):
+        assert main([*argv, "--kubeconfig", str(path)]) == 2
+        line = _error_line(capsys)
+        assert line.startswith(f"error: cannot reach the Kubernetes API server at {server}"), line
+        assert line.endswith("is the cluster running and KUBECONFIG right?")
+
+
+def test_a_bad_context_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [],
+                                    "contexts": [], "current-context": ""}))
+    assert main(["status", "--kubeconfig", str(path), "--context", "nope"]) == 2
+    assert _error_line(capsys).startswith(f"error: cannot use the kubeconfig {path}:")
+
+
+def test_watch_and_an_output_format_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--watch", "-o", "json"]) == 2
+    assert _error_line(capsys) == "error: --watch shows the live status as text; leave out -o"
