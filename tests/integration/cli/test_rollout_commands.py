@@ -1,0 +1,166 @@
+"""`nodegate` commands on a real rollout: what status says, and what pause, resume, rerun, reset and
+ignore change (each through the request the operator consumes, each with a dry run that changes nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+from gate.api import keys
+from gate.devcluster.stages import failing_stage
+from gate.kube.client import KWOK_STAGES, PDBS, PODS, POLICIES
+from gate.rollout import order_key
+from tests.integration.cli.conftest import Cli
+from tests.integration.operator.conftest import Scenario, wait_for
+
+PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
+SUMMARY = {"package": "tool", "version": "1.0.0", "stage": "apply", "ok": False, "failedStep": "install",
+           "exitCode": 3, "message": "/etc/tool.conf: read-only file system"}
+
+
+async def _compartment_state(sc: Scenario, name: str) -> str | None:
+    for c in ((await sc.gate()).get("status") or {}).get("compartments") or []:
+        if c["name"] == name:
+            return str(c.get("state"))
+    return None
+
+
+async def test_a_failed_batch_is_explained_by_status_and_logs_and_cleared_by_rerun_and_resume(
+        scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    policy = f"{g}-policy"
+    await scenario.add_nodes(1, {"tier": "canary"})
+    main_nodes = await scenario.add_nodes(4, {"tier": "main"}, start=10)
+    first_batch = sorted(main_nodes, key=order_key)[:2]
+    bad, good = first_batch
+    await scenario.kube.apply({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy", "metadata": {"name": policy},
+        "spec": {"compartments": [
+            {"name": "canary", "selector": {"matchLabels": {"tier": "canary"}}, "budget": {"count": 1}},
+            {"name": "main", "selector": {"matchLabels": {"tier": "main"}}, "budget": {"count": 2},
+             "strategy": {"fixed": {"initialBatch": 2, "failureThreshold": 1}}},
+        ]}}, field_manager="test", force=True)
+    try:
+        await scenario.inject(failing_stage("fail", nodes=[bad], package="tool", stage="apply",
+                                            message=json.dumps(SUMMARY)))
+        await scenario.apply_gate({"tool": PKG}, deploymentPolicy=policy)
+        await wait_for(lambda: _stopped(scenario), timeout=60, what="compartment main stopped")
+
+        text = (await cli.ok("status", g)).out
+        row = next(line for line in text.splitlines() if line.startswith("  main "))
+        assert row.split()[-1] == "stopped" and " 1/4 " in row
+        assert (f"  main  {bad}  tool apply: StageFailed: step install exited 3: /etc/tool.conf: read-only file "
+                "system") in text
+        assert f"stopped: compartment main stopped after 1 failed batches in a row; run `nodegate resume {g}`" in text
+        data = json.loads((await cli.ok("status", g, "-o", "json")).out)
+        assert [(c["name"], c["state"]) for c in data["compartments"]] == [("canary", "complete"), ("main", "stopped")]
+        assert data["failed"][0]["node"] == bad and data["failed"][0]["cordoned"] is False
+
+        logs = (await cli.ok("package", "logs", bad, "tool")).out
+        assert f"NodeGate {g}, node {bad}, package tool, stage apply: failed" in logs
+        assert "The agent's summary: step install exited 3: /etc/tool.conf: read-only file system" in logs
+        assert f"/var/log/nodegate/{g}/tool/1.0.0/" in logs
+        none = (await cli.ok("package", "logs", good, "tool")).out
+        assert none.startswith(f"No stage Job of tool is left on node {good}: the operator deletes the Job of every "
+                               "stage that succeeded")
+
+        dry = await cli.ok("resume", g, "--compartment", "main", "--dry-run")
+        assert dry.out.rstrip().endswith("(server dry run: nothing was changed)")
+        dry = await cli.ok("rerun", g, "--node", bad, "--package", "tool", "--dry-run")
+        assert "(server dry run: nothing was changed)" in dry.out
+        assert keys.RESUME_ANNOTATION not in (await scenario.gate())["metadata"].get("annotations", {})
+        assert keys.rerun_annotation(g) not in (await scenario.node(bad))["metadata"].get("annotations", {})
+        assert await _compartment_state(scenario, "main") == "stopped"
+
+        for stage in scenario.stages:  # the node is fixed
+            await scenario.kube.delete(KWOK_STAGES, stage)
+        rerun = await cli.ok("rerun", g, "--node", bad, "--package", "tool")
+        assert f"requested a rerun of tool apply for NodeGate {g}" in rerun.out
+        resumed = await cli.ok("resume", g, "-c", "main")
+        assert "asked the operator to resume stopped compartment main" in resumed.out
+        await scenario.wait_ready()
+        text = (await cli.ok("status", g)).out
+        assert text.startswith(f"NodeGate {g}  Ready  5/5 complete  policy {policy}")
+        plan = json.loads((await cli.ok("plan", g, "-o", "json")).out)
+        done = sorted(n for c in plan["compartments"] for b in c["batches"] if b["phase"] == "done" for n in b["nodes"])
+        assert done == sorted(scenario.nodes)
+    finally:
+        await scenario.cleanup()
+        await scenario.kube.delete(POLICIES, policy)
+
+
+async def _stopped(sc: Scenario) -> bool:
+    return await _compartment_state(sc, "main") == "stopped"
+
+
+async def test_pause_and_resume_flip_spec_paused_and_a_live_watch_follows_the_rollout(
+        scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    await scenario.add_nodes(3)
+    await scenario.apply_gate({"tool": PKG}, paused=True, interruptionBudget={"count": 1})
+    await scenario.wait_condition("Paused")
+
+    status = (await cli.ok("status", g)).out
+    assert "paused: gate " + g + " is paused" in status
+    plan = (await cli.ok("plan", g)).out
+    assert [line.split()[2] for line in plan.splitlines() if line.startswith("    batch")] == ["planned"] * 3
+    assert (await cli.ok("pause", g)).out == f"NodeGate {g} is already paused; nothing changed.\n"
+    await cli.ok("resume", g, "--dry-run")
+    assert (await scenario.gate())["spec"]["paused"] is True
+
+    # A watch through a pipe (no terminal): a new plain rendering whenever the rollout moves.
+    env = {**os.environ, "KUBECONFIG": str(scenario.cluster.kubeconfig)}
+    watch = await asyncio.create_subprocess_exec(sys.executable, "-m", "gate.cli.main", "status", g, "--watch",
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                 env=env)
+    try:
+        assert watch.stdout is not None
+        before = await _read_until(watch.stdout, f"NodeGate {g}  Paused")
+        assert before.startswith("--- ")
+        assert (await cli.ok("resume", g)).out == f"NodeGate {g}: set spec.paused=false.\n"
+        # The rollout moving made the watch render again: the Ready picture is a new rendering.
+        after = await _read_until(watch.stdout, f"NodeGate {g}  Ready  3/3 complete")
+        assert after.count("\n--- ") + after.startswith("--- ") >= 1
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(watch.communicate(), timeout=30)
+    assert b"Traceback" not in err
+    assert (await cli.ok("pause", g)).out.startswith(f"NodeGate {g}: set spec.paused=true.")
+    assert (await scenario.gate())["spec"]["paused"] is True
+
+
+async def _read_until(stream: asyncio.StreamReader, text: str) -> str:
+    """Output of `status --watch` up to and including the line that contains `text`."""
+    seen: list[str] = []
+    while True:
+        line = (await asyncio.wait_for(stream.readline(), timeout=90)).decode()
+        assert line, "the watch ended: " + "".join(seen)
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+
+
+async def test_status_names_the_disruption_budget_that_made_a_drain_time_out(scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    [node] = await scenario.add_nodes(1)
+    app = f"{g}-db"
+    await scenario.kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{app}-0", "namespace": "default",
+                                                        "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}],
+                 "terminationGracePeriodSeconds": 0}})
+    await scenario.kube.create(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                      "metadata": {"name": app, "namespace": "default"},
+                                      "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}}})
+    try:
+        await scenario.apply_gate({"tool": {**PKG, "interrupt": {"type": "reboot"}}}, drain={"timeout": "3s"})
+        await scenario.wait_node(node, "failed", timeout=90)
+        [line] = [x for x in (await cli.ok("status", g)).lines if f"  {node}  " in x]
+        assert f"drain: DrainTimeout: drain did not finish within 3s; blocked by pod default/{app}-0: " in line
+        assert "disruption budget" in line and line.endswith("(still cordoned by NodeGate)")
+    finally:
+        await scenario.kube.delete(PDBS, app, "default")
+        await scenario.kube.delete(PODS, f"{app}-0", "default", body={"gracePeriodSeconds": 0})
