@@ -1,0 +1,86 @@
+"""`nodegate demo --quick`: the README's first command, run to the end on its own control plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gate.devcluster.cluster import DevCluster
+from tests.conftest import kubectl_path
+
+NODEGATE = [sys.executable, "-m", "gate.cli.main"]
+
+
+def _kubectl(kubeconfig: Path, *args: str) -> str:
+    return subprocess.run([kubectl_path(), "--kubeconfig", str(kubeconfig), *args], check=True,
+                          capture_output=True, text=True, timeout=60).stdout
+
+
+def test_the_quick_demo_tells_the_whole_story_and_leaves_a_cluster_to_explore(tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    run = subprocess.run([*NODEGATE, "demo", "--quick", "--keep", "--state-dir", str(state)],
+                         capture_output=True, text=True, timeout=600)
+    out = run.stdout
+    try:
+        assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
+        assert [line for line in out.splitlines() if line.startswith("== Step")] == [
+            "== Step 1/6: A real control plane with 12 simulated nodes",
+            "== Step 2/6: Admission: a bad spec is refused with its reason",
+            "== Step 3/6: Rolling out NodeGate host-tuning under DeploymentPolicy demo-fleet",
+            "== Step 4/6: Fix the node, rerun chrony-conf there, resume pool-b",
+            "== Step 5/6: Following the rollout to the end",
+            "== Step 6/6: Summary",
+        ]
+        assert ('denied the request: spec.packages[sysctl-tuning].image: tag "2.0.0" differs from version "1.0.0"'
+                in out)
+        assert "failed in chrony-conf apply: StageFailed: step enable-confdir exited 1: /etc/chrony/chrony.conf " \
+               "not found: is chrony installed?" in out
+        assert "$ nodegate rerun host-tuning --node pool-b-" in out
+        assert "$ nodegate resume host-tuning --compartment pool-b" in out
+        assert "NodeGate host-tuning: Ready, 12 of 12 nodes complete." in out
+        assert f"export KUBECONFIG={state.resolve()}/kubeconfig" in out
+
+        kubeconfig = state / "kubeconfig"
+        gate = json.loads(_kubectl(kubeconfig, "get", "ng", "host-tuning", "-o", "json"))
+        assert (gate["status"]["status"], gate["status"]["progress"]) == ("Ready", "12/12")
+        events = _kubectl(kubeconfig, "events", "--for", "nodegate/host-tuning")
+        for reason in ("BatchFailed", "CompartmentStopped", "Resumed"):
+            assert reason in events
+        nodes = json.loads(_kubectl(kubeconfig, "get", "nodes", "-l", "nodegate.dev/demo=true", "-o", "json"))
+        assert len(nodes["items"]) == 12
+        assert not [n for n in nodes["items"] if n["spec"].get("unschedulable")]
+    finally:
+        down = subprocess.run([*NODEGATE, "demo", "--down", "--state-dir", str(state)],
+                              capture_output=True, text=True, timeout=120)
+    assert down.stdout.startswith("Stopped the demo's ")
+    assert not DevCluster(state).processes()
+
+
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    demo = subprocess.Popen([*NODEGATE, "demo", "--quick", "--state-dir", str(state)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            seen.append(line)
+            if line.startswith("== Step 3/6"):
+                break
+        started = DevCluster(state).processes()
+        assert {"etcd", "kube-apiserver", "kwok", "webhook", "operator"} <= set(started), "".join(seen)
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            DevCluster(state).down(quiet=True)
+    assert demo.returncode == 130, "".join(seen) + rest
+    assert "Interrupted: stopping the demo's control plane" in rest
+    assert "Traceback" not in rest
+    assert not [p for p in started.values() if p.alive()]
+    assert not os.path.exists(state / "processes.json")
