@@ -12,7 +12,8 @@ from gate import __version__
 from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
-HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "demo", "dev", "package", "crds", "version")
+HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "demo", "dev", "package", "crds", "api-docs",
+              "version")
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
@@ -41,6 +42,21 @@ def cmd_crds(args: argparse.Namespace) -> int:
         return 0
     for path in write_crds(out):
         print(path)
+    return 0
+
+
+def cmd_api_docs(args: argparse.Namespace) -> int:
+    from gate.cli.apidoc import render_api_doc
+
+    text = render_api_doc()
+    out = Path(args.output)
+    if args.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"{out} is stale; run `nodegate api-docs --output {out}`", file=sys.stderr)
+            return 1
+        return 0
+    out.write_text(text)
+    print(out)
     return 0
 
 
@@ -125,6 +141,11 @@ def parser() -> argparse.ArgumentParser:
     crds.add_argument("--output", "-o", default="crds", help="directory to write into (default: crds)")
     crds.add_argument("--check", action="store_true", help="exit 1 when the files there are stale")
     crds.set_defaults(func=cmd_crds)
+
+    api_docs = sub.add_parser("api-docs", help="generate docs/api.md from the API models")
+    api_docs.add_argument("--output", "-o", default="docs/api.md", help="file to write (default: docs/api.md)")
+    api_docs.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
+    api_docs.set_defaults(func=cmd_api_docs)
 
     dev = sub.add_parser("dev", help="a local real control plane with simulated nodes")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
