@@ -21,7 +21,7 @@ import yaml
 
 from gate.api import keys
 from gate.cli.errors import CliError
-from gate.cli.kubectx import api_errors, connect
+from gate.cli.kubectx import api_errors, connect, missing_api
 from gate.cli.render import plan_data, plan_text, render_rich, render_text, report_data
 from gate.cli.report import GateReport, Snapshot, build_reports
 from gate.kube.client import JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
@@ -87,14 +87,18 @@ async def fetch_snapshot(client: KubeClient, namespace: str, gate: str | None = 
 async def get_gate(client: KubeClient, name: str) -> Obj:
     try:
         return await client.get(NODEGATES, name)
-    except NotFound:
+    except NotFound as exc:
+        if missing_api(exc):
+            raise
         raise CliError(f"no NodeGate named {name} (`kubectl get ng` lists them)") from None
 
 
 async def get_node(client: KubeClient, name: str) -> Obj:
     try:
         return await client.get(NODES, name)
-    except NotFound:
+    except NotFound as exc:
+        if missing_api(exc):
+            raise
         raise CliError(f"no node named {name}") from None
 
 

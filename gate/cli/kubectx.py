@@ -78,7 +78,7 @@ def explain(exc: ApiError | ConnectionFailed, server: str = "") -> str:
         return "the API server refused the credentials of the kubeconfig (401 Unauthorized)"
     if isinstance(exc, Forbidden):
         return f"no permission: {exc.message}"
-    if isinstance(exc, NotFound) and _missing_kind(exc):
+    if isinstance(exc, NotFound) and missing_api(exc):
         return "the NodeGate CRDs are not installed in this cluster (see docs/install.md)"
     if isinstance(exc, NotFound):
         return exc.message
@@ -92,7 +92,8 @@ def _cause(exc: ConnectionFailed) -> str:
     return rest or text
 
 
-def _missing_kind(exc: NotFound) -> bool:
-    """A 404 for the resource type itself (no such API), not for one object."""
+def missing_api(exc: NotFound) -> bool:
+    """A 404 for the resource type itself (the API is not served: CRDs not installed), not for one
+    object: a missing object's Status names it in `details`, a missing API answers "404 page not found"."""
     details: dict[str, Any] = exc.details
-    return not details.get("name") and "could not find the requested resource" in exc.message
+    return not details.get("name")

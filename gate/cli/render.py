@@ -21,7 +21,7 @@ from gate.rollout import Simulation
 BAR_WIDTH = 30
 PLAIN_MARKS = ("#", ">", "!", ".")  # complete, in progress, failed, waiting
 RICH_STYLES = ("green", "yellow", "red", "grey50")
-RICH_MARKS = ("█", "█", "█", "░")
+RICH_MARKS = ("█", "▓", "╳", "░")  # distinct without colour too
 LIST_LIMIT = 15  # nodes listed per section before "... and N more"
 SUMMARY_STYLE = {"Ready": "bold green", "Progressing": "bold yellow", "Degraded": "bold red", "Paused": "bold blue"}
 STATE_STYLE = {"complete": "green", "rolling": "yellow", "stopped": "bold red", "waiting": "default",

@@ -106,3 +106,24 @@ def test_a_bad_context_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path:
 def test_watch_and_an_output_format_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--watch", "-o", "json"]) == 2
     assert _error_line(capsys) == "error: --watch shows the live status as text; leave out -o"
+
+
+def test_api_failures_read_as_one_line_a_person_can_act_on() -> None:
+    from gate.cli.kubectx import explain
+    from gate.kube.errors import ConnectionFailed, api_error
+
+    def status(code: int, message: str, **details: str) -> str:
+        return explain(api_error(code, {"message": message, "details": details}))
+
+    assert status(404, "404 page not found") == (
+        "the NodeGate CRDs are not installed in this cluster (see docs/install.md)")
+    assert status(404, 'nodegates.nodegate.io "x" not found', name="x", kind="nodegates") == (
+        'nodegates.nodegate.io "x" not found')
+    assert status(403, 'nodes "n" is forbidden: User "bob" cannot patch resource "nodes"') == (
+        'no permission: nodes "n" is forbidden: User "bob" cannot patch resource "nodes"')
+    assert status(401, "Unauthorized") == (
+        "the API server refused the credentials of the kubeconfig (401 Unauthorized)")
+    assert status(422, "spec.priority: Invalid value") == "the API server refused: spec.priority: Invalid value"
+    unreachable = explain(ConnectionFailed("GET /api/v1/nodes: ClientConnectorError: Cannot connect"), "https://x")
+    assert unreachable == ("cannot reach the Kubernetes API server at https://x (ClientConnectorError: Cannot "
+                           "connect); is the cluster running and KUBECONFIG right?")
