@@ -17,7 +17,8 @@ HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "demo", "dev
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
-COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet")
+COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet",
+                                  "gate.cli.manifests")
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:

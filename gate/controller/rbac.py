@@ -1,64 +1,215 @@
-"""The operator's least-privilege RBAC, as data: used by the dev cluster and checked against the chart.
+"""NodeGate's least-privilege RBAC, as data: the one source of the chart's Roles and of the dev cluster's.
 
-Every rule says why it exists. No wildcard verbs or resources.
+`nodegate manifests` writes these rules, with their reasons as comments, into the Helm chart
+(`charts/nodegate/templates/_rules.tpl`); a test renders the chart and compares its RBAC with the
+objects built here; the dev cluster installs the objects built here and runs the operator and the
+webhook as their ServiceAccounts. Another test removes each verb of each rule in turn and shows that
+the API call it exists for is then refused (tests/chart/test_rbac_necessity.py).
+
+No wildcard verbs or resources. Every rule says why it exists.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from gate.api import keys
+from gate.controller.events import CLUSTER_EVENTS_NAMESPACE
 
 Obj = dict[str, Any]
 
 OPERATOR_SERVICE_ACCOUNT = "nodegate-operator"
 PACKAGE_SERVICE_ACCOUNT = "nodegate-package"
+WEBHOOK_SERVICE_ACCOUNT = "nodegate-webhook"
+PRE_DELETE_SERVICE_ACCOUNT = "nodegate-pre-delete"
 
-# (apiGroups, resources, verbs, why)
-CLUSTER_RULES: list[tuple[list[str], list[str], list[str], str]] = [
-    ([keys.GROUP], ["nodegates"], ["get", "list", "watch", "patch", "update"],
-     "read gates; add and remove the cleanup finalizer"),
-    ([keys.GROUP], ["nodegates/status"], ["get", "patch", "update"], "write conditions, counts and compartments"),
-    ([keys.GROUP], ["deploymentpolicies"], ["get", "list", "watch"], "read compartments, budgets and windows"),
-    ([""], ["nodes"], ["get", "list", "watch", "patch", "update"],
-     "per-node state annotation, status label, cordon and the readiness taint"),
-    ([""], ["pods"], ["get", "list", "watch"], "find pods to wait for and to drain on a node"),
-    ([""], ["pods/eviction"], ["create"], "drain with the Eviction API so PodDisruptionBudgets are respected"),
-    (["events.k8s.io"], ["events"], ["create", "patch"], "Events on NodeGates and Nodes (namespace default)"),
+# Placeholders in resourceNames, filled per install (Python: arguments; the chart: template expressions).
+CONFIGURATION = "{configuration}"
+"""the name of both webhook configurations"""
+SECRET = "{secret}"
+"""the name of the webhook's self-managed certificate Secret"""
+
+
+class Rule(NamedTuple):
+    """One PolicyRule and why NodeGate needs it. Index-compatible with the (apiGroups, resources,
+    verbs, why) tuples of earlier versions."""
+
+    api_groups: list[str]
+    resources: list[str]
+    verbs: list[str]
+    why: str
+    resource_names: list[str] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+
+    def wire(self, names: dict[str, str] | None = None) -> Obj:
+        rule: Obj = {"apiGroups": list(self.api_groups), "resources": list(self.resources),
+                     "verbs": list(self.verbs)}
+        if self.resource_names:
+            rule["resourceNames"] = [(names or {}).get(n, n) for n in self.resource_names]
+        return rule
+
+
+# -- the operator -----------------------------------------------------------------------------------
+
+# ClusterRole: cluster-scoped kinds, and pods in every namespace (drains).
+CLUSTER_RULES: list[Rule] = [
+    Rule([keys.GROUP], ["nodegates"], ["list", "watch"], "the operator's cache of NodeGates"),
+    Rule([keys.GROUP], ["nodegates"], ["patch"],
+         "add and remove the cleanup finalizer; clear the resume annotation once consumed"),
+    Rule([keys.GROUP], ["nodegates/status"], ["patch"], "write conditions, node counts and compartments"),
+    Rule([keys.GROUP], ["deploymentpolicies"], ["list", "watch"],
+         "the operator's cache of compartments, budgets and windows"),
+    Rule([""], ["nodes"], ["list", "watch"], "the operator's cache of the fleet"),
+    Rule([""], ["nodes"], ["patch"],
+         "one write per step: state annotation, status label, cordon and the readiness taint"),
+    Rule([""], ["pods"], ["list"],
+         "pods on a node (every namespace) to wait for and to drain; also the first list of the stage pod cache"),
+    Rule([""], ["pods/eviction"], ["create"], "drain with the Eviction API so PodDisruptionBudgets are respected"),
 ]
 
-NAMESPACE_RULES: list[tuple[list[str], list[str], list[str], str]] = [
-    (["batch"], ["jobs"], ["get", "list", "watch", "create", "delete"], "stage Jobs pinned to nodes"),
-    ([""], ["pods"], ["get", "list", "watch"], "stage pods: image pull errors, termination messages"),
-    ([""], ["configmaps"], ["get", "list", "watch", "create", "delete"], "package config mounted into stages"),
-    (["coordination.k8s.io"], ["leases"], ["get", "create", "update"], "leader election"),
-    ([""], ["events"], ["create", "patch"], "Events in the operator's namespace"),
+# Role in the operator's namespace: stage Jobs, their pods and config, the leader Lease.
+NAMESPACE_RULES: list[Rule] = [
+    Rule(["batch"], ["jobs"], ["list", "watch"], "the operator's cache of its stage Jobs"),
+    Rule(["batch"], ["jobs"], ["create", "delete"], "start a stage on a node (a Job pinned to it); clean up"),
+    Rule([""], ["pods"], ["watch"],
+         "the cache of stage pods: image pull errors, termination messages (list: the cluster rule)"),
+    Rule([""], ["configmaps"], ["create"],
+         "package config mounted into stages (immutable, named by content; garbage-collected with the gate)"),
+    Rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"],
+         "leader election: read, create and renew (compare-and-swap) the Lease"),
 ]
 
+# Role in the namespace where Kubernetes keeps Events of cluster-scoped objects (kubectl describe
+# node/nodegate reads them there): the operator reports on Nodes and NodeGates only.
+EVENTS_NAMESPACE = CLUSTER_EVENTS_NAMESPACE
+EVENTS_RULES: list[Rule] = [
+    Rule(["events.k8s.io"], ["events"], ["create"], "Events on NodeGates and Nodes"),
+]
 
-def _rules(rules: list[tuple[list[str], list[str], list[str], str]]) -> list[Obj]:
-    return [{"apiGroups": g, "resources": r, "verbs": v} for g, r, v, _ in rules]
+# -- the admission webhook --------------------------------------------------------------------------
+
+WEBHOOK_CLUSTER_RULES: list[Rule] = [
+    Rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"],
+         "RBAC-scoped package use and the taint bypass: ask the API server about the requesting user"),
+    Rule([keys.GROUP], ["nodegates"], ["list", "watch"],
+         "the NodeGate cache (readinessTaint gates); gates referencing a policy being deleted"),
+    Rule([keys.GROUP], ["deploymentpolicies"], ["list", "watch"], "the DeploymentPolicy cache"),
+    Rule([keys.GROUP], ["deploymentpolicies"], ["get"], "a policy created a moment ago, not yet in the cache"),
+    Rule([""], ["nodes"], ["list"], "nodes where a package being removed is still installed"),
+]
+
+# Self-managed certificates only (cert-manager mode needs none of these).
+WEBHOOK_SELF_MANAGED_CLUSTER_RULES: list[Rule] = [
+    Rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+         ["get", "update"], "keep the caBundle of NodeGate's own two configurations current",
+         [CONFIGURATION]),
+]
+WEBHOOK_SELF_MANAGED_NAMESPACE_RULES: list[Rule] = [
+    Rule([""], ["secrets"], ["create"],
+         "create the certificate Secret on first start (RBAC cannot name an object not yet created)"),
+    Rule([""], ["secrets"], ["get", "update"],
+         "read the certificate Secret and rotate it in place (compare-and-swap between replicas)", [SECRET]),
+]
+
+# -- the chart's pre-delete hook ---------------------------------------------------------------------
+
+PRE_DELETE_RULES: list[Rule] = [
+    Rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+         ["delete"], "remove both webhook configurations first, so no webhook without a server refuses writes",
+         [CONFIGURATION]),
+]
+
+RuleSet = Literal["operator-cluster", "operator-namespace", "operator-events", "webhook-cluster",
+                  "webhook-self-managed-cluster", "webhook-self-managed-namespace", "pre-delete"]
+
+RULE_SETS: dict[RuleSet, list[Rule]] = {
+    "operator-cluster": CLUSTER_RULES,
+    "operator-namespace": NAMESPACE_RULES,
+    "operator-events": EVENTS_RULES,
+    "webhook-cluster": WEBHOOK_CLUSTER_RULES,
+    "webhook-self-managed-cluster": WEBHOOK_SELF_MANAGED_CLUSTER_RULES,
+    "webhook-self-managed-namespace": WEBHOOK_SELF_MANAGED_NAMESPACE_RULES,
+    "pre-delete": PRE_DELETE_RULES,
+}
 
 
-def operator_rbac(namespace: str) -> list[Obj]:
-    sa = {"kind": "ServiceAccount", "name": OPERATOR_SERVICE_ACCOUNT, "namespace": namespace}
-    labels = {"app.kubernetes.io/name": "nodegate", "app.kubernetes.io/component": "operator"}
+def _rules(rules: list[Rule], names: dict[str, str] | None = None) -> list[Obj]:
+    return [r.wire(names) for r in rules]
+
+
+def _labels(component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "nodegate", "app.kubernetes.io/component": component}
+
+
+def _sa(name: str, namespace: str, component: str, *, automount: bool | None = None) -> Obj:
+    obj: Obj = {"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": name, "namespace": namespace, "labels": _labels(component)}}
+    if automount is not None:
+        obj["automountServiceAccountToken"] = automount
+    return obj
+
+
+def _role(kind: str, name: str, namespace: str | None, rules: list[Obj], component: str) -> Obj:
+    meta: Obj = {"name": name, "labels": _labels(component)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta, "rules": rules}
+
+
+def _binding(kind: str, name: str, namespace: str | None, role_kind: str, role: str, subject: Obj,
+             component: str) -> Obj:
+    meta: Obj = {"name": name, "labels": _labels(component)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+            "subjects": [subject]}
+
+
+def operator_rbac(namespace: str, *, prefix: str = "nodegate") -> list[Obj]:
+    """The operator's ServiceAccount (and the package pods' one, with no token) and its roles.
+
+    `prefix` names everything (`<prefix>-operator`, ...): the chart's fullname; "nodegate" by default.
+    """
+    sa_name, role = f"{prefix}-operator", f"{prefix}-operator"
+    sa = {"kind": "ServiceAccount", "name": sa_name, "namespace": namespace}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": OPERATOR_SERVICE_ACCOUNT, "namespace": namespace, "labels": labels}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
-         "metadata": {"name": PACKAGE_SERVICE_ACCOUNT, "namespace": namespace, "labels": labels}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "nodegate-operator", "labels": labels}, "rules": _rules(CLUSTER_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "nodegate-operator", "labels": labels},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nodegate-operator"},
-         "subjects": [sa]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "nodegate-operator", "namespace": namespace, "labels": labels},
-         "rules": _rules(NAMESPACE_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "nodegate-operator", "namespace": namespace, "labels": labels},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodegate-operator"},
-         "subjects": [sa]},
+        _sa(sa_name, namespace, "operator"),
+        _sa(f"{prefix}-package", namespace, "operator", automount=False),
+        _role("ClusterRole", role, None, _rules(CLUSTER_RULES), "operator"),
+        _binding("ClusterRoleBinding", role, None, "ClusterRole", role, sa, "operator"),
+        _role("Role", role, namespace, _rules(NAMESPACE_RULES), "operator"),
+        _binding("RoleBinding", role, namespace, "Role", role, sa, "operator"),
+        _role("Role", f"{role}-events", EVENTS_NAMESPACE, _rules(EVENTS_RULES), "operator"),
+        _binding("RoleBinding", f"{role}-events", EVENTS_NAMESPACE, "Role", f"{role}-events", sa, "operator"),
+    ]
+
+
+def webhook_rbac(namespace: str, *, prefix: str = "nodegate", self_managed: bool = True,
+                 configuration_name: str = "nodegate", secret_name: str = "nodegate-webhook-tls") -> list[Obj]:
+    """The webhook's ServiceAccount and roles; the certificate rules only for self-managed certificates."""
+    name = f"{prefix}-webhook"
+    sa = {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+    names = {CONFIGURATION: configuration_name, SECRET: secret_name}
+    cluster = WEBHOOK_CLUSTER_RULES + (WEBHOOK_SELF_MANAGED_CLUSTER_RULES if self_managed else [])
+    objs = [
+        _sa(name, namespace, "webhook"),
+        _role("ClusterRole", name, None, _rules(cluster, names), "webhook"),
+        _binding("ClusterRoleBinding", name, None, "ClusterRole", name, sa, "webhook"),
+    ]
+    if self_managed:
+        objs += [
+            _role("Role", f"{name}-certs", namespace, _rules(WEBHOOK_SELF_MANAGED_NAMESPACE_RULES, names), "webhook"),
+            _binding("RoleBinding", f"{name}-certs", namespace, "Role", f"{name}-certs", sa, "webhook"),
+        ]
+    return objs
+
+
+def pre_delete_rbac(namespace: str, *, prefix: str = "nodegate", configuration_name: str = "nodegate") -> list[Obj]:
+    """The chart's pre-delete hook: delete the webhook configurations, nothing else."""
+    name = f"{prefix}-pre-delete"
+    sa = {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+    return [
+        _sa(name, namespace, "pre-delete"),
+        _role("ClusterRole", name, None, _rules(PRE_DELETE_RULES, {CONFIGURATION: configuration_name}), "pre-delete"),
+        _binding("ClusterRoleBinding", name, None, "ClusterRole", name, sa, "pre-delete"),
     ]

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 import gate
-from gate.controller.rbac import OPERATOR_SERVICE_ACCOUNT, operator_rbac
+from gate.controller.rbac import OPERATOR_SERVICE_ACCOUNT, WEBHOOK_SERVICE_ACCOUNT, operator_rbac, webhook_rbac
 from gate.devcluster.cluster import NAMESPACE, ClusterError, DevCluster, free_port, kubeconfig_dict
 from gate.kube.client import SERVICEACCOUNTS
 
@@ -57,6 +57,12 @@ async def service_account_kubeconfig(cluster: DevCluster, name: str, namespace: 
 async def install_operator_rbac(cluster: DevCluster) -> None:
     async with await cluster.client() as kube:
         for obj in operator_rbac(NAMESPACE):
+            await kube.apply(obj, field_manager="nodegate-dev")
+
+
+async def install_webhook_rbac(cluster: DevCluster) -> None:
+    async with await cluster.client() as kube:
+        for obj in webhook_rbac(NAMESPACE, configuration_name=WEBHOOK_CONFIGURATION, secret_name=WEBHOOK_SECRET):
             await kube.apply(obj, field_manager="nodegate-dev")
 
 
@@ -124,11 +130,11 @@ WEBHOOK_SECRET = "nodegate-webhook-tls"
 _PROBE_POLICY = "nodegate-dev-probe-missing-policy"
 
 
-def webhook_argv(cluster: DevCluster, port: int) -> list[str]:
+def webhook_argv(cluster: DevCluster, port: int, kubeconfig: Path | None = None) -> list[str]:
     import sys
 
     return [sys.executable, "-m", "gate.cli.main", "webhook", "serve",
-            "--kubeconfig", str(cluster.kubeconfig), "--listen", f"127.0.0.1:{port}",
+            "--kubeconfig", str(kubeconfig or cluster.kubeconfig), "--listen", f"127.0.0.1:{port}",
             "--cert-mode", "self-managed", "--hosts", "127.0.0.1,localhost",
             "--secret-namespace", "nodegate-system", "--secret-name", WEBHOOK_SECRET,
             "--configuration-name", WEBHOOK_CONFIGURATION,
@@ -157,9 +163,14 @@ def start_webhook(cluster: DevCluster, progress: Progress, *, timeout: float = 6
     port = webhook_port(cluster)
     if port is None:
         progress("Starting the admission webhook ...")
+        # As its ServiceAccount with the RBAC the chart grants (gate/controller/rbac.py), by a token
+        # from the TokenRequest API: the dev cluster exercises exactly a real install's permissions.
+        asyncio.run(install_webhook_rbac(cluster))
+        kubeconfig = asyncio.run(service_account_kubeconfig(
+            cluster, WEBHOOK_SERVICE_ACCOUNT, NAMESPACE, cluster.dir / "webhook.kubeconfig"))
         port = free_port()
         env = {"PYTHONPATH": str(Path(gate.__file__).resolve().parent.parent), "PYTHONUNBUFFERED": "1"}
-        cluster.register(WEBHOOK_PROCESS, webhook_argv(cluster, port), env)
+        cluster.register(WEBHOOK_PROCESS, webhook_argv(cluster, port, kubeconfig), env)
     deadline = time.monotonic() + timeout
     _wait_webhook_ready(cluster, port, deadline)
     asyncio.run(_register_webhook(cluster, port, deadline))

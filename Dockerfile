@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1.7
+# NodeGate's one image: `nodegate webhook serve`, `nodegate operator run`, the chart's pre-delete hook
+# (`nodegate pre-delete`) and the agent the operator runs in package pods (`nodegate agent ...`).
+#
+#   docker build -t ghcr.io/nodegate/nodegate:0.1.0 .
+#
+# Users: the webhook, the operator and the hook run as uid 65532, non-root, on a read-only root
+# filesystem: the chart sets that in their securityContext. The image's default user stays root for
+# one reason: the agent in package pods chroots into the host (privileged, hostPID, the host's / at
+# /host), and the operator's stage Jobs set `privileged` without a runAsUser, so they run as the
+# image's user. Nothing else in NodeGate runs privileged or as root.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Dependencies first: they change less often than the code and keep their own layer.
+COPY pyproject.toml README.md ./
+RUN python -m venv /opt/nodegate \
+ && mkdir gate && touch gate/__init__.py \
+ && /opt/nodegate/bin/pip install --quiet . \
+ && /opt/nodegate/bin/pip uninstall --quiet --yes nodegate
+COPY gate ./gate
+RUN /opt/nodegate/bin/pip install --quiet --no-deps . \
+ # bytecode compiled now: at run time the root filesystem is read-only
+ && /opt/nodegate/bin/python -m compileall -q /opt/nodegate/lib \
+ && /opt/nodegate/bin/nodegate version
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="nodegate" \
+      org.opencontainers.image.description="NodeGate: host-layer packages for Kubernetes fleets (webhook, operator, agent)" \
+      org.opencontainers.image.source="https://github.com/nodegate/nodegate" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 65532 nodegate \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
+      --shell /usr/sbin/nologin nodegate
+COPY --from=build /opt/nodegate /opt/nodegate
+ENV PATH=/opt/nodegate/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+ENTRYPOINT ["nodegate"]
+CMD ["--help"]

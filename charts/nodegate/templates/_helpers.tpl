@@ -1,0 +1,137 @@
+{{/*
+Names. NodeGate is one per cluster (its CRDs, webhook configurations and ClusterRoles are
+cluster-scoped), so names do not carry the release name: every object is "<fullname>-<part>",
+fullname "nodegate" unless fullnameOverride says otherwise. The defaults are the names the
+processes use when nothing is configured (gate/controller/settings.py, gate/admission/settings.py).
+*/}}
+{{- define "nodegate.fullname" -}}
+{{- .Values.fullnameOverride | default "nodegate" | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodegate.operatorName" -}}{{ include "nodegate.fullname" . }}-operator{{- end -}}
+{{- define "nodegate.packageServiceAccount" -}}{{ include "nodegate.fullname" . }}-package{{- end -}}
+{{- define "nodegate.webhookName" -}}{{ include "nodegate.fullname" . }}-webhook{{- end -}}
+{{- define "nodegate.preDeleteName" -}}{{ include "nodegate.fullname" . }}-pre-delete{{- end -}}
+{{/* Both webhook configurations carry this name (the webhook patches their caBundle by it). */}}
+{{- define "nodegate.webhookConfigurationName" -}}{{ include "nodegate.fullname" . }}{{- end -}}
+{{/* Self-managed: the Secret the webhook keeps its CA and serving certificate in.
+     cert-manager: the Secret the Certificate writes. */}}
+{{- define "nodegate.webhookSecretName" -}}{{ include "nodegate.fullname" . }}-webhook-tls{{- end -}}
+{{- define "nodegate.certificateName" -}}{{ include "nodegate.fullname" . }}-webhook{{- end -}}
+{{- define "nodegate.operatorUsername" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodegate.operatorName" . }}
+{{- end -}}
+
+{{/* The Service's DNS names: the SANs of the serving certificate in both certificate modes. */}}
+{{- define "nodegate.webhookHosts" -}}
+{{- $svc := include "nodegate.webhookName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{ $svc }},{{ $svc }}.{{ $ns }},{{ $svc }}.{{ $ns }}.svc,{{ $svc }}.{{ $ns }}.svc.{{ .Values.clusterDomain }}
+{{- end -}}
+
+{{/* One image for the webhook, the operator and the agent in package pods. */}}
+{{- define "nodegate.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodegate.selectorLabels" -}}
+app.kubernetes.io/name: nodegate
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object; call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "nodegate.labels" -}}
+{{- $ctx := .ctx -}}
+{{ include "nodegate.selectorLabels" $ctx }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: nodegate
+app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+{{- with $ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "nodegate.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "nodegate.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/*
+Pods of the operator and the webhook tolerate NodeGate's readiness taint: when every node joins
+tainted (a readinessTaint gate selecting all of them), the operator must still run to lift it.
+*/}}
+{{- define "nodegate.tolerations" -}}
+- key: nodegate.io/runtime-required
+  operator: Exists
+  effect: NoSchedule
+{{- with . }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Refuse configurations that cannot work, with a message a person can act on. */}}
+{{- define "nodegate.validate" -}}
+{{- if eq .Release.Namespace "default" -}}
+{{- fail "NodeGate does not install into the \"default\" namespace: its webhooks exclude their own namespace and it runs privileged package pods there. Use a namespace of its own, e.g. `helm install nodegate charts/nodegate -n nodegate-system --create-namespace`." -}}
+{{- end -}}
+{{- $op := .Values.operator.leaderElection -}}
+{{- if not (and (lt (float64 $op.renewSeconds) (float64 $op.renewDeadlineSeconds)) (lt (float64 $op.renewDeadlineSeconds) (float64 $op.leaseSeconds))) -}}
+{{- fail "operator.leaderElection: need renewSeconds < renewDeadlineSeconds < leaseSeconds" -}}
+{{- end -}}
+{{- if and .Values.certManager.enabled .Values.certManager.issuerRef.name (not .Values.certManager.issuerRef.kind) -}}
+{{- fail "certManager.issuerRef.kind is required with certManager.issuerRef.name" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* clientConfig of a webhook: the Service; caBundle is set at run time (self-managed webhook or
+     cert-manager's cainjector), never by the chart, so `helm upgrade` leaves it alone. */}}
+{{- define "nodegate.webhookClient" -}}
+clientConfig:
+  service:
+    name: {{ include "nodegate.webhookName" .ctx }}
+    namespace: {{ .ctx.Release.Namespace }}
+    path: {{ .path }}
+    port: 443
+{{- end -}}
+
+{{/* What every webhook has: no side effects, v1 reviews, and the release's namespace and
+     kube-system left out (a guard for namespaced kinds; NodeGate's three kinds are cluster-scoped). */}}
+{{- define "nodegate.webhookCommon" -}}
+sideEffects: None
+admissionReviewVersions: [v1]
+matchPolicy: Equivalent
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: [{{ join ", " . }}]
+{{- end -}}
+
+{{/* Egress of NodeGate's pods: DNS, and the API server on its ports (its address is not known
+     to the chart; Kubernetes NetworkPolicy cannot name "the API server"). */}}
+{{- define "nodegate.egress" -}}
+- ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+- ports:
+    {{- range .Values.networkPolicy.apiServerPorts }}
+    - {port: {{ . }}, protocol: TCP}
+    {{- end }}
+{{- end -}}

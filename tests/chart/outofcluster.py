@@ -1,0 +1,173 @@
+"""Running the chart's webhook and operator out of cluster, exactly as its Deployments configure them.
+
+The dev cluster has no container runtime (kwok plays the kubelet), so the chart's pods "run" without
+a process behind them. These helpers take an installed Deployment's command and environment, and run
+that command here, authenticated as the Deployment's ServiceAccount by a TokenRequest token: the
+RBAC a process gets is exactly what `helm install` created for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gate.devcluster.cluster import DevCluster, Process
+from gate.devcluster.services import python_env, service_account_kubeconfig, wait_ready
+from tests.chart.conftest import CHART_DIR, Obj, helm
+
+RELEASE_KIND_ORDER = ("CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                      "Role", "RoleBinding", "Service", "Deployment", "PodDisruptionBudget",
+                      "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    prefix: str  # fullnameOverride: every object is "<prefix>-..."; the configurations are "<prefix>"
+    kubeconfig: Path
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return helm(*args, "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace, check=check)
+
+    def manifest(self) -> list[Obj]:
+        out = self.helm("get", "manifest", self.name).stdout
+        return [o for o in yaml.safe_load_all(out) if o]
+
+
+# The dev cluster runs no node lifecycle controller, so its simulated nodes keep the not-ready taint
+# they register with: pods that the scheduler places need to tolerate it (stage Jobs name their node).
+DEV_CLUSTER_TOLERATIONS = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def install(cluster: DevCluster, name: str, namespace: str, prefix: str, values: Obj) -> Release:
+    subprocess.run([_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "create", "namespace", namespace],
+                   check=True, capture_output=True)
+    # Package pods run privileged in NodeGate's namespace (docs/install.md).
+    subprocess.run([_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "label", "namespace", namespace,
+                    "pod-security.kubernetes.io/enforce=privileged"], check=True, capture_output=True)
+    release = Release(name, namespace, prefix, cluster.kubeconfig)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
+        dev = {"operator": {"tolerations": DEV_CLUSTER_TOLERATIONS},
+               "webhook": {"tolerations": DEV_CLUSTER_TOLERATIONS}}
+        yaml.safe_dump({"fullnameOverride": prefix, **dev, **values}, vf)
+        vf.flush()
+        release.helm("install", name, str(CHART_DIR), "--values", vf.name, "--wait", "--timeout", "3m")
+    return release
+
+
+def uninstall(cluster: DevCluster, release: Release) -> subprocess.CompletedProcess[str]:
+    proc = release.helm("uninstall", release.name, "--wait", "--timeout", "3m", check=False)
+    subprocess.run([_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "delete", "namespace", release.namespace,
+                    "--wait=false", "--ignore-not-found"], capture_output=True)
+    return proc
+
+
+def _kubectl() -> str:
+    from tests.conftest import kubectl_path
+
+    return kubectl_path()
+
+
+def container_env(deployment: Obj, namespace: str, pod: str) -> dict[str, str]:
+    """The container's environment as the kubelet would set it for a pod named `pod`."""
+    refs = {"metadata.namespace": namespace, "metadata.name": pod}
+    env = {}
+    for item in deployment["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        else:
+            env[item["name"]] = refs[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def command_of(deployment: Obj) -> list[str]:
+    """The container's command, run from this source tree (`nodegate` is `python -m gate.cli.main`)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["nodegate"], container["command"]
+    return [sys.executable, "-m", "gate.cli.main", *container["args"]]
+
+
+async def token_kubeconfig(cluster: DevCluster, service_account: str, namespace: str) -> Path:
+    path = cluster.dir / f"{namespace}-{service_account}.kubeconfig"
+    return await service_account_kubeconfig(cluster, service_account, namespace, path, hours=2)
+
+
+def run_deployment(cluster: DevCluster, process: str, deployment: Obj, namespace: str, kubeconfig: Path,
+                   overrides: dict[str, str]) -> Process:
+    """Start the Deployment's container command as a local process named `process` (pod name too)."""
+    env = {**container_env(deployment, namespace, process), **overrides, **python_env()}
+    return cluster.register(process, [*command_of(deployment), "--kubeconfig", str(kubeconfig)], env)
+
+
+def log_of(cluster: DevCluster, process: str) -> str:
+    return (cluster.logs / f"{process}.log").read_text(errors="replace")
+
+
+def wait_https(url: str, *, timeout: float = 60.0, cluster: DevCluster | None = None, process: str = "") -> None:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + timeout
+    while True:
+        if cluster is not None and process:
+            proc = cluster.processes().get(process)
+            if proc is None or not proc.alive():
+                raise AssertionError(f"{process} exited:\n{log_of(cluster, process)[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            tail = log_of(cluster, process)[-3000:] if cluster is not None and process else ""
+            raise AssertionError(f"{url} did not answer 200 in {timeout:.0f}s\n{tail}")
+        time.sleep(0.1)
+
+
+def metrics_text(url: str) -> str:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as resp:
+        return str(resp.read().decode())
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@contextlib.contextmanager
+def session_operator_paused(cluster: DevCluster) -> Iterator[None]:
+    """Stop the session's operator (other tests' fixture) while a test runs operators of its own: two
+    leaders of different Leases would both act on every gate. Restarted as it was afterwards."""
+    proc = cluster.processes().get("operator")
+    running = proc is not None and proc.alive()
+    if running:
+        assert proc is not None
+        cluster.stop_process("operator")  # SIGTERM: it releases its lease
+    try:
+        yield
+    finally:
+        if running:
+            assert proc is not None
+            cluster.register("operator", proc.argv, python_env())
+            port = int(proc.argv[proc.argv.index("--metrics-port") + 1])
+            wait_ready(cluster, "operator", port, want=None)

@@ -1,0 +1,474 @@
+"""The chart without a cluster: lint, schema, and the rendered objects checked against their sources.
+
+Sources of truth, each compared here with what the chart renders:
+* RBAC: gate/controller/rbac.py (operator_rbac, webhook_rbac, pre_delete_rbac);
+* webhook configurations: gate.admission.configuration.webhook_configurations(mode="service", ...);
+* settings: the env names and values the processes read (OperatorSettings, WebhookSettings);
+* metrics: the names and labels gate/controller/metrics.py and gate/admission/server.py export;
+* CRDs: the top-level crds/ (byte for byte); plain manifests: `nodegate manifests --check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+import gate
+from gate.admission.configuration import webhook_configurations
+from gate.admission.settings import WebhookSettings
+from gate.admission.settings import from_args as webhook_settings_from
+from gate.cli.manifests import stale
+from gate.controller import rbac
+from gate.controller.settings import OperatorSettings
+from tests.chart.conftest import CHART_DIR, REPO, Obj, env_of, find, lint, rendered, rendered_text
+
+CERT_MANAGER: Obj = {"certManager": {"enabled": True}}
+NAMED_ISSUER: Obj = {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+EVERYTHING: Obj = {
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "grafanaDashboard": {"enabled": True}},
+    "networkPolicy": {"enabled": True, "webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                      "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+}
+CUSTOM: Obj = {
+    "fullnameOverride": "ng", "image": {"repository": "registry.corp/ng", "digest": "sha256:" + "a" * 64},
+    "operator": {"replicas": 3, "leaderElection": {"leaseSeconds": 30, "renewSeconds": 10, "renewDeadlineSeconds": 20}},
+    "webhook": {"replicas": 1, "timeoutSeconds": 10, "nodeMutationFailurePolicy": "Fail"},
+    "imagePullSecrets": [{"name": "pull"}], "commonLabels": {"team": "platform"},
+}
+VALUE_SETS = {"defaults": {}, "cert-manager": CERT_MANAGER, "named-issuer": NAMED_ISSUER,
+              "everything": EVERYTHING, "custom": CUSTOM, "custom+cert-manager": {**CUSTOM, **CERT_MANAGER}}
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+# -- lint and values ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_chart_lints_strictly_with_each_set_of_values(name: str) -> None:
+    proc = lint(VALUE_SETS[name])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    text = (CHART_DIR / "values.yaml").read_text()
+    jsonschema.validate(yaml.safe_load(text), schema)
+    # every top-level value has a comment right above it
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[a-zA-Z]\w*:", line):
+            assert lines[i - 1].startswith("#"), f"undocumented value: {line}"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"bogus": 1}, "additional properties 'bogus' not allowed"),
+    ({"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds"),
+    ({"webhook": {"nodeMutationFailurePolicy": "Maybe"}}, "nodeMutationFailurePolicy"),
+    ({"certManager": {"issuerRef": {"kind": "Vault"}}}, "kind"),
+    ({"image": {"digest": "latest"}}, "digest"),
+    ({"operator": {"replicas": 0}}, "replicas"),
+    ({"operator": {"leaderElection": {"leaseSeconds": 10, "renewSeconds": 5, "renewDeadlineSeconds": 12}}},
+     "renewSeconds < renewDeadlineSeconds < leaseSeconds"),
+])
+def test_bad_values_are_refused_with_a_message_naming_them(values: Obj, message: str) -> None:
+    with pytest.raises(Exception, match=re.escape(message)):
+        rendered(values)
+
+
+def test_the_default_namespace_is_refused() -> None:
+    with pytest.raises(Exception, match='does not install into the "default" namespace'):
+        rendered({}, namespace="default")
+
+
+# -- RBAC -------------------------------------------------------------------------------------------------
+
+def _rbac_objects(objs: list[Obj]) -> dict[tuple[str, str, str], Obj]:
+    out = {}
+    for o in objs:
+        if o["kind"] not in RBAC_KINDS:
+            continue
+        meta = o["metadata"]
+        key = (o["kind"], meta["name"], meta.get("namespace", ""))
+        out[key] = {k: o.get(k) for k in ("rules", "roleRef", "subjects", "automountServiceAccountToken")}
+    return out
+
+
+@pytest.mark.parametrize("name", ["defaults", "cert-manager", "custom", "custom+cert-manager"])
+def test_chart_rbac_is_exactly_gate_controller_rbac(name: str) -> None:
+    values = VALUE_SETS[name]
+    prefix = values.get("fullnameOverride") or "nodegate"
+    self_managed = not values.get("certManager", {}).get("enabled")
+    want = [*rbac.operator_rbac("nodegate-system", prefix=prefix),
+            *rbac.webhook_rbac("nodegate-system", prefix=prefix, self_managed=self_managed,
+                               configuration_name=prefix, secret_name=f"{prefix}-webhook-tls"),
+            *rbac.pre_delete_rbac("nodegate-system", prefix=prefix, configuration_name=prefix)]
+    assert _rbac_objects(rendered(values)) == _rbac_objects(want)
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rbac_has_no_wildcards_and_every_rule_says_why(name: str) -> None:
+    text = rendered_text(VALUE_SETS[name])
+    for doc in text.split("\n---\n"):
+        obj = yaml.safe_load(doc)
+        if not obj or obj.get("kind") not in ("ClusterRole", "Role"):
+            continue
+        for rule in obj["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), f"{obj['metadata']['name']}: wildcard in {field}"
+            assert rule["verbs"], obj["metadata"]["name"]
+        lines = doc.splitlines()
+        rule_lines = [i for i, line in enumerate(lines) if line.startswith("- apiGroups:")]
+        assert len(rule_lines) == len(obj["rules"])
+        for i in rule_lines:
+            assert lines[i - 1].startswith("# ") and len(lines[i - 1]) > 12, \
+                f"{obj['metadata']['name']}: rule without a reason: {lines[i]}"
+
+
+def test_rule_reasons_of_rbac_py_reach_the_rendered_roles() -> None:
+    text = rendered_text({})
+    for rules in rbac.RULE_SETS.values():
+        for rule in rules:
+            assert f"# {rule.why}\n" in text
+
+
+# -- webhook configurations -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "namespace"), [("defaults", "nodegate-system"), ("custom", "platform"),
+                                                 ("cert-manager", "kube-system")])
+def test_webhook_configurations_are_exactly_webhook_configurations(name: str, namespace: str) -> None:
+    values = VALUE_SETS[name]
+    prefix = values.get("fullnameOverride") or "nodegate"
+    hook = values.get("webhook", {})
+    validating, mutating = webhook_configurations(
+        mode="service", name=prefix, service_name=f"{prefix}-webhook", service_namespace=namespace,
+        operator_namespace=namespace, operator_service_account=f"{prefix}-operator",
+        timeout_seconds=hook.get("timeoutSeconds", 5),
+        node_mutation_failure_policy=hook.get("nodeMutationFailurePolicy", "Ignore"))
+    objs = rendered(values, namespace=namespace)
+    for want in (validating, mutating):
+        got = find(objs, want["kind"])
+        assert got["metadata"]["name"] == want["metadata"]["name"]
+        assert got["webhooks"] == want["webhooks"]
+        assert {k: v for k, v in got["metadata"]["labels"].items() if k in want["metadata"]["labels"]} == \
+            want["metadata"]["labels"]
+
+
+def test_selectors_exclude_the_release_namespace_and_kube_system_and_failure_policies_are_as_documented() -> None:
+    objs = rendered({}, namespace="tenant-ops")
+    policies = {}
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        for hook in find(objs, kind)["webhooks"]:
+            [expr] = hook["namespaceSelector"]["matchExpressions"]
+            assert expr == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                            "values": ["kube-system", "tenant-ops"]}
+            assert hook["sideEffects"] == "None" and hook["timeoutSeconds"] <= 5
+            assert "caBundle" not in hook["clientConfig"]  # set at run time, so upgrades leave it alone
+            policies[hook["name"]] = hook["failurePolicy"]
+    # docs/admission.md: Fail for NodeGate and DeploymentPolicy and for removing the readiness taint;
+    # Ignore for the Node CREATE mutation unless asked for
+    assert policies == {"nodegates.validate.nodegate.io": "Fail", "deploymentpolicies.validate.nodegate.io": "Fail",
+                        "node-taint.validate.nodegate.io": "Fail", "defaults.mutate.nodegate.io": "Fail",
+                        "node-taint.mutate.nodegate.io": "Ignore"}
+    strict = rendered({"webhook": {"nodeMutationFailurePolicy": "Fail"}})
+    node = [h for h in find(strict, "MutatingWebhookConfiguration")["webhooks"] if h["name"].startswith("node-")]
+    assert node[0]["failurePolicy"] == "Fail"
+
+
+def test_cert_manager_mode_injects_the_ca_into_both_configurations() -> None:
+    for values, namespace in ((CERT_MANAGER, "nodegate-system"), (NAMED_ISSUER, "ops")):
+        objs = rendered(values, namespace=namespace)
+        for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+            annotations = find(objs, kind)["metadata"]["annotations"]
+            assert annotations == {"cert-manager.io/inject-ca-from": f"{namespace}/nodegate-webhook"}
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        assert "annotations" not in find(rendered({}), kind)["metadata"]
+
+
+# -- certificates ---------------------------------------------------------------------------------------
+
+def test_cert_manager_mode_issues_the_serving_certificate_from_a_ca_of_its_own_or_a_named_issuer() -> None:
+    hosts = ["nodegate-webhook", "nodegate-webhook.nodegate-system", "nodegate-webhook.nodegate-system.svc",
+             "nodegate-webhook.nodegate-system.svc.cluster.local"]
+    own = rendered(CERT_MANAGER)
+    issuers = {o["metadata"]["name"]: o["spec"] for o in own if o["kind"] == "Issuer"}
+    assert issuers == {"nodegate-selfsigned": {"selfSigned": {}}, "nodegate-ca": {"ca": {"secretName": "nodegate-ca"}}}
+    ca = find(own, "Certificate", "nodegate-ca")["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"]["name"] == "nodegate-selfsigned"
+    serving = find(own, "Certificate", "nodegate-webhook")["spec"]
+    assert serving["dnsNames"] == hosts and serving["issuerRef"] == {"name": "nodegate-ca", "kind": "Issuer",
+                                                                      "group": "cert-manager.io"}
+    deployment = find(own, "Deployment", "nodegate-webhook")["spec"]["template"]["spec"]
+    env = env_of(deployment["containers"][0])
+    assert env["NODEGATE_WEBHOOK_CERT_MODE"] == "files" and env["NODEGATE_WEBHOOK_CERT_DIR"] == "/tls"
+    secret_volume = [v for v in deployment["volumes"] if "secret" in v]
+    assert secret_volume == [{"name": "tls", "secret": {"secretName": serving["secretName"]}}]
+    assert {"name": "tls", "mountPath": "/tls", "readOnly": True} in deployment["containers"][0]["volumeMounts"]
+
+    named = rendered(NAMED_ISSUER)
+    assert [o["kind"] for o in named if o["kind"] in ("Issuer", "Certificate")] == ["Certificate"]
+    assert find(named, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                                              "group": "cert-manager.io"}
+    assert not [o for o in rendered({}) if o["kind"] in ("Issuer", "Certificate")]
+
+
+# -- workloads ------------------------------------------------------------------------------------------
+
+def _resolve(env: dict[str, str], namespace: str, pod: str) -> dict[str, str]:
+    refs = {"fieldRef:metadata.namespace": namespace, "fieldRef:metadata.name": pod}
+    return {k: refs.get(v, v) for k, v in env.items()}
+
+
+@pytest.mark.parametrize("name", ["defaults", "custom", "cert-manager"])
+def test_processes_read_the_settings_the_chart_sets(name: str) -> None:
+    """Every NODEGATE_* variable is a real setting, and parsed by the processes' own settings code they
+    agree with the chart's names: lease, namespace, package ServiceAccount, Secret, configurations,
+    the operator identity the webhook and the configurations trust."""
+    values = VALUE_SETS[name]
+    prefix = values.get("fullnameOverride") or "nodegate"
+    objs = rendered(values, namespace="ops")
+    operator = find(objs, "Deployment", f"{prefix}-operator")["spec"]["template"]["spec"]
+    env = _resolve(env_of(operator["containers"][0]), "ops", "pod-a")
+    known = {f"NODEGATE_{f.upper()}" for f in OperatorSettings.__dataclass_fields__}
+    assert set(env) <= known, set(env) - known
+    settings = OperatorSettings.from_args(None, env=env)
+    assert settings.namespace == "ops" and settings.identity == "pod-a"
+    assert settings.lease_name == f"{prefix}-operator"
+    assert settings.package_service_account == find(objs, "ServiceAccount", f"{prefix}-package")["metadata"]["name"]
+    assert settings.agent_image == operator["containers"][0]["image"]
+    assert settings.lease_seconds == values.get("operator", {}).get("leaderElection", {}).get("leaseSeconds", 15)
+    assert operator["serviceAccountName"] == f"{prefix}-operator"
+
+    webhook = find(objs, "Deployment", f"{prefix}-webhook")["spec"]["template"]["spec"]
+    wenv = _resolve(env_of(webhook["containers"][0]), "ops", "pod-b")
+    wknown = {f"NODEGATE_WEBHOOK_{f.upper()}" for f in WebhookSettings.__dataclass_fields__}
+    assert set(wenv) <= wknown, set(wenv) - wknown
+    ws = webhook_settings_from(argparse.Namespace(), wenv)
+    assert ws.operator_username == f"system:serviceaccount:ops:{prefix}-operator"
+    [cond] = [c for h in find(objs, "ValidatingWebhookConfiguration")["webhooks"]
+              for c in h.get("matchConditions", []) if c["name"] == "not-the-operator"]
+    assert ws.operator_username in cond["expression"]
+    port = next(p["containerPort"] for p in webhook["containers"][0]["ports"] if p["name"] == "https")
+    assert ws.host_port == ("0.0.0.0", port)
+    assert webhook["serviceAccountName"] == f"{prefix}-webhook"
+    if ws.cert_mode == "self-managed":
+        assert ws.secret_namespace == "ops" and ws.secret_name == f"{prefix}-webhook-tls"
+        assert ws.configuration_name == find(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+        assert set(ws.hosts) == {f"{prefix}-webhook", f"{prefix}-webhook.ops", f"{prefix}-webhook.ops.svc",
+                                 f"{prefix}-webhook.ops.svc.cluster.local"}
+
+
+def test_one_image_serves_webhook_operator_agent_and_hook() -> None:
+    assert (CHART_DIR / "Chart.yaml").read_text().count(f'appVersion: "{gate.__version__}"') == 1
+    for values, image in (({}, OperatorSettings().agent_image),
+                          (CUSTOM, "registry.corp/ng@sha256:" + "a" * 64)):
+        objs = rendered(values)
+        images = {c["image"] for o in objs if o["kind"] in ("Deployment", "Job")
+                  for c in o["spec"]["template"]["spec"]["containers"]}
+        agent = {env_of(c)["NODEGATE_AGENT_IMAGE"] for o in objs if o["kind"] == "Deployment"
+                 for c in o["spec"]["template"]["spec"]["containers"] if "NODEGATE_AGENT_IMAGE" in env_of(c)}
+        assert images == agent == {image}
+
+
+def test_webhook_runs_two_replicas_behind_a_service_with_a_budget_and_readiness_on_readyz() -> None:
+    objs = rendered({})
+    deployment = find(objs, "Deployment", "nodegate-webhook")
+    pods = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pods["spec"]["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https",
+                                                                          "scheme": "HTTPS"}
+    labels = pods["metadata"]["labels"]
+    service = find(objs, "Service", "nodegate-webhook")["spec"]
+    assert service["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    assert service["selector"].items() <= labels.items()
+    pdb = find(objs, "PodDisruptionBudget", "nodegate-webhook")["spec"]
+    assert pdb["minAvailable"] == 1 and pdb["selector"]["matchLabels"].items() <= labels.items()
+    # selectors pick one component each: the webhook's budget never counts operator pods
+    operator_labels = find(objs, "Deployment", "nodegate-operator")["spec"]["template"]["metadata"]["labels"]
+    assert not pdb["selector"]["matchLabels"].items() <= operator_labels.items()
+    # one replica: no budget (it would block every drain of its node)
+    assert not [o for o in rendered(CUSTOM) if o["kind"] == "PodDisruptionBudget" and "webhook" in
+                o["metadata"]["name"]]
+
+
+def test_operator_runs_two_leader_elected_replicas_non_root_tolerating_the_readiness_taint() -> None:
+    objs = rendered({})
+    deployment = find(objs, "Deployment", "nodegate-operator")["spec"]
+    assert deployment["replicas"] == 2
+    for o in objs:
+        if o["kind"] not in ("Deployment", "Job"):
+            continue
+        spec = o["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+        for c in spec["containers"]:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+        assert {"key": "nodegate.io/runtime-required", "operator": "Exists", "effect": "NoSchedule"} \
+            in spec["tolerations"]
+    assert find(objs, "ServiceAccount", "nodegate-package")["automountServiceAccountToken"] is False
+
+
+def test_pre_delete_hook_deletes_the_webhook_configurations_with_its_own_narrow_rbac() -> None:
+    from gate.cli.main import parser
+
+    objs = [o for o in rendered(CUSTOM) if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert {o["kind"] for o in objs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    for o in objs:
+        assert o["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    job = find(objs, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    args = parser().parse_args(container["args"])
+    assert args.command == "pre-delete" and args.configuration_name == "ng"
+    assert find(objs, "ClusterRole")["rules"] == [{
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+        "resourceNames": ["ng"], "verbs": ["delete"]}]
+    assert not [o for o in rendered({"preDeleteHook": {"enabled": False}})
+                if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+
+
+# -- observability --------------------------------------------------------------------------------------
+
+# Labels Prometheus adds to every series it scrapes (prometheus-operator's target labels).
+TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "endpoint", "container"}
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Every series name the operator and the webhook export, with its labels."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from gate.admission.server import Metrics
+    from gate.controller.metrics import OperatorMetrics
+
+    out: dict[str, set[str]] = {}
+    for holder in (OperatorMetrics(), Metrics()):
+        for metric in vars(holder).values():
+            if not isinstance(metric, MetricWrapperBase):
+                continue
+            # prometheus_client keeps a metric's name and label names in these attributes
+            name, labels, kind = metric._name, set(metric._labelnames), metric._type
+            if kind == "counter":
+                out[f"{name}_total"] = labels
+            elif kind == "histogram":
+                out[f"{name}_bucket"] = labels | {"le"}
+                out[f"{name}_sum"] = out[f"{name}_count"] = labels
+            else:
+                out[name] = labels
+    return out
+
+
+def _check_expression(expr: str, exported: dict[str, set[str]]) -> None:
+    used = re.findall(r"\b(nodegate_[a-z0-9_]+)\s*(\{[^}]*\})?", expr)
+    assert used, f"no NodeGate metric in {expr!r}"
+    labels: set[str] = set(TARGET_LABELS)
+    for name, selector in used:
+        assert name in exported, f"{name} is not a metric NodeGate exports ({expr!r})"
+        labels |= exported[name]
+        for key in re.findall(r"([a-z_]+)\s*(?:=~|!=|!~|=)", selector):
+            assert key in exported[name] | TARGET_LABELS, f"{name} has no label {key}"
+    for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+        for key in filter(None, (k.strip() for k in group.split(","))):
+            assert key in labels, f"label {key} in {expr!r} is on none of its metrics"
+
+
+def test_alerts_cover_the_issues_and_use_metrics_the_code_exports() -> None:
+    rule = find(rendered(EVERYTHING), "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"NodeGateRolloutStopped", "NodeGateNodeFailed", "NodeGateDrainBlocked", "NodeGateWebhookErrors",
+            "NodeGateWebhookLatencyHigh"} <= set(alerts)
+    exported = exported_metrics()
+    for name, alert in alerts.items():
+        if name == "NodeGateWebhookDown":  # Prometheus's own `up` of the webhook's scrape job
+            assert 'job="nodegate-webhook"' in alert["expr"]
+            continue
+        _check_expression(alert["expr"], exported)
+        assert alert["labels"]["severity"] in ("warning", "critical") and alert["annotations"]["summary"]
+    assert alerts["NodeGateDrainBlocked"]["for"] == "30m"
+    assert "> 0.5" in alerts["NodeGateWebhookLatencyHigh"]["expr"]
+    assert "histogram_quantile(0.99" in alerts["NodeGateWebhookLatencyHigh"]["expr"]
+
+
+def test_grafana_dashboard_is_valid_json_using_only_exported_metrics() -> None:
+    dashboard = json.loads((CHART_DIR / "dashboards" / "nodegate.json").read_text())
+    exported = exported_metrics()
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 15
+    for expr in exprs:
+        _check_expression(expr, exported)
+    used = {n for e in exprs for n in re.findall(r"\b(nodegate_[a-z0-9_]+)", e)}
+    # every family is on the dashboard (histograms through their buckets)
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported}
+    assert families <= {re.sub(r"_bucket$", "", n) for n in used}, families - used
+    configmap = find(rendered(EVERYTHING), "ConfigMap", "nodegate-dashboard")
+    assert json.loads(configmap["data"]["nodegate.json"]) == dashboard
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_service_monitors_scrape_both_components_and_verify_the_webhook_certificate() -> None:
+    objs = rendered(EVERYTHING)
+    operator = find(objs, "ServiceMonitor", "nodegate-operator")["spec"]
+    assert operator["endpoints"][0]["port"] == "metrics"
+    webhook = find(objs, "ServiceMonitor", "nodegate-webhook")["spec"]["endpoints"][0]
+    assert webhook["scheme"] == "https" and webhook["tlsConfig"]["ca"]["secret"] == {
+        "name": "nodegate-webhook-tls", "key": "ca.crt"}
+    assert webhook["tlsConfig"]["serverName"] == "nodegate-webhook.nodegate-system.svc"
+    assert not [o for o in rendered({}) if o["kind"] in ("ServiceMonitor", "PrometheusRule", "NetworkPolicy")]
+
+
+def test_network_policies_let_in_only_webhook_and_metrics_ports_and_out_only_dns_and_the_api_server() -> None:
+    objs = rendered(EVERYTHING)
+    webhook = find(objs, "NetworkPolicy", "nodegate-webhook")["spec"]
+    assert webhook["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}],
+                                   "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}},
+                                            {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}]
+    operator = find(objs, "NetworkPolicy", "nodegate-operator")["spec"]
+    assert operator["ingress"][0]["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    for spec in (webhook, operator):
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
+        assert ports == {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP")}
+        assert all("to" not in rule for rule in spec["egress"])
+
+
+# -- generated files ------------------------------------------------------------------------------------
+
+def test_chart_crds_are_the_top_level_crds_byte_for_byte() -> None:
+    top = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART_DIR / "crds").glob("*.yaml")}
+    assert top and chart == top
+
+
+def test_generated_rules_and_plain_manifests_are_current() -> None:
+    assert stale(REPO) == [], "run `make manifests`"
+
+
+def test_plain_manifests_build_with_kustomize() -> None:
+    from tests.conftest import kubectl_path
+
+    kinds: dict[str, set[str]] = {}
+    for directory in ("operator", "webhooks", "certs"):
+        proc = subprocess.run([kubectl_path(), "kustomize", str(REPO / directory)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        kinds[directory] = {o["kind"] for o in yaml.safe_load_all(proc.stdout)}
+        assert "Job" not in kinds[directory]  # no Helm hook in plain manifests
+        assert "helm.sh/chart" not in proc.stdout and "managed-by: Helm" not in proc.stdout
+    assert {"Namespace", "CustomResourceDefinition", "Deployment", "ClusterRole", "Role"} <= kinds["operator"]
+    assert {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "Deployment", "Service",
+            "PodDisruptionBudget"} <= kinds["webhooks"]
+    assert {"Issuer", "Certificate", "ValidatingWebhookConfiguration"} <= kinds["certs"]
+    assert "Issuer" not in kinds["webhooks"]
+
+
+def test_kind_script_is_valid_bash() -> None:
+    script = REPO / "hack" / "kind-e2e.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    for step in ("docker build", "kind create cluster", "cert-manager", "helm upgrade --install", "NodeGate"):
+        assert step in text
