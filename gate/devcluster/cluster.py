@@ -241,8 +241,10 @@ class DevCluster:
             "--root-ca-file", str(p / "ca.crt"),
             "--use-service-account-credentials=true",
             "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", str(ports["kcm"]),
-            "--kube-api-qps", "200", "--kube-api-burst", "400",
-            "--concurrent-job-syncs", "20", "--v", "1",
+            # Client-side throttling would make the job controller, not NodeGate, set the pace of
+            # a rollout over hundreds of simulated nodes; the API server's own fairness still applies.
+            "--kube-api-qps", "2000", "--kube-api-burst", "4000",
+            "--concurrent-job-syncs", "50", "--concurrent-gc-syncs", "50", "--v", "1",
         ])
         procs["kube-scheduler"] = self._spawn("kube-scheduler", [
             str(bins["kube-scheduler"]),
@@ -258,8 +260,15 @@ class DevCluster:
         asyncio.run(self._install_kwok_objects(bins["kwok"].parent, job_seconds))
 
         progress("Starting kwok ...")
+        # kwok plays four pod stages at a time by default; a rollout over hundreds of nodes starts
+        # hundreds of stage pods at once, and the simulated kubelet must not be the bottleneck.
+        kwok_config = self.dir / "kwok.yaml"
+        kwok_config.write_text(yaml.safe_dump({
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+            "options": {"podPlayStageParallelism": 64, "nodePlayStageParallelism": 16},
+        }))
         procs["kwok"] = self._spawn("kwok", [
-            str(bins["kwok"]), "--kubeconfig", str(self.dir / "kwok.kubeconfig"),
+            str(bins["kwok"]), "--config", str(kwok_config), "--kubeconfig", str(self.dir / "kwok.kubeconfig"),
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector", f"{stages.KWOK_NODE_ANNOTATION}={stages.KWOK_NODE_VALUE}",
             "--enable-crds", "Stage",

@@ -333,45 +333,52 @@ def decide(ctx: NodeContext) -> Decision:
 
 
 def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decision | None:
-    """Run package stages in dependency order. Returns a decision while work remains, None when done."""
+    """Run package stages in dependency order. Returns a decision while work remains, None when done.
+
+    Finished stages are recorded and the next ones started in the same decision: the executor writes
+    the node (with the new `installed`) before it creates Jobs, so a crash in between only means
+    the Jobs are created by the next look, under the same names.
+    """
     ctx, s, gate = r.ctx, r.state, r.gate
     packages = gate.spec.packages
     order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
-    running = 0
-    starts: list[tuple[str, Stage]] = []
-    recorded = False
-    for name in order:
-        w = work[name]
-        stage = w.next_stage
-        if stage is None:
-            continue
-        pkg = packages[name]
-        job = r.job_name(name, stage, stage_fingerprint(pkg, stage))
-        view = ctx.jobs.get(job)
-        if view is None:
-            starts.append((name, stage))
-            continue
-        if view.phase == "succeeded":
-            s.installed = dict(s.installed)
-            record = after_stage(stage, pkg, s.installed.get(name))
-            if record is None:
-                s.installed.pop(name, None)
-            else:
-                s.installed[name] = record
-            r.changed = recorded = True
-            r.decision.delete_jobs.append(job)
-            continue
-        if view.phase == "failed":
-            return r.fail("StageFailed", view.message or "the stage Job failed", package=name, stage=stage)
-        stuck = _stuck(view, ctx)
-        if stuck:
-            return r.fail(stuck[0], stuck[1], package=name, stage=stage)
-        _look_again_for(r, view)
-        running += 1
-    if recorded:
-        # Record results first; the next step sees the new `installed` and moves on.
-        r.decision.requeue_after = 0.0
-        return r.finish_decision()
+    finished: set[str] = set()
+    while True:
+        running = 0
+        starts: list[tuple[str, Stage]] = []
+        recorded = False
+        for name in order:
+            w = work[name]
+            stage = w.next_stage
+            if stage is None:
+                continue
+            pkg = packages[name]
+            job = r.job_name(name, stage, stage_fingerprint(pkg, stage))
+            view = ctx.jobs.get(job)
+            if view is None or job in finished:
+                starts.append((name, stage))
+                continue
+            if view.phase == "succeeded":
+                s.installed = dict(s.installed)
+                record = after_stage(stage, pkg, s.installed.get(name))
+                if record is None:
+                    s.installed.pop(name, None)
+                else:
+                    s.installed[name] = record
+                r.changed = recorded = True
+                r.decision.delete_jobs.append(job)
+                finished.add(job)
+                continue
+            if view.phase == "failed":
+                return r.fail("StageFailed", view.message or "the stage Job failed", package=name, stage=stage)
+            stuck = _stuck(view, ctx)
+            if stuck:
+                return r.fail(stuck[0], stuck[1], package=name, stage=stage)
+            _look_again_for(r, view)
+            running += 1
+        if not recorded:
+            break
+        work = round_work(gate, s)  # what is left after the stages just recorded
     if not starts and running == 0:
         return None
     if paused:
@@ -505,11 +512,9 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
                 return r.fail(stuck[0], stuck[1], package=name, stage="post-interrupt")
             _look_again_for(r, view)
             waiting = True
-    if waiting or r.changed:
-        if not waiting:
-            r.decision.requeue_after = 0.0
+    if waiting:
         return r.finish_decision()
-    return None
+    return None  # every check passed: finish in this same step
 
 
 def _finish(r: _Round) -> None:

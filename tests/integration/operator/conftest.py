@@ -121,6 +121,7 @@ class Scenario:
         self.name = name
         self.nodes: list[str] = []
         self.stages: list[str] = []
+        self.policies: list[str] = []  # deleted after the gate is gone (the webhook refuses it before)
 
     async def add_nodes(self, count: int, labels: dict[str, str] | None = None, *, start: int = 0,
                         taints: list[dict[str, str]] | None = None) -> list[str]:
@@ -201,6 +202,10 @@ class Scenario:
                     return True
             await wait_for(gone, timeout=60, what=f"gate {self.name} deleted")
         finally:
+            from gate.kube.client import POLICIES
+
+            for policy in self.policies:
+                await self.kube.delete(POLICIES, policy)
             for node in self.nodes:
                 await self.kube.delete(NODES, node)
 

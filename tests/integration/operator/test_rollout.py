@@ -11,7 +11,7 @@ from typing import Any
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
-from gate.kube.client import EVENTS, NODEGATES, NODES, POLICIES
+from gate.kube.client import EVENTS, NODEGATES, NODES
 from tests.integration.operator.conftest import Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
@@ -59,6 +59,7 @@ class BatchWatch:
 
 
 async def _policy(sc: Scenario, name: str, spec: dict[str, Any]) -> None:
+    sc.policies.append(name)
     await sc.kube.apply({"apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy",
                          "metadata": {"name": name}, "spec": spec}, field_manager="test", force=True)
 
@@ -78,19 +79,15 @@ async def test_each_strategy_sets_the_batch_sizes_within_the_budget(scenario: Sc
             {"name": "exp", "selector": {"matchLabels": {"pool": "exp"}}, "budget": {"percent": 60},
              "strategy": {"exponential": {"initialBatch": 1, "growthFactor": 2}}},
         ]})
-    try:
-        async with BatchWatch(scenario) as watch:
-            await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
-            gate = await scenario.wait_ready(timeout=120)
-        assert watch.sizes("fixed") == [2, 2, 2, 1]
-        assert watch.sizes("lin") == [1, 2, 3, 1]      # +1 per good batch, capped by the ceiling of 3
-        assert watch.sizes("exp") == [1, 2, 4]         # x2 per good batch; ceiling 60% of 7 = 4
-        assert watch.peak == {"fixed": 2, "lin": 3, "exp": 4}
-        ceilings = {c["name"]: c["ceiling"] for c in gate["status"]["compartments"]}
-        assert ceilings == {"fixed": 2, "lin": 3, "exp": 4, "__default__": 0}
-    finally:
-        await scenario.kube.delete(NODEGATES, scenario.name)
-        await scenario.kube.delete(POLICIES, policy)
+    async with BatchWatch(scenario) as watch:
+        await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
+        gate = await scenario.wait_ready(timeout=120)
+    assert watch.sizes("fixed") == [2, 2, 2, 1]
+    assert watch.sizes("lin") == [1, 2, 3, 1]      # +1 per good batch, capped by the ceiling of 3
+    assert watch.sizes("exp") == [1, 2, 4]         # x2 per good batch; ceiling 60% of 7 = 4
+    assert watch.peak == {"fixed": 2, "lin": 3, "exp": 4}
+    ceilings = {c["name"]: c["ceiling"] for c in gate["status"]["compartments"]}
+    assert ceilings == {"fixed": 2, "lin": 3, "exp": 4, "__default__": 0}
 
 
 async def test_overlapping_selectors_put_a_node_in_the_first_compartment_listed(scenario: Scenario) -> None:
@@ -105,19 +102,15 @@ async def test_overlapping_selectors_put_a_node_in_the_first_compartment_listed(
             {"name": "pool-a", "selector": {"matchLabels": {"pool": "a"}}, "budget": {"count": 1}},
             {"name": "pool-b", "selector": {"matchLabels": {"pool": "b"}}, "budget": {"count": 1}},
         ]})
-    try:
-        await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
-        gate = await scenario.wait_ready()
-        matched = {c["name"]: c["matched"] for c in gate["status"]["compartments"]}
-        assert matched == {"gpu": 2, "pool-a": 0, "pool-b": 2, "__default__": 1}
-        for node in scenario.nodes:
-            comp = (await scenario.state(node))["compartment"]
-            labels = (await scenario.node(node))["metadata"]["labels"]
-            expected = "gpu" if labels.get("gpu") else {"b": "pool-b", "c": "__default__"}[labels["pool"]]
-            assert comp == expected
-    finally:
-        await scenario.kube.delete(NODEGATES, scenario.name)
-        await scenario.kube.delete(POLICIES, policy)
+    await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
+    gate = await scenario.wait_ready()
+    matched = {c["name"]: c["matched"] for c in gate["status"]["compartments"]}
+    assert matched == {"gpu": 2, "pool-a": 0, "pool-b": 2, "__default__": 1}
+    for node in scenario.nodes:
+        comp = (await scenario.state(node))["compartment"]
+        labels = (await scenario.node(node))["metadata"]["labels"]
+        expected = "gpu" if labels.get("gpu") else {"b": "pool-b", "c": "__default__"}[labels["pool"]]
+        assert comp == expected
 
 
 async def test_failure_threshold_stops_one_compartment_while_the_others_finish(scenario: Scenario) -> None:
@@ -132,40 +125,36 @@ async def test_failure_threshold_stops_one_compartment_while_the_others_finish(s
              "strategy": {"fixed": {"initialBatch": 2}}},
         ]})
     await scenario.inject(failing_stage("fail", nodes=bad, package="tuning"))
-    try:
-        await scenario.apply_gate({"tuning": {**PKG, "retries": 0}}, deploymentPolicy=policy)
+    await scenario.apply_gate({"tuning": {**PKG, "retries": 0}}, deploymentPolicy=policy)
 
-        async def settled() -> bool:
-            status = (await scenario.gate()).get("status") or {}
-            comps = {c["name"]: c for c in status.get("compartments") or []}
-            return comps.get("bad", {}).get("state") == "stopped" and comps.get("good", {}).get("state") == "complete"
+    async def settled() -> bool:
+        status = (await scenario.gate()).get("status") or {}
+        comps = {c["name"]: c for c in status.get("compartments") or []}
+        return comps.get("bad", {}).get("state") == "stopped" and comps.get("good", {}).get("state") == "complete"
 
-        await wait_for(settled, timeout=90, what="bad stopped and good complete")
-        status = (await scenario.gate())["status"]
-        comps = {c["name"]: c for c in status["compartments"]}
-        assert comps["bad"]["failed"] == 2 and comps["bad"]["consecutiveFailures"] == 2
-        assert comps["good"]["complete"] == 4
-        statuses = [await scenario.node_status(n) for n in bad]
-        assert statuses.count("failed") == 2 and statuses.count("blocked") == 2
-        conds = {c["type"]: c for c in status["conditions"]}
-        assert conds["Degraded"]["status"] == "True" and "bad" in conds["Degraded"]["message"]
-        events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
-        assert "CompartmentStopped" in {e["reason"] for e in events}
-        await asyncio.sleep(2)  # nothing resumes by itself
-        assert [await scenario.node_status(n) for n in bad].count("failed") == 2
+    await wait_for(settled, timeout=90, what="bad stopped and good complete")
+    status = (await scenario.gate())["status"]
+    comps = {c["name"]: c for c in status["compartments"]}
+    assert comps["bad"]["failed"] == 2 and comps["bad"]["consecutiveFailures"] == 2
+    assert comps["good"]["complete"] == 4
+    statuses = [await scenario.node_status(n) for n in bad]
+    assert statuses.count("failed") == 2 and statuses.count("blocked") == 2
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Degraded"]["status"] == "True" and "bad" in conds["Degraded"]["message"]
+    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
+    assert "CompartmentStopped" in {e["reason"] for e in events}
+    await asyncio.sleep(2)  # nothing resumes by itself
+    assert [await scenario.node_status(n) for n in bad].count("failed") == 2
 
-        # A person resumes: the stop clears, the next batch runs (and fails again, stopping it again).
-        await scenario.kube.patch(NODEGATES, scenario.name, {"metadata": {"annotations": {
-            keys.RESUME_ANNOTATION: "bad"}}})
+    # A person resumes: the stop clears, the next batch runs (and fails again, stopping it again).
+    await scenario.kube.patch(NODEGATES, scenario.name, {"metadata": {"annotations": {
+        keys.RESUME_ANNOTATION: "bad"}}})
 
-        async def third_failure() -> bool:
-            return [await scenario.node_status(n) for n in bad].count("failed") == 3
+    async def third_failure() -> bool:
+        return [await scenario.node_status(n) for n in bad].count("failed") == 3
 
-        await wait_for(third_failure, what="the resumed compartment to run its next batch")
-        assert all([await scenario.node_status(n) == "complete" for n in good])
-    finally:
-        await scenario.kube.delete(NODEGATES, scenario.name)
-        await scenario.kube.delete(POLICIES, policy)
+    await wait_for(third_failure, what="the resumed compartment to run its next batch")
+    assert all([await scenario.node_status(n) == "complete" for n in good])
 
 
 async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
@@ -182,27 +171,23 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     await _policy(scenario, policy, {
         "default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}},
         "windows": [{"days": [today], "start": opened, "end": closes, "timeZone": "UTC"}]})
-    try:
-        async with BatchWatch(scenario) as watch:
-            await scenario.apply_gate({"slow": {**PKG, "interrupt": {"type": "service", "services": ["s"]}}},
-                                      deploymentPolicy=policy)
-            close_at = datetime.strptime(f"{now:%Y-%m-%d} {closes}", "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
-            await asyncio.sleep(max(0.0, (close_at - datetime.now(UTC)).total_seconds()) + 1.0)
-            started_by_close = len(watch.started_at)
-            assert 0 < started_by_close < 30, "the rollout was supposed to be running when the window closed"
+    async with BatchWatch(scenario) as watch:
+        await scenario.apply_gate({"slow": {**PKG, "interrupt": {"type": "service", "services": ["s"]}}},
+                                  deploymentPolicy=policy)
+        close_at = datetime.strptime(f"{now:%Y-%m-%d} {closes}", "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+        await asyncio.sleep(max(0.0, (close_at - datetime.now(UTC)).total_seconds()) + 1.0)
+        started_by_close = len(watch.started_at)
+        assert 0 < started_by_close < 30, "the rollout was supposed to be running when the window closed"
 
-            async def quiet() -> bool:
-                comp = ((await scenario.gate()).get("status") or {}).get("compartments") or [{}]
-                return bool(comp[0].get("state") == "outside-window" and comp[0].get("inProgress") == 0)
+        async def quiet() -> bool:
+            comp = ((await scenario.gate()).get("status") or {}).get("compartments") or [{}]
+            return bool(comp[0].get("state") == "outside-window" and comp[0].get("inProgress") == 0)
 
-            await wait_for(quiet, what="running nodes to finish after the window closed")
-            await asyncio.sleep(2)
-            assert len(watch.started_at) == started_by_close, "a node started outside the window"
-            statuses = [await scenario.node_status(n) for n in scenario.nodes]
-            assert "in-progress" not in statuses and statuses.count("complete") == started_by_close
-    finally:
-        await scenario.kube.delete(NODEGATES, scenario.name)
-        await scenario.kube.delete(POLICIES, policy)
+        await wait_for(quiet, what="running nodes to finish after the window closed")
+        await asyncio.sleep(2)
+        assert len(watch.started_at) == started_by_close, "a node started outside the window"
+        statuses = [await scenario.node_status(n) for n in scenario.nodes]
+        assert "in-progress" not in statuses and statuses.count("complete") == started_by_close
 
 
 async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Scenario) -> None:

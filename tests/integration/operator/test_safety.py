@@ -85,8 +85,8 @@ async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario:
         state = await scenario.state(node)
         assert state["phase"] == "drain" and app in state["drainBlockedBy"]
         # A second replica elsewhere: the disruption controller now allows one eviction.
-        await scenario.kube.create(PODS, _pod(f"{app}-1", f"{scenario.name}-99", {"app": app}))
         await scenario.add_nodes(1, start=99, labels={"test": f"{scenario.name}-spare"})
+        await scenario.kube.create(PODS, _pod(f"{app}-1", f"{scenario.name}-99", {"app": app}))
         await _pod_running(scenario, f"{app}-1")
         await wait_for(lambda: _node_complete(scenario, node), timeout=90, what="drain to finish")
         pods = [p["metadata"]["name"] for p in (await scenario.kube.list(PODS, "default",

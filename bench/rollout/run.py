@@ -1,0 +1,214 @@
+"""Fleet rollout benchmark on the real control plane with kwok nodes.
+
+    python -m bench.rollout.run --nodes 1000                  # issue 5: 3 compartments, budget 10%
+    python -m bench.rollout.run --nodes 100 --budget 100 --compartments 1   # issue 4: operator overhead
+
+One NodeGate with three packages and a service interrupt; every stage Job's pod runs for
+`--stage-seconds` on its simulated node, so a node takes three stage times (apply, the interrupt,
+the post-interrupt check). Figures printed:
+
+* makespan: apply of the gate to its Ready condition;
+* lower bound: batches needed under each compartment's ceiling x the time one node takes alone,
+  measured in the same run on a node of its own (the baseline), and the same with the bare simulated
+  stage time (3 x stage seconds) for reference;
+* the most nodes disrupted (cordoned) at once per compartment, seen by a watcher of our own, next
+  to the ceiling;
+* API requests the operator sent per node; operator CPU seconds and peak RSS.
+
+Nothing here asserts on time: it prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gate.devcluster.cluster import DevCluster, NodeSpec
+from gate.devcluster.services import install_crds, start_operator
+from gate.kube.cache import WatchCache
+from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
+
+PACKAGES = {
+    name: {"version": "1.0.0", "image": f"registry.example.com/{name}",
+           "interrupt": {"type": "service", "services": [name]}}
+    for name in ("kernel-tuning", "gpu-driver-cfg", "security-agent")
+}
+
+
+def proc_stats(pid: int) -> tuple[float, int]:
+    """(CPU seconds, peak RSS bytes) of a process, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    peak = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            peak = int(line.split()[1]) * 1024
+    return cpu, peak
+
+
+def api_requests(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("nodegate_api_requests "):
+                return float(line.split()[1])
+    return 0.0
+
+
+class DisruptionWatch:
+    """Counts cordoned nodes per compartment label, independently of the operator."""
+
+    def __init__(self, client: KubeClient, label: str) -> None:
+        self.label = label
+        self.cache = WatchCache(client, NODES, label_selector="bench=rollout")
+        self.cordoned: dict[str, set[str]] = defaultdict(set)
+        self.peak: dict[str, int] = defaultdict(int)
+        self.cache.subscribe(self._on)
+
+    def _on(self, kind: str, node: dict[str, Any]) -> None:
+        pool = (node["metadata"].get("labels") or {}).get(self.label, "?")
+        name = node["metadata"]["name"]
+        if kind != "DELETED" and (node.get("spec") or {}).get("unschedulable"):
+            self.cordoned[pool].add(name)
+        else:
+            self.cordoned[pool].discard(name)
+        self.peak[pool] = max(self.peak[pool], len(self.cordoned[pool]))
+
+
+async def wait_ready(client: KubeClient, name: str, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        gate = await client.get(NODEGATES, name)
+        status = gate.get("status") or {}
+        conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        if status.get("observedGeneration") == gate["metadata"]["generation"] and conds.get("Ready") == "True":
+            return time.monotonic()
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"gate {name} not Ready within {timeout:.0f}s")
+
+
+def gate_manifest(name: str, selector: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": selector}, "packages": PACKAGES, **spec}}
+
+
+async def timed_rollout(client: KubeClient, manifest: dict[str, Any], timeout: float) -> float:
+    start = time.monotonic()
+    await client.apply(manifest, field_manager="bench", force=True)
+    return await wait_ready(client, manifest["metadata"]["name"], timeout) - start
+
+
+async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port: int) -> dict[str, Any]:
+    client = await cluster.client(timeout=120)
+    try:
+        # Baseline: one node alone, same packages and interrupt: what one node takes end to end.
+        baseline = await timed_rollout(client, gate_manifest("bench-baseline", {"bench": "baseline"}), 300)
+
+        pools = [f"pool-{chr(ord('a') + i)}" for i in range(args.compartments)]
+        spec: dict[str, Any]
+        if args.compartments > 1 or args.budget < 100:
+            policy = {"apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy",
+                      "metadata": {"name": "bench-fleet"},
+                      "spec": {"default": {"budget": {"percent": args.budget}},
+                               "compartments": [
+                                   {"name": p, "selector": {"matchLabels": {"pool": p}},
+                                    "budget": {"percent": args.budget},
+                                    # batches as large as the budget allows: the budget alone sets the pace
+                                    "strategy": {"fixed": {"initialBatch": args.nodes}}}
+                                   for p in pools]}}
+            await client.apply(policy, field_manager="bench", force=True)
+            spec = {"deploymentPolicy": "bench-fleet"}
+        else:
+            spec = {"interruptionBudget": {"percent": 100}}
+        watch = DisruptionWatch(client, "pool")
+        await watch.cache.start()
+        cpu0, _ = proc_stats(pid)
+        req0 = api_requests(port)
+        makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
+                                       args.timeout)
+        cpu1, peak_rss = proc_stats(pid)
+        req1 = api_requests(port)
+        await watch.cache.stop()
+        gate = await client.get(NODEGATES, "bench-fleet")
+        comps = {c["name"]: c for c in gate["status"]["compartments"]}
+        per_pool = {}
+        batches = 0
+        for pool in pools:
+            comp = comps.get(pool) or comps["__default__"]
+            need = math.ceil(comp["matched"] / max(1, comp["ceiling"]))
+            batches = max(batches, need)
+            per_pool[pool] = {"matched": comp["matched"], "ceiling": comp["ceiling"], "batches": need,
+                              "peak_disrupted": watch.peak.get(pool, 0)}
+        simulated = 3 * args.stage_seconds
+        return {
+            "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
+            "stage_seconds": args.stage_seconds,
+            "baseline_one_node_s": round(baseline, 2),
+            "makespan_s": round(makespan, 2),
+            "lower_bound_s": round(batches * baseline, 2),
+            "ratio_vs_lower_bound": round(makespan / (batches * baseline), 3),
+            "simulated_lower_bound_s": round(batches * simulated, 2),
+            "ratio_vs_simulated_bound": round(makespan / (batches * simulated), 3),
+            "overhead_over_simulated_s": round(makespan - batches * simulated, 2),
+            "compartments_detail": per_pool,
+            "never_over_ceiling": all(p["peak_disrupted"] <= p["ceiling"] for p in per_pool.values()),
+            "api_requests_per_node": round((req1 - req0) / args.nodes, 1),
+            "operator_cpu_s": round(cpu1 - cpu0, 1),
+            "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+        }
+    finally:
+        for name in ("bench-fleet", "bench-baseline"):
+            await client.delete(NODEGATES, name)
+        await client.delete(POLICIES, "bench-fleet")
+        await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--compartments", type=int, default=3)
+    parser.add_argument("--budget", type=int, default=10, help="percent per compartment")
+    parser.add_argument("--stage-seconds", type=float, default=2.0)
+    parser.add_argument("--workers", type=int, default=16, help="operator node reconcile workers")
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    state = Path(tempfile.mkdtemp(prefix="nodegate-bench-"))
+    cluster = DevCluster(state)
+    try:
+        t0 = time.monotonic()
+        cluster.up(NodeSpec(1, {"bench": "baseline"}, prefix="baseline-"), job_seconds=args.stage_seconds,
+                   progress=lambda m: print(m, flush=True))
+        pools = [f"pool-{chr(ord('a') + i)}" for i in range(args.compartments)]
+        per = args.nodes // len(pools)
+        for i, pool in enumerate(pools):
+            count = per if i < len(pools) - 1 else args.nodes - per * (len(pools) - 1)
+            asyncio.run(cluster.add_nodes(NodeSpec(count, {"bench": "rollout", "pool": pool},
+                                                   prefix=f"{pool}-"), timeout=600))
+        print(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f}s", flush=True)
+        asyncio.run(install_crds(cluster))
+        port = start_operator(cluster, lambda m: print(m, flush=True),
+                              extra=["--workers", str(args.workers), "--poll-seconds", "1"])
+        pid = cluster.processes()["operator"].pid
+        result = asyncio.run(measure(cluster, args, pid, port))
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        cluster.down(quiet=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
