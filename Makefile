@@ -43,3 +43,15 @@ crds: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The Helm chart: `make manifests` regenerates what is generated (the chart's RBAC rules from
+# gate/controller/rbac.py, its CRDs, and the plain manifests operator/, webhooks/, certs/);
+# `make chart` lints it and runs the rendering tests (no cluster needed).
+.PHONY: manifests chart
+
+manifests: binaries
+	$(VENV)/bin/nodegate manifests
+
+chart: binaries
+	$(VENV)/bin/nodegate manifests --check
+	$(PY) -m pytest tests/chart/test_render.py -q

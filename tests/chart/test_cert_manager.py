@@ -25,8 +25,16 @@ import yaml
 from gate.devcluster.cluster import DevCluster, free_port, wait_established
 from gate.kube.client import CRDS, DEPLOYMENTS, MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS, KubeClient
 from tests.chart.certmanager import CERTIFICATES, INJECT, FakeCertManager
-from tests.chart.conftest import Obj
-from tests.chart.outofcluster import Release, install, run_deployment, token_kubeconfig, uninstall, wait_https
+from tests.chart.conftest import CHART_DIR, Obj
+from tests.chart.outofcluster import (
+    DEV_CLUSTER_TOLERATIONS,
+    Release,
+    install,
+    run_deployment,
+    token_kubeconfig,
+    uninstall,
+    wait_https,
+)
 from tests.conftest import REPO, Kubectl, unique
 
 CRD_FILE = Path(__file__).with_name("cert_manager_crds.yaml")
@@ -166,3 +174,21 @@ def test_plain_cert_manager_manifests_are_accepted_by_the_api_server(cm_installe
     assert "certificate.cert-manager.io/nodegate-webhook created (server dry run)" in proc.stdout or \
         "certificate.cert-manager.io/nodegate-webhook configured (server dry run)" in proc.stdout, proc.stdout
 
+
+async def test_helm_upgrade_changes_the_configurations_and_keeps_the_injected_ca_bundle(
+        cm_installed: CertManagerInstall, kube: KubeClient) -> None:
+    """The chart never renders caBundle: Helm's three-way merge leaves what cainjector (or the
+    self-managed webhook) set, while the fields the chart owns follow the new values."""
+    release = cm_installed.release
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
+        yaml.safe_dump({"fullnameOverride": release.prefix, "certManager": {"enabled": True},
+                        "webhook": {"timeoutSeconds": 7, "tolerations": DEV_CLUSTER_TOLERATIONS},
+                        "operator": {"tolerations": DEV_CLUSTER_TOLERATIONS}}, vf)
+        vf.flush()
+        await asyncio.to_thread(release.helm, "upgrade", release.name, str(CHART_DIR), "--values", vf.name,
+                                "--wait", "--timeout", "3m")
+    bundle = base64.b64encode(cm_installed.ca).decode()
+    for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+        config = await kube.get(res, release.prefix)
+        assert {w["clientConfig"]["caBundle"] for w in config["webhooks"]} == {bundle}
+        assert {w["timeoutSeconds"] for w in config["webhooks"]} == ({7} if res is VALIDATING_WEBHOOKS else {7, 3})
