@@ -306,6 +306,9 @@ async def test_two_operators_as_the_charts_service_account_only_the_leader_acts_
     acquired = min(_time(a) for h, a, _ in renewals if h == standby and a)
     gap = (acquired - last_renewal).total_seconds()
     assert gap >= lease_seconds, f"took over {gap:.2f}s after the last renewal, before the lease expired"
+    # ... and once it had expired, the standby (polling every 2 s) took over within one more lease
+    # duration: a liveness bound with slack for a loaded machine, not a performance figure.
+    assert gap <= 2 * lease_seconds, f"took over only {gap:.2f}s after the last renewal"
     print(f"\nHA: lease {lease_seconds}s; takeover {takeover:.2f}s after SIGKILL, "
           f"{gap:.2f}s after the leader's last renewal")
 
