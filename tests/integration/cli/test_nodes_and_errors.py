@@ -39,7 +39,8 @@ async def test_ignore_unignore_and_reset_write_requests_the_operator_acts_on(
 
     await wait_for(left, what="the operator releasing the ignored node")
     everything = (await cli.ok("node", "list")).lines
-    assert f"{one}  yes    no        yes      -" in [line.rstrip() for line in everything]
+    assert everything[0].split() == ["NODE", "READY", "CORDONED", "IGNORED", "GATES"]
+    assert [one, "yes", "no", "yes", "-"] in [line.split() for line in everything]
     assert (await cli.ok("node", "unignore", one)).out.startswith(f"node/{one}: removed the label")
     await scenario.wait_node(one, "complete")
 

@@ -63,6 +63,8 @@ async def test_a_failed_batch_is_explained_by_status_and_logs_and_cleared_by_rer
         assert f"NodeGate {g}, node {bad}, package tool, stage apply: failed" in logs
         assert "The agent's summary: step install exited 3: /etc/tool.conf: read-only file system" in logs
         assert f"/var/log/nodegate/{g}/tool/1.0.0/" in logs
+        followed = (await cli.ok("package", "logs", bad, "tool", "--follow")).out  # the pod ended: returns
+        assert "The agent's summary: step install exited 3" in followed
         none = (await cli.ok("package", "logs", good, "tool")).out
         assert none.startswith(f"No stage Job of tool is left on node {good}: the operator deletes the Job of every "
                                "stage that succeeded")
