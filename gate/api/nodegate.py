@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, JsonValue
+from pydantic import ConfigDict, Field, JsonValue, PrivateAttr
 
 from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta
 
+T = TypeVar("T")
 PACKAGE_NAME_PATTERN = r"^[a-z][-a-z0-9]{0,41}[a-z]$"
 MAX_PACKAGES = 64
 
@@ -143,8 +145,17 @@ class Package(Model):
         default_factory=list, max_length=16, description="Secrets for pulling the image."
     )
 
+    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
+
     def interrupt_or_none(self) -> Interrupt:
         return self.interrupt or Interrupt()
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        """A value derived from this package (hashes), computed once: specs are never changed in place."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        value: T = self._memo[key]
+        return value
 
 
 class Drain(Model):

@@ -92,16 +92,17 @@ def _digest(payload: object) -> str:
 
 def spec_hash(package: Package) -> str:
     """Hash of what re-runs apply when it changes: image, env, resources (not version, not config)."""
-    return _digest({
+    return package.memo("spec_hash", lambda: _digest({
         "image": package.image,
         "env": [e.to_wire() for e in package.env],
         "resources": package.resources.to_wire() if package.resources else None,
         "pullSecrets": [s.name for s in package.image_pull_secrets],
-    })
+    }))
 
 
 def config_hashes(package: Package) -> dict[str, str]:
-    return {key: hashlib.sha256(value.encode()).hexdigest()[:16] for key, value in package.config.items()}
+    return dict(package.memo("config_hashes", lambda: {
+        key: hashlib.sha256(value.encode()).hexdigest()[:16] for key, value in package.config.items()}))
 
 
 def config_hash(package: Package) -> str:

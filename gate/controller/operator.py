@@ -70,6 +70,7 @@ class Operator:
         self._fleet_memo: dict[str, tuple[str, FleetNode]] = {}
         self._gate_memo: dict[str, tuple[str, NodeGate]] = {}
         self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
+        self._gate_seen: dict[str, tuple[Any, bool]] = {}
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
@@ -142,8 +143,10 @@ class Operator:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
+            # A safety net, not the engine: every change arrives as an event; this catches a lost one.
             for gate in self.gates.items():
                 self.queue.add(("gate", gate["metadata"]["name"]))
+                self._enqueue_gate_nodes(gate["metadata"]["name"])
 
     async def _worker(self, number: int) -> None:
         while True:
@@ -178,9 +181,14 @@ class Operator:
         self.queue.add_after(("gate", gate), GATE_DEBOUNCE)
 
     def _on_gate(self, kind: str, obj: Obj) -> None:
-        name = obj["metadata"]["name"]
+        meta = obj["metadata"]
+        name = meta["name"]
         self.queue.add(("gate", name))
-        self._enqueue_gate_nodes(name)
+        # Nodes care about the spec (generation) and deletion, not about the status we keep writing.
+        seen = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        if self._gate_seen.get(name) != seen:
+            self._gate_seen[name] = seen
+            self._enqueue_gate_nodes(name)
 
     def _enqueue_gate_nodes(self, gate: str) -> None:
         annotation = keys.state_annotation(gate)
@@ -219,7 +227,9 @@ class Operator:
 
     def _on_job(self, kind: str, job: Obj) -> None:
         owner = self._index_job(kind, job)
-        if owner is not None:
+        # Only an ending (or a vanished) Job moves a node on; the many status updates of a running
+        # Job (active, ready, pod counts) do not, and reconciling on each would cost more than all else.
+        if owner is not None and (kind == "DELETED" or _job_finished(job)):
             self.queue.add(("node", *owner))
 
     def _index_pod(self, kind: str, pod: Obj) -> str | None:
@@ -239,7 +249,8 @@ class Operator:
         self._index_pod(kind, pod)
         ann = pod["metadata"].get("annotations") or {}
         gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
-        if gate and node:
+        # A stage pod matters on its own only when it may be stuck (the Job says when it ends).
+        if gate and node and _pod_may_be_stuck(pod):
             self.queue.add(("node", gate, node))
 
     # -- reading ----------------------------------------------------------------------------------
@@ -326,8 +337,6 @@ class Operator:
 
         results = await asyncio.gather(*(apply(n, u) for n, u in gplan.updates.items()), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        for node in gplan.active:
-            self.queue.add(("node", name, node))
         if errors:
             # Node writes that lost a race are retried through the queue; status waits for them so
             # that compartment progress is never written ahead of the nodes it counts.
@@ -607,6 +616,23 @@ class Operator:
         site = web.TCPSite(runner, self.settings.metrics_host, self.settings.metrics_port)
         await site.start()
         return runner
+
+
+def _job_finished(job: Obj) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
+
+
+_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
+
+
+def _pod_may_be_stuck(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS:
+            return True
+    return False
 
 
 def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:

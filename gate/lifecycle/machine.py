@@ -183,7 +183,10 @@ class _Round:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.gate = ctx.gate
-        self.state = ctx.state.model_copy(deep=True)
+        # Shallow: every change below assigns a new value (lists and dicts are replaced, never
+        # mutated in place), so the caller's state is never touched. A deep copy per look was the
+        # largest cost of a reconcile.
+        self.state = ctx.state.model_copy()
         self.decision = Decision()
         self.changed = False
 
