@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: all demo test check unit integration binaries crds clean-venv
+.PHONY: all demo test check unit integration binaries crds generate manifests chart clean-venv
 
 all: test
 
@@ -40,6 +40,12 @@ test: check binaries
 
 crds: $(STAMP)
 	$(VENV)/bin/nodegate crds --output crds
+
+# Everything generated from the models and the chart, in dependency order (tests fail when stale).
+generate: binaries
+	$(VENV)/bin/nodegate crds --output crds
+	$(VENV)/bin/nodegate api-docs
+	$(VENV)/bin/nodegate manifests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -74,7 +74,7 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
     if "type" not in out and "properties" in out:
         out["type"] = "object"
     default = node.get("default")
-    if isinstance(default, (bool, int, str)) and "description" in out:
+    if isinstance(default, (bool, int, str)) and default != "" and "description" in out:
         shown = json.dumps(default) if not isinstance(default, str) else default
         out["description"] = f"{out['description'].rstrip('.')}. Default: {shown}."
     # description and type first: the generated YAML reads like hand-written CRDs

@@ -45,22 +45,22 @@ class Failure(Model):
 
 
 class NodeGateState(Model):
-    v: StateVersion = 1
-    status: NodeStatus = "waiting"
+    v: StateVersion = Field(default=1, description="Version of this record's format.")
+    status: NodeStatus = Field(default="waiting", description="waiting, in-progress, complete, failed or blocked.")
     generation: int = Field(default=0, description="Gate generation of the current (or last) round.")
     round: int = Field(default=0, description="Bumped by a reset or rerun, so stage Jobs get new names.")
     batch: int = Field(default=0, description="Rollout batch the node was picked into (0: not picked).")
-    compartment: str | None = None
-    phase: Phase = "idle"
+    compartment: str | None = Field(default=None, description="Compartment the node was picked in.")
+    phase: Phase = Field(default="idle", description="Step of the current round: " + ", ".join(PHASES) + ".")
     phase_since: str | None = Field(default=None, description="When the current phase began (RFC 3339).")
     boot_id: str | None = Field(default=None, description="The node's bootID when last seen by the operator.")
     cordoned: bool = Field(default=False, description="NodeGate cordoned the node in this round.")
     interrupt: Interrupt | None = Field(default=None, description="Merged interrupt this round needs.")
     interrupted: list[str] = Field(default_factory=list, description="Packages that asked for the interrupt.")
-    installed: dict[str, Installed] = Field(default_factory=dict)
+    installed: dict[str, Installed] = Field(default_factory=dict, description="What each package left on the node.")
     post_checked: list[str] = Field(default_factory=list, description="Packages whose post-interrupt check passed.")
-    drain_blocked_by: str | None = None
-    failure: Failure | None = None
+    drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
+    failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
 
     def dump(self) -> str:
@@ -110,3 +110,29 @@ def config_hash(package: Package) -> str:
 
 
 INTERRUPT_RANK: dict[InterruptType, int] = {"none": 0, "service": 1, "restartAllServices": 2, "reboot": 3}
+
+
+def failure_message(message: str) -> str:
+    """A failure message for a person: the agent's JSON summary (a stage pod's termination message)
+    becomes "step X exited N: <its message>"; anything else is returned as it is."""
+    text = message.strip()
+    if not text.startswith("{"):
+        return text
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(summary, dict):
+        return text
+    parts = []
+    step, code = summary.get("failedStep"), summary.get("exitCode")
+    if step and code is not None:
+        parts.append(f"step {step} exited {code}")
+    elif step:
+        parts.append(f"step {step} failed")
+    elif code is not None:
+        parts.append(f"exited {code}")
+    detail = str(summary.get("message") or "").strip()
+    if detail:
+        parts.append(detail.splitlines()[-1] if len(detail) > 300 else detail)
+    return ": ".join(parts) or text

@@ -554,7 +554,7 @@ def _job_phase(job: Obj) -> str:
 
 
 async def _show_pod_log(client: KubeClient, namespace: str, pod: Obj, *, follow: bool) -> None:
-    from gate.cli.report import failure_message
+    from gate.api.state import failure_message
     from gate.kube.errors import ApiError
 
     name = pod["metadata"]["name"]
@@ -605,31 +605,8 @@ def _print_host_dirs(dirs: list[str]) -> None:
 
 
 async def get_text(client: KubeClient, path: str, params: dict[str, str]) -> str:
-    """GET a plain-text endpoint (pod logs): KubeClient.request decodes JSON only."""
-    from gate.kube.client import _error
-
-    session = client._sess()  # see stream_text
-    async with session.get(client.base_url + path, params=params, headers=await client._headers(None)) as resp:
-        text = await resp.text()
-        if resp.status >= 400:
-            raise _error(resp, text, "GET", path)
-        return text
+    return await client.get_text(path, params)
 
 
-async def stream_text(client: KubeClient, path: str, params: dict[str, str]) -> AsyncIterator[str]:
-    """Stream a plain-text endpoint (`follow=true` logs) chunk by chunk until the server ends it.
-
-    KubeClient has no public streaming call for non-JSON bodies yet, so this reuses its session and
-    authentication headers; a `KubeClient.stream_text` would be the place for it."""
-    import aiohttp
-
-    from gate.kube.client import _error
-
-    session = client._sess()
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    async with session.get(client.base_url + path, params=params, headers=await client._headers(None),
-                           timeout=timeout) as resp:
-        if resp.status >= 400:
-            raise _error(resp, await resp.text(), "GET", path)
-        async for chunk in resp.content.iter_any():
-            yield chunk.decode(errors="replace")
+def stream_text(client: KubeClient, path: str, params: dict[str, str]) -> AsyncIterator[str]:
+    return client.stream_text(path, params)

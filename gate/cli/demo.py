@@ -416,7 +416,7 @@ def _summary(say: Narrator, settings: DemoSettings, report: Any, events: list[di
 
 def _readable(note: str) -> str:
     """An Event's note on one line, with an agent's JSON summary in it shown as `failure_message` does."""
-    from gate.cli.report import failure_message
+    from gate.api.state import failure_message
 
     start = note.find("{")
     if start >= 0:

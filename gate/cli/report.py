@@ -10,7 +10,6 @@ what the operator would decide, not a second opinion that could drift from it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 from gate.api import keys
 from gate.api.nodegate import CompartmentStatus, NodeGate
 from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
-from gate.api.state import Failure, NodeGateState, StateParseError
+from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
 from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
 from gate.controller.views import fleet_node, parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
@@ -312,32 +311,6 @@ def _failed(name: str, compartment: str, raw: NodeGateState | StateParseError | 
     cordoned = raw.cordoned if raw is not None else False
     return FailedNode(name, compartment, failure.package, failure.stage, failure.reason,
                       failure_message(failure.message), cordoned)
-
-
-def failure_message(message: str) -> str:
-    """A failure message for a person: the agent's JSON summary (a stage pod's termination message)
-    becomes "step X exited N: <its message>"; anything else is returned as it is."""
-    text = message.strip()
-    if not text.startswith("{"):
-        return text
-    try:
-        summary = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(summary, dict):
-        return text
-    parts = []
-    step, code = summary.get("failedStep"), summary.get("exitCode")
-    if step and code is not None:
-        parts.append(f"step {step} exited {code}")
-    elif step:
-        parts.append(f"step {step} failed")
-    elif code is not None:
-        parts.append(f"exited {code}")
-    detail = str(summary.get("message") or "").strip()
-    if detail:
-        parts.append(detail.splitlines()[-1] if len(detail) > 300 else detail)
-    return ": ".join(parts) or text
 
 
 def _summary(gate: NodeGate) -> str:

@@ -140,7 +140,9 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
     container: Obj = {
         "name": "agent", "image": settings.agent_image, "command": ["nodegate"], "args": args,
         "env": env, "volumeMounts": mounts,
-        "securityContext": {"privileged": True},
+        # Root on purpose, and only here: the agent chroots into the host. NodeGate's image defaults
+        # to an unprivileged user for the webhook and the operator.
+        "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -215,7 +217,9 @@ def job_view(job: Obj, pods: list[Obj]) -> JobView:
             phase = "pending"
         if waiting_reason:
             waiting_since = _time(pod.get("metadata", {}).get("creationTimestamp"))
+    labels = job.get("metadata", {}).get("labels") or {}
     return JobView(
         name=job["metadata"]["name"], phase=phase, message=message[:2000], waiting_reason=waiting_reason,
         waiting_since=waiting_since, created=_time(job.get("metadata", {}).get("creationTimestamp")),
+        package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
     )

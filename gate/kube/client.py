@@ -212,6 +212,35 @@ class KubeClient:
         except (TimeoutError, aiohttp.ClientConnectionError, ssl.SSLError) as exc:
             raise ConnectionFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
 
+    async def get_text(self, path: str, params: dict[str, Any] | None = None) -> str:
+        """GET a plain-text endpoint, such as a pod's log."""
+        clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        self.requests += 1
+        try:
+            async with self._sess().get(self.base_url + path, params=clean, headers=await self._headers(None),
+                                        timeout=aiohttp.ClientTimeout(total=self._timeout)) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise _error(resp, text, "GET", path)
+                return text
+        except (aiohttp.ClientConnectionError, TimeoutError, ssl.SSLError) as exc:
+            raise ConnectionFailed(f"GET {path}: {exc.__class__.__name__}: {exc}") from exc
+
+    async def stream_text(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[str]:
+        """Stream a plain-text endpoint (a followed log) chunk by chunk until the server ends it."""
+        clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        self.requests += 1
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
+        try:
+            async with self._sess().get(self.base_url + path, params=clean, headers=await self._headers(None),
+                                        timeout=timeout) as resp:
+                if resp.status >= 400:
+                    raise _error(resp, await resp.text(), "GET", path)
+                async for chunk in resp.content.iter_any():
+                    yield chunk.decode(errors="replace")
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise ConnectionFailed(f"GET {path}: {exc.__class__.__name__}: {exc}") from exc
+
     async def get(self, res: Resource, name: str, namespace: str | None = None,
                   subresource: str | None = None) -> Obj:
         result: Obj = await self.request("GET", res.path(namespace, name, subresource))

@@ -198,6 +198,9 @@ def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
         return None
     if state is not None and state.status == "in-progress":
         return None
+    if state is not None and state.status == "failed" and not _batch_closed(gate, state):
+        # Its batch is not judged yet: retrying now would erase the failure the judgement counts.
+        return None
     up = _update(updates, node.view.name)
     base = state or NodeGateState()
     if reset_key in annotations:
@@ -217,6 +220,15 @@ def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
     up.change.status = "waiting"
     up.events.append(EventRequest("node", "Normal", "RerunRequested", message))
     return fresh
+
+
+def _batch_closed(gate: NodeGate, state: NodeGateState) -> bool:
+    if state.batch <= 0 or gate.status is None:
+        return True
+    for comp in gate.status.compartments:
+        if comp.name == state.compartment:
+            return comp.batch > state.batch  # the stored batch number moves past a batch once judged
+    return True
 
 
 def _resumed(gate: NodeGate, value: str) -> NodeGate:

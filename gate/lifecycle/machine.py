@@ -24,7 +24,17 @@ from typing import Literal
 from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.nodegate import Interrupt, NodeGate, Package
-from gate.api.state import Failure, Installed, NodeGateState, Phase, Stage, config_hash, spec_hash
+from gate.api.state import (
+    PACKAGE_STAGES,
+    Failure,
+    Installed,
+    NodeGateState,
+    Phase,
+    Stage,
+    config_hash,
+    failure_message,
+    spec_hash,
+)
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
@@ -42,6 +52,8 @@ class JobView:
     waiting_reason: str = ""  # the pod's container waiting reason (ErrImagePull, ImagePullBackOff, ...)
     waiting_since: datetime | None = None  # since when the pod is stuck in that reason
     created: datetime | None = None
+    package: str | None = None  # from the Job's labels
+    stage: str = ""
 
 
 @dataclass(frozen=True)
@@ -206,7 +218,7 @@ class _Round:
         self.changed = True
         self.decision.node.status = "failed"
         where = f"package {package} stage {stage}" if package else f"step {stage or self.state.phase}"
-        text = f"Node {self.ctx.node.name} failed in {where}: {reason}: {message}"
+        text = f"Node {self.ctx.node.name} failed in {where}: {reason}: {failure_message(message)}"
         self.event("node", "Warning", reason, text)
         self.event("gate", "Warning", reason, text)
         return self.finish_decision()
@@ -346,14 +358,15 @@ def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decisio
     packages = gate.spec.packages
     order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
     finished: set[str] = set()
+    busy = _stale_stage_jobs(r, work)
     while True:
-        running = 0
+        running = len(busy)
         starts: list[tuple[str, Stage]] = []
         recorded = False
         for name in order:
             w = work[name]
             stage = w.next_stage
-            if stage is None:
+            if stage is None or name in busy:
                 continue
             pkg = packages[name]
             job = r.job_name(name, stage, stage_fingerprint(pkg, stage))
@@ -405,6 +418,31 @@ def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decisio
         return r.fail("DependencyUnsatisfied", f"{missing} wait for dependencies whose installed version does "
                       "not satisfy the constraint", package=blocked[0], stage="apply")
     return r.finish_decision()
+
+
+def _stale_stage_jobs(r: _Round, work: Mapping[str, PackageWork]) -> set[str]:
+    """Packages with a stage Job from an earlier spec still running on the node.
+
+    The spec changed under a running stage (a new version, say): the new stage waits until the old
+    one ends, so two stages of one package never run on a host at once. Ended stale Jobs are removed.
+    """
+    busy: set[str] = set()
+    packages = r.gate.spec.packages
+    for view in r.ctx.jobs.values():
+        if view.package is None or view.stage not in PACKAGE_STAGES:
+            continue
+        pkg = packages.get(view.package)
+        w = work.get(view.package)
+        current = None
+        if pkg is not None and w is not None and w.next_stage is not None:
+            current = r.job_name(view.package, w.next_stage, stage_fingerprint(pkg, w.next_stage))
+        if view.name == current:
+            continue
+        if view.phase in ("pending", "running"):
+            busy.add(view.package)
+        elif view.name not in r.decision.delete_jobs:
+            r.decision.delete_jobs.append(view.name)
+    return busy
 
 
 def _dep_ready(dep: str, constraint: str, work: Mapping[str, PackageWork], installed: Mapping[str, Installed]) -> bool:

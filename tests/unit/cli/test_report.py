@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from gate.api import keys
-from gate.cli.report import Snapshot, build_reports, failure_message
+from gate.api.state import failure_message
+from gate.cli.report import Snapshot, build_reports
 from tests.unit.cli.builders import (
     NOW,
     agent_summary,

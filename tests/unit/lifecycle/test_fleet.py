@@ -135,3 +135,19 @@ def test_version_constraints() -> None:
     assert constraint_satisfied(">=1.2.0 <2", "1.9.9") and not constraint_satisfied(">=1.2.0 <2", "2.0.0")
     assert constraint_satisfied("^0.3", "0.3.9") and not constraint_satisfied("^0.3", "0.4.0")
     assert constraint_error("one point two") is not None and constraint_error("~1.2") is None
+
+
+def test_a_rerun_of_a_failed_node_waits_until_its_batch_is_judged() -> None:
+    raw = gate({"k": PKG}).to_wire()
+    failed = NodeGateState(status="failed", round=1, batch=2, compartment="__default__",
+                           failure=Failure(stage="apply", reason="StageFailed", generation=1))
+    request = {keys.rerun_annotation("g"): "k/apply"}
+    raw["status"] = {"observedGeneration": 1, "compartments": [{"name": "__default__", "batch": 2, "batchSize": 1}]}
+    open_batch = NodeGate.model_validate(raw)
+    held = plan_gate(open_batch, None, [fleet_node("n1", state=failed, annotations=request)], gates=[open_batch],
+                     now=NOW)
+    assert "n1" not in held.updates or keys.rerun_annotation("g") not in held.updates["n1"].remove_annotations
+    raw["status"]["compartments"][0]["batch"] = 3
+    judged = NodeGate.model_validate(raw)
+    done = plan_gate(judged, None, [fleet_node("n1", state=failed, annotations=request)], gates=[judged], now=NOW)
+    assert keys.rerun_annotation("g") in done.updates["n1"].remove_annotations

@@ -253,3 +253,18 @@ def test_job_names_are_deterministic_and_change_with_the_round() -> None:
     again = decide(ctx(g, started(g))).create_jobs[0].name
     later = decide(ctx(g, started(g, round=5))).create_jobs[0].name
     assert first == again and first != later and len(first) <= 63
+
+
+def test_a_spec_change_under_a_running_stage_waits_for_it_before_the_new_one() -> None:
+    old = gate({"k": PKG})
+    first = decide(ctx(old, started(old)))
+    [req] = first.create_jobs
+    state = first.state or started(old)
+    running = {req.name: JobView(req.name, "running", package="k", stage="apply")}
+    new = gate({"k": {**PKG, "version": "2.0.0"}})
+    d = decide(ctx(new, state, jobs=running))
+    assert not d.create_jobs, "a second stage of the same package started while the first runs"
+    done = {req.name: JobView(req.name, "succeeded", package="k", stage="apply")}
+    d = decide(ctx(new, state, jobs=done))
+    assert req.name in d.delete_jobs
+    assert [(j.package, j.version) for j in d.create_jobs] == [("k", "2.0.0")]
