@@ -306,9 +306,8 @@ async def test_two_operators_as_the_charts_service_account_only_the_leader_acts_
     acquired = min(_time(a) for h, a, _ in renewals if h == standby and a)
     gap = (acquired - last_renewal).total_seconds()
     assert gap >= lease_seconds, f"took over {gap:.2f}s after the last renewal, before the lease expired"
-    # ... and once it had expired, the standby (polling every 2 s) took over within one more lease
-    # duration: a liveness bound with slack for a loaded machine, not a performance figure.
-    assert gap <= 2 * lease_seconds, f"took over only {gap:.2f}s after the last renewal"
+    # How soon after expiry it took over is a figure, printed, not asserted (tests assert no wall time);
+    # that it took over at all is what `taken_over` above waited for.
     print(f"\nHA: lease {lease_seconds}s; takeover {takeover:.2f}s after SIGKILL, "
           f"{gap:.2f}s after the leader's last renewal")
 
