@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 binaries: $(STAMP)
-	$(PY) -m gate.devcluster.build
+	$(PY) -m gate.devcluster.build --link $(VENV)/bin
 
 demo: binaries
 	$(VENV)/bin/nodegate demo

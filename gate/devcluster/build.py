@@ -263,12 +263,24 @@ def ensure_built(names: tuple[str, ...] = ORDER, progress: Progress = print) -> 
     return binary_paths(names)
 
 
-def main() -> None:  # pragma: no cover - `python -m gate.devcluster.build`
+def link_tools(paths: dict[str, Path], directory: Path) -> None:
+    """Symlink kubectl and helm into `directory` (the venv's bin), so the README's commands work."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for tool in ("kubectl", "helm"):
+        link = directory / tool
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(paths[tool])
+
+
+def main() -> None:  # pragma: no cover - `python -m gate.devcluster.build [--link DIR]`
     try:
         paths = ensure_built(progress=lambda m: print(m, file=sys.stderr, flush=True))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    if len(sys.argv) == 3 and sys.argv[1] == "--link":
+        link_tools(paths, Path(sys.argv[2]))
     for name, path in paths.items():
         print(f"{name}\t{path}")
 
