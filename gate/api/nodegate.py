@@ -152,9 +152,11 @@ class Package(Model):
 
     def memo(self, key: str, compute: Callable[[], T]) -> T:
         """A value derived from this package (hashes), computed once: specs are never changed in place."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        value: T = self._memo[key]
+        # Straight to pydantic's private storage: the attribute route costs more than the hashes saved.
+        memo: dict[str, Any] = self.__pydantic_private__["_memo"]  # type: ignore[index]
+        if key not in memo:
+            memo[key] = compute()
+        value: T = memo[key]
         return value
 
 

@@ -71,6 +71,7 @@ class Operator:
         self._gate_memo: dict[str, tuple[str, NodeGate]] = {}
         self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
         self._gate_seen: dict[str, tuple[Any, bool]] = {}
+        self._gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
@@ -155,6 +156,7 @@ class Operator:
             try:
                 if key[0] == "gate":
                     await self.reconcile_gate(key[1])
+                    self._gate_cost[key[1]] = time.monotonic() - started
                 else:
                     await self.reconcile_node(key[1], key[2])
                 self.queue.forget(key)
@@ -178,7 +180,10 @@ class Operator:
     # -- event handlers: map changes to keys ------------------------------------------------------
 
     def _gate_later(self, gate: str) -> None:
-        self.queue.add_after(("gate", gate), GATE_DEBOUNCE)
+        # Debounce node events into gate reconciles, and never spend more than about a third of the
+        # time planning: a 5,000-node plan takes a while, and it only needs to be recent, not instant.
+        delay = max(GATE_DEBOUNCE, 2 * self._gate_cost.get(gate, 0.0))
+        self.queue.add_after(("gate", gate), delay)
 
     def _on_gate(self, kind: str, obj: Obj) -> None:
         meta = obj["metadata"]

@@ -8,7 +8,7 @@ on dicts and pydantic models of our own anyway.
 
 from __future__ import annotations
 
-import json
+import orjson
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -195,7 +195,7 @@ class KubeClient:
                       body: Any = None, content_type: str | None = None, timeout: float | None = None) -> Any:
         data = None
         if body is not None:
-            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            data = body if isinstance(body, (bytes, str)) else orjson.dumps(body)
             content_type = content_type or "application/json"
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         self.requests += 1
@@ -205,10 +205,10 @@ class KubeClient:
                 headers=await self._headers(content_type),
                 timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
             ) as resp:
-                text = await resp.text()
+                raw = await resp.read()
                 if resp.status >= 400:
-                    raise _error(resp, text, method, path)
-                return json.loads(text) if text else None
+                    raise _error(resp, raw.decode(errors="replace"), method, path)
+                return orjson.loads(raw) if raw else None
         except (TimeoutError, aiohttp.ClientConnectionError, ssl.SSLError) as exc:
             raise ConnectionFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
 
@@ -329,7 +329,7 @@ class KubeClient:
                 if resp.status >= 400:
                     raise _error(resp, await resp.text(), "WATCH", path)
                 async for raw in _lines(resp.content):
-                    event = json.loads(raw)
+                    event = orjson.loads(raw)
                     kind = event.get("type", "")
                     obj = event.get("object") or {}
                     if kind == "ERROR":
@@ -364,10 +364,10 @@ def _param(value: Any) -> str:
 
 def _error(resp: aiohttp.ClientResponse, text: str, method: str, path: str) -> ApiError:
     try:
-        body = json.loads(text) if text else {}
+        body = orjson.loads(text) if text else {}
         if not isinstance(body, dict):
             body = {"message": text}
-    except ValueError:
+    except orjson.JSONDecodeError:
         body = {"message": text[:500]}
     retry = resp.headers.get("Retry-After")
     return api_error(resp.status, body, method=method, path=path,

@@ -253,7 +253,9 @@ def _status_of(state: NodeGateState | StateParseError | None) -> str:
 def _requeue(gate: NodeGate, state: NodeGateState, generation: int) -> NodeGateState:
     """A finished node goes back in line when the spec asks for more (a new version, config, ...),
     and a failed node gets another round once the spec changed after its failure."""
-    if state.status == "complete" and pending_work(gate, state):
+    # A node finished at the gate's current generation has nothing pending: the generation covers the
+    # whole spec. Only older ones need the (per-package) comparison, which is the expensive part here.
+    if state.status == "complete" and state.generation < generation and pending_work(gate, state):
         return state.model_copy(update={"status": "waiting", "batch": 0})
     if state.status == "failed" and state.failure is not None and state.failure.generation < generation:
         return state.model_copy(update={"status": "waiting", "batch": 0, "failure": None})

@@ -560,10 +560,11 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
 
 def _finish(r: _Round) -> None:
     ctx, s = r.ctx, r.state
-    if pending_work(ctx.gate, s):
-        # The spec changed after the interrupt: this round is over, the next one starts from a
-        # fresh pick (the gate-level reconcile sees the remaining work and queues the node again).
-        pass
+    if not pending_work(ctx.gate, s):
+        # Complete for this generation. When the spec changed during the round the round's own
+        # (older) generation stays, so the gate-level plan sees the remaining work and picks the node
+        # again for a fresh round.
+        s.generation = ctx.gate.metadata.generation or s.generation
     s.status = "complete"
     s.phase = "idle"
     s.phase_since = _iso(ctx.now)
@@ -574,7 +575,6 @@ def _finish(r: _Round) -> None:
     s.drain_blocked_by = None
     s.boot_id = ctx.node.boot_id
     s.reruns = {}
-    s.generation = ctx.gate.metadata.generation or s.generation
     r.changed = True
     change = r.decision.node
     change.status = "complete"
