@@ -8,7 +8,6 @@ on dicts and pydantic models of our own anyway.
 
 from __future__ import annotations
 
-import orjson
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 from kubernetes.aio import config as kconfig
 from kubernetes.aio.client import Configuration
 
