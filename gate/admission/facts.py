@@ -102,7 +102,7 @@ def installed_packages(annotation: str | None) -> set[str] | None:
         return set()
     try:
         data = json.loads(annotation)
-    except ValueError:
+    except (ValueError, RecursionError):  # a hand-edited value nested deeper than the parser goes
         return None
     if not isinstance(data, dict):
         return None

@@ -39,6 +39,7 @@ from gate.kube.errors import ApiError, ConnectionFailed
 log = logging.getLogger(__name__)
 
 Webhook = Literal["validate", "mutate"]
+KNOWN_KINDS = frozenset({"NodeGate", "DeploymentPolicy", "Node"})
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -61,6 +62,9 @@ class Metrics:
                               ["webhook", "stage"], registry=self.registry)
 
     def observe(self, webhook: str, kind: str, operation: str, verdict: str, seconds: float) -> None:
+        # The kind comes from the request: anyone who reaches the port could mint a new time series per
+        # request and grow the registry (and every scrape) without bound. Known kinds only.
+        kind = kind if kind in KNOWN_KINDS else ("" if not kind else "other")
         self.requests.labels(webhook, kind, operation, verdict).inc()
         self.latency.labels(webhook, kind, operation, verdict).observe(seconds)
 
@@ -161,13 +165,26 @@ class AdmissionServer:
 
     async def _judge(self, review: AdmissionReview, webhook: Webhook) -> Verdict:
         req = review.request
-        lookups = decide.plan_lookups(req, webhook)  # ReviewError: the caller answers 422
+        try:
+            lookups = decide.plan_lookups(req, webhook)
+        except decide.ReviewError:
+            raise  # the caller answers 422
+        except Exception:
+            self.metrics.errors.labels(webhook, "rules").inc()
+            log.exception("Lookup planning failed; kind=%s operation=%s name=%s", req.kind.kind, req.operation,
+                          req.name)
+            return self._failed(webhook, "NodeGate's admission rules failed on this object (logged as a bug)")
         try:
             facts = await self.facts.facts(lookups)
         except (ApiError, ConnectionFailed) as exc:
             self.metrics.errors.labels(webhook, "lookup").inc()
             log.warning("Lookup failed; kind=%s name=%s error=%s", req.kind.kind, req.name, exc)
             return self._failed(webhook, f"could not look up what this request depends on ({exc}); retry shortly")
+        except Exception:
+            # Never a 5xx: what a lookup found (a node's annotation, say) is no reason to stop answering.
+            self.metrics.errors.labels(webhook, "lookup").inc()
+            log.exception("Lookup failed unexpectedly; kind=%s name=%s", req.kind.kind, req.name)
+            return self._failed(webhook, "could not look up what this request depends on (logged as a bug)")
         try:
             verdict = decide.validate(req, facts) if webhook == "validate" else decide.mutate(req, facts)
         except decide.ReviewError:

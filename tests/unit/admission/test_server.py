@@ -260,3 +260,56 @@ def test_rules_never_failed_during_fuzzing(srv: Running) -> None:
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     assert 'nodegate_admission_errors_total{stage="rules"' not in text, text
+
+
+# -- what a hostile client can do to the process ------------------------------------------------------
+
+def _series(srv: Running, metric: str) -> list[str]:
+    conn = srv.connection()
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return [line for line in text.splitlines() if line.startswith(metric + "{")]
+
+
+def test_request_kinds_cannot_grow_the_metrics_without_bound(srv: Running, fuzz_conn: Any) -> None:
+    """The kind label comes from the request; 300 invented kinds must not become 300 time series."""
+    for i in range(300):
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "kind": {"group": "evil.example", "kind": f"Kind{i}"}, "operation": "CREATE",
+            "object": {}}}).encode()
+        status, _ = post(srv, "/validate", body, conn=fuzz_conn)
+        assert status == 422
+    series = _series(srv, "nodegate_admission_requests_total")
+    assert not [s for s in series if "Kind1" in s], series
+    assert any('kind="other"' in s for s in series), series
+    assert len(series) < 40, len(series)
+
+
+class _BrokenFacts:
+    """Facts whose lookup raises what no one planned for (a RecursionError from a node annotation)."""
+
+    synced = True
+
+    async def facts(self, lookups: Any) -> Any:
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+
+
+def test_an_unexpected_lookup_failure_is_a_denial_not_a_5xx() -> None:
+    from gate.admission.server import AdmissionServer
+
+    with running_server() as running:
+        running.server.facts = _BrokenFacts()
+        update = review("NodeGate", "UPDATE", gate({"keep": package()}),
+                        gate({"keep": package(), "gone": package(uninstall={"enabled": True})}))
+        status, answer = post(running, "/validate", json.dumps(update).encode())
+        assert status == 200 and isinstance(answer, dict), answer
+        assert answer["response"]["allowed"] is False
+        assert "could not look up" in answer["response"]["status"]["message"]
+        node = review("Node", "CREATE", {"metadata": {"name": "n", "labels": {"gpu": "true"}}, "spec": {}})
+        status, answer = post(running, "/mutate", json.dumps(node).encode())
+        assert status == 200 and isinstance(answer, dict) and answer["response"]["allowed"] is True
+        assert "patch" not in answer["response"] and "not mutated" in answer["response"]["warnings"][0]
+        assert isinstance(running.server, AdmissionServer)
+        errors = _series(running, "nodegate_admission_errors_total")
+        assert any('stage="lookup"' in s and 'webhook="validate"' in s for s in errors), errors
