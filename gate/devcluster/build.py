@@ -256,7 +256,8 @@ def ensure_built(names: tuple[str, ...] = ORDER, progress: Progress = print) -> 
         progress(
             "NodeGate's local control plane is built from source once per machine and cached in "
             f"{cache_root()}: {', '.join(f'{c.name} {c.version}' for c in missing)}. "
-            "A cold build takes 20-40 minutes on two cores; later runs start in seconds."
+            "A cold build takes about 5 to 10 minutes on two cores (module downloads included); "
+            "later runs start in seconds."
         )
         for component in missing:
             build(component, progress)
