@@ -215,6 +215,9 @@ def main() -> None:
                               extra=["--workers", str(args.workers), "--poll-seconds", "1"])
         pid = cluster.processes()["operator"].pid
         result = asyncio.run(measure(cluster, args, pid, port))
+        plane = {n: proc_stats(p.pid)[1] for n, p in cluster.processes().items() if n != "operator"}
+        result["control_plane_peak_mib"] = round(sum(plane.values()) / 2**20, 1)
+        result["kube_apiserver_peak_mib"] = round(plane.get("kube-apiserver", 0) / 2**20, 1)
         print(json.dumps(result, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
