@@ -1,0 +1,57 @@
+"""The chart's host-access policy (templates/host-access-policy.yaml), rendered: one policy and its
+binding, scoped to the release's namespace, operator and package ServiceAccount, whatever they are
+called. What it admits and refuses is proven on the real API server in tests/security/test_host_access.py;
+the chart install (test_install.py) runs the operator's stage Jobs under it in a namespace of its own."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.chart.conftest import REPO, Obj, find, rendered
+
+
+def _policy(values: Obj, namespace: str = "nodegate-system") -> tuple[Obj, Obj]:
+    objs = rendered(values, namespace=namespace)
+    prefix = values.get("fullnameOverride") or "nodegate"
+    return (find(objs, "ValidatingAdmissionPolicy", f"{prefix}-host-access"),
+            find(objs, "ValidatingAdmissionPolicyBinding", f"{prefix}-host-access"))
+
+
+def _expressions(policy: Obj) -> str:
+    spec = policy["spec"]
+    parts = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
+    parts += [v["expression"] + v["messageExpression"] for v in spec["validations"]]
+    return "\n".join(parts)
+
+
+def test_policy_is_bound_denying_and_fails_closed() -> None:
+    policy, binding = _policy({})
+    assert binding["spec"] == {"policyName": "nodegate-host-access", "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["operations"])
+             for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert rules[(("",), ("pods",))] == {"CREATE"}
+    assert rules[(("",), ("pods/ephemeralcontainers",))] == {"UPDATE"}
+    assert rules[(("batch",), ("jobs", "cronjobs"))] == {"CREATE", "UPDATE"}
+    assert rules[(("apps",), ("deployments", "replicasets", "statefulsets", "daemonsets"))] == {"CREATE", "UPDATE"}
+
+
+def test_policy_names_the_releases_namespace_operator_and_package_account() -> None:
+    policy, binding = _policy({"fullnameOverride": "ng"}, namespace="ops")
+    text = _expressions(policy)
+    assert "'ops'" in text and "system:serviceaccount:ops:ng-operator" in text and "'ng-package'" in text
+    assert "nodegate-system" not in text and "nodegate-operator" not in text and "nodegate-package" not in text
+    assert binding["spec"]["policyName"] == "ng-host-access"
+
+
+def test_policy_is_the_same_in_both_certificate_modes() -> None:
+    assert _policy({}) == _policy({"certManager": {"enabled": True}})
+
+
+def test_plain_manifests_ship_the_policy_with_the_operator() -> None:
+    kustomization = yaml.safe_load((REPO / "operator" / "kustomization.yaml").read_text())
+    assert "host-access-policy.yaml" in kustomization["resources"]
+    shipped = [o for o in yaml.safe_load_all((REPO / "operator" / "host-access-policy.yaml").read_text()) if o]
+    policy, binding = _policy({})
+    assert [o["kind"] for o in shipped] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert shipped[0]["spec"] == policy["spec"] and shipped[1]["spec"] == binding["spec"]

@@ -1,0 +1,276 @@
+"""Package pods get host access only in the operator's namespace and only through the operator's
+stage Jobs: the chart's ValidatingAdmissionPolicy, as shipped in the plain manifests
+(operator/host-access-policy.yaml), installed into the real API server for this module.
+
+Every refusal here is made by an identity RBAC allows to create the object (a cluster admin, a
+namespace admin, another ServiceAccount given admin, the operator's own ServiceAccount given `edit`
+elsewhere): what refuses is the policy. Each refused object is followed by the same object without
+host access from the same identity, admitted, and the operator's real stage Jobs run to the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, Kubectl, unique
+from tests.integration.operator.conftest import JobLog, Scenario
+
+NS = "nodegate-system"
+OPERATOR = f"system:serviceaccount:{NS}:nodegate-operator"
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+POLICY_FILE = REPO / "operator" / "host-access-policy.yaml"
+REFUSED_HERE = "is reserved to the NodeGate operator's stage Jobs"
+REFUSED_ELSEWHERE = "runs package pods with host access only in namespace nodegate-system"
+Obj = dict[str, Any]
+
+TOLERATE_ALL = [{"operator": "Exists"}]
+
+
+def pod_spec(**host: Any) -> Obj:
+    """A pod spec shaped like a stage pod; `host` adds the host access under test."""
+    spec: Obj = {"restartPolicy": "Never", "tolerations": TOLERATE_ALL,
+                 "containers": [{"name": "agent", "image": "ghcr.io/nodegate/nodegate:0.1.0"}]}
+    container = spec["containers"][0]
+    if host.get("privileged"):
+        container["securityContext"] = {"privileged": True}
+    if host.get("capability"):
+        container["securityContext"] = {"capabilities": {"add": [host["capability"]]}}
+    if host.get("hostPort"):
+        container["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+    if host.get("hostPath"):
+        spec["volumes"] = [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]
+        container["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
+    for key in ("hostPID", "hostNetwork", "hostIPC"):
+        if host.get(key):
+            spec[key] = True
+    if host.get("package"):
+        spec["serviceAccountName"] = "nodegate-package"
+        spec["automountServiceAccountToken"] = False
+    return spec
+
+
+STAGE_LIKE = {"privileged": True, "hostPID": True, "hostPath": True, "package": True}
+
+
+def workload(kind: str, name: str, namespace: str, spec: Obj) -> Obj:
+    meta = {"name": name, "namespace": namespace}
+    labels = {"app": name}
+    template = {"metadata": {"labels": labels}, "spec": spec}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    if kind == "Job":
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+                "spec": {"backoffLimit": 0, "template": template}}
+    if kind == "CronJob":
+        return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta,
+                "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}}}
+    always = {**spec, "restartPolicy": "Always"}
+    body: Obj = {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": always}}
+    api = "apps/v1"
+    if kind == "ReplicationController":
+        api, body = "v1", {"selector": labels, "template": body["template"]}
+    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": body}
+
+
+def without_host_access(obj: Obj) -> Obj:
+    clean = copy.deepcopy(obj)
+    spec = clean["spec"]
+    pod = (spec if clean["kind"] == "Pod" else spec["jobTemplate"]["spec"]["template"]["spec"]
+           if clean["kind"] == "CronJob" else spec["template"]["spec"])
+    for key in ("hostPID", "hostNetwork", "hostIPC", "volumes"):
+        pod.pop(key, None)
+    for container in pod["containers"]:
+        for key in ("securityContext", "ports", "volumeMounts"):
+            container.pop(key, None)
+    return clean
+
+
+@pytest.fixture(scope="module")
+def host_access_policy(kubectl: Kubectl, operator: int) -> Iterator[None]:
+    """The policy of the plain manifests, enforced once the API server refuses a probe with it (the
+    operator runs, so its ServiceAccounts, the package one included, exist)."""
+    kubectl.run("apply", "-f", str(POLICY_FILE))
+    probe = yaml.safe_dump(workload("Pod", unique("probe"), NS, pod_spec(privileged=True)))
+    deadline = time.monotonic() + 30
+    while True:
+        proc = kubectl.run("create", "--dry-run=server", "-f", "-", stdin=probe, check=False)
+        if proc.returncode != 0 and REFUSED_HERE in proc.stderr:
+            break
+        assert time.monotonic() < deadline, f"the policy never took effect: {proc.stderr}"
+        time.sleep(0.2)
+    yield
+    kubectl.run("delete", "-f", str(POLICY_FILE), "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="module")
+def identities(kubectl: Kubectl, host_access_policy: None) -> Iterator[dict[str, str | None]]:
+    """Who tries: a cluster admin (system:masters), a user and another ServiceAccount with `admin` in the
+    operator's namespace. Each may create every object below as far as RBAC goes."""
+    user = unique("nsadmin")
+    binding = unique("sec-admin")
+    kubectl.run("create", "rolebinding", binding, "-n", NS, "--clusterrole=admin", f"--user={user}",
+                f"--serviceaccount={NS}:nodegate-webhook")
+    yield {"cluster admin": None, "namespace admin": user,
+           "another ServiceAccount": f"system:serviceaccount:{NS}:nodegate-webhook"}
+    kubectl.run("delete", "rolebinding", binding, "-n", NS, "--ignore-not-found", check=False)
+
+
+OBJECTS = {
+    "privileged Pod": ("Pod", {"privileged": True}),
+    "hostPath Pod": ("Pod", {"hostPath": True}),
+    "hostPID Pod": ("Pod", {"hostPID": True}),
+    "hostNetwork Pod": ("Pod", {"hostNetwork": True}),
+    "SYS_ADMIN Pod": ("Pod", {"capability": "SYS_ADMIN"}),
+    "hostPort Pod": ("Pod", {"hostPort": True}),
+    "stage Job look-alike": ("Job", STAGE_LIKE),
+    "privileged CronJob": ("CronJob", {"privileged": True}),
+    "hostPath Deployment": ("Deployment", {"hostPath": True}),
+    "privileged DaemonSet": ("DaemonSet", {"privileged": True}),
+    "hostPID StatefulSet": ("StatefulSet", {"hostPID": True}),
+    "privileged ReplicationController": ("ReplicationController", {"privileged": True}),
+}
+
+
+def _create(kubectl: Kubectl, obj: Obj, as_user: str | None, *, dry_run: bool = True) -> tuple[int, str]:
+    args = ("create", "--dry-run=server", "-f", "-") if dry_run else ("create", "-f", "-")
+    proc = kubectl.run(*args, stdin=yaml.safe_dump(obj), as_user=as_user, check=False)
+    return proc.returncode, proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("who", ["cluster admin", "namespace admin", "another ServiceAccount"])
+def test_host_access_in_the_operators_namespace_is_refused_to_every_other_identity(
+        kubectl: Kubectl, identities: dict[str, str | None], who: str) -> None:
+    as_user = identities[who]
+    refused = []
+    for label, (kind, host) in OBJECTS.items():
+        obj = workload(kind, unique("sec-host"), NS, pod_spec(**host))
+        code, out = _create(kubectl, obj, as_user)
+        if code == 0 or REFUSED_HERE not in out:
+            refused.append(f"{label}: {out.strip()}")
+            continue
+        code, out = _create(kubectl, without_host_access(obj), as_user)
+        assert code == 0, f"{label} without host access was refused too: {out}"
+    assert not refused, "admitted with host access:\n" + "\n".join(refused)
+
+
+@pytest.fixture
+def elsewhere(kubectl: Kubectl, host_access_policy: None) -> Iterator[str]:
+    """Another namespace where the operator's ServiceAccount was (wrongly) given `edit`."""
+    namespace = unique("sec-elsewhere")
+    kubectl.run("create", "namespace", namespace)
+    kubectl.run("create", "rolebinding", "operator-edit", "-n", namespace, "--clusterrole=edit",
+                f"--serviceaccount={NS}:nodegate-operator")
+    yield namespace
+    kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_the_operators_service_account_gets_no_host_access_outside_its_namespace(
+        kubectl: Kubectl, elsewhere: str) -> None:
+    for kind, host in (("Job", STAGE_LIKE), ("Pod", {"privileged": True}), ("Deployment", {"hostPath": True})):
+        obj = workload(kind, unique("sec-out"), elsewhere, pod_spec(**host))
+        if host.get("package"):  # the package ServiceAccount does not exist there: use the default one
+            obj["spec"]["template"]["spec"].pop("serviceAccountName")
+        code, out = _create(kubectl, obj, OPERATOR)
+        assert code != 0 and REFUSED_ELSEWHERE in out, out
+        code, out = _create(kubectl, without_host_access(obj), OPERATOR)
+        assert code == 0, out  # RBAC allowed it: the policy is what refused the host access
+
+
+def test_other_namespaces_are_left_to_their_own_pod_security(kubectl: Kubectl, elsewhere: str) -> None:
+    """The policy evaluates nothing outside NodeGate's namespace but the operator's own requests: a
+    privileged DaemonSet of someone else (a CNI, a device plugin) is not NodeGate's to refuse."""
+    code, out = _create(kubectl, workload("DaemonSet", unique("cni"), elsewhere, pod_spec(privileged=True,
+                                                                                           hostNetwork=True)), None)
+    assert code == 0, out
+
+
+def _stage_job(name: str, node: str) -> Obj:
+    job = workload("Job", name, NS, {**pod_spec(**STAGE_LIKE), "nodeName": node})
+    job["spec"]["template"]["spec"]["containers"][0]["command"] = ["nodegate", "agent", "run"]
+    return job
+
+
+def test_only_the_job_controller_creates_stage_pods_and_only_for_a_job(kubectl: Kubectl,
+                                                                       host_access_policy: None) -> None:
+    """The job controller's identity alone is not enough: the pod must run as the package ServiceAccount
+    and be controlled by a Job."""
+    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "ng-stage", "controller": True,
+              "uid": "00000000-0000-0000-0000-000000000001", "blockOwnerDeletion": True}]
+    stage_pod = workload("Pod", unique("sec-stagepod"), NS, pod_spec(**STAGE_LIKE))
+    stage_pod["metadata"]["ownerReferences"] = owner
+    code, out = _create(kubectl, stage_pod, JOB_CONTROLLER)
+    assert code == 0, out
+    no_owner = copy.deepcopy(stage_pod)
+    del no_owner["metadata"]["ownerReferences"]
+    other_account = copy.deepcopy(stage_pod)
+    other_account["spec"]["serviceAccountName"] = "default"
+    not_a_job = copy.deepcopy(stage_pod)
+    not_a_job["metadata"]["ownerReferences"] = [{**owner[0], "apiVersion": "apps/v1", "kind": "ReplicaSet"}]
+    for label, obj in (("no owner", no_owner), ("default ServiceAccount", other_account),
+                       ("owned by a ReplicaSet", not_a_job)):
+        code, out = _create(kubectl, obj, JOB_CONTROLLER)
+        assert code != 0 and REFUSED_HERE in out, f"{label}: {out}"
+
+
+async def _wait_pod_of(kubectl: Kubectl, job: str) -> str:
+    deadline = time.monotonic() + 60
+    while True:
+        proc = kubectl.run("get", "pods", "-n", NS, "-l", f"job-name={job}", "-o", "json")
+        items = json.loads(proc.stdout)["items"]
+        if items:
+            return str(items[0]["metadata"]["name"])
+        assert time.monotonic() < deadline, f"the job controller created no pod for {job}"
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def stage_job(kubectl: Kubectl, host_access_policy: None) -> AsyncIterator[tuple[str, str]]:
+    """A stage Job created as the operator's ServiceAccount on a simulated node, and its pod."""
+    name = unique("sec-stage")
+    code, out = _create(kubectl, _stage_job(name, "kwok-node-0"), OPERATOR, dry_run=False)
+    assert code == 0, out
+    yield name, await _wait_pod_of(kubectl, name)
+    kubectl.run("delete", "job", name, "-n", NS, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_debug_container_cannot_be_added_to_a_stage_pod(kubectl: Kubectl, stage_job: tuple[str, str]) -> None:
+    """`kubectl debug` into a package pod would be a shell on the host: refused, even to a cluster admin."""
+    _, pod = stage_job
+    proc = kubectl.run("debug", "-n", NS, f"pod/{pod}", "--image=busybox", "--profile=general", "--", "true",
+                       check=False)
+    assert proc.returncode != 0 and REFUSED_HERE in proc.stderr, proc.stderr
+    ephemeral = json.loads(kubectl.run("get", "pod", pod, "-n", NS, "-o", "json").stdout)["spec"]
+    assert not ephemeral.get("ephemeralContainers")
+
+
+def test_metadata_writes_and_foreground_deletion_of_stage_jobs_still_work(
+        kubectl: Kubectl, stage_job: tuple[str, str]) -> None:
+    """Only writes of a pod template are judged: labels, finalizers and the garbage collector's
+    foreground deletion of a stage Job (all by identities other than the operator) go through."""
+    job, pod = stage_job
+    kubectl.run("label", "job", job, "-n", NS, "audited=true")
+    kubectl.run("annotate", "pod", pod, "-n", NS, "audited=true")
+    kubectl.run("delete", "job", job, "-n", NS, "--cascade=foreground", "--timeout=60s")
+    assert kubectl.run("get", "job", job, "-n", NS, check=False).returncode != 0
+
+
+async def test_the_operators_stage_jobs_run_under_the_policy(scenario: Scenario, job_log: JobLog,
+                                                             host_access_policy: None) -> None:
+    nodes = await scenario.add_nodes(2)
+    await scenario.apply_gate({"tool": {"version": "1.0.0", "image": "registry.example.com/tool",
+                                        "interrupt": {"type": "reboot"}}}, interruptionBudget={"percent": 100})
+    gate = await scenario.wait_ready()
+    assert gate["status"]["nodes"]["complete"] == 2
+    records = job_log.of(scenario.name)
+    assert {r.node for r in records} == set(nodes)
+    assert {(r.stage, r.interrupt) for r in records} == {("apply", None), ("interrupt", "reboot"),
+                                                         ("post-interrupt", None)}
+    assert all(r.succeeded for r in records)
