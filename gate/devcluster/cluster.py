@@ -8,6 +8,7 @@ process and `processes.json` (pid and start time of each, so `down` never kills 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -379,6 +380,52 @@ class DevCluster:
                 _kill(proc.pid)
         self._save_processes(procs)
 
+    def restart(self, name: str, *, sig: int = signal.SIGTERM, env: dict[str, str] | None = None,
+                timeout: float = 60.0, wait: bool = True) -> Process:
+        """Stop one process by its pid (`sig`, SIGKILL after 10 s) and start it again with the same
+        argv, so it keeps its ports, data directory and log; returns the new Process.
+
+        For etcd and kube-apiserver it returns once they serve again (etcd /health, the API server
+        /readyz) unless `wait` is False. `env` is added to this process's environment, as `register`
+        does (the bookkeeping keeps only the argv, so NodeGate's own processes pass their env again).
+        A restarted kube-apiserver starts a new watch cache, so clients resuming a watch from an older
+        resourceVersion get 410 Gone and relist.
+        """
+        procs = self.processes()
+        if name not in procs:
+            raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
+        old = procs[name]
+        if not old.argv:
+            raise ClusterError(f"{name} was recorded without its command line; it cannot be restarted")
+        if old.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old.pid, sig)
+            if not _wait_exited(old.pid, 10):
+                _kill(old.pid)
+            if not _wait_exited(old.pid, 10):
+                raise ClusterError(f"{name} (pid {old.pid}) did not exit; not starting a second copy")
+        new = self._spawn(name, old.argv, env)
+        procs = self.processes()  # re-read, so an entry another caller registered meanwhile is kept
+        procs[name] = new
+        self._save_processes(procs)
+        if wait and name in ("etcd", "kube-apiserver"):
+            deadline = time.monotonic() + timeout
+            while not self._serving(name):
+                if not new.alive():
+                    raise ClusterError(f"{name} exited after a restart; last lines of {new.log}:\n"
+                                       f"{_tail(Path(new.log))}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{name} did not serve again within {timeout:.0f}s of a restart; "
+                                       f"see {new.log}")
+                time.sleep(0.05)
+        return new
+
+    def _serving(self, name: str) -> bool:
+        ports = self.ports()
+        if name == "etcd":
+            return _http_ok(f"http://127.0.0.1:{ports['etcd']}/health")
+        return self._apiserver_ready(ports["apiserver"])
+
     # -- helpers ----------------------------------------------------------------------------------
 
     async def client(self, **kw: Any) -> KubeClient:
@@ -517,6 +564,31 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """Wait until every thread of `pid` has exited (so its ports are free again); reap our child.
+
+    A multi-threaded process shows its leader as a zombie while other threads are still exiting and
+    holding its sockets, so a zombie leader alone does not mean the process is gone.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            return True  # reaped
+        states = []
+        for task in tasks:
+            try:
+                states.append(task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue
+        if all(state in ("Z", "X") for state in states):
+            _reap(pid)
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _terminate(pid: int) -> None:

@@ -1,0 +1,160 @@
+"""Event sequences for the invariant checker, written the way the cluster would produce them.
+
+`Cluster` hands out increasing revisions (one per change, as etcd does) and keeps the current version
+of every node, so a test reads like the story it tells: cordon a node, create a Job, finish it,
+uncordon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from gate.api import keys
+from gate.testing.invariants import Change, Event, Relist
+
+Obj = dict[str, Any]
+NAMESPACE = "nodegate-system"
+
+
+class Cluster:
+    def __init__(self, start: int = 100) -> None:
+        self._rv = itertools.count(start)
+        self.events: list[Event] = []
+        self.nodes: dict[str, Obj] = {}
+        self.jobs: dict[str, Obj] = {}
+        self._uids = itertools.count(1)
+
+    def next_rv(self) -> int:
+        return next(self._rv)
+
+    # -- specs ------------------------------------------------------------------------------------
+
+    def gate(self, name: str, *, selector: dict[str, str] | None = None, budget: dict[str, int] | None = None,
+             policy: str | None = None, readiness: bool = False, generation: int = 1,
+             deleting: bool = False) -> Obj:
+        spec: Obj = {"nodeSelector": {"matchLabels": selector or {"pool": "test"}}, "readinessTaint": readiness,
+                     "packages": {"pkg": {"version": "1.0.0", "image": "registry.example.com/pkg"}}}
+        if budget is not None:
+            spec["interruptionBudget"] = budget
+        if policy is not None:
+            spec["deploymentPolicy"] = policy
+        meta: Obj = {"name": name, "generation": generation, "resourceVersion": str(self.next_rv())}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        obj = {"apiVersion": keys.API_VERSION, "kind": "NodeGate", "metadata": meta, "spec": spec}
+        self.events.append(Change("nodegates", "ADDED", obj, int(meta["resourceVersion"])))
+        return obj
+
+    def policy(self, name: str, compartments: list[Obj], default_budget: dict[str, int] | None = None,
+               generation: int = 1) -> Obj:
+        rv = self.next_rv()
+        obj = {"apiVersion": keys.API_VERSION, "kind": "DeploymentPolicy",
+               "metadata": {"name": name, "generation": generation, "resourceVersion": str(rv)},
+               "spec": {"default": {"budget": default_budget or {"percent": 100}}, "compartments": compartments}}
+        self.events.append(Change("deploymentpolicies", "ADDED", obj, rv))
+        return obj
+
+    # -- nodes ------------------------------------------------------------------------------------
+
+    def node(self, name: str, labels: dict[str, str] | None = None, *, tainted: bool = False) -> Obj:
+        rv = self.next_rv()
+        obj: Obj = {"metadata": {"name": name, "uid": f"node-{name}", "resourceVersion": str(rv),
+                                 "labels": {"pool": "test", **(labels or {})}, "annotations": {}},
+                    "spec": {"unschedulable": False,
+                             "taints": [{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}] if tainted else []}}
+        self.nodes[name] = obj
+        self.events.append(Change("nodes", "ADDED", obj, rv))
+        return obj
+
+    def update(self, name: str, *, state: dict[str, Obj | None] | None = None, cordon: str | None = None,
+               uncordon: bool = False, untaint: bool = False, taint: bool = False,
+               annotations: dict[str, str | None] | None = None, labels: dict[str, str] | None = None,
+               emit: bool = True) -> Obj:
+        """A new version of the node: `state` sets (or with None removes) gates' state annotations;
+        `cordon=G` cordons it for gate G; `uncordon` lifts the cordon and its annotation; then
+        `annotations` are set (None removes one)."""
+        old = self.nodes[name]
+        meta = json.loads(json.dumps(old["metadata"]))
+        spec = json.loads(json.dumps(old["spec"]))
+        for gate, value in (state or {}).items():
+            key = keys.state_annotation(gate)
+            if value is None:
+                meta["annotations"].pop(key, None)
+            else:
+                meta["annotations"][key] = json.dumps(value)
+        if cordon is not None:
+            spec["unschedulable"] = True
+            meta["annotations"][keys.CORDONED_BY] = cordon
+        if uncordon:
+            spec["unschedulable"] = False
+            meta["annotations"].pop(keys.CORDONED_BY, None)
+        for key, val in (annotations or {}).items():
+            if val is None:
+                meta["annotations"].pop(key, None)
+            else:
+                meta["annotations"][key] = val
+        meta["labels"].update(labels or {})
+        if untaint:
+            spec["taints"] = [t for t in spec["taints"] if t["key"] != keys.READINESS_TAINT_KEY]
+        if taint:
+            spec["taints"] = [*spec["taints"], {"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}]
+        rv = self.next_rv()
+        meta["resourceVersion"] = str(rv)
+        obj = {"metadata": meta, "spec": spec}
+        self.nodes[name] = obj
+        if emit:
+            self.events.append(Change("nodes", "MODIFIED", obj, rv))
+        return obj
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def job(self, name: str, *, gate: str, node: str, stage: str = "apply", package: str | None = "pkg",
+            version: str = "1.0.0", generation: int = 1, interrupt: str | None = None, emit: bool = True) -> Obj:
+        rv = self.next_rv()
+        labels = {keys.JOB_STAGE_LABEL: stage}
+        if package is not None:
+            labels[keys.JOB_PACKAGE_LABEL] = package
+            args = ["agent", "run", "--stage", stage, "--package", package, "--version", version, "--gate", gate,
+                    "--generation", str(generation)]
+        else:
+            labels[keys.INTERRUPT_LABEL] = interrupt or "reboot"
+            args = ["agent", "interrupt", "--type", interrupt or "reboot"]
+        obj: Obj = {"metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{next(self._uids)}",
+                                 "resourceVersion": str(rv), "labels": labels,
+                                 "annotations": {"nodegate.io/gate-name": gate, "nodegate.io/node-name": node}},
+                    "spec": {"template": {"spec": {"containers": [{"args": args}]}}}, "status": {"conditions": []}}
+        self.jobs[name] = obj
+        if emit:
+            self.events.append(Change("jobs", "ADDED", obj, rv))
+        return obj
+
+    def end_job(self, name: str, outcome: str = "Complete", *, emit: bool = True) -> Obj:
+        old = self.jobs[name]
+        rv = self.next_rv()
+        obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(rv)},
+               "status": {"conditions": [{"type": outcome, "status": "True"}]}}
+        self.jobs[name] = obj
+        if emit:
+            self.events.append(Change("jobs", "MODIFIED", obj, rv))
+        return obj
+
+    def delete_job(self, name: str, *, emit: bool = True) -> None:
+        old = self.jobs.pop(name)
+        rv = self.next_rv()
+        if emit:
+            self.events.append(Change("jobs", "DELETED", {**old, "metadata": {**old["metadata"],
+                                                                               "resourceVersion": str(rv)}}, rv))
+
+    # -- relists ----------------------------------------------------------------------------------
+
+    def relist(self, resource: str, since: int) -> Relist:
+        objects = list(self.nodes.values()) if resource == "nodes" else list(self.jobs.values())
+        event = Relist(resource, objects, since, self.next_rv())  # type: ignore[arg-type]
+        self.events.append(event)
+        return event
+
+
+def state(status: str, **fields: Any) -> Obj:
+    return {"v": 1, "status": status, **fields}

@@ -1,0 +1,524 @@
+"""The invariant checker on event sequences: each violation is caught, legal sequences raise nothing."""
+
+from __future__ import annotations
+
+from gate.api import keys
+from gate.testing.invariants import (
+    Blind,
+    Change,
+    InvariantChecker,
+    Relist,
+    Violation,
+    dump_event,
+    load_event,
+    replay,
+    resource_version,
+)
+from tests.unit.testing.builders import Cluster, state
+
+GATE = "fleet"
+
+
+def judge(c: Cluster, *, converged: bool = False) -> list[Violation]:
+    checker = InvariantChecker().feed_all(c.events)
+    found = checker.finish()
+    if converged:
+        found += checker.check_converged()
+    return found
+
+
+def kinds(violations: list[Violation]) -> list[str]:
+    return [v.kind for v in violations]
+
+
+def legal_round(c: Cluster, node: str, *, gate: str = GATE, interrupt: bool = True, readiness: bool = False,
+                round_: int = 1, generation: int = 1) -> None:
+    """One round as the operator runs it: pick, cordon, stage, reboot, check, finish (uncordon, untaint)."""
+    c.update(node, state={gate: state("in-progress", batch=1, round=round_, phase="idle")})
+    if interrupt:
+        c.update(node, cordon=gate, state={gate: state("in-progress", batch=1, round=round_, phase="drain",
+                                                       cordoned=True)})
+    apply = f"{node}-apply-{round_}"
+    c.job(apply, gate=gate, node=node, generation=generation)
+    c.end_job(apply)
+    c.update(node, state={gate: state("in-progress", batch=1, round=round_, phase="stages", cordoned=interrupt,
+                                      installed={"pkg": {"version": "1.0.0"}})})
+    c.delete_job(apply)
+    if interrupt:
+        reboot = f"{node}-reboot-{round_}"
+        c.job(reboot, gate=gate, node=node, stage="interrupt", package=None)
+        c.end_job(reboot)
+        if readiness:
+            c.update(node, taint=True)  # the operator taints a node that rebooted before completing
+        c.delete_job(reboot)
+        post = f"{node}-post-{round_}"
+        c.job(post, gate=gate, node=node, stage="post-interrupt", generation=generation)
+        c.end_job(post)
+    c.update(node, state={gate: state("complete", round=round_, generation=generation,
+                                      installed={"pkg": {"version": "1.0.0"}})},
+             uncordon=interrupt, untaint=readiness)
+    if interrupt:
+        c.delete_job(f"{node}-post-{round_}")
+
+
+# -- legal sequences ------------------------------------------------------------------------------
+
+
+def test_a_rollout_one_node_at_a_time_with_reboots_raises_nothing_and_exercises_every_check() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1}, readiness=True)
+    for i in range(3):
+        c.node(f"n{i}", tainted=True)
+    for i in range(3):
+        legal_round(c, f"n{i}", readiness=True)
+    checker = InvariantChecker().feed_all(c.events)
+    assert checker.finish() == []
+    assert checker.converged()
+    assert checker.check_converged() == []
+    cov = checker.coverage
+    assert (cov.disruptions_judged, cov.uncordons_judged, cov.interrupts_judged, cov.taint_lifts_judged,
+            cov.jobs_seen) == (3, 3, 3, 3, 9)
+    assert cov.peaks[(GATE, "__default__")].disrupted == 1
+
+
+def test_nodes_of_separate_compartments_may_be_disrupted_together() -> None:
+    c = Cluster()
+    c.policy("p", [{"name": "left", "selector": {"matchLabels": {"side": "left"}}, "budget": {"count": 1}}],
+             default_budget={"count": 1})
+    c.gate(GATE, policy="p")
+    c.node("l", {"side": "left"})
+    c.node("r", {"side": "right"})
+    c.update("l", cordon=GATE, state={GATE: state("in-progress", batch=1)})
+    c.update("r", cordon=GATE, state={GATE: state("in-progress", batch=1)})
+    assert judge(c) == []
+
+
+def test_a_percent_budget_is_a_ceiling_of_its_compartments_nodes_rounded_down() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"percent": 25})  # 8 nodes: 2 at once
+    for i in range(8):
+        c.node(f"n{i}")
+    c.update("n0", state={GATE: state("in-progress", batch=1)})
+    c.update("n1", state={GATE: state("in-progress", batch=1)})
+    assert judge(c) == []
+    c.update("n2", state={GATE: state("in-progress", batch=1)})
+    [v] = judge(c)
+    assert v.kind == "over-ceiling" and v.node == "n2"
+    assert "3 nodes disrupted at once, ceiling 2 of 8 matched" in v.message
+
+
+def test_the_operator_may_uncordon_after_its_stages_ended_and_someone_elses_cordon_is_not_judged() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", state={GATE: state("in-progress")}, annotations={keys.CORDONED_BY: None})
+    c.update("n", cordon="someone")
+    c.update("n", annotations={keys.CORDONED_BY: None})  # a person's cordon, no cordoned-by
+    c.job("j", gate=GATE, node="n")
+    c.update("n", uncordon=True)
+    assert judge(c) == []
+
+
+# -- over-ceiling ---------------------------------------------------------------------------------
+
+
+def test_two_nodes_in_progress_under_a_budget_of_one_is_over_the_ceiling() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    c.node("a")
+    c.node("b")
+    c.update("a", state={GATE: state("in-progress", batch=1)})
+    c.update("b", state={GATE: state("in-progress", batch=2)})
+    [v] = judge(c)
+    assert (v.kind, v.gate, v.node) == ("over-ceiling", GATE, "b")
+    assert "compartment __default__: 2 nodes disrupted at once, ceiling 1" in v.message
+
+
+def test_a_failed_node_still_cordoned_keeps_counting_against_the_ceiling() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    c.node("a")
+    c.node("b")
+    c.update("a", cordon=GATE, state={GATE: state("failed", cordoned=True)})
+    c.update("b", state={GATE: state("in-progress", batch=2)})
+    assert kinds(judge(c)) == ["over-ceiling"]
+
+
+def test_cordons_count_per_compartment_of_the_policy() -> None:
+    c = Cluster()
+    c.policy("p", [{"name": "canary", "selector": {"matchLabels": {"ring": "canary"}}, "budget": {"count": 1}}])
+    c.gate(GATE, policy="p")
+    c.node("c1", {"ring": "canary"})
+    c.node("c2", {"ring": "canary"})
+    c.node("other")
+    c.update("other", cordon=GATE)
+    c.update("c1", cordon=GATE)
+    assert judge(c) == []
+    c.update("c2", cordon=GATE)
+    [v] = judge(c)
+    assert v.node == "c2" and "compartment canary" in v.message
+
+
+def test_lowering_a_budget_is_not_a_violation_but_starting_another_node_above_it_is() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 2})
+    for name in "abc":
+        c.node(name)
+    c.update("a", state={GATE: state("in-progress")})
+    c.update("b", state={GATE: state("in-progress")})
+    c.gate(GATE, budget={"count": 1}, generation=2)
+    assert judge(c) == []
+    c.update("c", state={GATE: state("in-progress")})
+    assert kinds(judge(c)) == ["over-ceiling"]
+
+
+def test_a_gate_first_seen_while_it_already_overruns_its_ceiling_is_judged() -> None:
+    c = Cluster()
+    c.node("a")
+    c.node("b")
+    c.update("a", state={GATE: state("in-progress")})
+    c.update("b", state={GATE: state("in-progress")})
+    c.gate(GATE, budget={"count": 1})
+    [v] = judge(c)
+    assert v.kind == "over-ceiling" and "already disrupted when the gate was first seen" in v.message
+
+
+def test_a_gate_waiting_for_its_missing_policy_is_not_judged_until_the_policy_exists() -> None:
+    c = Cluster()
+    c.gate(GATE, policy="late")
+    c.node("a")
+    c.node("b")
+    c.update("a", state={GATE: state("in-progress")})
+    c.update("b", state={GATE: state("in-progress")})
+    assert judge(c) == []
+    c.policy("late", [], default_budget={"count": 1})
+    assert kinds(judge(c)) == ["over-ceiling"]
+
+
+# -- uncordoned during a stage --------------------------------------------------------------------
+
+
+def test_uncordoning_while_a_stage_job_of_the_gate_runs_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE, state={GATE: state("in-progress", cordoned=True)})
+    c.job("apply", gate=GATE, node="n")
+    c.update("n", uncordon=True)
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("uncordoned-during-stage", "n")
+    assert "Job apply (pkg apply)" in v.message
+
+
+def test_uncordoning_during_the_reboot_is_a_violation_and_after_it_is_not() -> None:
+    for reboot_ended_first, expected in ((True, []), (False, ["uncordoned-during-stage"])):
+        c = Cluster()
+        c.gate(GATE)
+        c.node("n")
+        c.update("n", cordon=GATE)
+        c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+        if reboot_ended_first:
+            c.end_job("reboot")
+        c.update("n", uncordon=True)
+        assert kinds(judge(c)) == expected
+
+
+def test_a_deleted_job_is_no_longer_running() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE)
+    c.job("apply", gate=GATE, node="n")
+    c.delete_job("apply")
+    c.update("n", uncordon=True)
+    assert judge(c) == []
+
+
+def test_a_job_of_another_gate_does_not_hold_this_gates_cordon() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.gate("other")
+    c.node("n")
+    c.update("n", cordon=GATE)
+    c.job("theirs", gate="other", node="n")
+    c.update("n", uncordon=True)
+    assert judge(c) == []
+
+
+# -- interrupt without cordon ---------------------------------------------------------------------
+
+
+def test_an_interrupt_job_created_on_a_schedulable_node_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", state={GATE: state("in-progress")})
+    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("interrupt-uncordoned", "n")
+
+
+def test_an_interrupt_job_on_a_node_someone_else_cordoned_is_fine() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon="a-person")
+    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    assert judge(c) == []
+
+
+# -- readiness taint ------------------------------------------------------------------------------
+
+
+def test_lifting_the_readiness_taint_before_the_gate_completed_there_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: state("in-progress")})
+    c.update("n", untaint=True)
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("taint-lifted-early", "n")
+    assert "status there is in-progress" in v.message
+
+
+def test_the_taint_stays_until_every_readiness_gate_selecting_the_node_is_complete() -> None:
+    c = Cluster()
+    c.gate("first", readiness=True)
+    c.gate("second", readiness=True)
+    c.gate("plain", readiness=False)  # not a readiness gate: never waited for
+    c.gate("elsewhere", readiness=True, selector={"pool": "gpu"})  # does not select the node
+    c.node("n", tainted=True)
+    c.update("n", state={"first": state("complete"), "plain": state("in-progress")})
+    c.update("n", untaint=True)
+    [v] = judge(c)
+    assert (v.gate, v.kind) == ("second", "taint-lifted-early")
+    assert "absent (never started)" in v.message
+
+
+def test_lifting_the_taint_in_the_write_that_completes_the_last_readiness_gate_is_legal() -> None:
+    c = Cluster()
+    c.gate("first", readiness=True)
+    c.gate("second", readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", state={"first": state("complete")})
+    c.update("n", state={"second": state("complete")}, untaint=True)
+    assert judge(c) == []
+
+
+def test_a_gate_being_deleted_no_longer_holds_the_taint() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True, deleting=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: None}, untaint=True)
+    assert judge(c) == []
+
+
+def test_an_unreadable_state_is_not_complete() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", annotations={keys.state_annotation(GATE): "{not json"})
+    c.update("n", untaint=True)
+    [v] = judge(c)
+    assert "unreadable" in v.message
+
+
+# -- duplicate stages -----------------------------------------------------------------------------
+
+
+def test_the_same_stage_created_twice_is_a_duplicate() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.job("first", gate=GATE, node="n")
+    c.end_job("first")
+    c.delete_job("first")
+    c.job("again", gate=GATE, node="n")  # another round's name: same package, version, stage, generation
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("duplicate-stage", "n")
+    assert "Job again (pkg apply) repeats Job first (pkg apply)" in v.message
+
+
+def test_recreating_a_job_under_its_own_name_is_a_duplicate() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE)
+    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    c.delete_job("reboot")
+    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    assert kinds(judge(c)) == ["duplicate-stage"]
+
+
+def test_a_stage_created_again_after_it_failed_is_a_retry() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.job("first", gate=GATE, node="n")
+    c.end_job("first", "Failed")
+    c.job("retry", gate=GATE, node="n")
+    assert judge(c) == []
+
+
+def test_a_stage_created_again_after_a_person_asked_for_a_rerun_is_a_retry() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.job("first", gate=GATE, node="n")
+    c.end_job("first")
+    c.update("n", annotations={keys.rerun_annotation(GATE): "pkg/apply"})
+    c.update("n", annotations={keys.rerun_annotation(GATE): None})
+    c.job("rerun", gate=GATE, node="n")
+    assert judge(c) == []
+
+
+def test_a_request_before_the_first_job_does_not_excuse_the_second() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", annotations={keys.reset_annotation(GATE): "true"})
+    c.update("n", annotations={keys.reset_annotation(GATE): None})
+    c.job("first", gate=GATE, node="n")
+    c.end_job("first")
+    c.job("again", gate=GATE, node="n")
+    assert kinds(judge(c)) == ["duplicate-stage"]
+
+
+def test_stages_of_other_generations_versions_or_nodes_are_not_duplicates() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.node("m")
+    c.update("n", cordon=GATE)
+    c.job("g1", gate=GATE, node="n", generation=1)
+    c.job("g2", gate=GATE, node="n", generation=2)
+    c.job("v2", gate=GATE, node="n", version="2.0.0", generation=2)
+    c.job("cfg", gate=GATE, node="n", stage="config", generation=2)
+    c.job("m1", gate=GATE, node="m", generation=1)
+    c.job("r1", gate=GATE, node="n", stage="interrupt", package=None)
+    c.job("r2", gate=GATE, node="n", stage="interrupt", package=None)  # another round's reboot
+    assert judge(c) == []
+
+
+# -- after convergence ----------------------------------------------------------------------------
+
+
+def test_a_node_left_cordoned_by_nodegate_after_convergence_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE, state={GATE: state("complete")})
+    [v] = judge(c, converged=True)
+    assert (v.kind, v.node) == ("left-cordoned", "n")
+
+
+def test_a_node_left_tainted_after_every_readiness_gate_completed_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: state("complete")})
+    [v] = judge(c, converged=True)
+    assert (v.kind, v.node) == ("left-tainted", "n")
+
+
+def test_a_cordon_or_taint_that_is_not_nodegates_is_left_alone() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: state("in-progress")})
+    c.update("n", cordon="someone", annotations={keys.CORDONED_BY: None})
+    checker = InvariantChecker().feed_all(c.events)
+    assert not checker.converged()
+    assert checker.check_converged() == []  # tainted: the gate is not complete there; cordon: a person's
+
+
+# -- blind windows (a watch expired and relisted) -------------------------------------------------
+
+
+def test_a_job_that_ended_somewhere_in_a_blind_window_may_have_ended_before_an_uncordon_in_it() -> None:
+    for ended, expected in ((True, []), (False, ["uncordoned-during-stage"])):
+        c = Cluster()
+        c.gate(GATE)
+        c.node("n")
+        c.update("n", cordon=GATE)
+        c.job("apply", gate=GATE, node="n")
+        since = c.next_rv()  # the last revision the job watch delivered before it expired
+        if ended:
+            c.end_job("apply", emit=False)  # missed by the job watch
+        node = c.update("n", uncordon=True, emit=False)  # seen by the node watch, inside the window
+        relist = Relist("jobs", list(c.jobs.values()), since, c.next_rv())
+        # as the watcher merges them: the job relist at the start of its window, then the uncordon
+        c.events += [relist, Change("nodes", "MODIFIED", node, resource_version(node))]
+        assert kinds(judge(c)) == expected
+
+
+def test_a_job_still_running_after_a_blind_window_was_running_throughout_it() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE)
+    c.job("apply", gate=GATE, node="n")
+    since = c.next_rv()
+    node = c.update("n", uncordon=True, emit=False)
+    c.relist("nodes", since)
+    assert node["spec"]["unschedulable"] is False
+    assert kinds(judge(c)) == ["uncordoned-during-stage"]
+
+
+def test_a_transition_inside_a_node_blind_window_that_cannot_be_judged_is_counted_not_guessed() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)
+    c.node("n", tainted=True)
+    c.update("n", cordon=GATE)
+    since = c.next_rv()
+    c.update("n", state={GATE: state("in-progress")}, untaint=True, emit=False)
+    c.job("apply", gate=GATE, node="n")  # created inside the window: may not have run at the uncordon
+    c.update("n", uncordon=True, emit=False)
+    c.relist("nodes", since)
+    checker = InvariantChecker().feed_all(c.events)
+    assert checker.finish() == []
+    assert checker.coverage.unverified == 2  # the taint removal and the uncordon
+    assert checker.coverage.relists["nodes"] == 1
+
+
+def test_an_interrupt_created_while_the_node_watch_is_blind_is_not_judged_on_a_stale_node() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    since = c.next_rv()
+    c.update("n", cordon=GATE, emit=False)
+    c.events.append(Blind("nodes", since, since + 10))
+    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    checker = InvariantChecker().feed_all(c.events)
+    assert checker.finish() == []
+    assert checker.coverage.unverified == 1
+
+
+def test_a_relisted_fleet_over_its_ceiling_was_over_its_ceiling() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    c.node("a")
+    c.node("b")
+    since = c.next_rv()
+    c.update("a", state={GATE: state("in-progress")}, emit=False)
+    c.update("b", state={GATE: state("in-progress")}, emit=False)
+    c.relist("nodes", since)
+    assert kinds(judge(c)) == ["over-ceiling"]
+
+
+# -- journals -------------------------------------------------------------------------------------
+
+
+def test_a_journal_replays_to_the_same_verdict() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    c.node("a")
+    c.node("b")
+    c.update("a", state={GATE: state("in-progress")})
+    c.events.append(Blind("nodes", 1, 2))
+    since = c.next_rv()
+    c.update("b", state={GATE: state("in-progress")}, emit=False)
+    c.relist("nodes", since)
+    lines = [dump_event(e) for e in c.events]
+    assert [load_event(line) for line in lines] == c.events
+    assert [v.kind for v in replay(lines).finish()] == ["over-ceiling"]
