@@ -1,0 +1,33 @@
+"""The chaos run's short mode (CI): a rollout with drains and reboots survives operator kills, a
+leader failover, an API server restart and an etcd restart, converges, and violates no invariant.
+
+The long mode, run by hand, is `python -m bench.chaos.run --long` (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+from gate.devcluster.cluster import DevCluster
+from gate.testing.chaos import Chaos, Fleet, chaos_run, table
+from tests.conftest import unique
+
+FLEET = Fleet(nodes=30, late=4, replicas=2)
+CHAOS = Chaos(kills=4, failovers=1, apiserver_restarts=1, etcd_restarts=1, pause=(0.2, 2.0))
+
+
+async def test_a_rollout_disturbed_by_kills_and_restarts_converges_without_violating_an_invariant(
+        chaos_cluster: DevCluster) -> None:
+    result = await chaos_run(chaos_cluster, unique("chaos"), FLEET, CHAOS, seed=9, timeout=420,
+                             progress=lambda m: print(m, flush=True))
+    print(table([result], None))
+    print(result.report.summary())
+    assert result.error is None
+    assert result.report.violations == [], "\n".join(map(str, result.report.violations))
+    # Every planned disturbance happened before the rollout converged: none of this is vacuous.
+    assert dict(result.done) == {"kill": 4, "failover": 1, "apiserver": 1, "etcd": 1}
+    assert sum(result.report.expired.values()) >= 1  # the restarted API server expired resumed watches
+    cov = result.report.coverage
+    assert cov.uncordons_judged >= FLEET.nodes  # every node was cordoned, and uncordoned when done
+    assert cov.disruptions_judged >= FLEET.nodes
+    assert cov.taint_lifts_judged + cov.unverified >= FLEET.late
+    assert cov.jobs_seen >= 5 * FLEET.nodes  # three stages, a reboot and two checks per node, give or take
+    assert result.evictions >= FLEET.nodes - FLEET.late - 2  # drains evicted the workload under its budget
