@@ -25,7 +25,8 @@ def review_body(check: AccessCheck) -> dict[str, Any]:
         "user": check.user.username,
         "groups": check.user.groups,
         "resourceAttributes": {"verb": check.verb, "group": check.group, "resource": check.resource,
-                               **({"name": check.name} if check.name else {})},
+                               **({"name": check.name} if check.name else {}),
+                               **({"namespace": check.namespace} if check.namespace else {})},
     }
     if check.user.uid:
         spec["uid"] = check.user.uid

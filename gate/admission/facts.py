@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from gate.admission.rules import policy as policy_rules
-from gate.admission.rules.facts import Facts, Lookups, ReadinessGate
+from gate.admission.rules.facts import DEFAULT_OPERATOR_NAMESPACE, Facts, Lookups, ReadinessGate
 from gate.api.keys import state_annotation, status_label
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
@@ -26,9 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class ClusterFacts:
-    def __init__(self, client: KubeClient, *, operator_username: str) -> None:
+    def __init__(self, client: KubeClient, *, operator_username: str,
+                 operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE) -> None:
         self.client = client
         self.operator_username = operator_username
+        self.operator_namespace = operator_namespace
         self.gates = WatchCache(client, NODEGATES)
         self.policies = WatchCache(client, POLICIES)
 
@@ -44,7 +46,7 @@ class ClusterFacts:
 
     async def facts(self, lookups: Lookups) -> Facts:
         if lookups.empty:
-            return Facts(operator_username=self.operator_username)
+            return Facts(operator_username=self.operator_username, operator_namespace=self.operator_namespace)
         existing = frozenset(await _gather_existing(self, lookups.policies))
         referencing: tuple[str, ...] = ()
         if lookups.gates_referencing:
@@ -55,7 +57,8 @@ class ClusterFacts:
             installed = await self._installed(*lookups.installed)
         readiness = readiness_gates(self.gates.items()) if lookups.readiness_gates else ()
         return Facts(existing_policies=existing, referencing_gates=referencing, installed_on=installed,
-                     readiness_gates=readiness, operator_username=self.operator_username)
+                     readiness_gates=readiness, operator_username=self.operator_username,
+                     operator_namespace=self.operator_namespace)
 
     async def _policy_exists(self, name: str) -> bool:
         if self.policies.get(name) is not None:

@@ -216,7 +216,8 @@ async def serve(settings: WebhookSettings) -> None:
     """Run `nodegate webhook serve` until SIGTERM or SIGINT."""
     client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-webhook")
     certificate = ReloadableCertificate()
-    facts = ClusterFacts(client, operator_username=settings.operator_username)
+    facts = ClusterFacts(client, operator_username=settings.operator_username,
+                         operator_namespace=settings.operator_namespace)
     server = AdmissionServer(facts=facts, certificate=certificate, max_body_bytes=settings.max_body_bytes,
                              authorizer=SubjectAccessReviewer(client, cache_seconds=settings.sar_cache_seconds))
     certs: SelfManagedCertificates | FileCertificates

@@ -199,3 +199,31 @@ def test_the_status_subresource_cannot_carry_a_package_in(kubectl: Kubectl, edit
                            json.dumps({"spec": {"packages": {"evil": EVIL}}, "status": {"observedGeneration": 1}}))
     assert code == 0, out  # accepted: the status subresource ignores the spec
     assert packages_in_cluster(kubectl, name) == {"base"}
+
+
+def test_a_package_cannot_be_handed_a_secret_its_author_may_not_read(kubectl: Kubectl, editor: User) -> None:
+    """Stage pods run in the operator's namespace and receive the Secrets a package's env names: using
+    a package does not let its author make NodeGate read the webhook's CA key for them."""
+    name = existing_gate(kubectl, editor)
+    steal = [{"op": "add", "path": "/spec/packages/base/env", "value": [
+        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "nodegate-webhook-tls", "key": "signer.key"}}}]}]
+    code, out = editor.run("patch", "nodegates.nodegate.io", name, "--type=json", "-p", json.dumps(steal))
+    assert code != 0, out
+    assert f'user "{editor.name}" may not get Secret "nodegate-webhook-tls" in namespace nodegate-system' in out, out
+    live = json.loads(kubectl.run("get", "nodegates.nodegate.io", name, "-o", "json").stdout)
+    assert "env" not in live["spec"]["packages"]["base"]
+    # Allowed to read that Secret there, the same author may name it.
+    role = unique("read-tls")
+    kubectl.run("create", "role", role, "-n", "nodegate-system", "--verb=get", "--resource=secrets",
+                "--resource-name=nodegate-webhook-tls")
+    kubectl.run("create", "rolebinding", role, "-n", "nodegate-system", f"--role={role}", f"--user={editor.name}")
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            code, out = editor.run("patch", "nodegates.nodegate.io", name, "--type=json", "-p", json.dumps(steal))
+            if code == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert code == 0, out
+    finally:
+        kubectl.run("delete", "rolebinding,role", role, "-n", "nodegate-system", "--ignore-not-found", check=False)

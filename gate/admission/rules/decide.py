@@ -109,7 +109,8 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts) -> Verdict:
     if violations:
         return Verdict(violations=tuple(violations))
     who = req.user_info.username or "(anonymous)"
-    checks = tuple(
+    changed = nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
+    checks = [
         AccessCheck(
             user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
             denied=Violation(f"spec.packages[{name}]", f'user "{who}" may not use package "{name}": it needs verb '
@@ -117,9 +118,22 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts) -> Verdict:
                              "ask an admin for a RoleBinding to a role such as nodegate-package-user",
                              forbidden=True),
         )
-        for name in nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
-    )
-    return Verdict(access=checks)
+        for name in changed
+    ]
+    # A package's pods receive the Secrets and ConfigMaps its env and imagePullSecrets name, from the
+    # operator's namespace: whoever names one must be allowed to read it there, or the operator would
+    # hand a package what its author may not see.
+    packages = nodegate.packages_of(new_spec) if isinstance(new_spec, dict) else {}
+    ns = facts.operator_namespace
+    for name in changed:
+        for where, resource, obj in nodegate.referenced_objects(packages.get(name)):
+            kind = "Secret" if resource == "secrets" else "ConfigMap"
+            checks.append(AccessCheck(
+                user=req.user_info, verb="get", group="", resource=resource, name=obj, namespace=ns,
+                denied=Violation(f"spec.packages[{name}].{where}", f'user "{who}" may not get {kind} "{obj}" in '
+                                 f'namespace {ns}, where the package\'s pods would receive it; name only {kind}s '
+                                 "you may read there", forbidden=True)))
+    return Verdict(access=tuple(checks))
 
 
 def _validate_policy(req: AdmissionRequest, facts: Facts) -> Verdict:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_OPERATOR_USERNAME = "system:serviceaccount:nodegate-system:nodegate-operator"
+DEFAULT_OPERATOR_NAMESPACE = "nodegate-system"
+DEFAULT_OPERATOR_USERNAME = f"system:serviceaccount:{DEFAULT_OPERATOR_NAMESPACE}:nodegate-operator"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Facts:
     """package -> names of nodes where it is still installed (not yet uninstalled)."""
     readiness_gates: tuple[ReadinessGate, ...] = ()
     operator_username: str = DEFAULT_OPERATOR_USERNAME
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where package pods run: the Secrets and ConfigMaps a package refers to are looked up there."""
 
 
 NO_FACTS = Facts()

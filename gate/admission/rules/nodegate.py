@@ -340,6 +340,30 @@ def update_violations(old: dict[str, Any], new: dict[str, Any], installed_on: di
     return out
 
 
+def referenced_objects(package: object) -> list[tuple[str, str, str]]:
+    """(field, resource, name) of each Secret and ConfigMap of the operator's namespace a package's pods
+    would receive: env valueFrom secretKeyRef / configMapKeyRef, and imagePullSecrets."""
+    if not isinstance(package, dict):
+        return []
+    out: list[tuple[str, str, str]] = []
+    env = package.get("env")
+    for i, var in enumerate(env if isinstance(env, list) else []):
+        source = var.get("valueFrom") if isinstance(var, dict) else None
+        if not isinstance(source, dict):
+            continue
+        for key, resource in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
+            ref = source.get(key)
+            name = ref.get("name") if isinstance(ref, dict) else None
+            if isinstance(name, str) and name:
+                out.append((f"env[{i}].valueFrom.{key}", resource, name))
+    pulls = package.get("imagePullSecrets")
+    for i, ref in enumerate(pulls if isinstance(pulls, list) else []):
+        name = ref.get("name") if isinstance(ref, dict) else None
+        if isinstance(name, str) and name:
+            out.append((f"imagePullSecrets[{i}]", "secrets", name))
+    return out
+
+
 def changed_packages(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """Packages a CREATE or UPDATE adds or changes: the ones whose use needs authorizing."""
     before = packages_of(old) if old is not None else {}

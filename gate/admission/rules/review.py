@@ -111,11 +111,12 @@ class AccessCheck:
     resource: str
     name: str
     denied: Violation
+    namespace: str = ""  # "" for cluster-scoped resources and virtual ones (packages)
 
     def cache_key(self) -> tuple[object, ...]:
         extra = tuple(sorted((k, tuple(v)) for k, v in self.user.extra.items()))
         return (self.user.username, self.user.uid, tuple(sorted(self.user.groups)), extra,
-                self.verb, self.group, self.resource, self.name)
+                self.verb, self.group, self.resource, self.namespace, self.name)
 
 
 JsonPatch = list[dict[str, Any]]
