@@ -81,6 +81,14 @@ MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False,
     "MutatingWebhookConfiguration",
 )
+# The chart's host-access policy (charts/nodegate/templates/host-access-policy.yaml).
+VALIDATING_POLICIES = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", False, "ValidatingAdmissionPolicy",
+)
+VALIDATING_POLICY_BINDINGS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", False,
+    "ValidatingAdmissionPolicyBinding",
+)
 CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
 CLUSTERROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False, "ClusterRoleBinding")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role")
@@ -91,8 +99,9 @@ KWOK_STAGES = Resource("kwok.x-k8s.io", "v1alpha1", "stages", False, "Stage")
 
 _BUILTIN = [
     NODES, PODS, NAMESPACES, CONFIGMAPS, SECRETS, SERVICEACCOUNTS, SERVICES, EVENTS, JOBS, PDBS, LEASES,
-    DAEMONSETS, DEPLOYMENTS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, CLUSTERROLES, CLUSTERROLEBINDINGS,
-    ROLES, ROLEBINDINGS, NODEGATES, POLICIES, KWOK_STAGES,
+    DAEMONSETS, DEPLOYMENTS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, VALIDATING_POLICIES,
+    VALIDATING_POLICY_BINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS, ROLES, ROLEBINDINGS, NODEGATES, POLICIES,
+    KWOK_STAGES,
 ]
 _BY_KIND = {(r.api_version, r.kind): r for r in _BUILTIN}
 
