@@ -19,7 +19,9 @@ The load process trusts what the API server trusts: the caBundle of the Validati
 re-read every 0.5 s. Most requests reuse keep-alive connections; every `--fresh-every`-th opens a new
 one, so handshakes happen throughout and each records which certificate it was served. A request
 fails when it gets anything but a 200 with an AdmissionReview, or no answer (TLS, connection, 10 s
-timeout). Prints the offered and reached rates, failures, latency and the certificates served.
+timeout). The load is paced at `--rate` with at most 128 requests in flight, so when the machine cannot
+keep up the client sends less rather than piling up requests: the rate reached is what the webhook
+sustained. Prints the target and reached rates, failures, latency and the certificates served.
 tests/security/test_rotation_under_load.py runs the short mode on the test session's control plane.
 """
 
@@ -130,9 +132,10 @@ async def configuration_bundle(kube: KubeClient, name: str = CONFIGURATION) -> b
 
 
 async def run_load(url: str, rate: float, seconds: float, trust: Trust, refresh: Callable[[], Awaitable[bytes]],
-                   *, connections: int = 32, fresh_every: int = 20, timeout: float = 10.0) -> Result:
-    """Offer `rate` requests per second for `seconds` (open loop: requests are sent on schedule whether
-    or not earlier ones were answered), every `fresh_every`-th over a new connection."""
+                   *, connections: int = 32, fresh_every: int = 20, timeout: float = 30.0,
+                   in_flight: int = 128, stop_file: Path | None = None) -> Result:
+    """Send up to `rate` requests per second for `seconds`, or until `stop_file` exists, every
+    `fresh_every`-th over a new connection."""
     result = Result(offered_rate=rate, seconds=seconds)
     bodies = payloads()
     latencies: list[float] = []
@@ -200,12 +203,26 @@ async def run_load(url: str, rate: float, seconds: float, trust: Trust, refresh:
         completions.append(now)
 
     refreshing = asyncio.create_task(refresher())
+    start = time.perf_counter() + 0.05
     try:
+        # Paced at `rate`, with at most `in_flight` requests outstanding: when the server falls behind,
+        # the client sends less instead of queueing requests until they time out on its side, so a
+        # failure is the server's (or the rotation's), never the load generator's backlog.
+        slots = asyncio.Semaphore(in_flight)
+        sent: set[asyncio.Task[None]] = set()
+        i = 0
         total = int(rate * seconds)
-        start = time.perf_counter() + 0.05
-        await asyncio.gather(*(one(i, start + i / rate) for i in range(total)))
-        elapsed = max(completions, default=start) - start
-        result.seconds = max(seconds, elapsed)
+        while i < total and not (stop_file is not None and i % 50 == 0 and stop_file.exists()):
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            await slots.acquire()
+            task = asyncio.create_task(one(i, time.perf_counter()))
+            sent.add(task)
+            task.add_done_callback(lambda t: (sent.discard(t), slots.release()))
+            i += 1
+        offered_for = time.perf_counter() - start
+        await asyncio.gather(*sent)
+        result.seconds = offered_for
+        result.offered_rate = rate
     finally:
         stop.set()
         await refreshing
@@ -272,10 +289,10 @@ def _b64(raw: bytes) -> str:
 # -- the load as a process of its own -------------------------------------------------------------------
 
 def load_argv(url: str, kubeconfig: Path, rate: float, seconds: float, out: Path, *, connections: int = 32,
-              fresh_every: int = 20) -> list[str]:
+              fresh_every: int = 20, stop_file: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "bench.admission.rotation", "load", "--url", url, "--kubeconfig", str(kubeconfig),
             "--rate", str(rate), "--seconds", str(seconds), "--out", str(out), "--connections", str(connections),
-            "--fresh-every", str(fresh_every)]
+            "--fresh-every", str(fresh_every), *(["--stop-file", str(stop_file)] if stop_file else [])]
 
 
 def start_load(url: str, kubeconfig: Path, rate: float, seconds: float, out: Path,
@@ -298,7 +315,8 @@ async def _load_main(args: argparse.Namespace) -> None:
         trust = Trust(await configuration_bundle(kube))
         print("ready", flush=True)
         result = await run_load(args.url, args.rate, args.seconds, trust, lambda: configuration_bundle(kube),
-                                connections=args.connections, fresh_every=args.fresh_every)
+                                connections=args.connections, fresh_every=args.fresh_every,
+                                stop_file=Path(args.stop_file) if args.stop_file else None)
     finally:
         await kube.close()
     Path(args.out).write_text(result.as_json())
@@ -309,7 +327,7 @@ async def _load_main(args: argparse.Namespace) -> None:
 def report(result: dict[str, Any], rotations: list[str]) -> str:
     served = sorted(result["served"].items(), key=lambda kv: kv[1][0])
     lines = [
-        f"offered {result['offered_rate']:.0f} req/s for {result['seconds']:.1f} s; "
+        f"target {result['offered_rate']:.0f} req/s for {result['seconds']:.1f} s; "
         f"reached {result['reached_rate']:.0f} req/s ({result['ok']} answered of {result['sent']} sent); "
         f"failed requests: {result['failures']}",
         f"latency p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms; "
@@ -361,6 +379,7 @@ def main() -> None:
     load.add_argument("--url", required=True)
     load.add_argument("--kubeconfig", required=True)
     load.add_argument("--out", required=True)
+    load.add_argument("--stop-file", default=None, help="stop offering load once this file exists")
     for p in (parser, load):
         p.add_argument("--rate", type=float, default=1000.0)
         p.add_argument("--seconds", type=float, default=60.0)
