@@ -80,6 +80,8 @@ def load_state(raw: str | None) -> NodeGateState:
         if not isinstance(data, dict):
             raise StateParseError("the state annotation is not a JSON object")
         return NodeGateState.model_validate(data)
+    except RecursionError as exc:  # hand-nested thousands of levels deep: json.loads gives up
+        raise StateParseError("the state annotation does not parse: nested too deep") from exc
     except (ValueError, ValidationError) as exc:
         first = str(exc).splitlines()[0][:200]
         raise StateParseError(f"the state annotation does not parse: {first}") from exc

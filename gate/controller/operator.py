@@ -417,12 +417,16 @@ class Operator:
         raw = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate_name))
         if raw is None:
             return
+        removing = bool(gate.metadata.deletion_timestamp)
         try:
             state = load_state(raw)
         except StateParseError:
-            return  # the gate reconcile reports it; nothing here may overwrite it
+            if not removing:
+                return  # the gate reconcile reports it; nothing here may overwrite it while the gate lives
+            # The gate is going away: what the node ran is unknown, so nothing can be uninstalled, but
+            # the gate's keys (and a cordon it placed) must go, or the deletion would never finish.
+            state = NodeGateState(status="failed")
         view = node_view(node_obj)
-        removing = bool(gate.metadata.deletion_timestamp)
         if not removing and state.status != "in-progress":
             return
         pods = None
@@ -547,6 +551,8 @@ class Operator:
         if update.remove_state:
             annotations[state_key] = None
             labels[label_key] = None
+            for request in (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name)):
+                annotations[request] = None  # requests for a gate that is gone
         elif update.state is not None:
             annotations[state_key] = update.state.dump()
             labels[label_key] = update.state.status

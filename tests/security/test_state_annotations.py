@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from gate.api import keys
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import EVENTS, NODEGATES, NODES
@@ -130,13 +128,6 @@ async def test_malformed_state_is_reported_failed_left_alone_and_other_gates_car
         await _delete_gate(scenario, other)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (gate/controller/operator.py reconcile_node + _finalize): deleting a gate while a node holds an "
-    "unreadable state for it never finishes. The finalizer waits until no node carries the gate's state "
-    "annotation; the node reconcile leaves an unreadable state alone (rightly, while the gate lives), and a "
-    "`nodegate node reset` is only acted on by plan_gate, which a deleted gate no longer runs. The gate stays "
-    "Terminating until a person deletes the annotation by hand, which then leaves the status label and the "
-    "reset annotation behind"))
 async def test_a_gate_is_deleted_even_while_a_node_holds_an_unreadable_state_for_it(
         scenario: Scenario, kubectl: Kubectl) -> None:
     [node] = await scenario.add_nodes(1)
@@ -162,13 +153,6 @@ async def test_a_gate_is_deleted_even_while_a_node_holds_an_unreadable_state_for
         kubectl.run("annotate", "node", node, f"{keys.state_annotation(scenario.name)}-", check=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (gate/api/state.py load_state, used by gate/controller/views.node_states): a state annotation "
-    "nested deeper than json.loads recurses (e.g. 2,000 '[') raises RecursionError, which load_state does "
-    "not turn into StateParseError. Operator._fleet() parses every gate's annotation on every node, so "
-    "every gate's reconcile crashes ('Reconcile crashed', nodegate_reconcile_errors_total{kind=gate,"
-    "error=RecursionError} climbing): no gate in the cluster reports, backstops a taint or starts a node "
-    "until the annotation is removed"))
 async def test_a_state_nested_too_deep_is_reported_failed_without_stopping_other_gates(
         scenario: Scenario, kubectl: Kubectl, cluster: DevCluster) -> None:
     corrupt, healthy = await scenario.add_nodes(2)
