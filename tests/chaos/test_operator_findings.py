@@ -1,0 +1,162 @@
+"""Operator bugs the invariant watcher found, as minimal reproductions on a real control plane.
+
+Each test states the behaviour NodeGate promises and is marked xfail(strict=True) while the operator
+breaks it: when the operator's owner fixes the bug, the test passes, strict xfail fails it, and the
+marker goes. They are not fixed here: gate/controller and gate/lifecycle belong to the operator's
+owner (docs/reliability.md, "Findings").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gate.api import keys
+from gate.devcluster.cluster import DevCluster, NodeSpec
+from gate.devcluster.services import start_operator
+from gate.devcluster.stages import failing_stage
+from gate.kube.client import KWOK_STAGES, NODEGATES, NODES, KubeClient
+from gate.kube.errors import NotFound
+from gate.testing.chaos import OPERATOR_FLAGS
+from gate.testing.invariants import Violation
+from gate.testing.watcher import InvariantWatcher
+from tests.conftest import unique
+
+OPERATOR = "findings-operator"
+SERVICE = {"type": "service", "services": ["tuned.service"]}
+SLOW_SECONDS = 600  # the slow package's stage outlives the test: the reproductions do not race it
+
+
+@pytest.fixture
+async def lone_operator(chaos_cluster: DevCluster) -> AsyncIterator[str]:
+    await asyncio.to_thread(start_operator, chaos_cluster, lambda m: None, name=OPERATOR, extra=OPERATOR_FLAGS)
+    try:
+        yield OPERATOR
+    finally:
+        await asyncio.to_thread(chaos_cluster.stop_process, OPERATOR, sig=signal.SIGTERM)
+
+
+class UncordonedDuringStage(AssertionError):
+    """The violation these reproductions expect; anything else failing is a broken test, not an xfail."""
+
+
+async def _wait(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.25)
+
+
+async def _failed_node_with_a_stage_still_running(cluster: DevCluster, kube: KubeClient, name: str,
+                                                  watcher: InvariantWatcher) -> str:
+    """One node, two packages in parallel that both need a service restart (so the node is cordoned):
+    `quick` fails at once, `slow` is still running when the node is marked failed and its batch judged."""
+    [node] = await cluster.add_nodes(NodeSpec(1, {"test": name}, prefix=f"{name}-"))
+    for stage in (failing_stage(f"{name}-quick", nodes=[node], package="quick", message="quick failed"),
+                  failing_stage(f"{name}-slow", nodes=[node], package="slow", message="slow failed",
+                                delay_ms=SLOW_SECONDS * 1000)):
+        await kube.apply(stage, field_manager="test")
+    pkg = {"version": "1.0.0", "interrupt": SERVICE}
+    await kube.apply({"apiVersion": keys.API_VERSION, "kind": "NodeGate", "metadata": {"name": name},
+                      "spec": {"nodeSelector": {"matchLabels": {"test": name}}, "interruptionBudget": {"count": 1},
+                               "packages": {"quick": {**pkg, "image": "registry.example.com/quick", "retries": 0},
+                                            "slow": {**pkg, "image": "registry.example.com/slow"}}}},
+                     field_manager="test")
+
+    async def failed_and_judged() -> bool:
+        labels = (await kube.get(NODES, node))["metadata"].get("labels") or {}
+        comps = ((await kube.get(NODEGATES, name)).get("status") or {}).get("compartments") or []
+        return labels.get(keys.status_label(name)) == "failed" and any(c.get("batch", 0) > 1 for c in comps)
+
+    await _wait(failed_and_judged, "the node failed and its batch judged")
+    slow = [j for j in watcher.checker.jobs.values() if j.node == node and j.package == "slow"]
+    if not slow or slow[0].ended_lo is not None:
+        raise RuntimeError(f"the slow stage must still run for this reproduction: {slow}")
+    return node
+
+
+async def _cleanup(kube: KubeClient, name: str, node: str | None) -> None:
+    # The node first: its slow stage never ends, so the gate would wait for it; without the node the
+    # gate's finalizer has nothing to release, and its Jobs go with it (owner references).
+    for stage in (f"{name}-quick", f"{name}-slow"):
+        await kube.delete(KWOK_STAGES, stage)
+    if node:
+        await kube.delete(NODES, node)
+    await kube.delete(NODEGATES, name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            await kube.get(NODEGATES, name)
+        except NotFound:
+            break
+        await asyncio.sleep(0.5)
+
+
+def _no_uncordon_during_stage(violations: list[Violation]) -> None:
+    found = [v for v in violations if v.kind == "uncordoned-during-stage"]
+    if found:
+        raise UncordonedDuringStage("\n".join(map(str, found)))
+    assert violations == [], "\n".join(map(str, violations))
+
+
+@pytest.mark.xfail(strict=True, raises=UncordonedDuringStage, reason=(
+    "operator bug: `nodegate node reset` of a failed node uncordons it at once (gate/lifecycle/fleet.py "
+    "_requests) although a stage Job of its round (another package, run in parallel) is still running; "
+    "a request should wait until no stage of the round runs, as it waits for an in-progress round"))
+async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_still_runs(
+        chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
+    name = unique("reset-running")
+    watcher = InvariantWatcher(await chaos_cluster.client())
+    await watcher.start()
+    node = None
+    try:
+        node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await chaos_kube.patch(NODES, node, {"metadata": {"annotations": {keys.reset_annotation(name): stamp}}})
+
+        async def consumed() -> bool:
+            annotations = (await chaos_kube.get(NODES, node))["metadata"].get("annotations") or {}
+            return keys.reset_annotation(name) not in annotations
+
+        await _wait(consumed, "the operator acting on the reset")
+        report = await watcher.stop()
+        _no_uncordon_during_stage(report.violations)
+    finally:
+        if watcher._tasks:
+            await watcher.stop()
+        await watcher.client.close()
+        await _cleanup(chaos_kube, name, node)
+
+
+@pytest.mark.xfail(strict=True, raises=UncordonedDuringStage, reason=(
+    "operator bug: deleting a gate uncordons a failed node and deletes its still-running stage Jobs in one "
+    "step (gate/lifecycle/machine.py decide_removal treats every Job of a failed node as never finishing; "
+    "the executor writes the uncordon before it deletes the Jobs): the node serves workloads while a host "
+    "change is cut off half way"))
+async def test_deleting_a_gate_does_not_uncordon_a_failed_node_while_a_stage_of_its_round_still_runs(
+        chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
+    name = unique("delete-running")
+    watcher = InvariantWatcher(await chaos_cluster.client())
+    await watcher.start()
+    node = None
+    try:
+        node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
+        await chaos_kube.delete(NODEGATES, name)
+
+        async def released() -> bool:
+            obj = await chaos_kube.get(NODES, node)
+            return keys.state_annotation(name) not in (obj["metadata"].get("annotations") or {})
+
+        await _wait(released, "the node released by the deleted gate")
+        report = await watcher.stop()
+        _no_uncordon_during_stage(report.violations)
+    finally:
+        if watcher._tasks:
+            await watcher.stop()
+        await watcher.client.close()
+        await _cleanup(chaos_kube, name, node)
