@@ -35,14 +35,20 @@ from gate.testing.chaos import Chaos, Fleet, RunResult, chaos_run, table
 
 
 def modes(args: argparse.Namespace) -> tuple[Fleet, Chaos, int]:
+    def given(value: int | None, default: int) -> int:
+        return default if value is None else value
+
     if args.long:
-        fleet = Fleet(nodes=args.nodes or 100, late=10, replicas=2)
-        chaos = Chaos(kills=args.kills or 12, failovers=2, apiserver_restarts=1, graceful_apiserver_restarts=1,
-                      etcd_restarts=1, pause=(0.5, 6.0))
-        return fleet, chaos, args.runs or 3
-    fleet = Fleet(nodes=args.nodes or 30, late=4, replicas=2)
-    chaos = Chaos(kills=args.kills or 4, failovers=1, apiserver_restarts=1, etcd_restarts=1, pause=(0.2, 2.0))
-    return fleet, chaos, args.runs or 1
+        nodes = given(args.nodes, 100)
+        fleet = Fleet(nodes=nodes, late=nodes // 10, replicas=2)
+        chaos = Chaos(kills=given(args.kills, 12), failovers=2, apiserver_restarts=1, graceful_apiserver_restarts=1,
+                      etcd_restarts=1, leader_pauses=args.leader_pauses, pause=(0.5, 6.0))
+        return fleet, chaos, given(args.runs, 3)
+    nodes = given(args.nodes, 30)
+    fleet = Fleet(nodes=nodes, late=max(2, nodes // 8), replicas=2)
+    chaos = Chaos(kills=given(args.kills, 4), failovers=1, apiserver_restarts=1, etcd_restarts=1,
+                  leader_pauses=args.leader_pauses, pause=(0.2, 2.0))
+    return fleet, chaos, given(args.runs, 1)
 
 
 def figures(result: RunResult, baseline: RunResult | None) -> dict[str, Any]:
@@ -87,6 +93,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, help="nodes per run (default 30, long 100)")
     parser.add_argument("--runs", type=int, help="disturbed runs (default 1, long 3)")
     parser.add_argument("--kills", type=int, help="operator kills per disturbed run (default 4, long 12)")
+    parser.add_argument("--leader-pauses", type=int, default=0,
+                        help="per disturbed run: freeze the leader (SIGSTOP) until the standby leads, then let it "
+                             "run again (opt-in, see docs/reliability.md)")
     parser.add_argument("--job-seconds", type=float, default=1.0, help="how long a simulated stage runs")
     parser.add_argument("--seed", type=int, default=20260)
     parser.add_argument("--timeout", type=float, default=1800, help="per run")

@@ -17,7 +17,8 @@ One run (`chaos_run`) on an existing `DevCluster`:
    leader and brings it back only after the standby took over; `apiserver` SIGKILLs kube-apiserver
    and starts it again (its new watch cache answers resumed watches with 410 Gone: every client
    relists); `graceful-apiserver` does it with SIGTERM (the server closes the watches itself);
-   `etcd` SIGKILLs etcd and starts it again;
+   `etcd` SIGKILLs etcd and starts it again; opt-in, `pause` freezes the leader (SIGSTOP) until the
+   standby leads, then lets it run again (a zombie leader waking up with a stale view);
 4. waits until the gate is Ready at its generation with every node complete, stops disturbing, lets
    the watcher catch up, and judges convergence (nothing left cordoned or tainted);
 5. removes what it created.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import time
@@ -60,7 +62,7 @@ POOL_LABEL = "nodegate.dev/chaos-pool"
 # about 8 s, nodes waiting on drains and reboots are looked at twice a second.
 OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4",
                   "--resync-seconds", "30", "--pending-timeout", "300", "--reboot-timeout", "300"]
-ACTIONS = ("kill", "failover", "apiserver", "graceful-apiserver", "etcd")
+ACTIONS = ("kill", "failover", "pause", "apiserver", "graceful-apiserver", "etcd")
 PACKAGES: Obj = {
     "kernel-params": {"version": "1.0.0", "image": "registry.example.com/kernel-params",
                       "interrupt": {"type": "reboot"}},
@@ -94,18 +96,20 @@ class Chaos:
     apiserver_restarts: int = 0
     graceful_apiserver_restarts: int = 0
     etcd_restarts: int = 0
+    leader_pauses: int = 0  # opt-in: SIGSTOP the leader past its lease, SIGCONT once the standby leads
     pause: tuple[float, float] = (0.5, 6.0)
 
     def plan(self, rng: random.Random) -> list[str]:
         actions = (["kill"] * self.kills + ["failover"] * self.failovers + ["apiserver"] * self.apiserver_restarts
-                   + ["graceful-apiserver"] * self.graceful_apiserver_restarts + ["etcd"] * self.etcd_restarts)
+                   + ["graceful-apiserver"] * self.graceful_apiserver_restarts + ["etcd"] * self.etcd_restarts
+                   + ["pause"] * self.leader_pauses)
         rng.shuffle(actions)
         return actions
 
     @property
     def total(self) -> int:
         return (self.kills + self.failovers + self.apiserver_restarts + self.graceful_apiserver_restarts
-                + self.etcd_restarts)
+                + self.etcd_restarts + self.leader_pauses)
 
 
 @dataclass
@@ -235,6 +239,22 @@ async def disturb(cluster: DevCluster, action: str, names: list[str], progress: 
         else:
             await asyncio.to_thread(cluster.restart, target, sig=signal.SIGKILL, env=env, wait=False)
             progress(f"  kill: SIGKILLed leader {target} and started it again")
+    elif action == "pause":
+        current = await asyncio.to_thread(leader, cluster, names)
+        frozen = current or random.choice(names)
+        pid = cluster.processes()[frozen].pid
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            others = [n for n in names if n != frozen]
+            if others:
+                took = await wait_leading(cluster, others)
+                await asyncio.sleep(1.0)  # the new leader works while the old one is frozen
+            else:
+                took = "nobody"
+                await asyncio.sleep(8.0)  # past the lease: a lone replica wakes up to an expired lease
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        progress(f"  pause: froze leader {frozen} until {took} led, then let it run again")
     elif action in ("apiserver", "graceful-apiserver"):
         sig = signal.SIGKILL if action == "apiserver" else signal.SIGTERM
         started = time.monotonic()
