@@ -14,13 +14,11 @@ def operator_metrics(cluster: DevCluster) -> str:
         return str(resp.read().decode())
 
 
-def total(text: str, name: str) -> float:
-    """The sum of every sample of a metric (all label sets)."""
-    out = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            out += float(line.rsplit(" ", 1)[1])
-    return out
+def reconcile_failures(text: str) -> float:
+    """Reconciles that raised, except lost optimistic-concurrency races (409 Conflict, requeued as every
+    controller does when two writers meet on one object)."""
+    return sum(v for labels, v in samples(text, "nodegate_reconcile_errors_total").items()
+               if 'error="Conflict"' not in labels)
 
 
 def samples(text: str, name: str) -> dict[str, float]:
