@@ -350,6 +350,7 @@ async def chaos_run(cluster: DevCluster, name: str, fleet: Fleet, chaos: Chaos, 
     error: str | None = None
     watching = False
     notes: list[str] = []
+    chaos_task: asyncio.Task[None] | None = None
     try:
         pools = fleet.pools()
         progress(f"{run}: {fleet.nodes} nodes ({pools['canary']} canary, {pools['a']} pool-a, {pools['b']} "
@@ -412,6 +413,10 @@ async def chaos_run(cluster: DevCluster, name: str, fleet: Fleet, chaos: Chaos, 
         error = f"{type(exc).__name__}: {exc}"
         progress(f"{run}: FAILED: {error}")
     finally:
+        if chaos_task is not None and not chaos_task.done():
+            chaos_task.cancel()  # a failed run: stop disturbing (a frozen leader is let go) before cleaning up
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await chaos_task
         try:
             report = await watcher.stop() if watching else watcher.report()
             if error is None:

@@ -2,8 +2,9 @@
 
 The session's control plane is shared by every other tier; restarting its API server under their
 webhook and operator would make their tests depend on ours. This one is started once for the
-directory (a few seconds on a warm cache), runs no webhook, and runs operator replicas only while a
-chaos run drives them, so the planted-violation tests can write what they like to its nodes.
+directory (a few seconds on a warm cache) and stopped after it. It runs no webhook, and operator
+replicas only while a test drives them, so the planted-violation tests can write what they like to
+its nodes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped once this directory is done, not idling through the rest
 def chaos_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     state = tmp_path_factory.mktemp("chaos-cluster")
     cluster = DevCluster(state)

@@ -11,7 +11,7 @@ from gate.testing.chaos import Chaos, Fleet, chaos_run, table
 from tests.conftest import unique
 
 FLEET = Fleet(nodes=30, late=4, replicas=2)
-CHAOS = Chaos(kills=4, failovers=1, apiserver_restarts=1, etcd_restarts=1, pause=(0.2, 2.0))
+CHAOS = Chaos(kills=4, failovers=1, apiserver_restarts=1, etcd_restarts=1, pause=(0.1, 1.5))
 
 
 async def test_a_rollout_disturbed_by_kills_and_restarts_converges_without_violating_an_invariant(
