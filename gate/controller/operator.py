@@ -216,7 +216,12 @@ class Operator:
             raw = annotations.get(keys.state_annotation(gname))
             if raw and '"in-progress"' in raw and kind != "DELETED":
                 self.queue.add(("node", gname, node))
-            self._gate_later(gname)
+            if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint"):
+                # A joining node may need the readiness taint (the webhook may have missed it): plan
+                # now, not after the debounce, to leave the scheduler as little time as possible.
+                self.queue.add(("gate", gname))
+            else:
+                self._gate_later(gname)
 
     def _index_job(self, kind: str, job: Obj) -> tuple[str, str] | None:
         ann = job["metadata"].get("annotations") or {}
@@ -236,6 +241,7 @@ class Operator:
         # Job (active, ready, pod counts) do not, and reconciling on each would cost more than all else.
         if owner is not None and (kind == "DELETED" or _job_finished(job)):
             self.queue.add(("node", *owner))
+            self._gate_later(owner[0])  # a request held while the Job ran can be acted on now
 
     def _index_pod(self, kind: str, pod: Obj) -> str | None:
         job: str | None = (pod["metadata"].get("labels") or {}).get("job-name")
@@ -296,6 +302,19 @@ class Operator:
             out.append(memo[1])
         return out
 
+    def _busy_nodes(self, gate: str) -> set[str]:
+        """Nodes where a stage Job of `gate` has not ended."""
+        busy = set()
+        for (g, node), names in self._jobs_by_node.items():
+            if g != gate:
+                continue
+            for name in names:
+                job = self.jobs.get(name, self.settings.namespace)
+                if job is not None and not _job_finished(job):
+                    busy.add(node)
+                    break
+        return busy
+
     def _jobs_of(self, gate: str, node: str) -> dict[str, Any]:
         views = {}
         for name in list(self._jobs_by_node.get((gate, node), ())):
@@ -333,7 +352,8 @@ class Operator:
             policy = DeploymentPolicy.model_validate(raw_policy)
         now = datetime.now(UTC)
         created = _parse_time(gate.metadata.creation_timestamp)
-        gplan = plan_gate(gate, policy, self._fleet(), gates=self._all_gates(), now=now, gate_created=created)
+        gplan = plan_gate(gate, policy, self._fleet(), gates=self._all_gates(), now=now, gate_created=created,
+                          busy=self._busy_nodes(name))
         sem = asyncio.Semaphore(16)
 
         async def apply(node: str, update: NodeUpdate) -> None:

@@ -7,7 +7,7 @@ this module turns that into node updates and the gate's status.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -75,7 +75,10 @@ def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
 
 
 def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
-              gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None) -> GatePlan:
+              gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
+              busy: Collection[str] = ()) -> GatePlan:
+    """`busy`: nodes where a stage Job of this gate still runs (a failed node's other packages, say);
+    a person's reset or rerun waits for them, so it never uncordons a node under a running stage."""
     name = gate.name
     generation = gate.metadata.generation or 0
     updates: dict[str, NodeUpdate] = {}
@@ -105,7 +108,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         if in_scope:
             matched.append(node)
         if in_scope and not isinstance(raw, StateParseError):
-            requested = _requests(gate, node, state, updates)
+            requested = None if node.view.name in busy else _requests(gate, node, state, updates)
             if requested is not None:
                 state = requested
         effective = state

@@ -598,11 +598,12 @@ def decide_removal(ctx: NodeContext) -> Decision:
     r = _Round(ctx)
     s = r.state
     gate = ctx.gate
-    # Stages of the last round: a running one may finish (a host change is never cut off half way);
-    # Jobs of a failed node or stuck ones (image pull, never scheduled) will not, and are removed.
+    # Stages of the last round: a running one finishes first, even on a failed node (another
+    # package's stage may still be changing the host): a host change is never cut off half way, and
+    # the node is not uncordoned under it. Stuck ones (image pull, never started) will not finish and
+    # are removed with the rest.
     leftovers = [v for v in ctx.jobs.values() if not v.name.startswith("ng-uninstall-")]
-    running = [v for v in leftovers if v.phase in ("pending", "running") and s.status != "failed"
-               and _stuck(v, ctx) is None]
+    running = [v for v in leftovers if v.phase in ("pending", "running") and _stuck(v, ctx) is None]
     if running:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()

@@ -1,9 +1,9 @@
-"""Operator bugs the invariant watcher found, as minimal reproductions on a real control plane.
+"""Findings of the invariant watcher, kept as regression tests.
 
-Each test states the behaviour NodeGate promises and is marked xfail(strict=True) while the operator
-breaks it: when the operator's owner fixes the bug, the test passes, strict xfail fails it, and the
-marker goes. They are not fixed here: gate/controller and gate/lifecycle belong to the operator's
-owner (docs/reliability.md, "Findings").
+Both reproduce the same hazard: a node failed in one package while another package's stage of the
+same round still runs. A person's reset, or the deletion of the gate, must wait for that stage to end
+before the node is uncordoned; the test then ends the stage (playing the kubelet) and checks the
+request is carried out, with the watcher recording no violation throughout.
 """
 
 from __future__ import annotations
@@ -97,6 +97,33 @@ async def _cleanup(kube: KubeClient, name: str, node: str | None) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _held(kube: KubeClient, node: str, still: Callable[[dict[str, str]], bool]) -> None:
+    """For several of the operator's polls, the request stays pending and the node stays cordoned."""
+    for _ in range(12):
+        obj = await kube.get(NODES, node)
+        assert still(obj["metadata"].get("annotations") or {}), "acted on while a stage of the round runs"
+        assert obj["spec"].get("unschedulable") is True, "uncordoned while a stage of the round runs"
+        await asyncio.sleep(0.25)
+
+
+async def _end_slow_stage(kube: KubeClient, node: str) -> None:
+    """Play the kubelet: the slow stage's container exits 0 (kwok would only do so after ten minutes)."""
+    from datetime import UTC, datetime
+
+    from gate.kube.client import PODS
+
+    pods, _ = await kube.list(PODS, "nodegate-system", label_selector=f"{keys.JOB_PACKAGE_LABEL}=slow",
+                              field_selector=f"spec.nodeName={node}")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for pod in pods:
+        statuses = [{"name": c["name"], "image": c["image"], "ready": False, "restartCount": 0,
+                     "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
+                                              "finishedAt": now}}} for c in pod["spec"]["containers"]]
+        await kube.patch(PODS, pod["metadata"]["name"], {"status": {"phase": "Succeeded",
+                                                                     "containerStatuses": statuses}},
+                         namespace="nodegate-system", subresource="status")
+
+
 def _no_uncordon_during_stage(violations: list[Violation]) -> None:
     found = [v for v in violations if v.kind == "uncordoned-during-stage"]
     if found:
@@ -104,10 +131,6 @@ def _no_uncordon_during_stage(violations: list[Violation]) -> None:
     assert violations == [], "\n".join(map(str, violations))
 
 
-@pytest.mark.xfail(strict=True, raises=UncordonedDuringStage, reason=(
-    "operator bug: `nodegate node reset` of a failed node uncordons it at once (gate/lifecycle/fleet.py "
-    "_requests) although a stage Job of its round (another package, run in parallel) is still running; "
-    "a request should wait until no stage of the round runs, as it waits for an in-progress round"))
 async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_still_runs(
         chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
     name = unique("reset-running")
@@ -118,6 +141,8 @@ async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_
         node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         await chaos_kube.patch(NODES, node, {"metadata": {"annotations": {keys.reset_annotation(name): stamp}}})
+        await _held(chaos_kube, node, lambda ann: keys.reset_annotation(name) in ann)
+        await _end_slow_stage(chaos_kube, node)
 
         async def consumed() -> bool:
             annotations = (await chaos_kube.get(NODES, node))["metadata"].get("annotations") or {}
@@ -133,11 +158,6 @@ async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_
         await _cleanup(chaos_kube, name, node)
 
 
-@pytest.mark.xfail(strict=True, raises=UncordonedDuringStage, reason=(
-    "operator bug: deleting a gate uncordons a failed node and deletes its still-running stage Jobs in one "
-    "step (gate/lifecycle/machine.py decide_removal treats every Job of a failed node as never finishing; "
-    "the executor writes the uncordon before it deletes the Jobs): the node serves workloads while a host "
-    "change is cut off half way"))
 async def test_deleting_a_gate_does_not_uncordon_a_failed_node_while_a_stage_of_its_round_still_runs(
         chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
     name = unique("delete-running")
@@ -147,6 +167,8 @@ async def test_deleting_a_gate_does_not_uncordon_a_failed_node_while_a_stage_of_
     try:
         node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
         await chaos_kube.delete(NODEGATES, name)
+        await _held(chaos_kube, node, lambda ann: keys.state_annotation(name) in ann)
+        await _end_slow_stage(chaos_kube, node)
 
         async def released() -> bool:
             obj = await chaos_kube.get(NODES, node)
