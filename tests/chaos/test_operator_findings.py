@@ -41,7 +41,7 @@ async def lone_operator(chaos_cluster: DevCluster) -> AsyncIterator[str]:
 
 
 class UncordonedDuringStage(AssertionError):
-    """The violation these reproductions expect; anything else failing is a broken test, not an xfail."""
+    """The violation these tests guard against (any other failure is a broken test, and says so)."""
 
 
 async def _wait(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 90.0) -> None:
