@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gate.admission.server import AdmissionServer
+from gate.admission.server import AdmissionServer, settle_garbage_collector
 from gate.admission.testing import FixedAuthorizer, StaticFacts
 from gate.certs.reload import ReloadableCertificate
 
@@ -49,13 +49,15 @@ async def main(kind: str, port: int, cert: Path, key: Path) -> None:
     certificate = ReloadableCertificate()
     certificate.load(cert.read_bytes(), key.read_bytes())
     if kind == "ours":
-        app = AdmissionServer(facts=StaticFacts(gates=gates(), policies=["fleet"]), authorizer=FixedAuthorizer(),
-                              certificate=certificate).app()
+        app = AdmissionServer(facts=StaticFacts(gates=gates(), policies=["fleet"]),
+                              authorizer=FixedAuthorizer(record=False), certificate=certificate).app()
     else:
         app = bare_app()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port, ssl_context=certificate.context, backlog=1024).start()
+    if kind == "ours":
+        settle_garbage_collector()  # as `nodegate webhook serve` does once it listens
     print("ready", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

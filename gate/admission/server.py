@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import logging
 import signal
 import time
@@ -212,6 +213,14 @@ class AdmissionServer:
         return Verdict(warnings=(f"nodegate: not mutated: {reason}",))
 
 
+def settle_garbage_collector() -> None:
+    """Move everything alive at start-up (tens of thousands of module-level objects) out of the
+    collector's sight: a full collection then scans only what requests created, and stops showing
+    up as a p99 spike of tens of milliseconds."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(settings: WebhookSettings) -> None:
     """Run `nodegate webhook serve` until SIGTERM or SIGINT."""
     client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-webhook")
@@ -237,6 +246,7 @@ async def serve(settings: WebhookSettings) -> None:
     site = web.TCPSite(runner, host, port, ssl_context=certificate.context, backlog=1024)
     await site.start()
     log.info("Serving admission webhook; listen=%s:%d certMode=%s", host, port, settings.cert_mode)
+    settle_garbage_collector()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -33,10 +33,12 @@ class StaticFacts:
 
 
 class FixedAuthorizer:
-    def __init__(self, allowed: bool = True) -> None:
+    def __init__(self, allowed: bool = True, *, record: bool = True) -> None:
         self.allowed = allowed
+        self.record = record  # a benchmark must not keep every question: that is a leak GC then scans
         self.asked: list[AccessCheck] = []
 
     async def answer(self, checks: Sequence[AccessCheck]) -> list[bool]:
-        self.asked.extend(checks)
+        if self.record:
+            self.asked.extend(checks)
         return [self.allowed] * len(checks)
