@@ -15,13 +15,13 @@ the spec and the `installed` record every time, and the record is updated after 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import semver
 
 from gate.api.nodegate import Interrupt, Package
 from gate.api.state import Installed, Stage, config_hashes, spec_hash
+from gate.api.versions import parse_constraint, parse_version, satisfies
 from gate.lifecycle.interrupts import config_interrupts, merge
 
 
@@ -96,54 +96,16 @@ def after_stage(stage: Stage, package: Package, installed: Installed | None) -> 
 
 
 def constraint_error(constraint: str) -> str | None:
-    """Why a dependsOn constraint does not parse, or None when it does."""
-    try:
-        constraint_satisfied(constraint, "0.0.0", strict=True)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    """Why a dependsOn constraint does not parse, or None when it does (admission's reading)."""
+    parsed = parse_constraint(constraint)
+    return parsed if isinstance(parsed, str) else None
 
 
-def constraint_satisfied(constraint: str, version: str, *, strict: bool = False) -> bool:
-    """`version` meets a dependsOn constraint: "*", "1.2.3", ">=1.2.0", ">=1.2 <2", "^1.2", "~1.2.3".
-
-    Parts separated by spaces or commas must all hold. With `strict`, a malformed constraint raises
-    ValueError; otherwise it is simply not satisfied.
-    """
-    constraint = constraint.strip()
-    if constraint in ("", "*"):
-        return True
-    try:
-        parsed = semver.Version.parse(version)
-        return all(_match_one(parsed, part) for part in constraint.replace(",", " ").split())
-    except ValueError as exc:
-        if strict:
-            raise ValueError(f"{constraint!r} is not a version constraint like >=1.2.0, ^1.2 or 1.2.3") from exc
+def constraint_satisfied(constraint: str, version: str) -> bool:
+    """`version` meets a dependsOn constraint, read exactly as admission reads it (gate.api.versions);
+    a constraint or version that does not parse is not satisfied."""
+    parsed = parse_constraint(constraint)
+    ver = parse_version(version)
+    if isinstance(parsed, str) or isinstance(ver, str):
         return False
-
-
-_OPS = (">=", "<=", "==", "!=", ">", "<", "=")
-
-
-def _match_one(version: semver.Version, part: str) -> bool:
-    if part.startswith("^"):
-        base = semver.Version.parse(_pad(part[1:]))
-        upper = base.bump_major() if base.major else (base.bump_minor() if base.minor else base.bump_patch())
-        return bool(base <= version < upper)
-    if part.startswith("~"):
-        base = semver.Version.parse(_pad(part[1:]))
-        return bool(base <= version < base.bump_minor())
-    for op in _OPS:
-        if part.startswith(op):
-            target = semver.Version.parse(_pad(part[len(op):]))
-            return bool(version.match(("==" if op == "=" else op) + str(target)))
-    return bool(version == semver.Version.parse(_pad(part)))
-
-
-def _pad(text: str) -> str:
-    """'1.2' -> '1.2.0' and '1' -> '1.0.0' (keeping any pre-release): semver needs three parts."""
-    match = re.match(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)$", text.strip())
-    if not match:
-        return text
-    major, minor, patch, rest = match.groups()
-    return f"{major}.{minor or 0}.{patch or 0}{rest}"
+    return satisfies(ver, parsed)
