@@ -132,6 +132,9 @@ def main() -> None:
     print()
     for r in everything:
         print(f"{r.name}: {r.report.summary()}")
+        peaks = ", ".join(f"{comp} {p.disrupted} of ceiling {p.ceiling}"
+                          for (_, comp), p in sorted(r.report.coverage.peaks.items()))
+        print(f"  most disrupted at once: {peaks or '-'}")
         for v in r.report.violations:
             print(f"  VIOLATION {v}")
         if r.error:
