@@ -62,6 +62,8 @@ class NodeGateState(Model):
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
+    passed: bool = Field(default=False, description="The node completed this gate once: later rounds (an upgrade, "
+                         "a config change, a reset) never put the readiness taint back.")
 
     def dump(self) -> str:
         return json.dumps(self.model_dump(by_alias=True, exclude_defaults=True, mode="json"),

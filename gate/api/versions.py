@@ -107,3 +107,18 @@ def satisfies(version: semver.Version, constraint: list[Predicate]) -> bool:
     return all(pred(version) for pred in constraint)
 
 
+
+
+def image_tag(version: str) -> str:
+    """The image tag a package version is published under: the version itself, with semver's build
+    separator `+` (not allowed in a tag) written `_`, as Helm and OCI registries do."""
+    return version.replace("+", "_")
+
+
+def image_reference(image: str, version: str) -> str:
+    """The image a package's stages run: pinned by digest or tagged as given (admission checked the tag
+    is the version), or else tagged with the version. A colon counts as a tag only after the last
+    slash, so `host:5000/team/tool` gets one."""
+    if "@" in image or ":" in image.rsplit("/", 1)[-1]:
+        return image
+    return f"{image}:{image_tag(version)}"

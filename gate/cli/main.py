@@ -210,20 +210,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         _err(f"error: {exc}")
         return 2
-    except Exception as exc:  # one clear line for every known failure kind
-        from gate.devcluster.build import BuildError
-        from gate.devcluster.cluster import ClusterError
-        from gate.kube.errors import ApiError, ConnectionFailed
+    except Exception as exc:  # one clear line for every failure; NODEGATE_DEBUG=1 shows the traceback
+        import os
 
-        if isinstance(exc, (BuildError, ClusterError)):
-            _err(f"error: {exc}")
-            return 1
-        if isinstance(exc, (ApiError, ConnectionFailed)):  # a command that did not translate its own
-            from gate.cli.kubectx import explain
+        if os.environ.get("NODEGATE_DEBUG"):
+            raise
+        _err(f"error: {describe_failure(exc)}")
+        return 2 if _is_api_failure(exc) else 1
 
-            _err(f"error: {explain(exc)}")
-            return 2
-        raise
+
+def _is_api_failure(exc: BaseException) -> bool:
+    from gate.kube.errors import ApiError, ConnectionFailed
+
+    return isinstance(exc, (ApiError, ConnectionFailed))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for a person: what failed, without a traceback."""
+    from pydantic import ValidationError
+
+    from gate.devcluster.build import BuildError
+    from gate.devcluster.cluster import ClusterError
+
+    if isinstance(exc, (BuildError, ClusterError)):
+        return str(exc)
+    if _is_api_failure(exc):  # a command that did not translate its own
+        from gate.cli.kubectx import explain
+
+        return explain(exc)  # type: ignore[arg-type]
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or exc.title
+        return f"{exc.title} is not valid at {where}: {first.get('msg', '')}"
+    return (f"unexpected {type(exc).__name__}: {exc}; run again with NODEGATE_DEBUG=1 for the traceback "
+            "and report it")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import config_hash
+from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
 from gate.lifecycle.machine import JobPhase, JobRequest, JobView
 
@@ -37,10 +38,8 @@ def label_value(text: str) -> str:
 
 
 def image_ref(package: Package) -> str:
-    """The package image at its version: `image:version`, or the image as is when pinned by digest."""
-    if "@" in package.image:
-        return package.image
-    return f"{package.image}:{package.version}"
+    """The package image at its version (see `gate.api.versions.image_reference`)."""
+    return image_reference(package.image, package.version)
 
 
 def config_map_name(gate: str, package: str, pkg: Package) -> str:

@@ -19,7 +19,8 @@ class OperatorMetrics:
         self.stage_failures = Counter("nodegate_stage_failures_total", "Stages and node steps that failed for good",
                                       ["gate", "package", "stage", "reason"], registry=r)
         self.drains_blocked = Counter("nodegate_drain_blocked_total",
-                                      "Evictions refused by a PodDisruptionBudget", ["gate"], registry=r)
+                                      "Drains held up by a PodDisruptionBudget (once per node and blocking budget)",
+                                      ["gate"], registry=r)
         self.taint_removals = Counter("nodegate_readiness_taint_removals_total",
                                       "Readiness taints removed from nodes", ["gate"], registry=r)
         self.taints_added = Counter("nodegate_readiness_taints_added_total",

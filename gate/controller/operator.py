@@ -41,7 +41,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, TooManyRequests
 from gate.kube.lease import LeaderElector
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects
 from gate.lifecycle.machine import Decision, EventRequest, NodeChange, NodeContext, Timing, decide, decide_removal
 
 log = logging.getLogger("nodegate.operator")
@@ -420,12 +420,35 @@ class Operator:
             self.queue.add(("node", gate.name, node))
         if holders:
             return  # node reconciles remove their keys; their events bring us back
+        for node_obj in self.nodes.items():
+            leftover = self._leftover_keys(gate, node_obj)
+            if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
+                await self._write_node_update(gate, node_obj["metadata"]["name"], leftover, base=node_obj)
         if keys.FINALIZER in gate.metadata.finalizers:
             rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
             with contextlib.suppress(ApiError):
                 await self.client.patch(NODEGATES, gate.name, {"metadata": {
                     "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
             log.info("Released gate; gate=%s", gate.name)
+
+    def _leftover_keys(self, gate: NodeGate, node_obj: Obj) -> NodeUpdate | None:
+        """What a deleted gate left on a node it never started on: its status label (a node waiting in
+        line), a person's reset or rerun request, and the readiness taint of a node that joined and
+        waited for this gate alone. None when the node carries nothing of the gate's."""
+        meta = node_obj["metadata"]
+        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        view = node_view(node_obj)
+        taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
+                 and readiness_clear(gate.name, fleet_node(node_obj), self._all_gates()))
+        requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
+        if keys.status_label(gate.name) not in labels and not any(r in annotations for r in requests) and not taint:
+            return None
+        update = NodeUpdate(remove_state=True)
+        if taint:
+            update.change.remove_readiness_taint = True
+            update.events.append(EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                              f"NodeGate {gate.name} was deleted; no other gate holds the node back"))
+        return update
 
     # -- node reconcile ---------------------------------------------------------------------------
 
@@ -483,16 +506,18 @@ class Operator:
         for name in decision.delete_jobs:
             job = self.jobs.get(name, self.settings.namespace)
             if job is not None:
-                self._stage_metrics(job, "succeeded")
+                self._stage_metrics(job)
                 self._index_job("DELETED", job)
             await self.client.delete(JOBS, name, self.settings.namespace, body={"propagationPolicy": "Background"})
         blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
         if blocked:
             state = decision.state or load_state(old_state)
-            if blocked and state.drain_blocked_by != blocked:
+            if state.drain_blocked_by != blocked:  # once per blocking budget, not at every retry
+                self.metrics.drains_blocked.labels(gate.name).inc()
                 state = state.model_copy(update={"drain_blocked_by": blocked})
                 fresh = self.nodes.get(node) or node_obj
-                await self._write_node_update(gate, node, NodeUpdate(state=state), base=fresh)
+                await self._write_node_update(gate, node, NodeUpdate(state=state, events=[EventRequest(
+                    "node", "Warning", "DrainBlocked", f"Eviction refused: {blocked}")]), base=fresh)
         gate_obj = self.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
                                                  "metadata": {"name": gate.name}}
         for event in decision.events:
@@ -508,13 +533,21 @@ class Operator:
                                      and f'"{new_status}"' not in old_state):
             self._gate_later(gate.name)
 
-    def _stage_metrics(self, job: Obj, outcome: str) -> None:
+    def _stage_metrics(self, job: Obj) -> None:
+        """A stage Job about to be deleted: its duration by outcome (succeeded, failed, or abandoned when
+        a reset or a gate deletion cut it off), from its creation to the condition that ended it."""
         labels = job["metadata"].get("labels") or {}
         created = _parse_time(job["metadata"].get("creationTimestamp"))
-        if created is not None:
-            self.metrics.stage_duration.labels(labels.get(keys.JOB_PACKAGE_LABEL, "-"),
-                                               labels.get(keys.JOB_STAGE_LABEL, "-"), outcome).observe(
-                (datetime.now(UTC) - created).total_seconds())
+        if created is None:
+            return
+        outcome, ended = "abandoned", datetime.now(UTC)
+        for cond in (job.get("status") or {}).get("conditions") or []:
+            if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+                outcome = "succeeded" if cond["type"] == "Complete" else "failed"
+                ended = _parse_time(cond.get("lastTransitionTime")) or ended
+        self.metrics.stage_duration.labels(labels.get(keys.JOB_PACKAGE_LABEL, "-"),
+                                           labels.get(keys.JOB_STAGE_LABEL, "-"), outcome).observe(
+            max(0.0, (ended - created).total_seconds()))
 
     async def _ensure(self, resource: Any, obj: Obj) -> Obj | None:
         """Create; an object that already exists is fine (None): names are deterministic."""
@@ -538,7 +571,6 @@ class Operator:
             try:
                 await self.client.create(PODS, body, namespace, subresource_of=name, subresource="eviction")
             except TooManyRequests as exc:
-                self.metrics.drains_blocked.labels(gate.name).inc()
                 return _blocking_pdb(exc, namespace, name)
             except ApiError as exc:
                 if exc.status != 404:
@@ -547,9 +579,6 @@ class Operator:
 
         for result in await asyncio.gather(*(evict(ns, n) for ns, n in pods)):
             blocked = blocked or result
-        if blocked:
-            await self.recorder.emit(self.nodes.get(node) or {"kind": "Node", "metadata": {"name": node}},
-                                     "Warning", "DrainBlocked", f"Eviction refused: {blocked}")
         return blocked
 
     # -- node writes ------------------------------------------------------------------------------

@@ -64,10 +64,14 @@ def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) 
     for other in gates:
         if other.name == gate_name or not other.spec.readiness_taint or not selects(other, node.view):
             continue
-        state = node.states.get(other.name)
-        if not isinstance(state, NodeGateState) or state.status != "complete":
+        if not passed(node.states.get(other.name)):
             return False
     return True
+
+
+def passed(state: NodeGateState | StateParseError | None) -> bool:
+    """The node completed the gate once (it may be in a later round now: an upgrade, a reset)."""
+    return isinstance(state, NodeGateState) and (state.status == "complete" or state.passed)
 
 
 def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
@@ -105,6 +109,9 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 up.change.unschedulable = False
                 up.change.clear_cordoned_by = True
             continue
+        if not in_scope and raw is None and keys.status_label(name) in node.view.labels:
+            _update(updates, node.view.name).remove_state = True  # left while waiting in line: drop the label
+            continue
         if in_scope:
             matched.append(node)
         if in_scope and not isinstance(raw, StateParseError):
@@ -119,7 +126,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 up.state = effective
                 up.change.status = "waiting"
         if in_scope and gate.spec.readiness_taint and not node.view.has_readiness_taint:
-            done = effective is not None and effective.status == "complete"
+            done = passed(state) or passed(effective)  # a later round never re-taints a serving node
             joined_after = gate_created is not None and node.created is not None and node.created > gate_created
             rebooted = effective is not None and bool(effective.boot_id) and effective.boot_id != node.view.boot_id
             if not done and (joined_after or rebooted):
@@ -207,7 +214,8 @@ def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
     up = _update(updates, node.view.name)
     base = state or NodeGateState()
     if reset_key in annotations:
-        fresh = NodeGateState(round=base.round, boot_id=base.boot_id)  # the next pick starts a new round
+        # The next pick starts a new round; a node that passed once keeps serving (no readiness taint).
+        fresh = NodeGateState(round=base.round, boot_id=base.boot_id, passed=passed(base))
         up.remove_annotations.append(reset_key)
         if node.view.cordoned_by == gate.name:
             up.change.unschedulable = False
@@ -259,7 +267,7 @@ def _requeue(gate: NodeGate, state: NodeGateState, generation: int) -> NodeGateS
     # A node finished at the gate's current generation has nothing pending: the generation covers the
     # whole spec. Only older ones need the (per-package) comparison, which is the expensive part here.
     if state.status == "complete" and state.generation < generation and pending_work(gate, state):
-        return state.model_copy(update={"status": "waiting", "batch": 0})
+        return state.model_copy(update={"status": "waiting", "batch": 0, "passed": True})
     if state.status == "failed" and state.failure is not None and state.failure.generation < generation:
         return state.model_copy(update={"status": "waiting", "batch": 0, "failure": None})
     return state

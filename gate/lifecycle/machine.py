@@ -317,7 +317,8 @@ def decide(ctx: NodeContext) -> Decision:
                 return r.fail("DrainTimeout", f"drain did not finish within {ctx.gate.spec.drain.timeout}; "
                               f"blocked by {blocked}")
             r.decision.evict = [(p.namespace, p.name) for p in evictable if not p.deleting]
-            r.decision.requeue_after = 1.0
+            r.decision.requeue_after = drain_retry_after(_since(s.phase_since, ctx.now), timeout,
+                                                         blocked=bool(s.drain_blocked_by))
             return r.finish_decision()
 
     if s.phase == "stages":
@@ -566,6 +567,7 @@ def _finish(r: _Round) -> None:
         # again for a fresh round.
         s.generation = ctx.gate.metadata.generation or s.generation
     s.status = "complete"
+    s.passed = True
     s.phase = "idle"
     s.phase_since = _iso(ctx.now)
     s.interrupt = None
@@ -640,6 +642,15 @@ def decide_removal(ctx: NodeContext) -> Decision:
         change.remove_readiness_taint = True
     r.event("node", "Normal", "Released", f"NodeGate {gate.name} was deleted; its keys were removed from the node")
     return r.decision
+
+
+def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:
+    """When to try evicting again. Pods still terminating: in a second. Refused by a disruption
+    budget (429): back off with the time already waited (a quarter of it, from 1 s up to 30 s), so a
+    long-blocked drain does not hammer the API server, yet never past the drain timeout."""
+    if not blocked:
+        return 1.0
+    return max(1.0, min(30.0, waited / 4, timeout - waited))
 
 
 def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment: str, boot_id: str,

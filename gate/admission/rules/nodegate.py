@@ -18,6 +18,7 @@ from gate.admission.rules.review import Violation
 from gate.admission.rules.syntax import type_name
 from gate.api.common import parse_duration
 from gate.api.nodegate import PACKAGE_NAME_PATTERN
+from gate.api.versions import image_tag
 
 _PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
 INTERRUPT_TYPES = ("none", "service", "restartAllServices", "reboot")
@@ -141,7 +142,7 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
         ref = syntax.parse_image(image)
         if isinstance(ref, str):
             out.append(Violation(f"{path}.image", ref))
-        elif ref.tag is not None and ref.tag != package.get("version"):
+        elif ref.tag is not None and ref.tag not in (package.get("version"), image_tag(str(package.get("version")))):
             version_text = package.get("version")
             out.append(Violation(f"{path}.image", f'tag "{ref.tag}" differs from version "{version_text}"; drop the '
                                                   "tag (the version is the tag) or pin a digest with @sha256:"))

@@ -59,10 +59,12 @@ class JobLog:
 
     records: dict[str, JobRecord] = field(default_factory=dict)
     creations: list[str] = field(default_factory=list)
+    uids: dict[str, set[str]] = field(default_factory=dict)  # a name created again gets a second uid
 
     def on_event(self, kind: str, job: Obj) -> None:
         meta = job["metadata"]
         name = meta["name"]
+        self.uids.setdefault(name, set()).add(meta.get("uid", ""))
         if name not in self.records:
             labels = meta.get("labels") or {}
             ann = meta.get("annotations") or {}
@@ -81,6 +83,10 @@ class JobLog:
             rec.succeeded = conds.get("Complete") == "True"
         if kind == "DELETED" and rec.finished is None:
             rec.finished = time.monotonic()
+
+    def created_twice(self, gate: str) -> list[str]:
+        """Names of this gate's stage Jobs that were created more than once (deleted and made again)."""
+        return [r.name for r in self.of(gate) if len(self.uids.get(r.name, ())) > 1]
 
     def of(self, gate: str, node: str | None = None) -> list[JobRecord]:
         return [self.records[n] for n in self.creations

@@ -168,3 +168,8 @@ def test_removing_a_package_without_uninstall_needs_no_lookup() -> None:
 def test_every_violation_is_reported_at_once() -> None:
     obj = gate({"tuned": package("x", "Bad Image")}, interruptionBudget={"percent": 500}, waitTimeout="x")
     assert len(messages(obj)) >= 4
+
+
+def test_a_build_version_may_be_tagged_with_an_underscore_for_its_plus() -> None:
+    assert messages(gate({"tuned": package(image="ghcr.io/t/tool:1.0.0_b1", version="1.0.0+b1")})) == []
+    assert messages(gate({"tuned": package(image="ghcr.io/t/tool:1.0.0_b2", version="1.0.0+b1")}))

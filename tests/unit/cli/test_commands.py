@@ -127,3 +127,31 @@ def test_api_failures_read_as_one_line_a_person_can_act_on() -> None:
     unreachable = explain(ConnectionFailed("GET /api/v1/nodes: ClientConnectorError: Cannot connect"), "https://x")
     assert unreachable == ("cannot reach the Kubernetes API server at https://x (ClientConnectorError: Cannot "
                            "connect); is the cluster running and KUBECONFIG right?")
+
+
+def test_any_other_failure_is_one_line_without_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODEGATE_DEBUG", raising=False)
+    target = tmp_path / "missing-dir" / "schema.json"
+    assert main(["package", "schema", "-o", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: No such file or directory: {target}"
+    monkeypatch.setenv("NODEGATE_DEBUG", "1")
+    with pytest.raises(FileNotFoundError):
+        main(["package", "schema", "-o", str(target)])
+
+
+def test_an_unexpected_error_names_its_kind_and_how_to_see_more() -> None:
+    from pydantic import BaseModel
+
+    from gate.cli.main import describe_failure
+
+    class Spec(BaseModel):
+        count: int
+
+    try:
+        Spec.model_validate({"count": "many"})
+    except Exception as exc:  # the failure under test
+        assert describe_failure(exc).startswith("Spec is not valid at count:")
+    line = describe_failure(RuntimeError("boom"))
+    assert "RuntimeError: boom" in line and "NODEGATE_DEBUG=1" in line and "\n" not in line

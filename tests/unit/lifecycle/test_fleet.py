@@ -10,7 +10,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, spec_hash
 from gate.lifecycle.fleet import FleetNode, plan_gate
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
-from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node
+from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 
 
 def fleet_node(name: str, *, labels: dict[str, str] | None = None, state: NodeGateState | None = None,
@@ -61,6 +61,36 @@ def test_a_node_joining_after_a_readiness_gate_is_tainted_and_an_old_one_is_not(
                      gate_created=NOW)
     assert plan.updates["new"].change.add_readiness_taint
     assert not plan.updates["old"].change.add_readiness_taint
+
+
+def test_a_spec_change_never_puts_the_readiness_taint_back_on_nodes_that_passed() -> None:
+    # Nodes that joined after the gate, passed it and lost the taint; then a version bump (budget 1).
+    old = gate({"k": PKG}, readinessTaint=True)
+    new = NodeGate.model_validate({**gate({"k": {**PKG, "version": "1.1.0"}}, readinessTaint=True,
+                                          interruptionBudget={"count": 1}).to_wire(),
+                                   "metadata": {"name": "g", "generation": 2}})
+    fleet = [fleet_node(f"n{i}", state=complete(old, boot_id="boot-1", generation=1), created_after=True)
+             for i in range(4)]
+    plan = plan_gate(new, None, fleet, gates=[new], now=NOW, gate_created=NOW)
+    assert not [n for n, u in plan.updates.items() if u.change.add_readiness_taint]
+    requeued = [u.state for u in plan.updates.values() if u.state is not None and u.state.status == "waiting"]
+    assert len(requeued) == 3 and all(s.passed for s in requeued)
+    # The next reconcile reads the requeued (waiting) states back: still no taint.
+    again = plan_gate(new, None, [fleet_node(f"n{i}", state=s, created_after=True) for i, s in enumerate(requeued)],
+                      gates=[new], now=NOW, gate_created=NOW)
+    assert not [n for n, u in again.updates.items() if u.change.add_readiness_taint]
+
+
+def test_a_node_that_reboots_before_it_ever_passed_is_tainted_again() -> None:
+    g = gate({"k": PKG}, readinessTaint=True)
+    first = started(g).model_copy(update={"boot_id": "boot-1"})
+    plan = plan_gate(g, None, [fleet_node("n1", state=first, boot_id="boot-2")], gates=[g], now=NOW,
+                     gate_created=NOW)
+    assert plan.updates["n1"].change.add_readiness_taint
+    served = first.model_copy(update={"passed": True})
+    plan = plan_gate(g, None, [fleet_node("n1", state=served, boot_id="boot-2")], gates=[g], now=NOW,
+                     gate_created=NOW)
+    assert "n1" not in plan.updates or not plan.updates["n1"].change.add_readiness_taint
 
 
 def test_reset_request_starts_the_node_from_scratch_and_undoes_our_cordon() -> None:
@@ -151,3 +181,11 @@ def test_a_rerun_of_a_failed_node_waits_until_its_batch_is_judged() -> None:
     judged = NodeGate.model_validate(raw)
     done = plan_gate(judged, None, [fleet_node("n1", state=failed, annotations=request)], gates=[judged], now=NOW)
     assert keys.rerun_annotation("g") in done.updates["n1"].remove_annotations
+
+
+def test_a_node_leaving_the_selector_while_waiting_loses_the_gate_label() -> None:
+    g = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "a"}})
+    waiting = fleet_node("n1", labels={"pool": "b", keys.status_label("g"): "waiting"})
+    plan = plan_gate(g, None, [waiting, fleet_node("n2", labels={"pool": "b"})], gates=[g], now=NOW)
+    assert plan.updates["n1"].remove_state and "n2" not in plan.updates
+    assert plan.status.nodes.matched == 0

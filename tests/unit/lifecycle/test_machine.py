@@ -268,3 +268,12 @@ def test_a_spec_change_under_a_running_stage_waits_for_it_before_the_new_one() -
     d = decide(ctx(new, state, jobs=done))
     assert req.name in d.delete_jobs
     assert [(j.package, j.version) for j in d.create_jobs] == [("k", "2.0.0")]
+
+
+def test_a_drain_refused_by_a_budget_backs_off_but_never_past_its_timeout() -> None:
+    from gate.lifecycle.machine import drain_retry_after
+
+    assert drain_retry_after(100, 600, blocked=False) == 1.0  # pods terminating: look again soon
+    waits = [drain_retry_after(t, 600, blocked=True) for t in (0, 8, 40, 100, 400)]
+    assert waits == sorted(waits) and waits[0] == 1.0 and waits[-1] == 30.0
+    assert drain_retry_after(590, 600, blocked=True) == 10.0  # the timeout is checked on time

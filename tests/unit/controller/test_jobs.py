@@ -1,0 +1,77 @@
+"""The stage Job manifest: what the issue promises a package pod gets, read off the rendered object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gate.api import keys
+from gate.api.nodegate import Interrupt, NodeGate
+from gate.api.versions import image_reference
+from gate.controller.jobs import config_map_name, stage_job
+from gate.controller.settings import OperatorSettings
+from gate.lifecycle.machine import JobRequest
+
+SETTINGS = OperatorSettings(namespace="ng-system", agent_image="example.com/nodegate:9.9.9")
+
+
+def gate(**package: Any) -> NodeGate:
+    pkg = {"version": "1.2.0", "image": "registry.example.com:5000/team/tuned", "timeout": "2m", "retries": 2,
+           "config": {"a.conf": "x=1"}, **package}
+    return NodeGate.model_validate({
+        "metadata": {"name": "g", "generation": 3, "uid": "u-1"},
+        "spec": {"packages": {"tuned": pkg},
+                 "additionalTolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    })
+
+
+def test_a_package_stage_job_is_pinned_privileged_and_bounded_in_time() -> None:
+    job = stage_job(gate(), "node-7", JobRequest(name="ng-x", stage="apply", package="tuned", version="1.2.0"),
+                    SETTINGS)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert job["metadata"]["namespace"] == "ng-system"
+    assert pod["nodeName"] == "node-7" and pod["hostPID"] is True and pod["restartPolicy"] == "Never"
+    tolerated = {t["key"] for t in pod["tolerations"]}
+    assert tolerated == {keys.READINESS_TAINT_KEY, "node.kubernetes.io/unschedulable", "gpu"}
+    agent = pod["containers"][0]
+    assert agent["securityContext"]["privileged"] is True and agent["image"] == SETTINGS.agent_image
+    assert agent["args"][:4] == ["agent", "run", "--stage", "apply"]
+    assert {"name": "host", "mountPath": "/host"} in agent["volumeMounts"]
+    assert {"name": "host", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]
+    config = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert config["configMap"]["name"] == config_map_name("g", "tuned", gate().spec.packages["tuned"])
+    (init,) = pod["initContainers"]
+    assert init["image"] == "registry.example.com:5000/team/tuned:1.2.0"
+    assert pod["activeDeadlineSeconds"] == 120 and spec["backoffLimit"] == 2
+    assert spec["activeDeadlineSeconds"] >= 3 * 120  # the Job's deadline covers every attempt
+
+
+def test_an_upgrade_passes_previous_and_current_versions() -> None:
+    job = stage_job(gate(), "n", JobRequest(name="j", stage="upgrade", package="tuned", version="1.2.0",
+                                            previous_version="1.1.0"), SETTINGS)
+    agent = job["spec"]["template"]["spec"]["containers"][0]
+    args = agent["args"]
+    assert args[args.index("--previous-version") + 1] == "1.1.0" and args[args.index("--version") + 1] == "1.2.0"
+    assert {"name": "NODEGATE_PREVIOUS_VERSION", "value": "1.1.0"} in agent["env"]
+
+
+def test_the_interrupt_job_names_the_services() -> None:
+    request = JobRequest(name="j", stage="interrupt", package=None,
+                         interrupt=Interrupt(type="service", services=["a", "b"]))
+    pod = stage_job(gate(), "n", request, SETTINGS)["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[:4] == ["agent", "interrupt", "--type", "service"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--service"] == ["a", "b"]
+    assert pod["initContainers"] == []
+
+
+@pytest.mark.parametrize(("image", "version", "expected"), [
+    ("ghcr.io/team/tool", "1.0.0", "ghcr.io/team/tool:1.0.0"),
+    ("host:5000/team/tool", "1.0.0", "host:5000/team/tool:1.0.0"),
+    ("host:5000/team/tool:1.0.0", "1.0.0", "host:5000/team/tool:1.0.0"),  # tagged as the version already
+    ("ghcr.io/team/tool@sha256:" + "a" * 64, "1.0.0", "ghcr.io/team/tool@sha256:" + "a" * 64),
+    ("ghcr.io/team/tool", "1.0.0+build.7", "ghcr.io/team/tool:1.0.0_build.7"),  # '+' is not allowed in a tag
+])
+def test_the_package_image_is_tagged_with_its_version_once(image: str, version: str, expected: str) -> None:
+    assert image_reference(image, version) == expected
