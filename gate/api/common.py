@@ -6,6 +6,7 @@ so the text here is what a user reads in `kubectl explain`.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
@@ -28,6 +29,7 @@ Duration = Annotated[
 ]
 
 
+@functools.lru_cache(maxsize=1024)  # specs repeat a few durations; a timedelta is immutable
 def parse_duration(text: str) -> timedelta:
     """Parse a Go-style duration ("1h30m", "90s", "250ms"); raise ValueError on anything else."""
     if not re.fullmatch(DURATION_PATTERN, text):

@@ -8,6 +8,7 @@ a model that refuses to parse could only say "invalid", where a person needs the
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from typing import Any
 
@@ -209,7 +210,36 @@ def resources_violations(resources: object, path: str) -> list[Violation]:
         return []
     if not isinstance(resources, dict):
         return [Violation(path, f"must be an object with requests and limits, not {type_name(resources)}")]
-    out: list[Violation] = []
+    key = _frozen(resources)
+    findings = _resources_findings(resources) if key is None else _memo_resources(key)
+    return [Violation(path + sub, message) for sub, message in findings]
+
+
+def _frozen(resources: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
+    """A hashable copy of requests/limits maps of scalars (what every real spec has), else None."""
+    out: list[tuple[str, Any]] = []
+    for part, values in resources.items():
+        if isinstance(values, dict):
+            if not all(isinstance(v, (str, int, float)) for v in values.values()):
+                return None
+            out.append((part, ("map", tuple(values.items()))))
+        elif values is None or isinstance(values, (str, int, float, bool)):
+            out.append((part, ("scalar", values)))
+        else:
+            return None
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _memo_resources(key: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, str], ...]:
+    # Gates share a handful of resource shapes ("100m", "128Mi"): their exact arithmetic runs once.
+    return tuple(_resources_findings({part: dict(v) if kind == "map" else v for part, (kind, v) in key}))
+
+
+def _resources_findings(resources: dict[str, Any]) -> list[tuple[str, str]]:
+    """(sub-path, message) per problem: quantities that do not parse or are not positive, limits below
+    their requests."""
+    out: list[tuple[str, str]] = []
     parsed: dict[str, dict[str, Any]] = {}
     for part in ("requests", "limits"):
         values = resources.get(part)
@@ -217,21 +247,21 @@ def resources_violations(resources: object, path: str) -> list[Violation]:
         if values is None:
             continue
         if not isinstance(values, dict):
-            out.append(Violation(f"{path}.{part}", "must be a map of resource name to quantity"))
+            out.append((f".{part}", "must be a map of resource name to quantity"))
             continue
         for resource, raw in values.items():
             amount = syntax.parse_quantity(raw)
             if isinstance(amount, str):
-                out.append(Violation(f"{path}.{part}[{resource}]", amount))
+                out.append((f".{part}[{resource}]", amount))
             elif amount <= 0:
-                out.append(Violation(f"{path}.{part}[{resource}]", f"must be positive, not {raw!r}"))
+                out.append((f".{part}[{resource}]", f"must be positive, not {raw!r}"))
             else:
                 parsed[part][resource] = amount
     for resource, limit in parsed["limits"].items():
         request = parsed["requests"].get(resource)
         if request is not None and limit < request:
-            out.append(Violation(f"{path}.limits[{resource}]", f"limit {resources['limits'][resource]!r} is below "
-                                                               f"the request {resources['requests'][resource]!r}"))
+            out.append((f".limits[{resource}]", f"limit {resources['limits'][resource]!r} is below "
+                                                f"the request {resources['requests'][resource]!r}"))
     return out
 
 
@@ -255,10 +285,17 @@ def depends_violations(name: str, depends: object, packages: dict[str, Any], pat
             out.append(Violation(where, preds))
             continue
         target = packages[other]
-        version = syntax.parse_version(target.get("version") if isinstance(target, dict) else None)
-        if isinstance(version, semver.Version) and not syntax.satisfies(version, preds):
+        version = target.get("version") if isinstance(target, dict) else None
+        if isinstance(version, str) and isinstance(constraint, str) and not _holds(version, constraint):
             out.append(Violation(where, f"{other} is at version {version}, which does not satisfy {constraint!r}"))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _holds(version: str, constraint: str) -> bool:
+    """The version satisfies the constraint (True when either does not parse: that has its own message)."""
+    parsed, preds = syntax.parse_version(version), syntax.parse_constraint(constraint)
+    return not isinstance(parsed, semver.Version) or isinstance(preds, str) or syntax.satisfies(parsed, preds)
 
 
 def cycle_violations(packages: dict[str, Any]) -> list[Violation]:
