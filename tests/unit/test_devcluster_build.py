@@ -1,0 +1,45 @@
+"""The control plane's build recipe: the wrapper module, the pinned staging modules, a missing Go."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gate.devcluster.build import BuildError, _go, _wrapper, load_components
+
+
+def test_the_wrapper_pins_kubernetes_and_every_staging_module_to_its_published_version() -> None:
+    k8s = load_components()["kubernetes"]
+    gomod, tools = _wrapper(k8s)
+    assert f"require k8s.io/kubernetes {k8s.version}" in gomod
+    replaced = dict(re.findall(r"^\t(k8s\.io/\S+) => \1 (v\S+)$", gomod, flags=re.M))
+    assert replaced and set(replaced) == set(k8s.replaces)
+    assert set(replaced.values()) == {"v0." + k8s.version.split(".", 1)[1]}  # v1.35.x -> v0.35.x
+    for package in k8s.binaries.values():
+        assert f'_ "{package}"' in tools
+    assert any(f.startswith("-X k8s.io/component-base/version.gitVersion=") for f in k8s.ldflags)
+
+
+def test_every_staging_module_kubernetes_replaces_is_replaced_by_the_wrapper(tmp_path: Path) -> None:
+    # k8s.io/kubernetes's go.mod points each staging module at ./staging; those replaces do not apply
+    # to a module that requires it, so the wrapper must name every one of them (here: from the proxy,
+    # or the module cache once the binaries were built).
+    k8s = load_components()["kubernetes"]
+    go = shutil.which("go")
+    assert go is not None, "the tests need Go (the control plane is built with it)"
+    out = subprocess.run([go, "mod", "download", "-json", f"{k8s.module}@{k8s.version}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    upstream = Path(json.loads(out)["GoMod"]).read_text()
+    staging = set(re.findall(r"^\s*(k8s\.io/\S+) => \./staging/", upstream, flags=re.M))
+    assert len(staging) > 20 and staging == set(k8s.replaces)
+
+
+def test_a_missing_go_toolchain_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BuildError, match="Go toolchain was not found on PATH"):
+        _go()
