@@ -41,7 +41,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, TooManyRequests
 from gate.kube.lease import LeaderElector
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects, taint_reason
 from gate.lifecycle.machine import Decision, EventRequest, NodeChange, NodeContext, Timing, decide, decide_removal
 
 log = logging.getLogger("nodegate.operator")
@@ -157,6 +157,8 @@ class Operator:
                 if key[0] == "gate":
                     await self.reconcile_gate(key[1])
                     self._gate_cost[key[1]] = time.monotonic() - started
+                elif key[0] == "join":
+                    await self.reconcile_join(key[1], key[2])
                 else:
                     await self.reconcile_node(key[1], key[2])
                 self.queue.forget(key)
@@ -217,8 +219,10 @@ class Operator:
             if raw and '"in-progress"' in raw and kind != "DELETED":
                 self.queue.add(("node", gname, node))
             if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint"):
-                # A joining node may need the readiness taint (the webhook may have missed it): plan
-                # now, not after the debounce, to leave the scheduler as little time as possible.
+                # A joining node may need the readiness taint (the webhook may have missed it): taint it
+                # at once, without waiting for a plan of the whole fleet, to leave the scheduler as
+                # little time as possible; then plan now, not after the debounce.
+                self.queue.add(("join", gname, node))
                 self.queue.add(("gate", gname))
             else:
                 self._gate_later(gname)
@@ -449,6 +453,25 @@ class Operator:
             update.events.append(EventRequest("node", "Normal", "ReadinessTaintRemoved",
                                               f"NodeGate {gate.name} was deleted; no other gate holds the node back"))
         return update
+
+    async def reconcile_join(self, gate_name: str, node_name: str) -> None:
+        """The readiness-taint backstop for one joining node, ahead of the gate's plan (same rule)."""
+        gate = self._gate(gate_name)
+        node_obj = self.nodes.get(node_name)
+        if gate is None or node_obj is None or gate.metadata.deletion_timestamp:
+            return
+        fnode = fleet_node(node_obj)
+        raw = fnode.states.get(gate_name)
+        state = raw if isinstance(raw, NodeGateState) else None
+        if not selects(gate, fnode.view) or isinstance(raw, StateParseError):
+            return
+        why = taint_reason(gate, fnode, state, state, _parse_time(gate.metadata.creation_timestamp))
+        if why is None:
+            return
+        update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintAdded",
+                                                 f"NodeGate {gate_name} tainted the node: it {why}")])
+        update.change.add_readiness_taint = True
+        await self._write_node_update(gate, node_name, update, base=node_obj)
 
     # -- node reconcile ---------------------------------------------------------------------------
 

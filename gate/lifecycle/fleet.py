@@ -74,6 +74,20 @@ def passed(state: NodeGateState | StateParseError | None) -> bool:
     return isinstance(state, NodeGateState) and (state.status == "complete" or state.passed)
 
 
+def taint_reason(gate: NodeGate, node: FleetNode, state: NodeGateState | None, effective: NodeGateState | None,
+                 gate_created: datetime | None) -> str | None:
+    """Why a node the gate selects must get the readiness taint back, or None: it joined after the gate
+    (the webhook may have missed it) or rebooted, and has not passed the gate yet. A node that passed
+    once keeps serving through later rounds (an upgrade, a config change, a reset)."""
+    if not gate.spec.readiness_taint or node.view.has_readiness_taint or passed(state) or passed(effective):
+        return None
+    if gate_created is not None and node.created is not None and node.created > gate_created:
+        return "joined without it"
+    if effective is not None and effective.boot_id and effective.boot_id != node.view.boot_id:
+        return "rebooted before completing"
+    return None
+
+
 def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
     return updates.setdefault(name, NodeUpdate())
 
@@ -125,16 +139,12 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 up = _update(updates, node.view.name)
                 up.state = effective
                 up.change.status = "waiting"
-        if in_scope and gate.spec.readiness_taint and not node.view.has_readiness_taint:
-            done = passed(state) or passed(effective)  # a later round never re-taints a serving node
-            joined_after = gate_created is not None and node.created is not None and node.created > gate_created
-            rebooted = effective is not None and bool(effective.boot_id) and effective.boot_id != node.view.boot_id
-            if not done and (joined_after or rebooted):
-                up = _update(updates, node.view.name)
-                up.change.add_readiness_taint = True
-                why = "joined without it" if joined_after else "rebooted before completing"
-                up.events.append(EventRequest("node", "Normal", "ReadinessTaintAdded",
-                                              f"NodeGate {name} tainted the node: it {why}"))
+        why = taint_reason(gate, node, state, effective, gate_created) if in_scope else None
+        if why is not None:
+            up = _update(updates, node.view.name)
+            up.change.add_readiness_taint = True
+            up.events.append(EventRequest("node", "Normal", "ReadinessTaintAdded",
+                                          f"NodeGate {name} tainted the node: it {why}"))
         progresses = {g: progress_of(s) for g, s in node.states.items()}
         if effective is not None:
             progresses[name] = progress_of(effective)
