@@ -29,6 +29,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -61,12 +62,41 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return cpu, peak
 
 
-def api_requests(port: int) -> float:
+def api_requests(port: int) -> tuple[float, dict[str, float]]:
+    """The operator's requests so far: the total, and by "VERB resource"."""
+    total, by = 0.0, {}
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("nodegate_api_requests "):
-                return float(line.split()[1])
-    return 0.0
+                total = float(line.split()[1])
+            elif line.startswith("nodegate_api_requests_by_resource{"):
+                labels, value = sample(line)
+                by[f"{labels['verb']} {labels['resource']}"] = value
+    return total, by
+
+
+def sample(line: str) -> tuple[dict[str, str], float]:
+    """The labels and value of one Prometheus text sample."""
+    return dict(re.findall(r'(\w+)="([^"]*)"', line)), float(line.rsplit(" ", 1)[1])
+
+
+async def server_writes(client: KubeClient) -> dict[str, float]:
+    """Writes the API server served so far, from every client (the operator, the controller manager,
+    kwok), by "VERB resource": what the control plane spends its CPU on during a rollout."""
+    out: dict[str, float] = defaultdict(float)
+    for line in (await client.get_text("/metrics")).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        pairs, value = sample(line)
+        if pairs.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
+            sub = f"/{pairs['subresource']}" if pairs.get("subresource") else ""
+            out[f"{pairs['verb']} {pairs.get('resource', '')}{sub}"] += value
+    return out
+
+
+def per_node(after: dict[str, float], before: dict[str, float], nodes: int) -> dict[str, float]:
+    diff = {k: round((v - before.get(k, 0.0)) / nodes, 2) for k, v in after.items()}
+    return dict(sorted(((k, v) for k, v in diff.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 class DisruptionWatch:
@@ -140,11 +170,13 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         watch = DisruptionWatch(client, "pool")
         await watch.cache.start()
         cpu0, _ = proc_stats(pid)
-        req0 = api_requests(port)
+        req0, by0 = api_requests(port)
+        writes0 = await server_writes(client)
         makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
                                        args.timeout)
         cpu1, peak_rss = proc_stats(pid)
-        req1 = api_requests(port)
+        req1, by1 = api_requests(port)
+        writes1 = await server_writes(client)
         await watch.cache.stop()
         gate = await client.get(NODEGATES, "bench-fleet")
         comps = {c["name"]: c for c in gate["status"]["compartments"]}
@@ -173,6 +205,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             "compartments_detail": per_pool,
             "never_over_ceiling": all(p["peak_disrupted"] <= p["ceiling"] for p in per_pool.values()),
             "api_requests_per_node": round((req1 - req0) / args.nodes, 1),
+            "operator_requests_per_node_by": per_node(by1, by0, args.nodes),
+            "control_plane_writes_per_node": round(sum(per_node(writes1, writes0, args.nodes).values()), 1),
+            "control_plane_writes_per_node_by": per_node(writes1, writes0, args.nodes),
             "operator_cpu_s": round(cpu1 - cpu0, 1),
             "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
         }

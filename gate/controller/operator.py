@@ -178,6 +178,8 @@ class Operator:
                 self.metrics.reconcile_duration.labels(key[0]).observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
                 self.metrics.api_requests.set(self.client.requests)
+                for (verb, resource), count in self.client.requests_by.items():
+                    self.metrics.api_requests_by.labels(verb, resource).set(count)
 
     # -- event handlers: map changes to keys ------------------------------------------------------
 

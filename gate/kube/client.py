@@ -8,6 +8,7 @@ on dicts and pydantic models of our own anyway.
 
 from __future__ import annotations
 
+import collections
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -114,6 +115,17 @@ def resource_for(obj: Obj) -> Resource:
     return _BY_KIND[key]
 
 
+def resource_of(path: str) -> str:
+    """The resource a request path addresses, for counting: `nodes`, `jobs`, `pods/eviction`, ..."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    parts = parts[2:] if parts[:1] == ["api"] else parts[3:] if parts[:1] == ["apis"] else parts
+    if len(parts) >= 2 and parts[0] == "namespaces" and (len(parts) > 2 or not parts[1]):
+        parts = parts[2:]
+    if not parts:
+        return "-"
+    return parts[0] if len(parts) < 3 else f"{parts[0]}/{parts[2]}"
+
+
 class KubeClient:
     """One connection pool to one API server, authenticated as one identity."""
 
@@ -132,6 +144,7 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self.user_agent = user_agent
         self.requests = 0  # count of requests sent, for the benchmarks' requests-per-node figures
+        self.requests_by: collections.Counter[tuple[str, str]] = collections.Counter()  # (verb, resource)
 
     # -- construction -----------------------------------------------------------------------------
 
@@ -208,6 +221,7 @@ class KubeClient:
             content_type = content_type or "application/json"
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         self.requests += 1
+        self.requests_by[(method, resource_of(path))] += 1
         try:
             async with self._sess().request(
                 method, self.base_url + path, params=clean, data=data,
@@ -330,6 +344,7 @@ class KubeClient:
         clean = {k: _param(v) for k, v in params.items() if v is not None}
         path = res.path(namespace)
         self.requests += 1
+        self.requests_by[("WATCH", resource_of(path))] += 1
         try:
             async with self._sess().get(
                 self.base_url + path, params=clean, headers=await self._headers(None),
