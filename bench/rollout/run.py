@@ -69,7 +69,7 @@ def api_requests(port: int) -> tuple[float, dict[str, float]]:
         for line in resp.read().decode().splitlines():
             if line.startswith("nodegate_api_requests "):
                 total = float(line.split()[1])
-            elif line.startswith("nodegate_api_requests_by_resource{"):
+            elif line.startswith("nodegate_api_requests_by_resource_total{"):
                 labels, value = sample(line)
                 by[f"{labels['verb']} {labels['resource']}"] = value
     return total, by

@@ -21,6 +21,9 @@ class OperatorMetrics:
         self.drains_blocked = Counter("nodegate_drain_blocked_total",
                                       "Drains held up by a PodDisruptionBudget (once per node and blocking budget)",
                                       ["gate"], registry=r)
+        self.drains_blocked_now = Gauge("nodegate_drains_blocked",
+                                        "Nodes whose drain a PodDisruptionBudget holds up right now", ["gate"],
+                                        registry=r)
         self.taint_removals = Counter("nodegate_readiness_taint_removals_total",
                                       "Readiness taints removed from nodes", ["gate"], registry=r)
         self.taints_added = Counter("nodegate_readiness_taints_added_total",
@@ -31,9 +34,8 @@ class OperatorMetrics:
         self.reconcile_duration = Histogram("nodegate_reconcile_duration_seconds", "Reconcile duration", ["kind"],
                                             registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
         self.api_requests = Gauge("nodegate_api_requests", "API requests sent since start", registry=r)
-        self.api_requests_by = Gauge("nodegate_api_requests_by_resource",
-                                     "API requests sent since start, by verb and resource", ["verb", "resource"],
-                                     registry=r)
+        self.api_requests_by = Counter("nodegate_api_requests_by_resource",
+                                       "API requests sent, by verb and resource", ["verb", "resource"], registry=r)
         self.queue_depth = Gauge("nodegate_work_queue_depth", "Keys waiting in the work queue", registry=r)
         labels = ["gate", "compartment"]
         self.c_matched = Gauge("nodegate_compartment_matched_nodes", "Nodes in the compartment", labels, registry=r)

@@ -72,6 +72,7 @@ class Operator:
         self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
         self._gate_seen: dict[str, tuple[Any, bool]] = {}
         self._gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
+        self._requests_reported: dict[tuple[str, str], int] = {}  # what api_requests_by counted so far
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
@@ -178,8 +179,10 @@ class Operator:
                 self.metrics.reconcile_duration.labels(key[0]).observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
                 self.metrics.api_requests.set(self.client.requests)
-                for (verb, resource), count in self.client.requests_by.items():
-                    self.metrics.api_requests_by.labels(verb, resource).set(count)
+                for kind, count in self.client.requests_by.items():
+                    if count != self._requests_reported.get(kind, 0):
+                        self.metrics.api_requests_by.labels(*kind).inc(count - self._requests_reported.get(kind, 0))
+                        self._requests_reported[kind] = count
 
     # -- event handlers: map changes to keys ------------------------------------------------------
 
@@ -358,8 +361,10 @@ class Operator:
             policy = DeploymentPolicy.model_validate(raw_policy)
         now = datetime.now(UTC)
         created = _parse_time(gate.metadata.creation_timestamp)
-        gplan = plan_gate(gate, policy, self._fleet(), gates=self._all_gates(), now=now, gate_created=created,
+        fleet = self._fleet()
+        gplan = plan_gate(gate, policy, fleet, gates=self._all_gates(), now=now, gate_created=created,
                           busy=self._busy_nodes(name))
+        self.metrics.drains_blocked_now.labels(name).set(sum(1 for n in fleet if _drain_blocked(n.states.get(name))))
         sem = asyncio.Semaphore(16)
 
         async def apply(node: str, update: NodeUpdate) -> None:
@@ -725,6 +730,11 @@ def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
         if cause.get("reason") == "DisruptionBudget":
             return f"pod {namespace}/{pod}: {cause.get('message', '')}"
     return f"pod {namespace}/{pod}: {exc.message}"
+
+
+def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
+    return (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
+            and bool(state.drain_blocked_by))
 
 
 def _parse_time(text: str | None) -> datetime | None:
