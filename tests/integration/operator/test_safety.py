@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from typing import Any
 
 from gate.devcluster.stages import failing_stage
@@ -84,6 +85,14 @@ async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario:
         await wait_for(blocked, what="drain blocked by the PDB")
         state = await scenario.state(node)
         assert state["phase"] == "drain" and app in state["drainBlockedBy"]
+        gate_label = f'gate="{scenario.name}"'
+
+        async def gauge_is(value: float) -> bool:
+            return _metric(scenario, "nodegate_drains_blocked", gate_label) == value
+
+        await wait_for(lambda: gauge_is(1), what="nodegate_drains_blocked at 1")
+        await asyncio.sleep(3)  # a few refused retries: the counter counts the blocked drain once
+        assert _metric(scenario, "nodegate_drain_blocked_total", gate_label) == 1
         # A second replica elsewhere: the disruption controller now allows one eviction.
         await scenario.add_nodes(1, start=99, labels={"test": f"{scenario.name}-spare"})
         await scenario.kube.create(PODS, _pod(f"{app}-1", f"{scenario.name}-99", {"app": app}))
@@ -92,10 +101,21 @@ async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario:
         pods = [p["metadata"]["name"] for p in (await scenario.kube.list(PODS, "default",
                                                                         label_selector=f"app={app}"))[0]]
         assert f"{app}-0" not in pods  # evicted through the Eviction API
+        await wait_for(lambda: gauge_is(0), what="nodegate_drains_blocked back at 0")
     finally:
         await scenario.kube.delete(PDBS, app, "default")
         for i in (0, 1):
             await scenario.kube.delete(PODS, f"{app}-{i}", "default", body={"gracePeriodSeconds": 0})
+
+
+def _metric(sc: Scenario, name: str, label: str) -> float | None:
+    """A sample of the running operator's metrics: `name{...label...}`, or None when absent."""
+    port = sc.cluster.ports()["operator"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + "{") and label in line:
+                return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 async def _node_complete(sc: Scenario, node: str) -> bool:
