@@ -106,12 +106,13 @@ def test_the_real_process_prints_one_line_and_exits_2_without_a_traceback(cluste
 
 
 def test_kubectl_runs_nodegate_as_its_plugin(cluster: DevCluster, tmp_path: Path) -> None:
-    # What `pip install` puts on PATH as the kubectl-nodegate entry point, for this source tree.
+    # The kubectl-nodegate console script `pip install` put next to this interpreter, alone on PATH's
+    # first entry so kubectl finds exactly it.
+    installed = Path(sys.executable).parent / "kubectl-nodegate"
+    assert installed.is_file(), "kubectl-nodegate is not installed with the package (pyproject [project.scripts])"
     plugin = tmp_path / "kubectl-nodegate"
-    plugin.write_text(f"#!/bin/sh\nexec {sys.executable} -m gate.cli.main \"$@\"\n")
-    plugin.chmod(0o755)
-    env = _env(cluster, PATH=f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=str(Path(__file__).resolve().parents[3]))
+    plugin.symlink_to(installed)
+    env = _env(cluster, PATH=f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     listed = subprocess.run([kubectl_path(), "plugin", "list"], capture_output=True, text=True, env=env, timeout=60)
     assert str(plugin) in listed.stdout
     status = subprocess.run([kubectl_path(), "nodegate", "status", "-o", "json"], capture_output=True, text=True,
