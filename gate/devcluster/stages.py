@@ -264,20 +264,40 @@ status:
     )
 
 
-def failing_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
-                  message: str = "injected failure", exit_code: int = 1, delay_ms: int = 0) -> Stage:
-    """A test's injected failure: matching package pods on `nodes` fail instead of succeeding."""
+def _package_pods(nodes: list[str], package: str | None, stage: str | None) -> list[dict[str, Any]]:
+    """Selector of the running stage-Job pods on `nodes`, of one package and one stage when given."""
     exprs: list[dict[str, Any]] = [*_running(), {"key": ".spec.nodeName", "operator": "In", "values": nodes}]
     if package:
         exprs.append({"key": f'.metadata.labels["{keys.JOB_PACKAGE_LABEL}"]', "operator": "In", "values": [package]})
     if stage:
         exprs.append({"key": f'.metadata.labels["{keys.JOB_STAGE_LABEL}"]', "operator": "In", "values": [stage]})
+    return exprs
+
+
+def failing_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
+                  message: str = "injected failure", exit_code: int = 1, delay_ms: int = 0) -> Stage:
+    """A test's injected failure: matching package pods on `nodes` fail instead of succeeding."""
     return _stage(
         name,
         "Pod",
-        exprs,
+        _package_pods(nodes, package, stage),
         {"statusTemplate": _terminated_template("Failed", exit_code, "Error", message)},
         weight=1,
         delay_ms=delay_ms,
+        labels={INJECTED_LABEL: "true"},
+    )
+
+
+def slow_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
+               seconds: float) -> Stage:
+    """A test's injected slowness: matching package pods on `nodes` succeed, but only after `seconds`
+    (a stage that is still running when the test acts mid-rollout)."""
+    return _stage(
+        name,
+        "Pod",
+        _package_pods(nodes, package, stage),
+        {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
+        weight=1,
+        delay_ms=int(seconds * 1000),
         labels={INJECTED_LABEL: "true"},
     )

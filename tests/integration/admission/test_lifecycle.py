@@ -11,6 +11,8 @@ import json
 import ssl
 import time
 
+import pytest
+
 from gate.api.keys import state_annotation, status_label
 from gate.certs import pki
 from gate.certs.rotation import SIGNER_CERT, SIGNER_KEY, TLS_CERT, TLS_KEY
@@ -171,14 +173,36 @@ async def test_serving_certificate_rotates_without_a_failed_request(kube: KubeCl
     assert outcomes and set(outcomes) == {"denied"}, [o for o in outcomes if o != "denied"][:3]
 
 
-async def test_metrics_count_requests_by_kind_operation_and_verdict(webhook: Webhook) -> None:
+DENIED_NODEGATE_CREATES = ('nodegate_admission_requests_total{kind="NodeGate",operation="CREATE",verdict="denied",'
+                           'webhook="validate"}')
+
+
+def _scrape(webhook: Webhook) -> str:
     import urllib.request
 
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     with urllib.request.urlopen(f"{webhook.url}/metrics", context=ctx, timeout=5) as resp:
-        text = resp.read().decode()
-    assert 'nodegate_admission_requests_total{kind="NodeGate",operation="CREATE",verdict="denied",webhook="validate"}' \
-        in text
-    assert "nodegate_admission_duration_seconds_bucket" in text
+        return str(resp.read().decode())
+
+
+def _sample(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_metrics_count_requests_by_kind_operation_and_verdict(kube: KubeClient, webhook: Webhook) -> None:
+    before = _sample(await asyncio.to_thread(_scrape, webhook), DENIED_NODEGATE_CREATES)
+    with pytest.raises(ApiError) as denied:  # the webhook's own denial: CEL knows nothing of other objects
+        await kube.create(NODEGATES, nodegate(unique("ng"), {}, deploymentPolicy="no-such-policy-metrics"),
+                          dry_run=True)
+    assert 'DeploymentPolicy "no-such-policy-metrics" does not exist' in denied.value.message, denied.value.message
+    text = await asyncio.to_thread(_scrape, webhook)
+    assert _sample(text, DENIED_NODEGATE_CREATES) >= before + 1, text
+    timed = [line for line in text.splitlines() if line.startswith("nodegate_admission_duration_seconds_bucket{")
+             and all(label in line for label in ('kind="NodeGate"', 'operation="CREATE"', 'verdict="denied"',
+                                                  'le="+Inf"'))]
+    assert timed and float(timed[0].rsplit(" ", 1)[1]) >= 1, timed

@@ -193,6 +193,70 @@ async def test_paused_gate_starts_nothing_until_resumed(scenario: Scenario, job_
     assert len(job_log.of(scenario.name)) == 2
 
 
+async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
+        scenario: Scenario, job_log: JobLog) -> None:
+    from gate.devcluster.stages import slow_stage
+
+    nodes = await scenario.add_nodes(4)
+    # Every stage runs 4 s here: long enough to pause while the first batch is still at work.
+    await scenario.inject(slow_stage("slow", nodes=nodes, package="base", seconds=4))
+    # etcd revision at which each node first showed in-progress / complete, from a watch that sees
+    # every change: it orders them against the pause and the resume without reading a clock.
+    started: dict[str, int] = {}
+    completed: dict[str, int] = {}
+    label = keys.status_label(scenario.name)
+
+    def on_node(kind: str, node: dict) -> None:  # type: ignore[type-arg]
+        status = (node["metadata"].get("labels") or {}).get(label)
+        name, revision = node["metadata"]["name"], int(node["metadata"]["resourceVersion"])
+        if status == "in-progress":
+            started.setdefault(name, revision)
+        elif status == "complete":
+            completed.setdefault(name, revision)
+
+    watch = WatchCache(scenario.kube, NODES, label_selector=f"test={scenario.name}")
+    watch.subscribe(on_node)
+    await watch.start()
+    try:
+        # a budget of 2: the first batch is two nodes, the other two wait for it
+        await scenario.apply_gate({"base": PKG}, interruptionBudget={"count": 2})
+
+        async def first_batch_running() -> bool:
+            return len({r.node for r in job_log.of(scenario.name) if r.finished is None}) == 2
+
+        await wait_for(first_batch_running, what="the first batch's stage Jobs running")
+        paused_at = int((await scenario.patch_gate({"spec": {"paused": True}}))["metadata"]["resourceVersion"])
+        running = {node for node, revision in started.items() if revision < paused_at}
+        waiting = set(nodes) - running
+        assert len(running) == 2 and len(waiting) == 2, (started, paused_at)
+
+        for node in running:
+            await scenario.wait_node(node, "complete")
+        await scenario.wait_condition("Paused")
+
+        async def settled() -> bool:
+            figures = ((await scenario.gate()).get("status") or {}).get("nodes") or {}
+            return figures.get("complete") == 2 and figures.get("inProgress") == 0
+
+        await wait_for(settled, what="the gate's status counting the first batch complete")
+        await asyncio.sleep(2)  # a few operator polls in which the next batch could have started
+        assert all(completed[node] > paused_at for node in running), "they had finished before the pause"
+        for node in waiting:
+            assert job_log.of(scenario.name, node) == [], f"a stage Job started on {node} while paused"
+            assert await scenario.node_status(node) == "waiting"
+
+        resumed_at = int((await scenario.patch_gate({"spec": {"paused": False}}))["metadata"]["resourceVersion"])
+        await scenario.wait_ready()
+    finally:
+        await watch.stop()
+    for node in waiting:
+        assert started[node] > resumed_at, f"{node} started while the gate was paused"
+        assert min(r.resource_version for r in job_log.of(scenario.name, node)) > resumed_at
+    for node in nodes:
+        assert await scenario.node_status(node) == "complete"
+    assert not job_log.created_twice(scenario.name)
+
+
 async def test_operator_killed_mid_rollout_resumes_without_repeating_or_overrunning(
         scenario: Scenario, cluster: DevCluster, job_log: JobLog) -> None:
     nodes = await scenario.add_nodes(6)

@@ -12,7 +12,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES
-from tests.integration.operator.conftest import Scenario, wait_for
+from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 
@@ -190,27 +190,43 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
         assert "in-progress" not in statuses and statuses.count("complete") == started_by_close
 
 
-async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Scenario) -> None:
+async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Scenario, job_log: JobLog) -> None:
     await scenario.add_nodes(3)
     first = f"{scenario.name}-first"
+    # The etcd revision at which each node first showed the higher-priority gate complete, seen by a
+    # watch started before either gate exists: it orders the node's change against the Jobs' creation.
+    first_complete: dict[str, int] = {}
+
+    def on_node(kind: str, node: dict[str, Any]) -> None:
+        raw = (node["metadata"].get("annotations") or {}).get(keys.state_annotation(first))
+        if raw and json.loads(raw).get("status") == "complete":
+            first_complete.setdefault(node["metadata"]["name"], int(node["metadata"]["resourceVersion"]))
+
+    watch = WatchCache(scenario.kube, NODES, label_selector=f"test={scenario.name}")
+    watch.subscribe(on_node)
+    await watch.start()
     manifest = scenario.gate_manifest({"base": PKG}, priority=100, interruptionBudget={"count": 1})
     manifest["metadata"]["name"] = first
-    await scenario.kube.apply(manifest, field_manager="test", force=True)
     try:
-        async with BatchWatch(scenario) as watch:
-            watch.gate = scenario.name
-            await scenario.apply_gate({"after": PKG}, priority=200, sequencing="node")
-            await scenario.wait_ready()
-        # each node ran the second gate only once the first was complete there; with node sequencing
-        # the second gate does not wait for the first to finish everywhere
+        await scenario.kube.apply(manifest, field_manager="test", force=True)
+        await scenario.apply_gate({"after": PKG}, priority=200, sequencing="node")
+        await scenario.wait_ready()
         for node in scenario.nodes:
-            mine = await scenario.state(node)
-            theirs = json.loads((await scenario.node(node))["metadata"]["annotations"][keys.state_annotation(first)])
-            assert theirs["status"] == "complete" and mine["status"] == "complete"
-        first_done = sorted(watch.started_at.values())
-        assert len(first_done) == 3
+            assert (await scenario.state(node))["status"] == "complete"
     finally:
+        await watch.stop()
         await scenario.kube.delete(NODEGATES, first)
+    # each node ran the second gate only once the first was complete there
+    started: dict[str, int] = {}
+    for node in scenario.nodes:
+        jobs = job_log.of(scenario.name, node)
+        assert jobs, f"no stage Job of the second gate on {node}"
+        started[node] = min(r.resource_version for r in jobs)
+        assert node in first_complete, f"the first gate never completed on {node}"
+        assert first_complete[node] < started[node], f"the second gate started on {node} before the first completed"
+    # with node sequencing the second gate does not wait for the first to finish everywhere (the first
+    # goes one node at a time, the second follows node by node)
+    assert min(started.values()) < max(first_complete.values()), (started, first_complete)
 
 
 async def test_priority_with_all_sequencing_waits_for_the_whole_fleet(scenario: Scenario) -> None:
