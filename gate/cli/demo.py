@@ -245,7 +245,12 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator) -> None:
     _follow(say, settings, "every node completes", lambda r: r.done and r.summary == "Ready")
 
     say.header("Summary")
-    _summary(say, settings, asyncio.run(_report()), asyncio.run(_events()), bad_node)
+    report = asyncio.run(_report())
+    if not report.done:
+        raise DemoError(f"the rollout ended with {report.complete} of {report.matched} nodes complete")
+    evidence = asyncio.run(_settled_evidence(sorted(n for pool in names.values() for n in pool)))
+    for line in summary_lines(report, evidence, bad_node):
+        say.say(line)
 
 
 def _escape(text: str) -> str:
@@ -322,14 +327,6 @@ async def _report() -> Any:
     return report
 
 
-async def _events() -> list[dict[str, Any]]:
-    from gate.kube.client import EVENTS
-
-    async with await _client() as kube:
-        items, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={GATE}")
-    return sorted(items, key=lambda e: e.get("eventTime") or "")
-
-
 def _follow(say: Narrator, settings: DemoSettings, until_text: str, until: Callable[[Any], bool]) -> None:
     say.progress(f"Live status until {until_text} ...")
     asyncio.run(_follow_async(say, settings, until))
@@ -394,24 +391,152 @@ def _one_line(report: Any) -> str:
     return "  |  ".join(parts)
 
 
-def _summary(say: Narrator, settings: DemoSettings, report: Any, events: list[dict[str, Any]], bad_node: str) -> None:
-    if not report.done:
-        raise DemoError(f"the rollout ended with {report.complete} of {report.matched} nodes complete")
-    say.say(f"NodeGate {GATE}: {report.summary}, {report.complete} of {report.matched} nodes complete.")
-    counts: dict[str, int] = {}
-    for e in events:
-        counts[e.get("reason", "")] = counts.get(e.get("reason", ""), 0) + 1
-    batches = counts.get("BatchSucceeded", 0) + counts.get("BatchFailed", 0)
-    say.say(f"{batches} batches across {len(report.compartments)} compartments, "
-            f"{counts.get('BatchFailed', 0)} failed; every node was cordoned, drained, rebooted once for "
-            "two packages, checked after the reboot and uncordoned.")
-    say.say(f"The planted failure on {bad_node} stopped {FAILING_POOL} after one bad batch; a rerun and a "
-            "resume finished it.")
-    notable = [e for e in events if e.get("type") == "Warning" or e.get("reason") == "Resumed"]
-    if notable:
-        say.say("What the NodeGate's Events say about it:")
-        for e in notable[:8]:
-            say.say(f"  {e.get('type', ''):8} {e.get('reason', ''):20} {_readable(e.get('note', ''))}")
+# -- the summary: only what the cluster shows ----------------------------------------------------
+
+# The operator's Events on a node that mark the steps of a round with an interrupt, in order.
+NODE_STEPS = (("Cordoned", "cordoned"), ("Drained", "drained"), ("Rebooted", "rebooted (a new boot ID)"),
+              ("Uncordoned", "uncordoned"))
+# Stage Job names are `ng-<stage>-<20 hex digits>` (gate.lifecycle.machine.job_name); how each reads.
+JOB_STAGES = {"uninstall": "uninstall", "upgrade": "upgrade", "apply": "apply", "config": "config",
+              "interrupt": "interrupt", "post": "post-interrupt check"}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the cluster shows once the rollout is over, for the summary to state and nothing else.
+
+    Events are best effort (and the operator sends an identical one at most once per ten minutes), so
+    they prove that a step happened on a node, never how often."""
+
+    node_reasons: dict[str, frozenset[str]]  # demo node -> reasons of the operator's Events about it
+    installed: dict[str, dict[str, str]]  # demo node -> package -> version, from its state annotation
+    cordoned: tuple[str, ...]  # demo nodes unschedulable now
+    gate_reasons: dict[str, int]  # reason -> how many of the operator's Events about the gate
+    gate_warnings: tuple[tuple[str, str], ...]  # (reason, note) of the gate's Warning and Resumed Events
+    jobs: dict[str, int]  # stage -> stage Jobs the Job controller created a pod for
+    jobs_failed: int  # stage Jobs the Job controller reported failed
+    wanted: dict[str, str]  # package -> version the gate asks for
+
+
+def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
+    """The summary, each statement counted from `report` (the gate status and node labels) or `ev`."""
+    nodes = sorted(ev.node_reasons)
+    total = len(nodes)
+    failed_nodes = f", {len(report.failed)} failed" if report.failed else ""
+    lines = [f"NodeGate {GATE}: {report.summary}, {report.complete} of {report.matched} nodes complete{failed_nodes}."]
+
+    good, bad = ev.gate_reasons.get("BatchSucceeded", 0), ev.gate_reasons.get("BatchFailed", 0)
+    lines.append(f"{good + bad} batches across {len(report.compartments)} compartments, {bad} failed "
+                 "(the gate's Events).")
+
+    seen = {reason: [n for n in nodes if reason in ev.node_reasons[n]] for reason, _ in NODE_STEPS}
+    if total and all(len(v) == total for v in seen.values()):
+        lines.append(f"Every node ({total}) was " + _series([text for _, text in NODE_STEPS]) +
+                     ", by the operator's Events on the nodes.")
+    else:
+        parts = [f"{len(seen[reason])} of {total} {text}" for reason, text in NODE_STEPS]
+        lines.append("The operator's Events on the nodes: " + ", ".join(parts) + ".")
+    lines.append("Cordoned now: " + (", ".join(ev.cordoned) if ev.cordoned else "none") + ".")
+
+    full = [n for n in nodes if all(ev.installed.get(n, {}).get(p) == v for p, v in ev.wanted.items())]
+    versions = ", ".join(f"{p} {v}" for p, v in sorted(ev.wanted.items()))
+    lines.append(f"{len(full)} of {total} nodes record all {len(ev.wanted)} packages installed at the gate's "
+                 f"versions in their state annotation ({versions}).")
+
+    if ev.jobs:
+        ran = ", ".join(f"{ev.jobs[s]} {JOB_STAGES[s]}" for s in JOB_STAGES if s in ev.jobs)
+        lines.append(f"Stage Jobs the Job controller ran: {ran}; {ev.jobs_failed} failed.")
+        interrupts = ev.jobs.get("interrupt", 0)
+        if interrupts == total and len(seen["Rebooted"]) == total:
+            lines.append(f"{interrupts} interrupt Jobs for {total} nodes: the packages' interrupts were merged "
+                         "into one reboot per node.")
+    else:
+        lines.append("No Events of the Job controller about stage Jobs were found: no count of stages run.")
+
+    stopped = ev.gate_reasons.get("CompartmentStopped", 0)
+    resumed = ev.gate_reasons.get("Resumed", 0)
+    if stopped and resumed and bad_node in ev.installed and bad_node in full:
+        lines.append(f"The planted failure on {bad_node} stopped {FAILING_POOL} after {bad} failed "
+                     f"batch{'es' if bad != 1 else ''}; a rerun and a resume finished it.")
+    else:
+        lines.append(f"The planted failure on {bad_node}: {stopped} CompartmentStopped and {resumed} Resumed "
+                     f"Events; {bad_node} is {report.node_states.get(bad_node, 'unknown')}.")
+    if ev.gate_warnings:
+        lines.append("What the NodeGate's Events say about it:")
+        for reason, note in ev.gate_warnings[:8]:
+            kind = "Normal" if reason == "Resumed" else "Warning"
+            lines.append(f"  {kind:8} {reason:20} {_readable(note)}")
+    return lines
+
+
+def _series(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+async def _evidence(nodes: list[str]) -> Evidence:
+    from gate.api import keys
+    from gate.api.state import StateParseError, load_state
+    from gate.controller.events import CLUSTER_EVENTS_NAMESPACE, CONTROLLER
+    from gate.kube.client import EVENTS, NODES
+
+    wanted = {name: pkg["version"] for name, pkg in manifest("gate.yaml")["spec"]["packages"].items()}
+    async with await _client() as kube:
+        (node_items, _), (events, _), (job_events, _) = await asyncio.gather(
+            kube.list(NODES, label_selector=f"{DEMO_LABEL}=true"), kube.list(EVENTS, CLUSTER_EVENTS_NAMESPACE),
+            kube.list(EVENTS, "nodegate-system"))
+    installed: dict[str, dict[str, str]] = {}
+    cordoned = []
+    for node in node_items:
+        name = node["metadata"]["name"]
+        try:
+            state = load_state((node["metadata"].get("annotations") or {}).get(keys.state_annotation(GATE)))
+        except StateParseError:
+            state = None
+        installed[name] = {p: i.version for p, i in state.installed.items()} if state else {}
+        if (node.get("spec") or {}).get("unschedulable"):
+            cordoned.append(name)
+    reasons: dict[str, set[str]] = {n: set() for n in nodes}
+    gate_reasons: dict[str, int] = {}
+    warnings = []
+    for e in sorted(events, key=lambda e: e.get("eventTime") or ""):
+        regarding = e.get("regarding") or {}
+        if e.get("reportingController") != CONTROLLER:
+            continue
+        if regarding.get("kind") == "Node" and regarding.get("name") in reasons:
+            reasons[regarding["name"]].add(e.get("reason", ""))
+        elif regarding.get("kind") == "NodeGate" and regarding.get("name") == GATE:
+            gate_reasons[e.get("reason", "")] = gate_reasons.get(e.get("reason", ""), 0) + 1
+            if e.get("type") == "Warning" or e.get("reason") == "Resumed":
+                warnings.append((e.get("reason", ""), e.get("note", "")))
+    created: dict[str, set[str]] = {}
+    failed = set()
+    for e in job_events:
+        regarding = e.get("regarding") or {}
+        job = regarding.get("name", "")
+        stage = job[3:-21] if regarding.get("kind") == "Job" and job.startswith("ng-") else ""
+        if stage not in JOB_STAGES:
+            continue
+        if e.get("reason") == "SuccessfulCreate":
+            created.setdefault(stage, set()).add(job)
+        elif e.get("type") == "Warning" and e.get("reason") != "FailedCreate":
+            failed.add(job)
+    return Evidence(node_reasons={n: frozenset(r) for n, r in reasons.items()}, installed=installed,
+                    cordoned=tuple(sorted(cordoned)), gate_reasons=gate_reasons, gate_warnings=tuple(warnings),
+                    jobs={s: len(j) for s, j in created.items()}, jobs_failed=len(failed), wanted=wanted)
+
+
+async def _settled_evidence(nodes: list[str], timeout: float = 10.0) -> Evidence:
+    """The evidence once the operator's last Events are in: it sends a node's Complete Event after the
+    node's write that the status reflects, so a summary read at once could miss the last few."""
+    deadline = time.monotonic() + timeout
+    last = await _evidence(nodes)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        ev = await _evidence(nodes)
+        if ev == last and all("Complete" in r for r in ev.node_reasons.values()):
+            return ev
+        last = ev
+    return last
 
 
 def _readable(note: str) -> str:

@@ -56,16 +56,70 @@ def test_chart_lints_strictly_with_each_set_of_values(name: str) -> None:
     assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
 
 
+def value_keys(text: str) -> list[tuple[tuple[str, ...], str | None]]:
+    """Every key of a values file at every depth, in order, with its comment: the block of comment lines
+    right above the key at its indentation, joined into one line, when the block opens with "# -- "
+    (None otherwise). Keys inside list items count too; the list items themselves are values."""
+    lines = text.splitlines()
+    out: list[tuple[tuple[str, ...], str | None]] = []
+
+    def comment(line: int, column: int) -> str | None:
+        block: list[str] = []
+        while line > 0 and lines[line - 1].startswith(" " * column + "#"):
+            line -= 1
+            block.insert(0, lines[line].strip()[1:].strip())
+        if not block or not block[0].startswith("-- "):
+            return None
+        return " ".join([block[0][3:], *block[1:]])
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                out.append(((*path, key.value), comment(key.start_mark.line, key.start_mark.column)))
+                walk(value, (*path, key.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, path)
+
+    walk(yaml.compose(text), ())
+    return out
+
+
+def test_value_keys_finds_every_key_at_every_depth_with_the_comment_above_it() -> None:
+    text = ("# file header\n\n# -- Top,\n# two lines.\ntop:\n  # -- Nested.\n  inner: {a: 1}\n"
+            "  # not opened with --\n  bare: [1, 2]\n  items:\n    - name: x\n")
+    assert value_keys(text) == [(("top",), "Top, two lines."), (("top", "inner"), "Nested."),
+                                (("top", "inner", "a"), None), (("top", "bare"), None),
+                                (("top", "items"), None), (("top", "items", "name"), None)]
+
+
 def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -> None:
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     text = (CHART_DIR / "values.yaml").read_text()
     jsonschema.validate(yaml.safe_load(text), schema)
-    # every top-level value has a comment right above it
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if re.match(r"^[a-zA-Z]\w*:", line):
-            assert lines[i - 1].startswith("#"), f"undocumented value: {line}"
+    keys = value_keys(text)
+    # every key, nested ones too, has a "# -- ..." comment right above it
+    assert [".".join(path) for path, doc in keys if doc is None] == []
+    # the schema describes each key it declares with the same text; a key it does not declare sits in a
+    # free-form map (resource quantities, labels), which the schema types by additionalProperties
+    for path, doc in keys:
+        node = schema
+        for i, part in enumerate(path):
+            props = node.get("properties") or {}
+            if part not in props:
+                assert isinstance(node.get("additionalProperties"), dict), ".".join(path[:i + 1])
+                break
+            node = props[part]
+        else:
+            assert node.get("description") == doc, f"{'.'.join(path)}: the schema's description differs"
+
+    def undescribed(node: Obj, path: str) -> list[str]:
+        props = node.get("properties") or {}
+        return [p for k, v in props.items() for p in ([f"{path}{k}"] if "description" not in v else [])
+                + undescribed(v, f"{path}{k}.")]
+
+    assert undescribed(schema, "") == [], "every property of the schema has a description"
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -5,6 +5,9 @@
 * `<!-- refused: TEXT -->`: the objects are refused, and the refusal says TEXT;
 * `<!-- tour -->` ... `<!-- /tour -->` in the README: every `nodegate` and `kubectl` command in it
   runs, in order, against a real control plane.
+
+docs/operations.md needs no marks: every line of its ```sh blocks runs (writes as server dry runs) or
+is parsed, and test_operations.py lists which are only parsed and why.
 """
 
 from __future__ import annotations

@@ -42,6 +42,16 @@ def test_the_quick_demo_tells_the_whole_story_and_leaves_a_cluster_to_explore(tm
         assert "$ nodegate rerun host-tuning --node pool-b-" in out
         assert "$ nodegate resume host-tuning --compartment pool-b" in out
         assert "NodeGate host-tuning: Ready, 12 of 12 nodes complete." in out
+        # The summary's statements, each counted from the cluster (gate.cli.demo.summary_lines).
+        for line in ("Every node (12) was cordoned, drained, rebooted (a new boot ID) and uncordoned, by the "
+                     "operator's Events on the nodes.",
+                     "Cordoned now: none.",
+                     "12 of 12 nodes record all 4 packages installed at the gate's versions in their state "
+                     "annotation",
+                     "12 interrupt Jobs for 12 nodes: the packages' interrupts were merged into one reboot per node.",
+                     "stopped pool-b after 1 failed batch; a rerun and a resume finished it."):
+            assert line in out, out[-3000:]
+        assert "Stage Jobs the Job controller ran: " in out and "; 1 failed." in out
         assert f"export KUBECONFIG={state.resolve()}/kubeconfig" in out
 
         kubeconfig = state / "kubeconfig"

@@ -1,12 +1,26 @@
-"""The demo's story rests on two facts about its manifests: the pool sizes and where the failure lands."""
+"""The demo's story rests on two facts about its manifests (the pool sizes and where the failure lands),
+and its summary states only what the cluster shows."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
-from gate.cli.demo import DEMO_LABEL, FAILING_POOL, POOL_LABEL, failing_node, manifest, pool_sizes
+from gate.cli.demo import (
+    DEMO_LABEL,
+    FAILING_POOL,
+    POOL_LABEL,
+    Evidence,
+    failing_node,
+    manifest,
+    pool_sizes,
+    summary_lines,
+)
 from gate.cli.errors import CliError
 from gate.rollout import NodeSnapshot, simulate
 
@@ -37,3 +51,62 @@ def test_the_bad_spec_differs_from_the_good_one_only_in_the_image_tag() -> None:
     image = bad["spec"]["packages"]["sysctl-tuning"]["image"]
     assert image == good["spec"]["packages"]["sysctl-tuning"]["image"] + ":2.0.0"
     assert bad["metadata"]["name"] == good["metadata"]["name"]
+
+
+# -- the summary states what the cluster shows, and only that --------------------------------------
+
+WANTED = {"sysctl-tuning": "1.0.0", "grub-cmdline": "1.0.0"}
+ALL_STEPS = frozenset({"Cordoned", "Drained", "Interrupting", "Rebooted", "Uncordoned", "Complete"})
+
+
+def _report(nodes: list[str], complete: int, failed: tuple[object, ...] = ()) -> SimpleNamespace:
+    return SimpleNamespace(summary="Ready" if complete == len(nodes) else "Degraded", complete=complete,
+                           matched=len(nodes), failed=failed, compartments=("canary", "pool-a", "pool-b"),
+                           node_states={n: "complete" for n in nodes})
+
+
+def _evidence(**changes: Any) -> Evidence:
+    nodes = ["canary-0", "pool-a-0", "pool-b-0"]
+    ev = Evidence(node_reasons={n: ALL_STEPS for n in nodes}, installed={n: dict(WANTED) for n in nodes},
+                  cordoned=(), gate_reasons={"BatchSucceeded": 3, "BatchFailed": 1, "CompartmentStopped": 1,
+                                             "Resumed": 1},
+                  gate_warnings=(("BatchFailed", "Compartment pool-b: batch 2 failed (0/1 nodes)"),
+                                 ("Resumed", "A person resumed the rollout")),
+                  jobs={"apply": 7, "interrupt": 3, "post": 6}, jobs_failed=1, wanted=WANTED)
+    return replace(ev, **changes)
+
+
+def test_a_summary_of_a_clean_finish_states_each_step_as_counted() -> None:
+    ev = _evidence()
+    lines = summary_lines(_report(sorted(ev.node_reasons), 3), ev, "pool-b-0")
+    assert lines[:7] == [
+        "NodeGate host-tuning: Ready, 3 of 3 nodes complete.",
+        "4 batches across 3 compartments, 1 failed (the gate's Events).",
+        "Every node (3) was cordoned, drained, rebooted (a new boot ID) and uncordoned, by the operator's "
+        "Events on the nodes.",
+        "Cordoned now: none.",
+        "3 of 3 nodes record all 2 packages installed at the gate's versions in their state annotation "
+        "(grub-cmdline 1.0.0, sysctl-tuning 1.0.0).",
+        "Stage Jobs the Job controller ran: 7 apply, 3 interrupt, 6 post-interrupt check; 1 failed.",
+        "3 interrupt Jobs for 3 nodes: the packages' interrupts were merged into one reboot per node.",
+    ]
+    assert "The planted failure on pool-b-0 stopped pool-b after 1 failed batch; a rerun and a resume " \
+           "finished it." in lines
+    assert any("Resumed" in line and "A person resumed the rollout" in line for line in lines)
+
+
+def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:
+    ev = _evidence(node_reasons={"canary-0": ALL_STEPS, "pool-a-0": ALL_STEPS - {"Rebooted"},
+                                 "pool-b-0": ALL_STEPS - {"Uncordoned"}},
+                   installed={"canary-0": dict(WANTED), "pool-a-0": {"sysctl-tuning": "1.0.0"}, "pool-b-0": {}},
+                   cordoned=("pool-b-0",), jobs={}, gate_reasons={"BatchSucceeded": 2})
+    lines = summary_lines(_report(sorted(ev.node_reasons), 1), ev, "pool-b-0")
+    text = "\n".join(lines)
+    assert "Every node" not in text and "merged into one reboot" not in text and "finished it" not in text
+    assert ("The operator's Events on the nodes: 3 of 3 cordoned, 3 of 3 drained, 2 of 3 rebooted (a new boot "
+            "ID), 2 of 3 uncordoned.") in lines
+    assert "Cordoned now: pool-b-0." in lines
+    assert lines[4].startswith("1 of 3 nodes record all 2 packages")
+    assert "No Events of the Job controller about stage Jobs were found: no count of stages run." in lines
+    assert "The planted failure on pool-b-0: 0 CompartmentStopped and 0 Resumed Events; pool-b-0 is complete." \
+        in lines
