@@ -200,6 +200,7 @@ def job_view(job: Obj, pods: list[Obj]) -> JobView:
     pod = max(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""), default=None)
     waiting_reason = ""
     waiting_since = None
+    settled = True
     if pod is not None:
         pstatus = pod.get("status") or {}
         for cs in [*(pstatus.get("initContainerStatuses") or []), *(pstatus.get("containerStatuses") or [])]:
@@ -212,8 +213,14 @@ def job_view(job: Obj, pods: list[Obj]) -> JobView:
             term = state.get("terminated")
             if term and term.get("exitCode", 0) != 0 and term.get("message"):
                 message = term["message"].strip()  # the agent's JSON summary
-        if pod.get("status", {}).get("phase") == "Pending" and phase == "running":
+        pod_phase = pod.get("status", {}).get("phase")
+        if pod_phase == "Pending" and phase == "running":
             phase = "pending"
+        elif pod_phase == "Succeeded" and phase in ("running", "pending"):
+            # A Job of one completion succeeds with its pod; the Job controller records that up to a
+            # second later (it batches pod updates). The stage is done on the host: move on now.
+            phase = "succeeded"
+            settled = False
         if waiting_reason:
             waiting_since = _time(pod.get("metadata", {}).get("creationTimestamp"))
     labels = job.get("metadata", {}).get("labels") or {}
@@ -221,4 +228,5 @@ def job_view(job: Obj, pods: list[Obj]) -> JobView:
         name=job["metadata"]["name"], phase=phase, message=message[:2000], waiting_reason=waiting_reason,
         waiting_since=waiting_since, created=_time(job.get("metadata", {}).get("creationTimestamp")),
         package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
+        settled=settled,
     )

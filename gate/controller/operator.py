@@ -269,8 +269,9 @@ class Operator:
         self._index_pod(kind, pod)
         ann = pod["metadata"].get("annotations") or {}
         gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
-        # A stage pod matters on its own only when it may be stuck (the Job says when it ends).
-        if gate and node and _pod_may_be_stuck(pod):
+        # A stage pod matters on its own when it may be stuck, or when it succeeded (its Job says so
+        # only after the Job controller's batching delay).
+        if gate and node and (_pod_may_be_stuck(pod) or (pod.get("status") or {}).get("phase") == "Succeeded"):
             self.queue.add(("node", gate, node))
 
     # -- reading ----------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class JobView:
     created: datetime | None = None
     package: str | None = None  # from the Job's labels
     stage: str = ""
+    # False while only the pod shows the success: the Job controller records it a moment later.
+    settled: bool = True
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,8 @@ def decide(ctx: NodeContext) -> Decision:
         r.set_phase("finish")
 
     if s.phase == "finish":
+        if _unsettled(r):
+            return r.finish_decision()
         _finish(r)
     return r.finish_decision()
 
@@ -603,9 +607,10 @@ def decide_removal(ctx: NodeContext) -> Decision:
     # Stages of the last round: a running one finishes first, even on a failed node (another
     # package's stage may still be changing the host): a host change is never cut off half way, and
     # the node is not uncordoned under it. Stuck ones (image pull, never started) will not finish and
-    # are removed with the rest.
+    # are removed with the rest. One whose pod is done counts as running until its Job records it.
     leftovers = [v for v in ctx.jobs.values() if not v.name.startswith("ng-uninstall-")]
-    running = [v for v in leftovers if v.phase in ("pending", "running") and _stuck(v, ctx) is None]
+    running = [v for v in leftovers
+               if (v.phase in ("pending", "running") and _stuck(v, ctx) is None) or not v.settled]
     if running:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
@@ -631,6 +636,8 @@ def decide_removal(ctx: NodeContext) -> Decision:
         if not r.decision.create_jobs and not r.changed:
             r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
+    if _unsettled(r):
+        return r.finish_decision()
     r.decision.remove_state = True
     r.decision.state = None
     change = r.decision.node
@@ -642,6 +649,15 @@ def decide_removal(ctx: NodeContext) -> Decision:
         change.remove_readiness_taint = True
     r.event("node", "Normal", "Released", f"NodeGate {gate.name} was deleted; its keys were removed from the node")
     return r.decision
+
+
+def _unsettled(r: _Round) -> bool:
+    """Jobs this step deletes whose pods are done but which have not recorded their end: the node is
+    let go in the next step, once they are gone, so no Job is ever seen running on a released node."""
+    if any(not r.ctx.jobs[n].settled for n in r.decision.delete_jobs if n in r.ctx.jobs):
+        r.decision.requeue_after = r.ctx.timing.poll
+        return True
+    return False
 
 
 def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:

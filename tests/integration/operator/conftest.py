@@ -19,7 +19,7 @@ from gate.api import keys
 from gate.devcluster.cluster import DevCluster, NodeSpec
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
-from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, KubeClient
+from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import NotFound
 
 Obj = dict[str, Any]
@@ -51,6 +51,7 @@ class JobRecord:
     resource_version: int = 0  # etcd revision of the creation: orders it against other objects' changes
     finished: float | None = None
     succeeded: bool | None = None
+    finished_rv: int | None = None  # etcd revision at which its work was seen ended (pod or Job)
 
 
 @dataclass
@@ -81,8 +82,19 @@ class JobLog:
         if rec.finished is None and (conds.get("Complete") == "True" or conds.get("Failed") == "True"):
             rec.finished = time.monotonic()
             rec.succeeded = conds.get("Complete") == "True"
+            rec.finished_rv = int(meta.get("resourceVersion", "0"))
         if kind == "DELETED" and rec.finished is None:
             rec.finished = time.monotonic()
+            rec.finished_rv = int(meta.get("resourceVersion", "0"))
+
+    def on_pod(self, kind: str, pod: Obj) -> None:
+        """A stage pod that succeeded ends its Job's work (one completion), before the Job records it."""
+        job = (pod["metadata"].get("labels") or {}).get("job-name")
+        rec = self.records.get(job or "")
+        if rec is not None and rec.finished is None and (pod.get("status") or {}).get("phase") == "Succeeded":
+            rec.finished = time.monotonic()
+            rec.succeeded = True
+            rec.finished_rv = int(pod["metadata"].get("resourceVersion", "0"))
 
     def created_twice(self, gate: str) -> list[str]:
         """Names of this gate's stage Jobs that were created more than once (deleted and made again)."""
@@ -99,10 +111,14 @@ async def job_log(cluster: DevCluster) -> AsyncIterator[JobLog]:
     log = JobLog()
     cache = WatchCache(client, JOBS, namespace=NAMESPACE)
     cache.subscribe(log.on_event)
+    pods = WatchCache(client, PODS, namespace=NAMESPACE)
+    pods.subscribe(log.on_pod)
     await cache.start()
+    await pods.start()
     for job in cache.items():
         log.on_event("ADDED", job)
     yield log
+    await pods.stop()
     await cache.stop()
     await client.close()
 

@@ -82,8 +82,9 @@ async def test_packages_run_in_dependency_order(scenario: Scenario, job_log: Job
     assert order == ["kernel", "driver", "tools"]
     by_pkg = {r.package: r for r in records}
     # each starts only after its dependency finished
-    assert by_pkg["kernel"].finished is not None and by_pkg["kernel"].finished <= by_pkg["driver"].created
-    assert by_pkg["driver"].finished is not None and by_pkg["driver"].finished <= by_pkg["tools"].created
+    for first, then in (("kernel", "driver"), ("driver", "tools")):  # ordered by etcd revision
+        ended = by_pkg[first].finished_rv
+        assert ended is not None and ended < by_pkg[then].resource_version, f"{then} started before {first} ended"
 
 
 async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scenario, job_log: JobLog) -> None:
@@ -92,18 +93,19 @@ async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scen
     await scenario.apply_gate(packages, serial=True)
     await scenario.wait_ready()
     for node in nodes:
-        records = sorted(job_log.of(scenario.name, node), key=lambda r: r.created)
+        records = sorted(job_log.of(scenario.name, node), key=lambda r: r.resource_version)
         assert len(records) == 3
         for before, after in itertools.pairwise(records):
-            assert before.finished is not None and before.finished <= after.created, "serial stages overlapped"
+            assert before.finished_rv is not None and before.finished_rv < after.resource_version, (
+                "serial stages overlapped")
 
     await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages}, serial=False)
     await scenario.wait_ready()
     for node in nodes:
         upgrades = [r for r in job_log.of(scenario.name, node) if r.stage == "upgrade"]
         assert len(upgrades) == 3
-        first_end = min(r.finished or 0 for r in upgrades)
-        assert all(r.created < first_end for r in upgrades), "parallel stages were not started together"
+        first_end = min(r.finished_rv or 0 for r in upgrades)
+        assert all(r.resource_version < first_end for r in upgrades), "parallel stages were not started together"
 
 
 async def test_interrupts_merge_into_one_per_node(scenario: Scenario, job_log: JobLog) -> None:

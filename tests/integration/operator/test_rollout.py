@@ -159,7 +159,11 @@ async def test_failure_threshold_stops_one_compartment_while_the_others_finish(s
 
 async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         scenario: Scenario) -> None:
-    await scenario.add_nodes(30)
+    from gate.devcluster.stages import slow_stage
+
+    nodes = await scenario.add_nodes(30)
+    # Each node's apply takes 3 s: one node at a time cannot finish all 30 in the minute the window is open.
+    await scenario.inject(slow_stage("slow", nodes=nodes, package="slow", stage="apply", seconds=3))
     now = datetime.now(UTC)
     if now.second > 45:  # leave at least a few seconds of open window, never more than ~60
         await asyncio.sleep(61 - now.second)

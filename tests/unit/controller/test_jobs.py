@@ -75,3 +75,28 @@ def test_the_interrupt_job_names_the_services() -> None:
 ])
 def test_the_package_image_is_tagged_with_its_version_once(image: str, version: str, expected: str) -> None:
     assert image_reference(image, version) == expected
+
+
+def _job(conditions: list[dict[str, str]] | None = None, active: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": "j", "creationTimestamp": "2026-11-30T10:00:00Z",
+                         "labels": {keys.JOB_PACKAGE_LABEL: "tuned", keys.JOB_STAGE_LABEL: "apply"}},
+            "status": {"active": active, "conditions": conditions or []}}
+
+
+def _pod(phase: str, exit_code: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": "agent", "state": {"terminated": {"exitCode": exit_code}}}]
+    return {"metadata": {"name": "p", "creationTimestamp": "2026-11-30T10:00:01Z"}, "status": status}
+
+
+def test_a_stage_succeeds_with_its_pod_before_the_job_controller_says_so() -> None:
+    from gate.controller.jobs import job_view
+
+    assert job_view(_job(), [_pod("Running")]).phase == "running"
+    early = job_view(_job(), [_pod("Succeeded", 0)])
+    assert early.phase == "succeeded" and not early.settled
+    # A failed pod is not a failed stage: the Job may retry it; only the Job's condition ends it.
+    assert job_view(_job(), [_pod("Failed", 1)]).phase == "running"
+    failed = _job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "m"}], 0)
+    assert job_view(failed, [_pod("Failed", 1)]).phase == "failed"

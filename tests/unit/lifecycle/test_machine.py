@@ -53,8 +53,10 @@ def ctx(g: NodeGate, state: NodeGateState, *, jobs: dict[str, JobView] | None = 
 
 
 def run_until_quiet(g: NodeGate, state: NodeGateState, *, n: NodeView | None = None,
-                    outcome: str = "succeeded", max_steps: int = 50) -> tuple[NodeGateState, list[str], NodeView]:
-    """Drive the machine like the executor would, with every Job ending in `outcome`."""
+                    outcome: str = "succeeded", max_steps: int = 50,
+                    settled: bool = True) -> tuple[NodeGateState, list[str], NodeView]:
+    """Drive the machine like the executor would, with every Job ending in `outcome` (seen before the
+    Job controller records it when not `settled`). Fails if the node is let go under a Job not ended."""
     jobs: dict[str, JobView] = {}
     created: list[str] = []
     view = n or node()
@@ -62,10 +64,13 @@ def run_until_quiet(g: NodeGate, state: NodeGateState, *, n: NodeView | None = N
         d = decide(ctx(g, state, jobs=jobs, pods=[], n=view))
         if d.state is not None:
             state = d.state
+        if d.node.unschedulable is False:
+            running = sorted(name for name, job in jobs.items() if not job.settled)
+            assert not running, f"uncordoned while the Jobs {running} had not ended (deleted after the write)"
         view = _apply_node(view, d)
         for req in d.create_jobs:
             created.append(f"{req.package or '-'}:{req.stage}")
-            jobs[req.name] = JobView(req.name, outcome)  # type: ignore[arg-type]
+            jobs[req.name] = JobView(req.name, outcome, settled=settled)  # type: ignore[arg-type]
             if req.stage == "interrupt" and req.interrupt and req.interrupt.type == "reboot":
                 view = node(**{**view.__dict__, "boot_id": view.boot_id + "'"})
         for name in d.delete_jobs:
@@ -245,6 +250,13 @@ def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
     d = decide_removal(ctx(g, state, n=cordoned, jobs={name: JobView(name, "succeeded")}))
     assert name in d.delete_jobs
     assert d.remove_state and d.node.unschedulable is False and d.node.clear_cordoned_by
+    # Seen done by its pod before its Job recorded it: the uninstall is recorded and the Job deleted,
+    # and the node is released only in the next step, once the Job is gone.
+    early = decide_removal(ctx(g, state, n=cordoned, jobs={name: JobView(name, "succeeded", settled=False)}))
+    assert name in early.delete_jobs and not early.remove_state and early.node.unschedulable is None
+    assert early.state is not None and "gone" not in early.state.installed
+    later = decide_removal(ctx(g, early.state, n=cordoned))
+    assert later.remove_state and later.node.unschedulable is False and not later.create_jobs
 
 
 def test_job_names_are_deterministic_and_change_with_the_round() -> None:
@@ -277,3 +289,10 @@ def test_a_drain_refused_by_a_budget_backs_off_but_never_past_its_timeout() -> N
     waits = [drain_retry_after(t, 600, blocked=True) for t in (0, 8, 40, 100, 400)]
     assert waits == sorted(waits) and waits[0] == 1.0 and waits[-1] == 30.0
     assert drain_retry_after(590, 600, blocked=True) == 10.0  # the timeout is checked on time
+
+
+def test_a_check_seen_done_by_its_pod_first_lets_the_node_go_only_once_its_job_is_gone() -> None:
+    g = gate({"tuned": {**PKG, "interrupt": {"type": "service", "services": ["tuned"]}}})
+    state, created, view = run_until_quiet(g, started(g), settled=False)
+    assert state.status == "complete" and not view.unschedulable
+    assert created == ["tuned:apply", "-:interrupt", "tuned:post-interrupt"]  # nothing ran twice
