@@ -678,11 +678,16 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.batch = batch
     s.compartment = compartment
     s.generation = gate.metadata.generation or 0
+    # A round that stopped before it finished (it failed, and a person or a spec change starts another)
+    # may have applied packages whose interrupt never came, or whose check after it never passed:
+    # they keep it, so the new round interrupts the node and checks them again.
+    unfinished = s.phase not in ("idle", "finish") and s.interrupt is not None
     s.phase = "idle"
     s.phase_since = _iso(now)
     s.failure = None
-    s.interrupt = None
-    s.interrupted = []
+    if not unfinished:
+        s.interrupt = None
+        s.interrupted = []
     s.post_checked = []
     s.drain_blocked_by = None
     s.boot_id = s.boot_id or boot_id

@@ -19,6 +19,7 @@ from gate.lifecycle.machine import (
     Timing,
     decide,
     decide_removal,
+    rerun,
     start_round,
 )
 
@@ -296,3 +297,30 @@ def test_a_check_seen_done_by_its_pod_first_lets_the_node_go_only_once_its_job_i
     state, created, view = run_until_quiet(g, started(g), settled=False)
     assert state.status == "complete" and not view.unschedulable
     assert created == ["tuned:apply", "-:interrupt", "tuned:post-interrupt"]  # nothing ran twice
+
+
+def test_a_package_applied_in_a_failed_round_still_gets_its_interrupt_and_check_in_the_next() -> None:
+    g = gate({"blocklist": {**PKG, "interrupt": {"type": "reboot"}},
+              "later": {**PKG, "dependsOn": {"blocklist": ">=1.0.0"}, "interrupt": {"type": "service",
+                                                                                 "services": ["s"]}}})
+    state, view = started(g), node()
+    jobs: dict[str, JobView] = {}
+    for _ in range(20):  # blocklist applies, then later's apply fails: the node fails before the reboot
+        d = decide(ctx(g, state, jobs=jobs, pods=[], n=view))
+        state = d.state or state
+        view = _apply_node(view, d)
+        for req in d.create_jobs:
+            outcome = "failed" if req.package == "later" else "succeeded"
+            jobs[req.name] = JobView(req.name, outcome)  # type: ignore[arg-type]
+        for name in d.delete_jobs:
+            jobs.pop(name, None)
+        if state.status == "failed":
+            break
+    assert state.status == "failed" and "blocklist" in state.installed and "later" not in state.installed
+    # A person reruns the failed package; the next round picks the node again.
+    again = start_round(rerun(state, "later", "apply"), gate=g, batch=2, compartment="__default__",
+                        boot_id=view.boot_id, now=NOW)
+    state, created, view = run_until_quiet(g, again, n=view)
+    assert state.status == "complete"
+    assert created == ["later:apply", "-:interrupt", "blocklist:post-interrupt", "later:post-interrupt"]
+    assert state.interrupt is None and not state.interrupted
