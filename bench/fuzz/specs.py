@@ -35,7 +35,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from bench.fuzz.strategies import json_values, text
+from bench.fuzz.strategies import json_paths, json_values, slot, text
 from gate.api.crd import all_crds
 from gate.devcluster.cluster import DevCluster, NodeSpec
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
@@ -115,37 +115,23 @@ def from_schema(draw: st.DrawFn, schema: Obj, name: str = "", policies: tuple[st
     return draw(json_values)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def mutated(draw: st.DrawFn, spec: Obj) -> Obj:
     doc = json.loads(json.dumps(spec))
     for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in json_paths(doc) if p]
         if not paths:
             break
-        path = draw(st.sampled_from(paths))
-        parent = doc
-        for key in path[:-1]:
-            parent = parent[key]
+        parent, key = slot(doc, draw(st.sampled_from(paths)))
         action = draw(st.sampled_from(["replace", "delete", "wrap", "stringify"]))
         if action == "delete":
-            del parent[path[-1]]
+            del parent[key]
         elif action == "wrap":
-            parent[path[-1]] = [parent[path[-1]]]
+            parent[key] = [parent[key]]
         elif action == "stringify":
-            parent[path[-1]] = json.dumps(parent[path[-1]])
+            parent[key] = json.dumps(parent[key])
         else:
-            parent[path[-1]] = draw(json_values)
+            parent[key] = draw(json_values)
     return doc
 
 

@@ -81,15 +81,24 @@ json_values = st.recursive(json_scalars, lambda children: st.lists(children, max
                            | st.dictionaries(text, children, max_size=4), max_leaves=24)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a JSON document (keys and indexes), the root's empty path first."""
     out = [prefix]
     if isinstance(doc, dict):
         for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
+            out += json_paths(v, (*prefix, k))
     elif isinstance(doc, list):
         for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
+            out += json_paths(v, (*prefix, i))
     return out
+
+
+def slot(doc: Any, path: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The container that holds the value at a non-empty `path`, and its key or index there."""
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    return parent, path[-1]
 
 
 def _nested(depth: int) -> Any:
@@ -108,26 +117,23 @@ def mutated_review(draw: st.DrawFn) -> Obj:
     doc = json.loads(json.dumps(draw(st.sampled_from(seeds()))))
     envelope = draw(st.integers(0, 9)) == 0
     for _ in range(draw(st.integers(1, 4))):
-        paths = [p for p in _paths(doc) if p and (envelope or (len(p) > 2 and p[1] in _RULES_READ))]
+        paths = [p for p in json_paths(doc) if p and (envelope or (len(p) > 2 and p[1] in _RULES_READ))]
         if not paths:
             break
-        path = draw(st.sampled_from(paths))
-        parent = doc
-        for key in path[:-1]:
-            parent = parent[key]
+        parent, key = slot(doc, draw(st.sampled_from(paths)))
         action = draw(st.sampled_from(["replace", "replace", "delete", "wrap", "deep", "huge", "add"]))
         if action == "delete":
-            del parent[path[-1]]
+            del parent[key]
         elif action == "replace":
-            parent[path[-1]] = draw(json_values)
+            parent[key] = draw(json_values)
         elif action == "wrap":
-            parent[path[-1]] = [parent[path[-1]]]
+            parent[key] = [parent[key]]
         elif action == "deep":  # around the JSON parser's depth limit
-            parent[path[-1]] = _nested(draw(st.sampled_from([50, 150, 190, 250, 400])))
+            parent[key] = _nested(draw(st.sampled_from([50, 150, 190, 250, 400])))
         elif action == "huge":
-            parent[path[-1]] = "x" * draw(st.sampled_from([1_000, 70_000, 300_000]))
-        elif isinstance(parent[path[-1]], dict):
-            parent[path[-1]][draw(text)] = draw(json_values)
+            parent[key] = "x" * draw(st.sampled_from([1_000, 70_000, 300_000]))
+        elif isinstance(parent[key], dict):
+            parent[key][draw(text)] = draw(json_values)
     return doc
 
 

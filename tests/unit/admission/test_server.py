@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fuzz.strategies import json_paths, slot
 from gate.admission.testing import FixedAuthorizer, StaticFacts
 from gate.certs import pki
 from tests.unit.admission.helpers import gate, package, review, ten_package_gate
@@ -184,35 +185,21 @@ SEEDS = [
 ]
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def mutated_reviews(draw: st.DrawFn) -> bytes:
     doc = json.loads(json.dumps(draw(st.sampled_from(SEEDS))))
     for _ in range(draw(st.integers(1, 4))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in json_paths(doc) if p]
         if not paths:
             break
-        path = draw(st.sampled_from(paths))
-        parent = doc
-        for key in path[:-1]:
-            parent = parent[key]
+        parent, key = slot(doc, draw(st.sampled_from(paths)))
         action = draw(st.sampled_from(["replace", "delete", "wrap"]))
         if action == "delete":
-            del parent[path[-1]]
+            del parent[key]
         elif action == "replace":
-            parent[path[-1]] = draw(json_values)
+            parent[key] = draw(json_values)
         else:
-            parent[path[-1]] = [parent[path[-1]]]
+            parent[key] = [parent[key]]
     raw = json.dumps(doc).encode()
     if draw(st.booleans()) and draw(st.booleans()):  # sometimes damage the bytes too
         cut = draw(st.integers(0, len(raw)))
