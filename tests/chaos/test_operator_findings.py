@@ -12,6 +12,8 @@ import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import pytest
 
@@ -131,14 +133,33 @@ def _no_uncordon_during_stage(violations: list[Violation]) -> None:
     assert violations == [], "\n".join(map(str, violations))
 
 
+@dataclass
+class Reproduction:
+    name: str
+    watcher: InvariantWatcher
+    node: str = ""
+
+
+@asynccontextmanager
+async def _reproduction(cluster: DevCluster, kube: KubeClient, prefix: str) -> AsyncIterator[Reproduction]:
+    """A failed node with a stage of its round still running, watched from before it existed; the
+    watcher, the gate and the node are cleaned up however the test ends."""
+    run = Reproduction(unique(prefix), InvariantWatcher(await cluster.client()))
+    await run.watcher.start()
+    try:
+        run.node = await _failed_node_with_a_stage_still_running(cluster, kube, run.name, run.watcher)
+        yield run
+    finally:
+        if run.watcher._tasks:
+            await run.watcher.stop()
+        await run.watcher.client.close()
+        await _cleanup(kube, run.name, run.node or None)
+
+
 async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_still_runs(
         chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
-    name = unique("reset-running")
-    watcher = InvariantWatcher(await chaos_cluster.client())
-    await watcher.start()
-    node = None
-    try:
-        node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
+    async with _reproduction(chaos_cluster, chaos_kube, "reset-running") as run:
+        name, node = run.name, run.node
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         await chaos_kube.patch(NODES, node, {"metadata": {"annotations": {keys.reset_annotation(name): stamp}}})
         await _held(chaos_kube, node, lambda ann: keys.reset_annotation(name) in ann)
@@ -149,23 +170,13 @@ async def test_a_reset_failed_node_is_not_uncordoned_while_a_stage_of_its_round_
             return keys.reset_annotation(name) not in annotations
 
         await _wait(consumed, "the operator acting on the reset")
-        report = await watcher.stop()
-        _no_uncordon_during_stage(report.violations)
-    finally:
-        if watcher._tasks:
-            await watcher.stop()
-        await watcher.client.close()
-        await _cleanup(chaos_kube, name, node)
+        _no_uncordon_during_stage((await run.watcher.stop()).violations)
 
 
 async def test_deleting_a_gate_does_not_uncordon_a_failed_node_while_a_stage_of_its_round_still_runs(
         chaos_cluster: DevCluster, chaos_kube: KubeClient, lone_operator: str) -> None:
-    name = unique("delete-running")
-    watcher = InvariantWatcher(await chaos_cluster.client())
-    await watcher.start()
-    node = None
-    try:
-        node = await _failed_node_with_a_stage_still_running(chaos_cluster, chaos_kube, name, watcher)
+    async with _reproduction(chaos_cluster, chaos_kube, "delete-running") as run:
+        name, node = run.name, run.node
         await chaos_kube.delete(NODEGATES, name)
         await _held(chaos_kube, node, lambda ann: keys.state_annotation(name) in ann)
         await _end_slow_stage(chaos_kube, node)
@@ -175,10 +186,4 @@ async def test_deleting_a_gate_does_not_uncordon_a_failed_node_while_a_stage_of_
             return keys.state_annotation(name) not in (obj["metadata"].get("annotations") or {})
 
         await _wait(released, "the node released by the deleted gate")
-        report = await watcher.stop()
-        _no_uncordon_during_stage(report.violations)
-    finally:
-        if watcher._tasks:
-            await watcher.stop()
-        await watcher.client.close()
-        await _cleanup(chaos_kube, name, node)
+        _no_uncordon_during_stage((await run.watcher.stop()).violations)

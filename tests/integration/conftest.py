@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from gate.api.keys import READINESS_TAINT_KEY
+
 if TYPE_CHECKING:
     from gate.devcluster.cluster import DevCluster
+    from gate.kube.client import KubeClient
+
+TAINT = {"key": READINESS_TAINT_KEY, "effect": "NoSchedule"}
+OPERATOR_SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "nodegate-operator", "namespace": "nodegate-system"}
+
+
+def plain_node(name: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, object]:
+    """A Node without kwok's annotation: nothing but the API server and the webhook touch it."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints} if taints is not None else {}}
+
+
+@asynccontextmanager
+async def cluster_role_for(kube: KubeClient, name: str, user: str, rules: list[dict[str, Any]]) -> AsyncIterator[None]:
+    """A ClusterRole with `rules`, bound to `user` and to the operator's ServiceAccount while inside."""
+    from gate.kube.client import CLUSTERROLEBINDINGS, CLUSTERROLES
+
+    await kube.create(CLUSTERROLES, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                                     "metadata": {"name": name}, "rules": rules})
+    await kube.create(CLUSTERROLEBINDINGS, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"},
+                     OPERATOR_SERVICE_ACCOUNT]})
+    try:
+        yield
+    finally:
+        await kube.delete(CLUSTERROLEBINDINGS, name)
+        await kube.delete(CLUSTERROLES, name)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

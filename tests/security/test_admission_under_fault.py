@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from gate.api import keys
-from gate.devcluster.cluster import DevCluster, node_manifest
+from gate.devcluster.cluster import DevCluster
 from gate.devcluster.stages import default_stages
 from gate.kube.cache import WatchCache
 from gate.kube.client import NAMESPACES, NODEGATES, NODES, PODS, KubeClient
@@ -144,13 +144,7 @@ async def test_a_node_joining_while_the_webhook_is_down_gets_no_stage_and_no_wor
                         if pod["spec"].get("nodeName") == name and not bound else None)
     await node_watch.start()
     await pod_watch.start()
-    webhook_pid = cluster.processes()["webhook"].pid
-    os.kill(webhook_pid, signal.SIGSTOP)  # down: the API server's call times out, failurePolicy Ignore
-    try:
-        created = await scenario.kube.create(NODES, node_manifest(name, {"test": scenario.name}))
-    finally:
-        os.kill(webhook_pid, signal.SIGCONT)
-    scenario.nodes.append(name)
+    created = await scenario.join_while_webhook_down(name)
     # A workload for exactly this node, right after it joined: no toleration of the readiness taint.
     await scenario.kube.create(PODS, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "workload", "namespace": workload_namespace},

@@ -21,43 +21,28 @@ import pytest
 import yaml
 
 from gate.api.keys import READINESS_TAINT_KEY
-from gate.kube.client import CLUSTERROLEBINDINGS, CLUSTERROLES, NODEGATES, NODES, KubeClient
+from gate.kube.client import NODEGATES, NODES, KubeClient
 from tests.conftest import Kubectl, unique
-from tests.integration.conftest import Webhook
+from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node
 
-TAINT = {"key": READINESS_TAINT_KEY, "effect": "NoSchedule"}
 OTHER = {"key": "example.com/dedicated", "value": "gpu", "effect": "NoSchedule"}
 OPERATOR = "system:serviceaccount:nodegate-system:nodegate-operator"
-
-
-def node(name: str, labels: dict[str, str], taints: list[dict[str, str]]) -> dict[str, object]:
-    # a plain Node (no kwok annotation): only the API server and the webhook touch it
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": taints}}
 
 
 @pytest.fixture
 async def node_admin(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]:
     """A ClusterRole with every write on Nodes, bound to a fresh user and to the operator's ServiceAccount."""
     name, user = unique("node-admin"), unique("trudy")
-    await kube.create(CLUSTERROLES, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                                     "metadata": {"name": name},
-                                     "rules": [{"apiGroups": [""], "resources": ["nodes", "nodes/status"],
-                                                "verbs": ["get", "list", "patch", "update", "create", "delete"]}]})
-    await kube.create(CLUSTERROLEBINDINGS, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"},
-                     {"kind": "ServiceAccount", "name": "nodegate-operator", "namespace": "nodegate-system"}]})
-    yield user
-    await kube.delete(CLUSTERROLEBINDINGS, name)
-    await kube.delete(CLUSTERROLES, name)
+    async with cluster_role_for(kube, name, user, [{"apiGroups": [""], "resources": ["nodes", "nodes/status"],
+                                                    "verbs": ["get", "list", "patch", "update", "create",
+                                                              "delete"]}]):
+        yield user
 
 
 @pytest.fixture
 def tainted(kubectl: Kubectl, webhook: Webhook) -> Iterator[str]:
     name = unique("sec-taint")
-    kubectl.apply(yaml.safe_dump(node(name, {"pool": "none"}, [OTHER, TAINT])))
+    kubectl.apply(yaml.safe_dump(plain_node(name, {"pool": "none"}, [OTHER, TAINT])))
     yield name
     kubectl.run("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
@@ -138,13 +123,13 @@ async def test_recreating_the_node_does_not_shed_the_taint(kube: KubeClient, kub
                                   "metadata": {"name": gate}, "spec": spec})
     try:
         deadline = time.monotonic() + 30
-        while TAINT not in (await kube.create(NODES, node(unique("probe"), {"pool": pool}, []), dry_run=True)
+        while TAINT not in (await kube.create(NODES, plain_node(unique("probe"), {"pool": pool}, []), dry_run=True)
                             )["spec"].get("taints", []):
             assert time.monotonic() < deadline, "the webhook never saw the readinessTaint gate"
             await asyncio.sleep(0.1)
-        kubectl.apply(yaml.safe_dump(node(name, {"pool": pool}, [TAINT])))
+        kubectl.apply(yaml.safe_dump(plain_node(name, {"pool": pool}, [TAINT])))
         kubectl.run("delete", "node", name, as_user=node_admin)
-        proc = kubectl.run("create", "-f", "-", stdin=yaml.safe_dump(node(name, {"pool": pool}, [])),
+        proc = kubectl.run("create", "-f", "-", stdin=yaml.safe_dump(plain_node(name, {"pool": pool}, [])),
                            as_user=node_admin)
         assert proc.returncode == 0
         assert TAINT in taints_of(kubectl, name)

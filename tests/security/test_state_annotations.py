@@ -21,7 +21,6 @@ from typing import Any
 from gate.api import keys
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import EVENTS, NODEGATES, NODES
-from gate.kube.errors import NotFound
 from tests.conftest import Kubectl
 from tests.integration.operator.conftest import Scenario, wait_for
 from tests.security.helpers import operator_metrics, operator_pid, reconcile_failures
@@ -55,19 +54,6 @@ async def _ready(scenario: Scenario, name: str) -> bool:
     conds = {c["type"]: c["status"] for c in (gate.get("status") or {}).get("conditions") or []}
     return bool(gate.get("status", {}).get("observedGeneration") == gate["metadata"]["generation"]
                 and conds.get("Ready") == "True")
-
-
-async def _delete_gate(scenario: Scenario, name: str) -> None:
-    await scenario.kube.delete(NODEGATES, name)
-
-    async def gone() -> bool:
-        try:
-            await scenario.kube.get(NODEGATES, name)
-            return False
-        except NotFound:
-            return True
-
-    await wait_for(gone, what=f"gate {name} deleted")
 
 
 def _annotations(node: dict[str, Any]) -> dict[str, str]:
@@ -130,7 +116,7 @@ async def test_malformed_state_is_reported_failed_left_alone_and_other_gates_car
         gate = await scenario.wait_ready()
         assert gate["status"]["nodes"]["complete"] == len(nodes)
     finally:
-        await _delete_gate(scenario, other)
+        await scenario.delete_gate(other)
 
 
 async def test_a_gate_is_deleted_even_while_a_node_holds_an_unreadable_state_for_it(
@@ -141,16 +127,8 @@ async def test_a_gate_is_deleted_even_while_a_node_holds_an_unreadable_state_for
     kubectl.run("annotate", "node", node, "--overwrite", f"{keys.state_annotation(scenario.name)}=[]")
     await scenario.wait_node(node, "failed")
     kubectl.run("annotate", "node", node, f"{keys.reset_annotation(scenario.name)}=2026-01-01T00:00:00Z")
-    await scenario.kube.delete(NODEGATES, scenario.name)
     try:
-        async def gone() -> bool:
-            try:
-                await scenario.gate()
-                return False
-            except NotFound:
-                return True
-
-        await wait_for(gone, timeout=10, what="the gate deleted")  # a one-node gate goes in about a second
+        await scenario.delete_gate(timeout=10)  # a one-node gate goes in about a second
         left = {k for k in {**_annotations(await scenario.node(node)),
                             **(await scenario.node(node))["metadata"].get("labels", {})} if scenario.name in k}
         assert not left, f"keys of the deleted gate left on the node: {left}"
@@ -183,4 +161,4 @@ async def test_a_state_nested_too_deep_is_reported_failed_without_stopping_other
         assert errors == 0, f"{errors:.0f} reconciles failed"
     finally:
         kubectl.run("annotate", "node", corrupt, f"{keys.state_annotation(scenario.name)}-", check=False)
-        await _delete_gate(scenario, other)
+        await scenario.delete_gate(other)

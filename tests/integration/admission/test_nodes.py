@@ -10,17 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gate.api.keys import IGNORE_LABEL, READINESS_TAINT_KEY
-from gate.kube.client import CLUSTERROLEBINDINGS, CLUSTERROLES, NODEGATES, NODES, KubeClient
+from gate.kube.client import NODEGATES, NODES, KubeClient
 from tests.conftest import Kubectl, unique
-from tests.integration.conftest import Webhook
-
-TAINT = {"key": READINESS_TAINT_KEY, "effect": "NoSchedule"}
-
-
-def node(name: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, object]:
-    # a plain Node (no kwok annotation): nothing but the API server and the webhook touch it
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": taints} if taints is not None else {}}
+from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node
 
 
 def readiness_taints(obj: dict[str, object]) -> list[object]:
@@ -39,7 +31,7 @@ async def readiness_gate(kube: KubeClient, webhook: Webhook) -> AsyncIterator[st
     # The webhook reads gates from its watch cache: wait until a dry-run node of the pool comes back
     # tainted, so the tests below never race the cache.
     deadline = time.monotonic() + 30
-    while not readiness_taints(await kube.create(NODES, node(unique("probe"), {"pool": pool}), dry_run=True)):
+    while not readiness_taints(await kube.create(NODES, plain_node(unique("probe"), {"pool": pool}), dry_run=True)):
         assert time.monotonic() < deadline, "the webhook never saw the readinessTaint gate"
         await asyncio.sleep(0.1)
     yield pool
@@ -54,7 +46,7 @@ async def _create(kube: KubeClient, obj: dict[str, object]) -> dict[str, object]
 async def test_node_joining_a_readiness_gate_gets_the_taint(kube: KubeClient, readiness_gate: str) -> None:
     name = unique("join")
     try:
-        created = await _create(kube, node(name, {"pool": readiness_gate}))
+        created = await _create(kube, plain_node(name, {"pool": readiness_gate}))
         assert readiness_taints(created) == [TAINT]
         assert readiness_taints(await kube.get(NODES, name)) == [TAINT]
     finally:
@@ -66,10 +58,10 @@ async def test_taint_is_added_once_next_to_other_taints(kube: KubeClient, readin
     names = [unique("join"), unique("join")]
     try:
         # (the API server's own admission adds node.kubernetes.io/not-ready next to ours)
-        with_other = await _create(kube, node(names[0], {"pool": readiness_gate}, [other]))
+        with_other = await _create(kube, plain_node(names[0], {"pool": readiness_gate}, [other]))
         assert other in with_other["spec"]["taints"]  # type: ignore[index]
         assert readiness_taints(with_other) == [TAINT]
-        already = await _create(kube, node(names[1], {"pool": readiness_gate}, [TAINT]))
+        already = await _create(kube, plain_node(names[1], {"pool": readiness_gate}, [TAINT]))
         assert readiness_taints(already) == [TAINT]
     finally:
         for n in names:
@@ -77,17 +69,17 @@ async def test_taint_is_added_once_next_to_other_taints(kube: KubeClient, readin
 
 
 async def test_ignored_and_unselected_nodes_join_untainted(kube: KubeClient, readiness_gate: str) -> None:
-    ignored = await kube.create(NODES, node(unique("x"), {"pool": readiness_gate, IGNORE_LABEL: "true"}),
+    ignored = await kube.create(NODES, plain_node(unique("x"), {"pool": readiness_gate, IGNORE_LABEL: "true"}),
                                 dry_run=True)
     assert readiness_taints(ignored) == []
-    elsewhere = await kube.create(NODES, node(unique("x"), {"pool": "some-other-pool"}), dry_run=True)
+    elsewhere = await kube.create(NODES, plain_node(unique("x"), {"pool": "some-other-pool"}), dry_run=True)
     assert readiness_taints(elsewhere) == []
 
 
 @pytest.fixture
 async def tainted_node(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]:
     name = unique("tainted")
-    await kube.create(NODES, node(name, {"pool": "none"}, [TAINT]))
+    await kube.create(NODES, plain_node(name, {"pool": "none"}, [TAINT]))
     yield name
     await kube.delete(NODES, name)
 
@@ -95,20 +87,10 @@ async def tainted_node(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]
 @pytest.fixture
 async def node_patcher(kube: KubeClient) -> AsyncIterator[str]:
     """A ClusterRole that may patch nodes, bound to a fresh user and to the operator's ServiceAccount."""
-    name = unique("node-patcher")
-    user = unique("bob")
-    await kube.create(CLUSTERROLES, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                                     "metadata": {"name": name},
-                                     "rules": [{"apiGroups": [""], "resources": ["nodes"],
-                                                "verbs": ["get", "patch", "update"]}]})
-    await kube.create(CLUSTERROLEBINDINGS, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"},
-                     {"kind": "ServiceAccount", "name": "nodegate-operator", "namespace": "nodegate-system"}]})
-    yield user
-    await kube.delete(CLUSTERROLEBINDINGS, name)
-    await kube.delete(CLUSTERROLES, name)
+    name, user = unique("node-patcher"), unique("bob")
+    async with cluster_role_for(kube, name, user, [{"apiGroups": [""], "resources": ["nodes"],
+                                                    "verbs": ["get", "patch", "update"]}]):
+        yield user
 
 
 REMOVE_TAINT = json.dumps({"spec": {"taints": []}})

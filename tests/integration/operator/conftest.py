@@ -7,6 +7,8 @@ selecting only them, so tests never see each other's nodes or budgets.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ import pytest
 import yaml
 
 from gate.api import keys
-from gate.devcluster.cluster import DevCluster, NodeSpec
+from gate.devcluster.cluster import DevCluster, NodeSpec, node_manifest
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
@@ -205,6 +207,32 @@ class Scenario:
 
         await wait_for(reached, timeout=timeout, what=f"node {node} {status}")
 
+    async def join_while_webhook_down(self, name: str) -> Obj:
+        """Create a kwok node while the admission webhook is frozen (SIGSTOP): the API server's call
+        times out and the Node mutation's failurePolicy Ignore lets the node in unmutated."""
+        webhook_pid = self.cluster.processes()["webhook"].pid
+        os.kill(webhook_pid, signal.SIGSTOP)
+        try:
+            created: Obj = await self.kube.create(NODES, node_manifest(name, {"test": self.name}))
+        finally:
+            os.kill(webhook_pid, signal.SIGCONT)
+        self.nodes.append(name)
+        return created
+
+    async def delete_gate(self, name: str | None = None, *, timeout: float = 60) -> None:
+        """Delete a gate (this scenario's by default) and wait until the operator released it."""
+        gate = name or self.name
+        await self.kube.delete(NODEGATES, gate)
+
+        async def gone() -> bool:
+            try:
+                await self.kube.get(NODEGATES, gate)
+                return False
+            except NotFound:
+                return True
+
+        await wait_for(gone, timeout=timeout, what=f"gate {gate} deleted")
+
     async def inject(self, stage: Obj) -> None:
         """Add a kwok Stage (failure, hang, pull error) for this test; removed at cleanup."""
         stage = {**stage, "metadata": {**stage["metadata"], "name": f"{self.name}-{stage['metadata']['name']}"}}
@@ -215,14 +243,7 @@ class Scenario:
         for stage in self.stages:
             await self.kube.delete(KWOK_STAGES, stage)
         try:
-            await self.kube.delete(NODEGATES, self.name)
-            async def gone() -> bool:
-                try:
-                    await self.kube.get(NODEGATES, self.name)
-                    return False
-                except NotFound:
-                    return True
-            await wait_for(gone, timeout=60, what=f"gate {self.name} deleted")
+            await self.delete_gate()
         finally:
             from gate.kube.client import POLICIES
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 
 from gate.api import keys
 from gate.devcluster.cluster import DevCluster, node_manifest
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
-from gate.kube.client import EVENTS, NODEGATES, NODES
-from gate.kube.errors import NotFound
+from gate.kube.client import EVENTS, NODES
 from tests.integration.conftest import Webhook
 from tests.integration.operator.conftest import OPERATOR_FLAGS, JobLog, Scenario, wait_for
 
@@ -47,13 +45,7 @@ async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator
     watch.subscribe(lambda kind, obj: taint_revisions.append(int(obj["metadata"]["resourceVersion"]))
                     if _tainted(obj) else None)
     await watch.start()
-    webhook_pid = cluster.processes()["webhook"].pid
-    os.kill(webhook_pid, signal.SIGSTOP)  # down: the API server's call times out, failurePolicy Ignore
-    try:
-        created = await scenario.kube.create(NODES, node_manifest(name, {"test": scenario.name}))
-    finally:
-        os.kill(webhook_pid, signal.SIGCONT)
-    scenario.nodes.append(name)
+    created = await scenario.join_while_webhook_down(name)
     try:
         assert not _tainted(created), "the webhook was supposed to be down"
         await scenario.wait_node(name, "complete")
@@ -81,16 +73,7 @@ async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scen
         await scenario.wait_ready()
         assert _tainted(await scenario.node(node)), "tainted while another readinessTaint gate failed there"
     finally:
-        await scenario.kube.delete(NODEGATES, other)
-
-        async def gone() -> bool:
-            try:
-                await scenario.kube.get(NODEGATES, other)
-                return False
-            except NotFound:
-                return True
-
-        await wait_for(gone, what="second gate deleted")
+        await scenario.delete_gate(other)
     # With the failing gate gone, nothing requires the taint any more... but only this gate may
     # decide that now; the deletion of the other gate lifts it when this one is complete.
     async def untainted() -> bool:
@@ -127,16 +110,7 @@ async def test_deleting_the_gate_uninstalls_uncordons_and_removes_every_key(
     await scenario.wait_node(failed, "failed")
     await scenario.wait_node(good, "complete")
     assert (await scenario.node(failed))["spec"].get("unschedulable") is True
-    await scenario.kube.delete(NODEGATES, scenario.name)
-
-    async def gone() -> bool:
-        try:
-            await scenario.gate()
-            return False
-        except NotFound:
-            return True
-
-    await wait_for(gone, what="gate deleted after cleanup")
+    await scenario.delete_gate()  # returns once the gate is gone: its cleanup finished
     for node in (good, failed):
         obj = await scenario.node(node)
         annotations = obj["metadata"].get("annotations") or {}
@@ -157,16 +131,7 @@ async def test_deleting_a_gate_releases_nodes_it_never_started_on(scenario: Scen
     for node in (tainted, plain):
         await wait_for(lambda n=node: _is_waiting(scenario, n), what=f"{node} waiting in line")
     assert _tainted(await scenario.node(tainted))
-    await scenario.kube.delete(NODEGATES, scenario.name)
-
-    async def gone() -> bool:
-        try:
-            await scenario.gate()
-            return False
-        except NotFound:
-            return True
-
-    await wait_for(gone, what="gate released")
+    await scenario.delete_gate()
     for node in (tainted, plain):
         obj = await scenario.node(node)
         assert keys.status_label(scenario.name) not in (obj["metadata"].get("labels") or {}), obj["metadata"]
