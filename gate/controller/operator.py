@@ -178,11 +178,6 @@ class Operator:
                 self.queue.done(key)
                 self.metrics.reconcile_duration.labels(key[0]).observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
-                self.metrics.api_requests.set(self.client.requests)
-                for kind, count in self.client.requests_by.items():
-                    if count != self._requests_reported.get(kind, 0):
-                        self.metrics.api_requests_by.labels(*kind).inc(count - self._requests_reported.get(kind, 0))
-                        self._requests_reported[kind] = count
 
     # -- event handlers: map changes to keys ------------------------------------------------------
 
@@ -223,10 +218,11 @@ class Operator:
             raw = annotations.get(keys.state_annotation(gname))
             if raw and '"in-progress"' in raw and kind != "DELETED":
                 self.queue.add(("node", gname, node))
-            if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint"):
+            if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and _joined_after(obj, gate):
                 # A joining node may need the readiness taint (the webhook may have missed it): taint it
                 # at once, without waiting for a plan of the whole fleet, to leave the scheduler as
-                # little time as possible; then plan now, not after the debounce.
+                # little time as possible; then plan now, not after the debounce. (The nodes of the
+                # initial list, older than the gate, are left to the plan: `taint_reason` decides.)
                 self.queue.add(("join", gname, node))
                 self.queue.add(("gate", gname))
             else:
@@ -681,12 +677,22 @@ class Operator:
 
     # -- health -----------------------------------------------------------------------------------
 
+    def _sync_request_metrics(self) -> None:
+        """The client counts its requests; the metrics catch up when scraped, not after every reconcile."""
+        self.metrics.api_requests.set(self.client.requests)
+        for kind, count in self.client.requests_by.items():
+            seen = self._requests_reported.get(kind, 0)
+            if count != seen:
+                self.metrics.api_requests_by.labels(*kind).inc(count - seen)
+                self._requests_reported[kind] = count
+
     async def _serve_health(self) -> web.AppRunner | None:
         if not self.settings.metrics_port:
             return None
         app = web.Application()
 
         async def metrics(_: web.Request) -> web.Response:
+            self._sync_request_metrics()
             body = generate_latest(self.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -731,6 +737,12 @@ def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
         if cause.get("reason") == "DisruptionBudget":
             return f"pod {namespace}/{pod}: {cause.get('message', '')}"
     return f"pod {namespace}/{pod}: {exc.message}"
+
+
+def _joined_after(node: Obj, gate: Obj) -> bool:
+    node_created = _parse_time(node["metadata"].get("creationTimestamp"))
+    gate_created = _parse_time(gate["metadata"].get("creationTimestamp"))
+    return node_created is not None and gate_created is not None and node_created > gate_created
 
 
 def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
