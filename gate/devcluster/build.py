@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).with_name("versions.toml")
-ORDER = ("etcd", "kubernetes", "kwok", "helm")
+ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry")
 
 Progress = Callable[[str], None]
 
@@ -74,6 +74,7 @@ def load_components(path: Path = VERSIONS_FILE) -> dict[str, Component]:
     etcd = data["etcd"]
     kwok = data["kwok"]
     helm = data["helm"]
+    registry = data["registry"]
     return {
         "kubernetes": Component(
             "kubernetes",
@@ -107,6 +108,14 @@ def load_components(path: Path = VERSIONS_FILE) -> dict[str, Component]:
             dict(helm["binaries"]),
             {},
             (f"-X helm.sh/helm/v3/internal/version.version={helm['version']}",),
+        ),
+        "registry": Component(
+            "registry",
+            registry["module"],
+            registry["version"],
+            dict(registry["binaries"]),
+            {},
+            (f"-X {registry['module']}/version.version={registry['version']}",),
         ),
     }
 

@@ -1,0 +1,150 @@
+"""A real OCI registry on this machine: distribution's registry, the one the real nodes pull from.
+
+No registry outside this machine is reachable here, and importing images into each node's containerd
+by hand would skip the part that matters (containerd resolving a reference and pulling it). So the
+dev cluster runs distribution's `registry` (built from the Go module proxy, pinned in versions.toml)
+as one of its processes, so `nodegate dev down` stops it with the rest.
+
+Decisions:
+
+* Storage is the filesystem under the cache (`<cache>/registry/data`), not the state directory: a
+  blob pushed once survives `dev down` and serves the next cluster, so a warm start pushes nothing
+  new. Two registries on one machine may share it: blobs are content-addressed and written by rename.
+* It listens on `0.0.0.0:<free port>` without TLS. The real nodes live in their own network
+  namespaces behind the dev cluster's bridge and reach it at the gateway address
+  (`network.gateway_ip`); their containerd is configured for plain HTTP to that one host.
+  This machine reaches it on 127.0.0.1, which buildah and skopeo treat as insecure only when told so
+  (`--tls-verify=false`).
+* Tracing is off (`OTEL_TRACES_EXPORTER=none`): distribution v3 otherwise exports spans to an OTLP
+  collector on localhost that does not exist, and logs every failure.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gate.devcluster import build
+from gate.devcluster.cluster import ClusterError, DevCluster, free_port
+
+Progress = Callable[[str], None]
+
+PROCESS = "registry"
+# Accepted manifest media types: what buildah pushes (OCI by default) and what docker clients push.
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+def data_dir() -> Path:
+    """Where pushed blobs live, across clusters (the registry's filesystem storage)."""
+    return build.cache_root() / "registry" / "data"
+
+
+def registry_config(port: int, storage: Path, secret: str) -> dict[str, Any]:
+    """distribution's configuration (version 0.1) for a plain-HTTP registry on every address."""
+    return {
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(storage)},
+            "delete": {"enabled": True},
+            "cache": {"blobdescriptor": "inmemory"},
+            # Upload purging walks the whole storage at start and every 24 h; a dev registry does not
+            # live long enough for stale uploads to matter.
+            "maintenance": {"uploadpurging": {"enabled": False}},
+        },
+        "http": {
+            "addr": f"0.0.0.0:{port}",
+            # Signs upload state between requests; random per start (a restart abandons open uploads).
+            "secret": secret,
+            "headers": {"X-Content-Type-Options": ["nosniff"]},
+        },
+        "health": {"storagedriver": {"enabled": False}},
+    }
+
+
+def registry_argv(binary: Path, config: Path) -> list[str]:
+    return [str(binary), "serve", str(config)]
+
+
+def _v2_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:  # refused, reset, or an HTTP error status
+        return False
+
+
+def running_port(cluster: DevCluster) -> int | None:
+    """The port of this cluster's registry when it runs and answers `GET /v2/`, else None."""
+    proc = cluster.processes().get(PROCESS)
+    port = cluster.ports().get(PROCESS)
+    if proc is None or port is None or not proc.alive():
+        return None
+    return port if _v2_ok(port) else None
+
+
+def start_registry(cluster: DevCluster, progress: Progress = print, *, timeout: float = 30.0) -> int:
+    """Start the cluster's registry (or reuse the running one) and return its port.
+
+    Builds the registry binary first when the cache lacks it. Returns once `GET /v2/` answers 200.
+    """
+    if (port := running_port(cluster)) is not None:
+        return port
+    if PROCESS in cluster.processes():
+        cluster.stop_process(PROCESS)  # recorded but dead or not answering: start it afresh
+    binary = build.ensure_built(("registry",), progress=progress)["registry"]
+    storage = data_dir()
+    storage.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = cluster.dir / "registry.yml"
+    config.write_text(yaml.safe_dump(registry_config(port, storage, secrets.token_hex(16)), sort_keys=False))
+    progress(f"Starting the image registry on port {port} (storage {storage}) ...")
+    proc = cluster.register(PROCESS, registry_argv(binary, config), env={"OTEL_TRACES_EXPORTER": "none"})
+    cluster.set_port(PROCESS, port)
+    deadline = time.monotonic() + timeout
+    while not _v2_ok(port):
+        if not proc.alive():
+            raise ClusterError(f"the registry exited during start-up; last lines of {proc.log}:\n"
+                               f"{_tail(Path(proc.log))}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the registry did not answer GET /v2/ within {timeout:.0f}s; see {proc.log}")
+        time.sleep(0.1)
+    return port
+
+
+def manifest_digest(port: int, repository: str, reference: str) -> str:
+    """The `Docker-Content-Digest` the registry serves for `repository:reference` (a HEAD request)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/{repository}/manifests/{reference}",
+        method="HEAD", headers={"Accept": ", ".join(MANIFEST_TYPES)},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        digest = resp.headers.get("Docker-Content-Digest")
+    if not digest:
+        raise ClusterError(f"the registry served {repository}:{reference} without a Docker-Content-Digest")
+    return str(digest)
+
+
+def catalog(port: int) -> list[str]:
+    """The repositories the registry holds."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/_catalog", timeout=10) as resp:
+        return list(json.load(resp).get("repositories") or [])
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return "(no log)"
