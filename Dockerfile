@@ -19,7 +19,10 @@ COPY pyproject.toml README.md ./
 RUN python -m venv /opt/nodegate \
  && mkdir gate && touch gate/__init__.py \
  && /opt/nodegate/bin/pip install --quiet . \
- && /opt/nodegate/bin/pip uninstall --quiet --yes nodegate
+ && /opt/nodegate/bin/pip uninstall --quiet --yes nodegate \
+ # setuptools' build/ of the placeholder must go: COPY keeps the sources' older mtimes, so the next
+ # build would skip them as up to date and install the empty gate/__init__.py again
+ && rm -rf build gate nodegate.egg-info
 COPY gate ./gate
 RUN /opt/nodegate/bin/pip install --quiet --no-deps . \
  # bytecode compiled now: at run time the root filesystem is read-only
