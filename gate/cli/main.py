@@ -71,10 +71,12 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
     from gate.devcluster import services
-    from gate.devcluster.cluster import DevCluster, NodeSpec
+    from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 
     cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
-    cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err)
+    real = RealNodeSpec(args.real_nodes, _labels(args.label)) if args.real_nodes else None
+    cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err,
+               real_nodes=real)
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
     print(cluster.kubeconfig)
     return 0
@@ -155,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
 
     up = dev_sub.add_parser("up", parents=[state], help="start (or reuse) the control plane and return")
     up.add_argument("--nodes", type=int, default=3, help="simulated nodes to create (default 3)")
+    up.add_argument("--real-nodes", type=int, default=0, metavar="N",
+                    help="real nodes to start next to the simulated ones: a kubelet, containerd and runc each, "
+                         "in namespaces of their own (root only; at most 4; see docs/realnodes.md)")
     up.add_argument("--label", action="append", default=[], metavar="K=V", help="label for the nodes (repeatable)")
     up.add_argument("--job-seconds", type=float, default=1.0,
                     help="how long a Job's pod runs on a simulated node before it succeeds (default 1)")

@@ -2,8 +2,9 @@
 
 A stage runs as a Job pinned to its node (`nodeName`, so no scheduler is involved and a cordon does
 not stop it), tolerating the readiness taint and `unschedulable`, privileged with the host's root at
-/host. An init container from the package image copies the package payload into an emptyDir; the
-agent container (NodeGate's image) runs the stage against the host.
+/host, in the host's PID and network namespaces. An init container from the package image copies the
+package payload into an emptyDir; the agent container (NodeGate's image) runs the stage against the
+host.
 """
 
 from __future__ import annotations
@@ -150,7 +151,16 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
     pod_spec: Obj = {
         "nodeName": node,
         "restartPolicy": "Never",
+        # A package changes the host, so its steps see the host's namespaces, not the pod's: its PID
+        # namespace (systemctl and reboot reach the host's init, `pidof` sees host daemons) and its
+        # network namespace (a `net.*` sysctl, iptables and a stub resolver on 127.0.0.53 are the
+        # host's; in a pod network namespace `sysctl -p` would change the pod's copy, and its check
+        # would read that copy back and pass while the node kept its old value). The mount
+        # namespace stays the pod's: the agent chroots into the host's / mounted at /host.
         "hostPID": True,
+        "hostNetwork": True,
+        # The host's resolver, as the steps chrooted into the host use it too.
+        "dnsPolicy": "Default",
         "serviceAccountName": settings.package_service_account,
         "automountServiceAccountToken": False,
         "tolerations": tolerations,

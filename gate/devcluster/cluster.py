@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from gate.certs import pki
-from gate.devcluster import build, stages
+from gate.devcluster import build, realnode, stages
+from gate.devcluster.network import SERVICE_CIDR, ClusterNetwork
 from gate.kube.client import CRDS, KWOK_STAGES, NAMESPACES, NODES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed
 
@@ -37,8 +38,10 @@ NAMESPACE = "nodegate-system"
 # nodes do not heartbeat (thousands of lease writes would starve two cores), and without a heartbeat
 # that controller would taint every node unreachable and evict its pods.
 CONTROLLERS = "*,-nodelifecycle,-cloud-node-lifecycle,-nodeipam,-service-lb-controller"
-SERVICE_CIDR = "10.96.0.0/16"
 NODE_NAME_PREFIX = "kwok-node-"
+# With real nodes the node lifecycle controller runs: a real node that stops heartbeating (a reboot)
+# goes NotReady and comes back, as on a real cluster; kwok then heartbeats the simulated nodes too.
+REAL_NODE_CONTROLLERS = "*,-cloud-node-lifecycle,-nodeipam,-service-lb-controller"
 
 
 class ClusterError(RuntimeError):
@@ -107,6 +110,15 @@ class NodeSpec:
         return [f"{self.prefix}{i}" for i in range(self.start, self.start + self.count)]
 
 
+@dataclass
+class RealNodeSpec:
+    """Real nodes to start (gate/devcluster/realnode.py): `count` nodes named `real-node-<index>`."""
+
+    count: int
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[str] = field(default_factory=list)  # kubelet --register-with-taints, key=value:Effect
+
+
 def node_manifest(name: str, labels: dict[str, str], taints: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -136,6 +148,8 @@ class DevCluster:
         self.kubeconfig = self.dir / "kubeconfig"
         self._procs_file = self.dir / "processes.json"
         self._ports_file = self.dir / "ports.json"
+        self._mode_file = self.dir / "mode.json"
+        self.network = ClusterNetwork.of(self.dir)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -156,6 +170,10 @@ class DevCluster:
         ports[name] = port
         self._ports_file.write_text(json.dumps(ports))
 
+    def real_nodes_enabled(self) -> bool:
+        """Whether this control plane was started for real nodes (see `up(real_nodes=...)`)."""
+        return bool(self._mode_file.exists() and json.loads(self._mode_file.read_text()).get("real_nodes"))
+
     def running(self) -> bool:
         procs = self.processes()
         core = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
@@ -168,24 +186,45 @@ class DevCluster:
     # -- start ------------------------------------------------------------------------------------
 
     def up(self, nodes: NodeSpec | None = None, *, job_seconds: float = 1.0, progress: Progress = print,
-           timeout: float = 120.0) -> None:
-        """Start everything that is not running, create `nodes`, and return once all is ready."""
+           timeout: float = 120.0, real_nodes: RealNodeSpec | None = None) -> None:
+        """Start everything that is not running, create `nodes` (simulated) and `real_nodes`, and return
+        once all is ready.
+
+        A control plane for real nodes differs in three ways: the API server also listens on the
+        bridge's gateway (nodes reach it from their own network namespaces) and authorizes kubelets
+        with the Node authorizer; the node lifecycle controller runs (a real node that stops
+        heartbeating goes NotReady); and kwok heartbeats its simulated nodes so that it does not
+        mark them NotReady as well.
+        """
         started = time.monotonic()
         bins = build.ensure_built(progress=progress)
+        want_real = real_nodes is not None and real_nodes.count > 0
+        if want_real:
+            realnode.prepare(progress)
         if self.running():
+            if want_real and not self.real_nodes_enabled():
+                raise ClusterError(f"the control plane in {self.dir} was started without real nodes; "
+                                   "stop it (`nodegate dev down`) and start it again with --real-nodes")
             progress(f"Control plane already running ({self.dir}).")
         else:
             self.down(quiet=True)  # clear leftovers of a crashed run (half-dead processes)
-            self._start(bins, job_seconds, progress, timeout)
+            self._start(bins, job_seconds, progress, timeout, real=want_real)
         if nodes is not None and nodes.count:
             asyncio.run(self.add_nodes(nodes, timeout=timeout))
+        if want_real:
+            assert real_nodes is not None
+            self.add_real_nodes(real_nodes, progress=progress, timeout=max(timeout, 180.0))
         progress(f"Control plane ready in {time.monotonic() - started:.1f}s; kubeconfig: {self.kubeconfig}")
 
-    def _start(self, bins: dict[str, Path], job_seconds: float, progress: Progress, timeout: float) -> None:
+    def _start(self, bins: dict[str, Path], job_seconds: float, progress: Progress, timeout: float,
+               *, real: bool = False) -> None:
         for path in (self.dir / "etcd", self.logs):
             shutil.rmtree(path, ignore_errors=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self._write_pki()
+        self._mode_file.write_text(json.dumps({"real_nodes": real}))
+        if real:
+            realnode.ensure_bridge(self.network)
         ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "kwok", "scheduler")}
         self._ports_file.write_text(json.dumps(ports))
         self._write_kubeconfigs(ports["apiserver"])
@@ -212,7 +251,8 @@ class DevCluster:
         procs["kube-apiserver"] = self._spawn("kube-apiserver", [
             str(bins["kube-apiserver"]),
             "--etcd-servers", f"http://127.0.0.1:{ports['etcd']}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            # Real nodes reach the API server at the bridge's gateway, from their own network namespaces.
+            "--bind-address", "0.0.0.0" if real else "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", str(ports["apiserver"]),
             "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
             "--client-ca-file", str(p / "ca.crt"),
@@ -220,7 +260,12 @@ class DevCluster:
             "--service-account-key-file", str(p / "sa.pub"),
             "--service-account-signing-key-file", str(p / "sa.key"),
             "--api-audiences", "https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode", "RBAC",
+            # Node: each kubelet may touch only its own Node and the pods bound to it.
+            "--authorization-mode", "Node,RBAC",
+            # `kubectl logs` and `exec` reach a real node's kubelet at its InternalIP on the bridge.
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
+            "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
+            "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
             "--enable-admission-plugins", "NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,"
             "ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,PodSecurity",
             "--service-cluster-ip-range", SERVICE_CIDR,
@@ -237,7 +282,7 @@ class DevCluster:
             "--kubeconfig", str(self.dir / "kcm.kubeconfig"),
             "--authentication-kubeconfig", str(self.dir / "kcm.kubeconfig"),
             "--authorization-kubeconfig", str(self.dir / "kcm.kubeconfig"),
-            "--controllers", CONTROLLERS,
+            "--controllers", REAL_NODE_CONTROLLERS if real else CONTROLLERS,
             "--service-account-private-key-file", str(p / "sa.key"),
             "--root-ca-file", str(p / "ca.crt"),
             "--use-service-account-credentials=true",
@@ -273,7 +318,7 @@ class DevCluster:
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector", f"{stages.KWOK_NODE_ANNOTATION}={stages.KWOK_NODE_VALUE}",
             "--enable-crds", "Stage",
-            "--node-lease-duration-seconds", "0",
+            "--node-lease-duration-seconds", "40" if real else "0",
             "--server-address", f"127.0.0.1:{ports['kwok']}",
             "--cidr", "10.0.0.0/8", "--node-ip", "192.168.0.1",
         ])
@@ -330,6 +375,48 @@ class DevCluster:
             await wait_nodes_ready(kube, set(names), timeout=timeout)
         return names
 
+    def real_node_configs(self) -> list[realnode.NodeConfig]:
+        base = self.dir / "realnodes"
+        if not base.is_dir():
+            return []
+        return [realnode.NodeConfig.load(d) for d in sorted(base.iterdir()) if (d / "node.json").is_file()]
+
+    def add_real_nodes(self, spec: RealNodeSpec, *, progress: Progress = print, timeout: float = 180.0) -> list[str]:
+        """Start real nodes (those already running are left as they are) and wait until they are Ready.
+
+        A node is created once: its directory is its disk, kept across reboots and restarts of
+        its supervisor, and removed by `down`.
+        """
+        from gate.devcluster.registry import start_registry
+
+        root, tools = realnode.prepare(progress)
+        registry = f"{self.network.gateway}:{start_registry(self, progress=progress)}"
+        realnode.push_pause_image(registry, progress)
+        kubelet = build.binary_paths(("kubernetes",))["kubelet"]
+        names = realnode.node_names(spec.count)
+        for index, name in enumerate(names):
+            config = realnode.NodeConfig(
+                name=name, index=index, cluster_dir=str(self.dir), lower=str(root), kubelet=str(kubelet),
+                tools=str(tools), apiserver_port=self.ports()["apiserver"], registry=registry,
+                labels={realnode.REAL_NODE_LABEL: "true", **spec.labels}, taints=list(spec.taints),
+            )
+            if not (config.dir / "node.json").exists():
+                config.save()
+                realnode.write_node_disk(config, self.ca())
+            progress(f"Starting real node {name} ...")
+            self.register(f"realnode-{name}", realnode.supervisor_argv(config.dir))
+        asyncio.run(self._wait_real_nodes(set(names), timeout))
+        return names
+
+    async def _wait_real_nodes(self, names: set[str], timeout: float) -> None:
+        async with await self.client() as kube:
+            try:
+                await wait_nodes_ready(kube, names, timeout=timeout)
+            except ClusterError:
+                logs = ", ".join(str(self.dir / "realnodes" / n / "console.log") for n in sorted(names))
+                raise ClusterError(f"real nodes {sorted(names)} did not turn Ready in {timeout:.0f}s; "
+                                   f"see {logs} and each node's /var/log/kubelet.log") from None
+
     # -- stop -------------------------------------------------------------------------------------
 
     def down(self, *, quiet: bool = False, keep_state: bool = False) -> list[str]:
@@ -353,8 +440,16 @@ class DevCluster:
         while any(p.alive() for p in procs.values()) and time.monotonic() < deadline:
             time.sleep(0.02)
         self._procs_file.unlink(missing_ok=True)
+        if self.real_nodes_enabled() or (self.dir / "realnodes").exists():
+            # Each supervisor stops its node and removes its cgroups and links; this does it again for
+            # one that was killed before it could, then removes the cluster's bridge.
+            for config in self.real_node_configs():
+                realnode.clean_up(config)
+            realnode.remove_bridge(self.network)
         if not keep_state:
             shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            # A node's disk belongs to its Node object, which went with etcd's data.
+            shutil.rmtree(self.dir / "realnodes", ignore_errors=True)
         if not quiet and not stopped:
             print("Nothing was running.")
         return stopped
@@ -463,31 +558,43 @@ class DevCluster:
         return _http_ok(f"https://127.0.0.1:{port}/readyz", ctx)
 
     def _write_pki(self) -> None:
+        """The dev CA and every pair issued from it. An existing CA is reused, so kubeconfigs handed out
+        earlier stay valid across restarts; a pair that is missing (a state directory from an older
+        NodeGate) is issued from it."""
         self.pki.mkdir(parents=True, exist_ok=True)
         if (self.pki / "ca.crt").exists():
-            return  # reuse: kubeconfigs handed out earlier stay valid across restarts
-        ca = pki.create_ca("nodegate-dev-ca")
-        _write_pair(self.pki / "ca", ca)
-        serving = pki.issue(
-            ca, "kube-apiserver", server=True,
-            hosts=["127.0.0.1", "localhost", "10.96.0.1", "kubernetes", "kubernetes.default",
-                   "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
-        )
-        _write_pair(self.pki / "apiserver", serving)
+            ca = self.ca()
+        else:
+            ca = pki.create_ca("nodegate-dev-ca")
+            _write_pair(self.pki / "ca", ca)
+        if not (self.pki / "apiserver.crt").exists():
+            serving = pki.issue(
+                ca, "kube-apiserver", server=True,
+                hosts=["127.0.0.1", "localhost", "10.96.0.1", self.network.gateway, "kubernetes",
+                       "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
+            )
+            _write_pair(self.pki / "apiserver", serving)
         clients = {
             "admin": ("nodegate-dev-admin", ["system:masters"]),
             "kcm": ("system:kube-controller-manager", []),
             "scheduler": ("system:kube-scheduler", []),
             # kwok writes node and pod status and applies Stage side effects to arbitrary objects.
             "kwok": ("kwok-controller", ["system:masters"]),
+            # The API server's identity towards kubelets (logs, exec); they trust the dev CA.
+            "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", []),
         }
         for name, (cn, orgs) in clients.items():
-            _write_pair(self.pki / name, pki.issue(ca, cn, organizations=orgs, client=True))
-        private, public = pki.rsa_signing_key()
-        (self.pki / "sa.key").write_bytes(private)
-        (self.pki / "sa.pub").write_bytes(public)
+            if not (self.pki / f"{name}.crt").exists():
+                _write_pair(self.pki / name, pki.issue(ca, cn, organizations=orgs, client=True))
+        if not (self.pki / "sa.key").exists():
+            private, public = pki.rsa_signing_key()
+            (self.pki / "sa.key").write_bytes(private)
+            (self.pki / "sa.pub").write_bytes(public)
         for path in self.pki.glob("*.key"):
             path.chmod(0o600)
+
+    def ca(self) -> pki.KeyPair:
+        return pki.KeyPair((self.pki / "ca.crt").read_bytes(), (self.pki / "ca.key").read_bytes())
 
     def _write_kubeconfigs(self, port: int) -> None:
         for name, file in (("admin", self.kubeconfig), ("kcm", self.dir / "kcm.kubeconfig"),
@@ -612,4 +719,4 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-__all__ = ["KWOK_STAGES", "NAMESPACE", "ClusterError", "DevCluster", "NodeSpec", "node_manifest"]
+__all__ = ["KWOK_STAGES", "NAMESPACE", "ClusterError", "DevCluster", "NodeSpec", "RealNodeSpec", "node_manifest"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_REAL_NODES = 4
+SERVICE_CIDR = "10.96.0.0/16"  # the dev API server's --service-cluster-ip-range
 NODE_PREFIX_LEN = 24
 POD_PREFIX_LEN = 26
 

@@ -32,6 +32,8 @@ def test_a_package_stage_job_is_pinned_privileged_and_bounded_in_time() -> None:
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     assert job["metadata"]["namespace"] == "ng-system"
     assert pod["nodeName"] == "node-7" and pod["hostPID"] is True and pod["restartPolicy"] == "Never"
+    # A net.* sysctl must change the node's network namespace, not the pod's copy of it.
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
     tolerated = {t["key"] for t in pod["tolerations"]}
     assert tolerated == {keys.READINESS_TAINT_KEY, "node.kubernetes.io/unschedulable", "gpu"}
     agent = pod["containers"][0]

@@ -1,0 +1,3 @@
+module nodegate.local/node
+
+go 1.25.0
