@@ -1,0 +1,128 @@
+"""The real-node tier: a control plane of its own with two real nodes (gate/devcluster/realnode.py).
+
+Each node is a kubelet, containerd and runc in namespaces of its own, booted into its own Debian root;
+NodeGate's image and the packages' images are built from their Dockerfiles and pulled by the nodes from
+the cluster's registry. Effects are checked from outside the node, in its own root and namespaces
+(`RealCluster.node_sh`), never through the API alone.
+
+Where this machine cannot run a real node (not root, no unshare, no containerd's prerequisites), the
+tier is skipped with the reason in one line; it never passes without running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Kubectl, unique
+
+REAL_NODES = 2
+POOL_LABEL = "nodegate.dev/pool"
+
+
+@dataclass
+class RealCluster:
+    """The real-node control plane, its nodes and the images pushed to its registry."""
+
+    dev: Any  # DevCluster
+    images: dict[str, str]
+    kubectl: Kubectl
+    nodes: list[str] = field(default_factory=list)
+
+    def config(self, node: str) -> Any:
+        from gate.devcluster import realnode
+
+        return realnode.NodeConfig.load(self.dev.dir / "realnodes" / node)
+
+    def node_sh(self, node: str, script: str, *, namespaces: str = "--mount --uts --pid --net",
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a shell script inside `node` (its root, its namespaces), as a person on it would."""
+        from gate.devcluster import realnode
+
+        argv = realnode.in_node(self.config(node), "/bin/sh", "-c", script, namespaces=namespaces)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"on {node}: {script!r} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+        return proc
+
+    def node_file(self, node: str, path: str) -> str | None:
+        proc = self.node_sh(node, f"cat {path}", check=False)
+        return proc.stdout if proc.returncode == 0 else None
+
+    def boot_id(self, node: str) -> str:
+        out = self.kubectl.run("get", "node", node, "-o", "jsonpath={.status.nodeInfo.bootID}").stdout
+        return out.strip()
+
+    def wait(self, what: str, ready: Callable[[], bool], timeout: float = 300.0, every: float = 1.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(every)
+
+    def gate_status(self, name: str) -> dict[str, Any]:
+        out = self.kubectl.run("get", "nodegates.nodegate.io", name, "-o", "yaml").stdout
+        return dict((yaml.safe_load(out) or {}).get("status") or {})
+
+    def wait_complete(self, name: str, timeout: float = 600.0) -> dict[str, Any]:
+        def done() -> bool:
+            nodes = self.gate_status(name).get("nodes") or {}
+            return bool(nodes.get("matched")) and nodes.get("complete") == nodes.get("matched")
+
+        self.wait(f"gate {name} complete on every node", done, timeout, every=2.0)
+        return self.gate_status(name)
+
+    def delete_gate(self, name: str, timeout: float = 600.0) -> None:
+        self.kubectl.run("delete", "nodegates.nodegate.io", name, "--wait=false")
+        self.wait(f"gate {name} gone",
+                  lambda: self.kubectl.run("get", "nodegates.nodegate.io", name, check=False).returncode != 0,
+                  timeout, every=2.0)
+
+
+def _skip_reason() -> str | None:
+    from gate.devcluster import realnode
+
+    return realnode.unsupported_reason()
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    if reason := _skip_reason():
+        pytest.skip(f"real nodes cannot run on this machine: {reason}")
+    from gate.devcluster import services
+    from gate.devcluster.cluster import DevCluster, RealNodeSpec
+    from gate.devcluster.images import ensure_images
+
+    state = Path(tmp_path_factory.mktemp("realcluster"))
+    dev = DevCluster(state)
+    log = state / "progress.log"
+
+    def progress(message: str) -> None:
+        with open(log, "a") as out:
+            out.write(message + "\n")
+
+    try:
+        dev.up(None, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}), progress=progress)
+        images = ensure_images(dev, host=dev.network.gateway, progress=progress)
+        asyncio.run(services.install_crds(dev))
+        services.start_webhook(dev, progress)
+        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes.
+        services.start_operator(dev, progress, env={"NODEGATE_AGENT_IMAGE": images["nodegate"],
+                                                    "NODEGATE_POLL_SECONDS": "2", "NODEGATE_IMAGE_PULL_GRACE": "20"})
+        cluster = RealCluster(dev, images, Kubectl(dev.kubeconfig), [f"real-node-{i}" for i in range(REAL_NODES)])
+        yield cluster
+    finally:
+        dev.down(quiet=True)
+
+
+@pytest.fixture
+def gate_name() -> str:
+    return unique("rn")

@@ -1,0 +1,75 @@
+"""Failures on real nodes are real, and their own words reach the gate: containerd's for an image that
+cannot be pulled, the agent's for a step that exits 1; `kubectl logs` of the failed stage pod works."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from gate.api import keys
+from tests.realnode.conftest import POOL_LABEL, RealCluster
+
+
+def one_package_gate(name: str, node: str, package: dict[str, object]) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {POOL_LABEL: "real", "kubernetes.io/hostname": node}},
+                 "interruptionBudget": {"count": 1}, "packages": {"grub-cmdline": package}},
+    })
+
+
+def failed_message(real: RealCluster, gate: str, node: str) -> str:
+    key = keys.state_annotation(gate).replace(".", "\\.")
+    state = real.kubectl.run("get", "node", node, "-o", f"jsonpath={{.metadata.annotations.{key}}}")
+    return str(json.loads(state.stdout or "{}"))
+
+
+def wait_failed(real: RealCluster, gate: str) -> dict[str, object]:
+    real.wait(f"gate {gate} to report a failed node",
+              lambda: (real.gate_status(gate).get("nodes") or {}).get("failed") == 1, 300.0, every=2.0)
+    return real.gate_status(gate)
+
+
+def events(real: RealCluster, gate: str) -> str:
+    return real.kubectl.run("get", "events", "-A", "--field-selector", f"involvedObject.name={gate}",
+                            "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}").stdout
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_node_with_containerds_message(
+        real: RealCluster, gate_name: str) -> None:
+    node = real.nodes[0]
+    registry = real.images["grub-cmdline"].split("/", 1)[0]
+    real.kubectl.apply(one_package_gate(gate_name, node, {
+        "version": "1.0.0", "image": f"{registry}/nodegate/no-such-package", "interrupt": {"type": "none"}}))
+    try:
+        wait_failed(real, gate_name)
+        message = failed_message(real, gate_name, node)
+        # containerd's own words: the registry on this machine answered that the reference does not exist.
+        assert "no-such-package" in message and "not found" in message, message
+        assert "not found" in events(real, gate_name)
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--wait=true", "--timeout=120s")
+
+
+def test_a_step_that_exits_1_fails_the_node_with_the_agents_message_and_its_pod_has_logs(
+        real: RealCluster, gate_name: str) -> None:
+    node = real.nodes[0]
+    # write-drop-in.sh refuses arguments with quotes: the step exits 1 and says why, last.
+    real.kubectl.apply(one_package_gate(gate_name, node, {
+        "version": "1.0.0", "image": real.images["grub-cmdline"], "interrupt": {"type": "none"},
+        "env": [{"name": "KERNEL_ARGS", "value": 'quiet"'}]}))
+    try:
+        wait_failed(real, gate_name)
+        message = failed_message(real, gate_name, node)
+        assert "KERNEL_ARGS must not contain quotes" in message, message
+        assert "KERNEL_ARGS must not contain quotes" in events(real, gate_name)
+        pods = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-l", "nodegate.io/gate=" + gate_name,
+                                "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+        assert pods, "the failed stage's pod is kept for inspection"
+        logs = real.kubectl.run("logs", "-n", "nodegate-system", pods[0], "-c", "agent").stdout
+        assert "KERNEL_ARGS must not contain quotes" in logs and "write-drop-in" in logs, logs
+        # Nothing was changed on the node by the refused step.
+        assert real.node_file(node, "/etc/default/grub.d/90-nodegate.cfg") is None
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--wait=true", "--timeout=120s")

@@ -1,0 +1,116 @@
+"""The four example packages, rolled by the operator over real nodes under a budget of one.
+
+Each effect is checked from outside, in the node's own root and namespaces: the files the packages
+write, the node's own `net.core.somaxconn`, the GRUB drop-in and grub.cfg written by Debian's
+update-grub, the kernel command line the node booted with after its reboot, the initramfs rebuilt
+with the blocklist, and chronyd restarted under the node's service manager. Deleting the gate
+uninstalls them, and the test checks each is undone.
+
+sysctl-tuning also sets two `vm.*` values, and those are this machine's (the kernel is shared): the
+test records them first and puts them back whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import yaml
+
+from gate.testing.watcher import InvariantWatcher, WatchReport
+from tests.realnode.conftest import POOL_LABEL, RealCluster
+
+SHARED_KERNEL_VALUES = ("vm.swappiness", "vm.max_map_count")
+CHRONY_CONFIG = "pool time.nodegate.invalid iburst maxsources 2\n"
+KERNEL_ARG = "nodegate.realnode=1"
+
+
+def four_packages_gate(name: str, images: dict[str, str]) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {POOL_LABEL: "real"}},
+            "interruptionBudget": {"count": 1},
+            "packages": {
+                "sysctl-tuning": {"version": "1.0.0", "image": images["sysctl-tuning"], "interrupt": {"type": "none"},
+                                  "uninstall": {"enabled": True}},
+                "chrony-conf": {"version": "1.0.0", "image": images["chrony-conf"],
+                                "interrupt": {"type": "service", "services": ["chrony.service"]},
+                                "config": {"pool.conf": CHRONY_CONFIG}, "uninstall": {"enabled": True}},
+                "grub-cmdline": {"version": "1.0.0", "image": images["grub-cmdline"], "interrupt": {"type": "reboot"},
+                                 "env": [{"name": "KERNEL_ARGS", "value": KERNEL_ARG}],
+                                 "uninstall": {"enabled": True}},
+                "module-blocklist": {"version": "1.0.0", "image": images["module-blocklist"],
+                                     "interrupt": {"type": "reboot"},
+                                     "env": [{"name": "MODULES", "value": "nodegate_no_such_module"}],
+                                     "uninstall": {"enabled": True}},
+            },
+        },
+    })
+
+
+def machine_value(key: str) -> str:
+    return Path("/proc/sys", *key.split(".")).read_text().strip()
+
+
+def set_machine_value(key: str, value: str) -> None:
+    Path("/proc/sys", *key.split(".")).write_text(value)
+
+
+async def test_the_example_packages_change_real_nodes_one_at_a_time_and_uninstall_restores_them(
+        real: RealCluster, gate_name: str) -> None:
+    before = {node: {"somaxconn": real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip(),
+                     "boot_id": real.boot_id(node)} for node in real.nodes}
+    async with await real.dev.client() as kube:
+        report = await roll_and_remove(real, gate_name, InvariantWatcher(kube), before)
+    # The budget of one held: never two real nodes disrupted at once, nothing left cordoned.
+    assert not report.violations, report.summary()
+    # Both nodes were disrupted (cordoned for the reboot) and judged against the ceiling of one.
+    assert report.coverage.disruptions_judged >= len(real.nodes), report.summary()
+    assert report.coverage.interrupts_judged >= len(real.nodes), report.summary()
+
+
+async def roll_and_remove(real: RealCluster, gate_name: str, watcher: InvariantWatcher,
+                          before: dict[str, dict[str, str]]) -> WatchReport:
+    saved = {key: machine_value(key) for key in SHARED_KERNEL_VALUES}
+    await watcher.start()
+    try:
+        real.kubectl.apply(four_packages_gate(gate_name, real.images))
+        await asyncio.to_thread(real.wait_complete, gate_name, 900.0)
+        for node in real.nodes:
+            # sysctl-tuning: the node's own network namespace has the value, not only the stage pod's.
+            assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == "8192"
+            assert "net.core.somaxconn = 8192" in (real.node_file(node, "/etc/sysctl.d/90-nodegate-tuning.conf") or "")
+            # chrony-conf: the gate's config is in place and chronyd was restarted under the node.
+            assert real.node_file(node, "/etc/chrony/conf.d/nodegate-pool.conf") == CHRONY_CONFIG
+            assert real.node_sh(node, "systemctl is-active chrony.service").stdout.strip() == "active"
+            # grub-cmdline: Debian's update-grub put the argument in grub.cfg, and the node booted it.
+            assert KERNEL_ARG in (real.node_file(node, "/etc/default/grub.d/90-nodegate.cfg") or "")
+            assert KERNEL_ARG in (real.node_file(node, "/boot/grub/grub.cfg") or "")
+            assert KERNEL_ARG in (real.node_file(node, "/proc/cmdline") or "")
+            # module-blocklist: the blocklist is in the initramfs that update-initramfs rebuilt.
+            listing = real.node_sh(node, "lsinitramfs /boot/initrd.img-*").stdout
+            assert "etc/modprobe.d/nodegate-blocklist.conf" in listing
+            # The reboot was real: the node came back with a new boot ID.
+            assert real.boot_id(node) != before[node]["boot_id"]
+        # This machine's own value is untouched: only the node's network namespace changed.
+        assert machine_value("net.core.somaxconn") != "8192" or before[real.nodes[0]]["somaxconn"] == "8192"
+
+        await asyncio.to_thread(real.delete_gate, gate_name, 900.0)
+        for node in real.nodes:
+            assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == before[node]["somaxconn"]
+            assert real.node_file(node, "/etc/sysctl.d/90-nodegate-tuning.conf") is None
+            assert real.node_file(node, "/etc/chrony/conf.d/nodegate-pool.conf") is None
+            assert real.node_file(node, "/etc/default/grub.d/90-nodegate.cfg") is None
+            assert KERNEL_ARG not in (real.node_file(node, "/boot/grub/grub.cfg") or "")
+            assert real.node_file(node, "/etc/modprobe.d/nodegate-blocklist.conf") is None
+            listing = real.node_sh(node, "lsinitramfs /boot/initrd.img-*").stdout
+            assert "etc/modprobe.d/nodegate-blocklist.conf" not in listing
+    finally:
+        report = await watcher.stop()
+        with contextlib.suppress(AssertionError):
+            real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+        for key, value in saved.items():
+            set_machine_value(key, value)
+    return report
