@@ -264,6 +264,9 @@ class DevCluster:
             "--authorization-mode", "Node,RBAC",
             # `kubectl logs` and `exec` reach a real node's kubelet at its InternalIP on the bridge.
             "--kubelet-preferred-address-types", "InternalIP,Hostname",
+            # No kube-proxy runs: the API server calls a webhook Service at its endpoints (the pod IPs
+            # on real nodes, routed over the bridge), not at its ClusterIP.
+            "--enable-aggregator-routing=true",
             "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
             "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
             "--enable-admission-plugins", "NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,"
@@ -407,6 +410,23 @@ class DevCluster:
             self.register(f"realnode-{name}", realnode.supervisor_argv(config.dir))
         asyncio.run(self._wait_real_nodes(set(names), timeout))
         return names
+
+    def remove_real_node(self, name: str) -> None:
+        """Stop a real node for good: its supervisor, what is left of it on this machine, its disk and
+        its Node object (as a machine leaving the fleet)."""
+        configs = {c.name: c for c in self.real_node_configs()}
+        if name not in configs:
+            raise ClusterError(f"{name} is not a real node of this cluster ({self.dir})")
+        self.stop_process(f"realnode-{name}")
+        realnode.clean_up(configs[name])
+        shutil.rmtree(configs[name].dir, ignore_errors=True)
+
+        async def delete() -> None:
+            async with await self.client() as kube:
+                with contextlib.suppress(ApiError):
+                    await kube.delete(NODES, name)
+
+        asyncio.run(delete())
 
     async def _wait_real_nodes(self, names: set[str], timeout: float) -> None:
         async with await self.client() as kube:

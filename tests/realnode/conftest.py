@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,28 @@ class RealCluster:
     images: dict[str, str]
     kubectl: Kubectl
     nodes: list[str] = field(default_factory=list)
+    progress: Callable[[str], None] = print
+
+    def start_services(self) -> None:
+        from gate.devcluster import services
+
+        services.start_webhook(self.dev, self.progress)
+        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes.
+        services.start_operator(self.dev, self.progress, env={
+            "NODEGATE_AGENT_IMAGE": self.images["nodegate"], "NODEGATE_POLL_SECONDS": "2",
+            "NODEGATE_IMAGE_PULL_GRACE": "20"})
+
+    def services_running(self) -> bool:
+        procs = self.dev.processes()
+        return any(name in procs and procs[name].alive() for name in ("webhook", "operator"))
+
+    def stop_services(self) -> None:
+        from gate.cli.manifests import remove_webhook_configurations
+        from gate.devcluster.services import WEBHOOK_CONFIGURATION
+
+        for name in ("operator", "webhook"):
+            self.dev.stop_process(name)
+        asyncio.run(remove_webhook_configurations(WEBHOOK_CONFIGURATION, str(self.dev.kubeconfig)))
 
     def config(self, node: str) -> Any:
         from gate.devcluster import realnode
@@ -93,8 +116,21 @@ def _skip_reason() -> str | None:
     return realnode.unsupported_reason()
 
 
+def _progress(log: Path) -> Callable[[str], None]:
+    """Progress of the cold build (roots, images) on the terminal, as it can take minutes, and in a log."""
+
+    def progress(message: str) -> None:
+        with open(log, "a") as out:
+            out.write(message + "\n")
+        if message.startswith(("Building", "Built", "Pushed", "  ")):
+            print(f"[realnode] {message}", file=sys.__stderr__, flush=True)
+
+    return progress
+
+
 @pytest.fixture(scope="session")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """The control plane, its real nodes and the images in its registry; no NodeGate processes."""
     if reason := _skip_reason():
         pytest.skip(f"real nodes cannot run on this machine: {reason}")
     from gate.devcluster import services
@@ -103,24 +139,23 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
 
     state = Path(tmp_path_factory.mktemp("realcluster"))
     dev = DevCluster(state)
-    log = state / "progress.log"
-
-    def progress(message: str) -> None:
-        with open(log, "a") as out:
-            out.write(message + "\n")
-
+    progress = _progress(state / "progress.log")
     try:
         dev.up(None, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}), progress=progress)
         images = ensure_images(dev, host=dev.network.gateway, progress=progress)
         asyncio.run(services.install_crds(dev))
-        services.start_webhook(dev, progress)
-        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes.
-        services.start_operator(dev, progress, env={"NODEGATE_AGENT_IMAGE": images["nodegate"],
-                                                    "NODEGATE_POLL_SECONDS": "2", "NODEGATE_IMAGE_PULL_GRACE": "20"})
-        cluster = RealCluster(dev, images, Kubectl(dev.kubeconfig), [f"real-node-{i}" for i in range(REAL_NODES)])
-        yield cluster
+        yield RealCluster(dev, images, Kubectl(dev.kubeconfig), [f"real-node-{i}" for i in range(REAL_NODES)],
+                          progress)
     finally:
         dev.down(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def real(real_nodes: RealCluster) -> RealCluster:
+    """The real nodes with NodeGate's webhook and operator as processes of this machine (the agent in
+    stage pods is the real image, pulled by the nodes)."""
+    real_nodes.start_services()
+    return real_nodes
 
 
 @pytest.fixture

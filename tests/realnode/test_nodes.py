@@ -7,42 +7,42 @@ import os
 from tests.realnode.conftest import RealCluster
 
 
-def test_each_real_node_is_ready_with_its_own_identity_and_network(real: RealCluster) -> None:
+def test_each_real_node_is_ready_with_its_own_identity_and_network(real_nodes: RealCluster) -> None:
     seen_boot_ids = set()
-    for index, node in enumerate(real.nodes):
-        ready = real.kubectl.run("get", "node", node, "-o",
+    for index, node in enumerate(real_nodes.nodes):
+        ready = real_nodes.kubectl.run("get", "node", node, "-o",
                                  "jsonpath={.status.conditions[?(@.type=='Ready')].status}").stdout
         assert ready == "True", f"{node} is not Ready: {ready!r}"
-        assert real.node_sh(node, "hostname").stdout.strip() == node
+        assert real_nodes.node_sh(node, "hostname").stdout.strip() == node
         # Its eth0 carries its own address on the cluster's bridge; the kubelet reported it as InternalIP.
-        address = real.kubectl.run("get", "node", node, "-o",
+        address = real_nodes.kubectl.run("get", "node", node, "-o",
                                    "jsonpath={.status.addresses[?(@.type=='InternalIP')].address}").stdout
-        assert address == real.dev.network.node_ip(index)
-        assert address in real.node_sh(node, "ip -4 -o addr show dev eth0").stdout
-        boot_id = real.boot_id(node)
-        assert boot_id == real.node_sh(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        assert address == real_nodes.dev.network.node_ip(index)
+        assert address in real_nodes.node_sh(node, "ip -4 -o addr show dev eth0").stdout
+        boot_id = real_nodes.boot_id(node)
+        assert boot_id == real_nodes.node_sh(node, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
         seen_boot_ids.add(boot_id)
     machine_boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
-    assert len(seen_boot_ids) == len(real.nodes) and machine_boot_id not in seen_boot_ids
+    assert len(seen_boot_ids) == len(real_nodes.nodes) and machine_boot_id not in seen_boot_ids
 
 
-def test_a_file_written_on_one_node_is_only_on_that_node(real: RealCluster) -> None:
-    first, second = real.nodes[:2]
-    real.node_sh(first, "echo mine > /etc/nodegate-test-marker")
+def test_a_file_written_on_one_node_is_only_on_that_node(real_nodes: RealCluster) -> None:
+    first, second = real_nodes.nodes[:2]
+    real_nodes.node_sh(first, "echo mine > /etc/nodegate-test-marker")
     try:
-        assert real.node_file(first, "/etc/nodegate-test-marker") == "mine\n"
-        assert real.node_file(second, "/etc/nodegate-test-marker") is None
+        assert real_nodes.node_file(first, "/etc/nodegate-test-marker") == "mine\n"
+        assert real_nodes.node_file(second, "/etc/nodegate-test-marker") is None
         assert not os.path.exists("/etc/nodegate-test-marker")
     finally:
-        real.node_sh(first, "rm -f /etc/nodegate-test-marker")
+        real_nodes.node_sh(first, "rm -f /etc/nodegate-test-marker")
 
 
-def test_net_sysctls_are_the_nodes_own(real: RealCluster) -> None:
-    first, second = real.nodes[:2]
-    before = real.node_sh(second, "sysctl -n net.core.somaxconn").stdout.strip()
-    real.node_sh(first, "sysctl -q -w net.core.somaxconn=1234")
+def test_net_sysctls_are_the_nodes_own(real_nodes: RealCluster) -> None:
+    first, second = real_nodes.nodes[:2]
+    before = real_nodes.node_sh(second, "sysctl -n net.core.somaxconn").stdout.strip()
+    real_nodes.node_sh(first, "sysctl -q -w net.core.somaxconn=1234")
     try:
-        assert real.node_sh(first, "sysctl -n net.core.somaxconn").stdout.strip() == "1234"
-        assert real.node_sh(second, "sysctl -n net.core.somaxconn").stdout.strip() == before
+        assert real_nodes.node_sh(first, "sysctl -n net.core.somaxconn").stdout.strip() == "1234"
+        assert real_nodes.node_sh(second, "sysctl -n net.core.somaxconn").stdout.strip() == before
     finally:
-        real.node_sh(first, f"sysctl -q -w net.core.somaxconn={before}")
+        real_nodes.node_sh(first, f"sysctl -q -w net.core.somaxconn={before}")
