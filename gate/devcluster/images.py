@@ -131,7 +131,7 @@ def build_images(progress: Progress = print, *, only: tuple[str, ...] | None = N
     `only` limits the build to those names (the tests build one package and NodeGate).
     """
     chosen, base_ids = _prepare(progress, only, source)
-    with locked():
+    with locked(progress):
         return {t.name: _build_one(t, from_map(), base_ids, progress).local for t in chosen}
 
 
@@ -239,7 +239,7 @@ def ensure_images(cluster: DevCluster, *, host: str, progress: Progress = print,
     chosen, base_ids = _prepare(progress, only, source)
     refs = {}
     # Build and push under one lock: another process must not remove an image between the two.
-    with locked():
+    with locked(progress):
         for target in chosen:
             built = _build_one(target, from_map(), base_ids, progress)
             refs[target.name] = reference(host, port, target.repository, push(built, port, progress))
