@@ -192,7 +192,7 @@ def _remove_older(tool: Buildah, name: str, keep: str) -> None:
     """Keep the newest `KEPT_BUILDS` images of `name` (this one included), remove the rest.
 
     Another checkout on this machine builds into the same storage under its own inputs digest, so
-    the previous build is kept too: two trees taking turns do not rebuild each other's image.
+    the newest other build is kept too: two checkouts taking turns without changes reuse their images.
     """
     listed = tool.quiet("images", "--json")
     if listed.returncode != 0:
