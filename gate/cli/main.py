@@ -101,6 +101,19 @@ def cmd_dev_kubeconfig(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_images(args: argparse.Namespace) -> int:
+    from gate.devcluster.cluster import DevCluster
+    from gate.devcluster.images import ensure_images, format_references
+    from gate.devcluster.network import gateway_ip
+
+    cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+    if not cluster.running():
+        raise CliError("the dev cluster's control plane is not running; start it with `nodegate dev up`")
+    refs = ensure_images(cluster, host=gateway_ip(cluster.dir), progress=_err)
+    sys.stdout.write(format_references(refs))
+    return 0
+
+
 def cmd_dev_status(args: argparse.Namespace) -> int:
     from gate.devcluster.cluster import DevCluster
 
@@ -173,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
     kc.set_defaults(func=cmd_dev_kubeconfig)
     st = dev_sub.add_parser("status", parents=[state], help="list the processes and whether they run")
     st.set_defaults(func=cmd_dev_status)
+    im = dev_sub.add_parser(
+        "images", parents=[state],
+        help="build NodeGate's and every package's image (buildah, local bases), push them to the dev "
+        "cluster's registry, print NAME=REFERENCE by digest")
+    im.set_defaults(func=cmd_dev_images)
     bd = dev_sub.add_parser("build", help="build the control plane binaries (once per machine)")
     bd.set_defaults(func=cmd_dev_build)
 

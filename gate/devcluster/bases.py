@@ -86,7 +86,7 @@ def ensure_bases(progress: Progress = print) -> dict[str, str]:
     log = buildah_dir() / "logs" / "bases.log"
     tool = Buildah(log)
     ids: dict[str, str] = {}
-    with locked():
+    with locked(progress):
         stale = [b for b in BASES if _label(tool, b) != fingerprint(b)]
         if stale:
             root = ensure_root(ROOT, progress)

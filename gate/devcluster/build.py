@@ -147,8 +147,8 @@ def _go() -> str:
     if go is None:
         raise BuildError(
             "the Go toolchain was not found on PATH. NodeGate builds its local control plane "
-            "(etcd, kube-apiserver, kube-controller-manager, kwok, helm) from the Go module proxy once "
-            "per machine; install Go 1.25 or newer (https://go.dev/dl/) and run this again."
+            "(etcd, kube-apiserver, kube-controller-manager, kwok, helm, the image registry) from the Go "
+            "module proxy once per machine; install Go 1.25 or newer (https://go.dev/dl/) and run this again."
         )
     return go
 

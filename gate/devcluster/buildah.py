@@ -93,12 +93,17 @@ class Buildah:
 
 
 @contextmanager
-def locked() -> Iterator[None]:
-    """One buildah writer at a time per machine: vfs storage is not safe to commit into concurrently
-    from two of our processes building the same names."""
+def locked(progress: Progress | None = None) -> Iterator[None]:
+    """One buildah writer at a time per machine: two of our processes (two checkouts, a test and a
+    developer) building and removing the same names in one vfs storage would race."""
     buildah_dir().mkdir(parents=True, exist_ok=True)
     with open(buildah_dir() / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress is not None:
+                progress(f"Waiting for another image build on this machine to finish (lock {lock.name}) ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:

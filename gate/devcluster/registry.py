@@ -55,7 +55,7 @@ def registry_config(port: int, storage: Path, secret: str) -> dict[str, Any]:
     """distribution's configuration (version 0.1) for a plain-HTTP registry on every address."""
     return {
         "version": 0.1,
-        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
+        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": True}},  # info logs each request
         "storage": {
             "filesystem": {"rootdirectory": str(storage)},
             "delete": {"enabled": True},
