@@ -286,6 +286,8 @@ class DevCluster:
             "--authentication-kubeconfig", str(self.dir / "kcm.kubeconfig"),
             "--authorization-kubeconfig", str(self.dir / "kcm.kubeconfig"),
             "--controllers", REAL_NODE_CONTROLLERS if real else CONTROLLERS,
+            # A node silent for this long is NotReady (default 50 s): a real node's reboot is seen so.
+            *(["--node-monitor-grace-period", "16s", "--node-monitor-period", "2s"] if real else []),
             "--service-account-private-key-file", str(p / "sa.key"),
             "--root-ca-file", str(p / "ca.crt"),
             "--use-service-account-credentials=true",

@@ -63,6 +63,9 @@ PAUSE_IMAGE = "nodegate/pause:3.10"
 HOST_PACKAGES = ("debootstrap", "iproute2", "iptables", "util-linux", "umoci", "skopeo")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 REBOOT_SIGNAL = signal.SIGHUP
+# How long a rebooting node stays down (firmware, boot loader) before it boots again: longer than the
+# control plane's node-monitor grace period, so a reboot is seen as a real one is, NotReady then Ready.
+REBOOT_SECONDS = float(os.environ.get("NODEGATE_REALNODE_REBOOT_SECONDS", "20"))
 
 
 class RealNodeError(RuntimeError):
@@ -454,7 +457,12 @@ class Supervisor:
                 if self.stopping:
                     break
                 if code == -REBOOT_SIGNAL:
-                    self.log("rebooted: booting again")
+                    # Down, as a machine between its shutdown and its next boot: no veth, no cgroups.
+                    clean_up(self.config)
+                    self.log(f"rebooted: booting again in {REBOOT_SECONDS:.0f}s")
+                    deadline = time.monotonic() + REBOOT_SECONDS
+                    while not self.stopping and time.monotonic() < deadline:
+                        time.sleep(0.2)
                     continue
                 self.log(f"stopped by itself (exit {code}); see {self.config.dir / 'console.log'}")
                 return 1

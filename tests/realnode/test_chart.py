@@ -27,6 +27,9 @@ from gate.testing.watcher import InvariantWatcher
 from tests.conftest import REPO
 from tests.realnode.conftest import POOL_LABEL, RealCluster
 
+# The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
+pytestmark = pytest.mark.timeout(1800)
+
 NAMESPACE = "nodegate-chart"
 JOINING = "real-node-2"
 

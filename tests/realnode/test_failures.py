@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from gate.api import keys
 from tests.realnode.conftest import POOL_LABEL, RealCluster
+
+# The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def one_package_gate(name: str, node: str, package: dict[str, object]) -> str:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.realnode.conftest import RealCluster
+
+# The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def test_each_real_node_is_ready_with_its_own_identity_and_network(real_nodes: RealCluster) -> None:

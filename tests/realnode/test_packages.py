@@ -16,10 +16,14 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gate.testing.watcher import InvariantWatcher, WatchReport
 from tests.realnode.conftest import POOL_LABEL, RealCluster
+
+# The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
+pytestmark = pytest.mark.timeout(1800)
 
 SHARED_KERNEL_VALUES = ("vm.swappiness", "vm.max_map_count")
 CHRONY_CONFIG = "pool time.nodegate.invalid iburst maxsources 2\n"
@@ -48,6 +52,13 @@ def four_packages_gate(name: str, images: dict[str, str]) -> str:
             },
         },
     })
+
+
+def node_event_reasons(real: RealCluster, node: str) -> list[str]:
+    selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+    out = real.kubectl.run("get", "events", "-A", "--field-selector", selector,
+                           "-o", "jsonpath={.items[*].reason}").stdout
+    return out.split()
 
 
 def machine_value(key: str) -> str:
@@ -92,8 +103,12 @@ async def roll_and_remove(real: RealCluster, gate_name: str, watcher: InvariantW
             # module-blocklist: the blocklist is in the initramfs that update-initramfs rebuilt.
             listing = real.node_sh(node, "lsinitramfs /boot/initrd.img-*").stdout
             assert "etc/modprobe.d/nodegate-blocklist.conf" in listing
-            # The reboot was real: the node came back with a new boot ID.
+            # The reboot was real: the node came back with a new boot ID, and the control plane saw it
+            # go NotReady (silent past the grace period) and the kubelet report it rebooted and Ready.
             assert real.boot_id(node) != before[node]["boot_id"]
+            reasons = node_event_reasons(real, node)
+            for reason in ("NodeNotReady", "Rebooted", "NodeReady"):
+                assert reason in reasons, f"{node}: no {reason} event in {reasons}"
         # This machine's own value is untouched: only the node's network namespace changed.
         assert machine_value("net.core.somaxconn") != "8192" or before[real.nodes[0]]["somaxconn"] == "8192"
 
