@@ -100,7 +100,22 @@ class LocalObjectReference(Model):
     name: str = Field(max_length=253, description="Name of a Secret in the operator's namespace.")
 
 
-class Package(Model):
+class Memoized(Model):
+    """A model whose derived values (hashes) are computed once: specs are never changed in place (nor
+    copied with `model_copy(update=...)`, which would carry the memo over)."""
+
+    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        # Straight to pydantic's private storage: the attribute route costs more than the hashes saved.
+        memo: dict[str, Any] = self.__pydantic_private__["_memo"]  # type: ignore[index]
+        if key not in memo:
+            memo[key] = compute()
+        value: T = memo[key]
+        return value
+
+
+class Package(Memoized):
     """One host-layer package: an image carrying stages and checks, at a version."""
 
     version: str = Field(
@@ -145,19 +160,8 @@ class Package(Model):
         default_factory=list, max_length=16, description="Secrets for pulling the image."
     )
 
-    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
-
     def interrupt_or_none(self) -> Interrupt:
         return self.interrupt or Interrupt()
-
-    def memo(self, key: str, compute: Callable[[], T]) -> T:
-        """A value derived from this package (hashes), computed once: specs are never changed in place."""
-        # Straight to pydantic's private storage: the attribute route costs more than the hashes saved.
-        memo: dict[str, Any] = self.__pydantic_private__["_memo"]  # type: ignore[index]
-        if key not in memo:
-            memo[key] = compute()
-        value: T = memo[key]
-        return value
 
 
 class Drain(Model):
@@ -200,7 +204,7 @@ NODEGATE_SPEC_RULES: list[JsonValue] = [
 ]
 
 
-class NodeGateSpec(Model):
+class NodeGateSpec(Memoized):
     """What to install on which nodes, and how carefully."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": NODEGATE_SPEC_RULES})
@@ -274,6 +278,11 @@ class CompartmentStatus(Model):
 
 class NodeGateStatus(Model):
     observed_generation: int | None = Field(default=None, description="The generation last acted on.")
+    rollout_hash: str | None = Field(
+        default=None,
+        description="Hash of the rollout spec (all of spec but paused) last acted on: a change of it starts a new "
+        "rollout; a pause or a resume changes the generation, not this.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, Progressing, Degraded and Paused.",

@@ -33,6 +33,7 @@ from gate.api.state import (
     Stage,
     config_hash,
     failure_message,
+    rollout_hash,
     spec_hash,
 )
 from gate.lifecycle.dag import topological_order
@@ -216,7 +217,8 @@ class _Round:
     def fail(self, reason: str, message: str, *, package: str | None = None, stage: str = "") -> Decision:
         self.state.status = "failed"
         self.state.failure = Failure(package=package, stage=stage or self.state.phase, reason=reason,
-                                     message=message[:1000], generation=self.gate.metadata.generation or 0)
+                                     message=message[:1000], generation=self.gate.metadata.generation or 0,
+                                     rollout_hash=rollout_hash(self.gate))
         self.changed = True
         self.decision.node.status = "failed"
         where = f"package {package} stage {stage}" if package else f"step {stage or self.state.phase}"
@@ -566,10 +568,11 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
 def _finish(r: _Round) -> None:
     ctx, s = r.ctx, r.state
     if not pending_work(ctx.gate, s):
-        # Complete for this generation. When the spec changed during the round the round's own
-        # (older) generation stays, so the gate-level plan sees the remaining work and picks the node
+        # Complete for this spec. When the spec changed during the round the round's own (older)
+        # generation and hash stay, so the gate-level plan sees the remaining work and picks the node
         # again for a fresh round.
         s.generation = ctx.gate.metadata.generation or s.generation
+        s.rollout_hash = rollout_hash(ctx.gate)
     s.status = "complete"
     s.passed = True
     s.phase = "idle"
@@ -678,6 +681,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.batch = batch
     s.compartment = compartment
     s.generation = gate.metadata.generation or 0
+    s.rollout_hash = rollout_hash(gate)
     # A round that stopped before it finished (it failed, and a person or a spec change starts another)
     # may have applied packages whose interrupt never came, or whose check after it never passed:
     # they keep it, so the new round interrupts the node and checks them again.

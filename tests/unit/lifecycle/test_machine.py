@@ -9,7 +9,7 @@ import pytest
 
 from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
-from gate.api.state import Installed, NodeGateState, spec_hash
+from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
 from gate.lifecycle.machine import (
     Decision,
     JobView,
@@ -191,6 +191,15 @@ def test_a_failed_stage_fails_the_node_with_the_job_message() -> None:
     assert d.state is not None and d.state.status == "failed"
     assert d.state.failure is not None and d.state.failure.package == "k" and "failedStep" in d.state.failure.message
     assert d.node.status == "failed"
+    # What it failed under: the rollout spec (a pause, which bumps only the generation, is no reason to retry).
+    assert d.state.failure.rollout_hash == rollout_hash(g) != ""
+
+
+def test_a_node_records_the_rollout_spec_it_completed() -> None:
+    g = gate({"k": PKG})
+    assert started(g).rollout_hash == rollout_hash(g)
+    final, _, _ = run_until_quiet(g, started(g).model_copy(update={"rollout_hash": "older"}))
+    assert final.status == "complete" and final.rollout_hash == rollout_hash(g)
 
 
 def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
