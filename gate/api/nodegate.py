@@ -191,6 +191,9 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
 
 
+PACKAGE_NAME_RULE = "(lowercase letters, digits and '-', 2 to 43 characters)"
+_BAD_PACKAGE_NAMES = "self.packages.filter(k, !k.matches('" + PACKAGE_NAME_PATTERN + "'))"
+
 NODEGATE_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!(has(self.deploymentPolicy) && has(self.interruptionBudget))",
@@ -199,6 +202,14 @@ NODEGATE_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!has(self.packages) || self.packages.all(k, k.matches('" + PACKAGE_NAME_PATTERN + "'))",
         "message": "package names must match " + PACKAGE_NAME_PATTERN,
+        # The API server runs this rule before the validating webhook, so its message is the refusal a
+        # person reads: it names the key, as the webhook's does (the static message is the fallback).
+        # One key when several break the pattern: naming them all, or even counting them, costs more
+        # than the API server allows a message (map keys have no maximum length).
+        "messageExpression": (
+            "'package name ' + " + _BAD_PACKAGE_NAMES + "[0] + ' must match " + PACKAGE_NAME_PATTERN + " "
+            + PACKAGE_NAME_RULE.replace("'", "\\'") + "'"
+        ),
         "fieldPath": ".packages",
     },
 ]
