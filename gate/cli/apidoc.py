@@ -208,6 +208,9 @@ def _node_keys() -> list[str]:
          + " Long gate names are shortened with a hash (label names have 63 characters)."),
         (f"`{keys.state_annotation(gate)}`", "annotation", "Node",
          _doc(keys.state_annotation) + " JSON, see [the state annotation](#the-state-annotation)."),
+        (f"`{keys.failed_condition(gate)}`", "condition", "Node",
+         _doc(keys.failed_condition) + " Removed when the node gets another round (rerun, reset, a spec change), "
+         "leaves the gate, or the gate is deleted."),
         (f"`{keys.CORDONED_BY}`", "annotation", "Node",
          "The gate that cordoned the node. NodeGate never uncordons a node someone else cordoned."),
         (f"`{keys.IGNORE_LABEL}=true`", "label", "Node",

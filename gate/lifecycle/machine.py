@@ -36,6 +36,7 @@ from gate.api.state import (
     rollout_hash,
     spec_hash,
 )
+from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
@@ -85,6 +86,7 @@ class NodeView:
     boot_id: str
     ready: bool
     taints: tuple[tuple[str, str], ...] = ()  # (key, effect)
+    conditions: Mapping[str, NodeCondition] = field(default_factory=dict)  # NodeGate's own, by type
 
     @property
     def cordoned_by(self) -> str | None:
