@@ -72,14 +72,15 @@ async def test_a_failed_node_carries_a_condition_until_it_recovers_or_the_gate_g
     assert keys.status_label(g) not in (await scenario.node(worse))["metadata"].get("labels", {})
 
 
-def _series(port: int, gate: str) -> list[str]:
-    """The operator's metric lines labelled with `gate`."""
+def _series(sc: Scenario, gate: str) -> list[str]:
+    """The running operator's metric lines labelled with `gate` (its port changes when a test restarts it)."""
+    port = sc.cluster.ports()["operator"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     return [line for line in text.splitlines() if not line.startswith("#") and f'gate="{gate}"' in line]
 
 
-async def test_metric_series_go_with_their_compartment_package_and_gate(scenario: Scenario, operator: int) -> None:
+async def test_metric_series_go_with_their_compartment_package_and_gate(scenario: Scenario) -> None:
     g = scenario.name
     policy = f"{g}-policy"
     scenario.policies.append(policy)
@@ -94,7 +95,7 @@ async def test_metric_series_go_with_their_compartment_package_and_gate(scenario
     await scenario.wait_node(canary[0], "failed")
 
     async def present(fragment: str) -> bool:
-        return any(fragment in line for line in _series(operator, g))
+        return any(fragment in line for line in _series(scenario, g))
 
     async def gone(fragment: str) -> bool:
         return not await present(fragment)
@@ -113,9 +114,9 @@ async def test_metric_series_go_with_their_compartment_package_and_gate(scenario
     await scenario.wait_ready()
 
     await scenario.delete_gate()
-    await wait_for(lambda: _none_left(operator, g), what=f"every series of gate {g} gone")
+    await wait_for(lambda: _none_left(scenario, g), what=f"every series of gate {g} gone")
 
 
-async def _none_left(port: int, gate: str) -> bool:
-    return _series(port, gate) == []
+async def _none_left(sc: Scenario, gate: str) -> bool:
+    return _series(sc, gate) == []
 
