@@ -296,11 +296,12 @@ class NodeGateStatus(Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and Paused.",
+        description="Ready, Progressing, Degraded and Paused; Deleting while the gate is being deleted (its reason "
+        "Paused: no uninstall starts until the gate is unpaused).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
-        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused."
+        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused, Deleting."
     )
     progress: str | None = Field(default=None, description="Complete of matched nodes, e.g. 12/40.")
     nodes: NodeCounts = Field(default_factory=NodeCounts, description="Node counts by state.")

@@ -42,7 +42,15 @@ from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES,
 from gate.kube.errors import ApiError, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.lease import LeaderElector
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects, taint_reason
+from gate.lifecycle.fleet import (
+    FleetNode,
+    NodeUpdate,
+    plan_gate,
+    readiness_clear,
+    removal_status,
+    selects,
+    taint_reason,
+)
 from gate.lifecycle.machine import (
     Decision,
     EventRequest,
@@ -481,6 +489,10 @@ class Operator:
         for node in holders:
             self.queue.add(("node", gate.name, node))
         if holders:
+            status, events = removal_status(gate, self._fleet(), datetime.now(UTC))
+            await self._write_status(obj, status.to_wire())
+            for event in events:
+                await self.recorder.emit(obj, event.type, event.reason, event.message)
             return  # node reconciles remove their keys; their events bring us back
         for node_obj in self.nodes.items():
             leftover = self._leftover_keys(gate, node_obj)

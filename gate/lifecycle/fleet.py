@@ -207,6 +207,34 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                     rollout, resumed=resumed)
 
 
+def removal_status(gate: NodeGate, fleet: Sequence[FleetNode], now: datetime) -> tuple[NodeGateStatus,
+                                                                                    list[EventRequest]]:
+    """The status of a gate being deleted: a `Deleting` condition saying what its removal waits for,
+    and a Warning Event when it starts waiting for a person (a paused gate uninstalls nothing)."""
+    holders = [n for n in fleet if gate.name in n.states]
+    uninstall = {name for name, pkg in gate.spec.packages.items() if pkg.uninstall.enabled}
+    waiting = [n for n in holders if isinstance(state := n.states[gate.name], NodeGateState)
+               and uninstall & set(state.installed)]
+    base = gate.status or NodeGateStatus()
+    previous = base.conditions
+    events: list[EventRequest] = []
+    if gate.spec.paused and waiting:
+        reason = "Paused"
+        message = (f"The gate is being deleted but is paused: no uninstall starts while it stays paused, and "
+                   f"{len(waiting)} nodes wait to uninstall its packages; `nodegate resume {gate.name}` or "
+                   f"`nodegate delete {gate.name} --force` lets the removal go on")
+        if not any(c.type == "Deleting" and c.reason == "Paused" for c in previous):
+            events.append(EventRequest("gate", "Warning", "DeletionPaused", message))
+    else:
+        reason = "Removing"
+        message = (f"{len(holders)} nodes still carry the gate: it uninstalls what allows it, uncordons and "
+                   "removes its keys, then goes")
+    generation = gate.metadata.generation or 0
+    deleting = _condition("Deleting", True, reason, message, previous, now, generation)
+    conditions = [c for c in previous if c.type != "Deleting"] + [deleting]
+    return base.model_copy(update={"conditions": conditions, "status": "Deleting"}), events
+
+
 def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
               updates: dict[str, NodeUpdate]) -> NodeGateState | None:
     """Act on a person's reset or rerun request on the node; the new state, or None for no change.

@@ -620,12 +620,17 @@ def decide_removal(ctx: NodeContext) -> Decision:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     r.decision.delete_jobs.extend(v.name for v in leftovers)
+    held = False
     for name, pkg in sorted(gate.spec.packages.items()):
         if name not in s.installed or not pkg.uninstall.enabled:
             continue
         job = r.job_name(name, "uninstall", "gate-deleted")
         view = ctx.jobs.get(job)
-        if view is None:
+        if view is None and gate.spec.paused:
+            # A paused gate starts nothing, its removal included: the uninstall waits until a person
+            # unpauses it (`nodegate delete --force` does), whose spec change brings this node back.
+            held = True
+        elif view is None:
             r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
         elif view.phase == "succeeded":
             s.installed = {k: v for k, v in s.installed.items() if k != name}
@@ -638,7 +643,7 @@ def decide_removal(ctx: NodeContext) -> Decision:
             return r.finish_decision()
     if r.decision.create_jobs or any(n in s.installed and p.uninstall.enabled
                                      for n, p in gate.spec.packages.items()):
-        if not r.decision.create_jobs and not r.changed:
+        if not r.decision.create_jobs and not r.changed and not held:
             r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     if _unsettled(r):

@@ -11,7 +11,8 @@ import sys
 
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
-from gate.kube.client import KWOK_STAGES, PDBS, PODS, POLICIES
+from gate.kube.client import EVENTS, KWOK_STAGES, NODES, PDBS, PODS, POLICIES
+from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
@@ -244,3 +245,52 @@ async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_
 async def _compartment_is(sc: Scenario, name: str, state: str) -> bool:
     return await _compartment_state(sc, name) == state
 
+
+
+async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
+        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+    g = scenario.name
+    nodes = await scenario.add_nodes(2)
+    await scenario.apply_gate({"agent": {**PKG, "uninstall": {"enabled": True}}, "keep": PKG})
+    await scenario.wait_ready()
+    await cli.ok("pause", g)
+    await _acted_on_pause(scenario, True)
+
+    out = (await cli.ok("delete", g)).out
+    assert f"NodeGate {g}: deleted. It is paused: no uninstall starts while it stays paused" in out
+
+    async def waits_for_a_person() -> bool:
+        conds = {c["type"]: c for c in ((await scenario.gate()).get("status") or {}).get("conditions") or []}
+        return conds.get("Deleting", {}).get("reason") == "Paused"
+
+    await wait_for(waits_for_a_person, what="the gate to say its removal waits")
+    gate = await scenario.gate()
+    [cond] = [c for c in gate["status"]["conditions"] if c["type"] == "Deleting"]
+    assert cond["status"] == "True" and "2 nodes wait to uninstall its packages" in cond["message"]
+    assert gate["status"]["status"] == "Deleting"
+    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={g}")
+    assert "DeletionPaused" in {e["reason"] for e in events}
+    assert (await cli.ok("delete", g)).out.startswith(f"NodeGate {g} is already being deleted (paused")
+    assert [r for r in job_log.of(g) if r.stage == "uninstall"] == []
+    for node in nodes:
+        assert keys.state_annotation(g) in (await scenario.node(node))["metadata"]["annotations"]
+    _, before = await scenario.kube.list(NODES, label_selector=f"test={g}")  # the etcd revision now
+
+    out = (await cli.ok("delete", g, "--force")).out
+    assert out.startswith(f"NodeGate {g}: set spec.paused=false.")
+
+    async def gone() -> bool:
+        try:
+            await scenario.gate()
+            return False
+        except NotFound:
+            return True
+
+    await wait_for(gone, timeout=60, what="the gate released")
+    uninstalls = [r for r in job_log.of(g) if r.stage == "uninstall"]
+    assert sorted(r.node for r in uninstalls) == sorted(nodes) and {r.package for r in uninstalls} == {"agent"}
+    assert all(r.resource_version > int(before) for r in uninstalls), "an uninstall started while paused"
+    for node in nodes:
+        meta = (await scenario.node(node))["metadata"]
+        ours = [k for k in (*meta.get("annotations", {}), *meta.get("labels", {})) if k.startswith("nodegate.io/")]
+        assert ours == [], ours

@@ -269,6 +269,19 @@ def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
     assert later.remove_state and later.node.unschedulable is False and not later.create_jobs
 
 
+def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_nothing_to_uninstall() -> None:
+    g = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}}, paused=True)
+    installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
+    state = NodeGateState(status="complete", installed=installed, round=1)
+    held = decide_removal(ctx(g, state))
+    assert not held.create_jobs and not held.remove_state and held.state is None
+    assert held.requeue_after is None  # the unpause (a spec change) brings the node back, no polling
+    nothing = NodeGateState(status="complete", installed={"keep": installed["keep"]}, round=1)
+    assert decide_removal(ctx(g, nothing)).remove_state
+    unpaused = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}})
+    assert [r.stage for r in decide_removal(ctx(unpaused, state)).create_jobs] == ["uninstall"]
+
+
 def test_job_names_are_deterministic_and_change_with_the_round() -> None:
     g = gate({"k": PKG})
     first = decide(ctx(g, started(g))).create_jobs[0].name
