@@ -360,6 +360,8 @@ class Operator:
             # them (NodeGateNodeFailed, say) would keep firing for a gate that no longer exists.
             if self.metrics.forget_gate(name):
                 log.info("Removed the metric series of a deleted gate; gate=%s", name)
+            for memo in (self._gate_memo, self._gate_seen, self._gate_cost):
+                memo.pop(name, None)
             return
         if gate is None:
             return
