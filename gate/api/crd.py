@@ -116,6 +116,13 @@ _POLICY_COLUMNS = [
 ]
 
 
+# `kubectl get nodegate-all` lists both kinds. A category must not equal any name of a kind (singular,
+# plural or short name): kubectl expands a category before it resolves a resource, so a category
+# `nodegate` turned `kubectl get nodegate NAME` into a get of two kinds ("you must specify only one
+# resource"). A test checks every name of both kinds against it.
+CATEGORY = "nodegate-all"
+
+
 def _crd(kind: str, plural: str, short: str, model: type[Any], columns: list[Schema]) -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -133,7 +140,7 @@ def _crd(kind: str, plural: str, short: str, model: type[Any], columns: list[Sch
                 "plural": plural,
                 "singular": kind.lower(),
                 "shortNames": [short],
-                "categories": ["nodegate"],
+                "categories": [CATEGORY],
             },
             "versions": [
                 {

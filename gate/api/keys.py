@@ -59,6 +59,16 @@ def status_label(gate: str) -> str:
     return f"{GROUP}/{_label_safe('status', gate)}"
 
 
+CONDITION_PREFIX: Final = f"{GROUP}/"
+
+
+def failed_condition(gate: str) -> str:
+    """Type of the Node condition a node carries while `gate` failed on it (status True, the failure's
+    reason and message): `kubectl describe node` and tools that watch node conditions see why. A
+    qualified name, as metav1.Condition types are (any gate name fits their 316 characters)."""
+    return f"{GROUP}/failed.{gate}"
+
+
 def gate_of_state_annotation(key: str) -> str | None:
     prefix = f"{GROUP}/state."
     return key[len(prefix) :] if key.startswith(prefix) else None

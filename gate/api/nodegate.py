@@ -100,7 +100,22 @@ class LocalObjectReference(Model):
     name: str = Field(max_length=253, description="Name of a Secret in the operator's namespace.")
 
 
-class Package(Model):
+class Memoized(Model):
+    """A model whose derived values (hashes) are computed once: specs are never changed in place (nor
+    copied with `model_copy(update=...)`, which would carry the memo over)."""
+
+    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        # Straight to pydantic's private storage: the attribute route costs more than the hashes saved.
+        memo: dict[str, Any] = self.__pydantic_private__["_memo"]  # type: ignore[index]
+        if key not in memo:
+            memo[key] = compute()
+        value: T = memo[key]
+        return value
+
+
+class Package(Memoized):
     """One host-layer package: an image carrying stages and checks, at a version."""
 
     version: str = Field(
@@ -145,19 +160,8 @@ class Package(Model):
         default_factory=list, max_length=16, description="Secrets for pulling the image."
     )
 
-    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
-
     def interrupt_or_none(self) -> Interrupt:
         return self.interrupt or Interrupt()
-
-    def memo(self, key: str, compute: Callable[[], T]) -> T:
-        """A value derived from this package (hashes), computed once: specs are never changed in place."""
-        # Straight to pydantic's private storage: the attribute route costs more than the hashes saved.
-        memo: dict[str, Any] = self.__pydantic_private__["_memo"]  # type: ignore[index]
-        if key not in memo:
-            memo[key] = compute()
-        value: T = memo[key]
-        return value
 
 
 class Drain(Model):
@@ -187,6 +191,9 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
 
 
+PACKAGE_NAME_RULE = "(lowercase letters, digits and '-', 2 to 43 characters)"
+_BAD_PACKAGE_NAMES = "self.packages.filter(k, !k.matches('" + PACKAGE_NAME_PATTERN + "'))"
+
 NODEGATE_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!(has(self.deploymentPolicy) && has(self.interruptionBudget))",
@@ -195,12 +202,20 @@ NODEGATE_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!has(self.packages) || self.packages.all(k, k.matches('" + PACKAGE_NAME_PATTERN + "'))",
         "message": "package names must match " + PACKAGE_NAME_PATTERN,
+        # The API server runs this rule before the validating webhook, so its message is the refusal a
+        # person reads: it names the key, as the webhook's does (the static message is the fallback).
+        # One key when several break the pattern: naming them all, or even counting them, costs more
+        # than the API server allows a message (map keys have no maximum length).
+        "messageExpression": (
+            "'package name ' + " + _BAD_PACKAGE_NAMES + "[0] + ' must match " + PACKAGE_NAME_PATTERN + " "
+            + PACKAGE_NAME_RULE.replace("'", "\\'") + "'"
+        ),
         "fieldPath": ".packages",
     },
 ]
 
 
-class NodeGateSpec(Model):
+class NodeGateSpec(Memoized):
     """What to install on which nodes, and how carefully."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": NODEGATE_SPEC_RULES})
@@ -274,13 +289,19 @@ class CompartmentStatus(Model):
 
 class NodeGateStatus(Model):
     observed_generation: int | None = Field(default=None, description="The generation last acted on.")
+    rollout_hash: str | None = Field(
+        default=None,
+        description="Hash of the rollout spec (all of spec but paused) last acted on: a change of it starts a new "
+        "rollout; a pause or a resume changes the generation, not this.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and Paused.",
+        description="Ready, Progressing, Degraded and Paused; Deleting while the gate is being deleted (its reason "
+        "Paused: no uninstall starts until the gate is unpaused).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
-        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused."
+        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused, Deleting."
     )
     progress: str | None = Field(default=None, description="Complete of matched nodes, e.g. 12/40.")
     nodes: NodeCounts = Field(default_factory=NodeCounts, description="Node counts by state.")

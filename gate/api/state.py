@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 
 from gate.api.common import Model
 from gate.api.keys import NodeStatus
-from gate.api.nodegate import Interrupt, InterruptType, Package
+from gate.api.nodegate import Interrupt, InterruptType, NodeGate, Package
 
 StateVersion = Literal[1]
 Stage = Literal["uninstall", "upgrade", "apply", "config", "interrupt", "post-interrupt"]
@@ -42,12 +42,16 @@ class Failure(Model):
     reason: str = Field(description="CamelCase reason, e.g. StageFailed, DrainTimeout, ImagePullFailed.")
     message: str = Field(default="", description="What went wrong, for a person.")
     generation: int = Field(default=0, description="Gate generation the failure happened under.")
+    rollout_hash: str = Field(default="", description="Hash of the gate's rollout spec (all of spec but paused) "
+                              "the failure happened under: only a change of it gives the node another round.")
 
 
 class NodeGateState(Model):
     v: StateVersion = Field(default=1, description="Version of this record's format.")
     status: NodeStatus = Field(default="waiting", description="waiting, in-progress, complete, failed or blocked.")
     generation: int = Field(default=0, description="Gate generation of the current (or last) round.")
+    rollout_hash: str = Field(default="", description="Hash of the gate's rollout spec (all of spec but paused) "
+                              "the node last completed, or its current round started under.")
     round: int = Field(default=0, description="Bumped by a reset or rerun, so stage Jobs get new names.")
     batch: int = Field(default=0, description="Rollout batch the node was picked into (0: not picked).")
     compartment: str | None = Field(default=None, description="Compartment the node was picked in.")
@@ -102,6 +106,23 @@ def spec_hash(package: Package) -> str:
         "resources": package.resources.to_wire() if package.resources else None,
         "pullSecrets": [s.name for s in package.image_pull_secrets],
     }))
+
+
+# Fields of a NodeGate's spec that neither say what the nodes must end up with nor how the rollout goes.
+# Pausing bumps metadata.generation like any spec write, so the generation cannot tell a pause from a
+# new version: this hash can, and it alone decides that a new rollout starts.
+NOT_ROLLOUT_FIELDS = frozenset({"paused"})
+
+
+def rollout_hash(gate: NodeGate) -> str:
+    """Hash of the rollout spec: every field of `spec` but `paused` (`NOT_ROLLOUT_FIELDS`).
+
+    A change of it is a new rollout: failed nodes get another round, stopped compartments resume and
+    batches start small again. Defaults are filled in before hashing, so spelling a default out (or
+    the mutating webhook doing it) is no change."""
+    spec = gate.spec
+    return spec.memo("rollout_hash", lambda: _digest(
+        spec.model_dump(by_alias=True, mode="json", exclude=set(NOT_ROLLOUT_FIELDS))))
 
 
 def config_hashes(package: Package) -> dict[str, str]:

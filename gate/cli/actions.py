@@ -1,4 +1,5 @@
-"""What the commands a person runs against a cluster do: status, plan, pause, resume, node, rerun, logs.
+"""What the commands a person runs against a cluster do: status, plan, pause, resume, delete, node, rerun,
+logs.
 
 The operator is the only writer of node state and gate status. These commands read, or they ask:
 `spec.paused` on a NodeGate, the `nodegate.io/resume` annotation on a NodeGate, the `reset.<gate>` and
@@ -329,6 +330,45 @@ async def _resume(args: argparse.Namespace) -> int:
                  f"{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} "
                  f"(annotation {keys.RESUME_ANNOTATION}). Their failed nodes stay failed: "
                  "`nodegate rerun` or `nodegate node reset` gives them another round.", args.dry_run)
+    return 0
+
+
+# -- delete --------------------------------------------------------------------------------------
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    return _run(_delete(args))
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    g = args.gate
+    async with connect(args) as client:
+        gate = await get_gate(client, g)
+        paused = bool((gate.get("spec") or {}).get("paused"))
+        deleting = bool(gate["metadata"].get("deletionTimestamp"))
+        if deleting and not (paused and args.force):
+            print(f"NodeGate {g} is already being deleted{' (paused: no uninstall starts)' if paused else ''}; "
+                  "nothing changed." + (f" `nodegate delete {g} --force` lets its removal go on." if paused else ""))
+            return 0
+        if not deleting:
+            options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+            if args.dry_run:
+                options["dryRun"] = ["All"]
+            await client.delete(NODEGATES, g, body=options, missing_ok=False)
+        if paused and args.force:
+            # After the deletion, so the unpaused gate never starts a rollout round: only its removal.
+            await client.patch(NODEGATES, g, {"spec": {"paused": False}}, dry_run=args.dry_run)
+    after = ("The operator uninstalls what allows it, uncordons and removes the gate's keys from every node, "
+             "then the gate goes.")
+    if paused and args.force:
+        done = "deleted and set spec.paused=false" if not deleting else "set spec.paused=false"
+        _changed(f"NodeGate {g}: {done}. {after}", args.dry_run)
+    elif paused:
+        _changed(f"NodeGate {g}: deleted. It is paused: no uninstall starts while it stays paused (its condition "
+                 f"Deleting says so); `nodegate delete {g} --force` or `nodegate resume {g}` lets the removal go on.",
+                 args.dry_run)
+    else:
+        _changed(f"NodeGate {g}: deleted. {after}", args.dry_run)
     return 0
 
 

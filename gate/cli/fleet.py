@@ -1,4 +1,4 @@
-"""The commands a person runs against a cluster: status, plan, pause, resume, node, rerun, package logs.
+"""The commands a person runs against a cluster: status, plan, pause, resume, delete, node, rerun, package logs.
 
 This module only builds the parser; each handler imports `gate.cli.actions` (the Kubernetes client,
 pydantic models, rich) when it runs, so `nodegate version` and `--help` stay fast.
@@ -35,7 +35,7 @@ def _subparsers_of(parser: argparse.ArgumentParser) -> Any:
 
 
 def register(sub: Any) -> None:
-    """Add status, plan, pause, resume, node, rerun and `package logs` to the `nodegate` parser."""
+    """Add status, plan, pause, resume, delete, node, rerun and `package logs` to the `nodegate` parser."""
     cluster = argparse.ArgumentParser(add_help=False)
     cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     cluster.add_argument("--context", help="kubeconfig context to use (default: the current one)")
@@ -68,6 +68,14 @@ def register(sub: Any) -> None:
     resume.add_argument("--compartment", "-c", action="append", default=[], metavar="NAME",
                         help="resume only this stopped compartment (repeatable; default: every stopped one)")
     resume.set_defaults(func=_action("cmd_resume"))
+
+    delete = sub.add_parser("delete", parents=[cluster, dry],
+                            help="delete a NodeGate: its nodes are cleaned up (uninstall where enabled), then it goes")
+    delete.add_argument("gate", metavar="GATE")
+    delete.add_argument("--force", action="store_true",
+                        help="also when it is paused: unpause it, so its removal goes on (a paused gate uninstalls "
+                        "nothing)")
+    delete.set_defaults(func=_action("cmd_delete"))
 
     node = sub.add_parser("node", help="nodes and NodeGate: list, reset, ignore, unignore")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")

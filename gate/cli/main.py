@@ -12,8 +12,8 @@ from gate import __version__
 from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
-HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "demo", "dev", "package", "crds", "api-docs",
-              "version")
+HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "delete", "demo", "dev", "package", "crds",
+              "api-docs", "version")
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.

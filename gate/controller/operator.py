@@ -39,10 +39,28 @@ from gate.controller.settings import OperatorSettings
 from gate.controller.views import fleet_node, node_view, pod_view
 from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
-from gate.kube.errors import ApiError, ConnectionFailed, TooManyRequests
+from gate.kube.errors import ApiError, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.lease import LeaderElector
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects, taint_reason
-from gate.lifecycle.machine import Decision, EventRequest, NodeChange, NodeContext, Timing, decide, decide_removal
+from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
+from gate.lifecycle.fleet import (
+    FleetNode,
+    NodeUpdate,
+    plan_gate,
+    readiness_clear,
+    removal_status,
+    selects,
+    taint_reason,
+)
+from gate.lifecycle.machine import (
+    Decision,
+    EventRequest,
+    NodeChange,
+    NodeContext,
+    NodeView,
+    Timing,
+    decide,
+    decide_removal,
+)
 
 log = logging.getLogger("nodegate.operator")
 
@@ -337,7 +355,15 @@ class Operator:
     async def reconcile_gate(self, name: str) -> None:
         gate = self._gate(name)
         obj = self.gates.get(name)
-        if gate is None or obj is None:
+        if obj is None:
+            # Gone (its deletion event queued this): so are its metric series, or an alert on one of
+            # them (NodeGateNodeFailed, say) would keep firing for a gate that no longer exists.
+            if self.metrics.forget_gate(name):
+                log.info("Removed the metric series of a deleted gate; gate=%s", name)
+            for memo in (self._gate_memo, self._gate_seen, self._gate_cost):
+                memo.pop(name, None)
+            return
+        if gate is None:
             return
         if gate.metadata.deletion_timestamp:
             await self._finalize(gate, obj)
@@ -374,6 +400,7 @@ class Operator:
             # Node writes that lost a race are retried through the queue; status waits for them so
             # that compartment progress is never written ahead of the nodes it counts.
             raise errors[0]
+        await self._sync_failure_conditions(name)
         await self._write_status(obj, gplan.status.to_wire())
         if gplan.resumed:
             annotations = {keys.RESUME_ANNOTATION: None}
@@ -381,6 +408,43 @@ class Operator:
         for event in gplan.events:
             await self.recorder.emit(obj, event.type, event.reason, event.message)
         self._gate_metrics(gate, gplan.status.to_wire())
+        self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
+                                 self._packages_in_use())
+
+    def _packages_in_use(self) -> set[str]:
+        """Packages of every gate, those being deleted included (their uninstalls still record stages)."""
+        used: set[str] = set()
+        for obj in self.gates.items():
+            gate = self._gate(obj["metadata"]["name"])
+            if gate is not None:
+                used |= set(gate.spec.packages)
+        return used
+
+    async def _sync_failure_conditions(self, gate: str) -> None:
+        """Every node carries the failure condition of `gate` exactly while the gate's state on it says
+        failed (gate.lifecycle.condition): added on a failure, removed once the node gets another round
+        or leaves the gate."""
+        sem = asyncio.Semaphore(16)
+
+        async def sync(fnode: FleetNode) -> None:
+            async with sem:
+                await self._write_failure_condition(gate, fnode.view, failure_condition(gate, fnode.states.get(gate)))
+
+        await asyncio.gather(*(sync(n) for n in self._fleet()))
+
+    async def _write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
+        kind = keys.failed_condition(gate)
+        patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))
+        if patch is None:
+            return
+        try:
+            # Strategic merge on the status subresource: only this entry of the list (merged by type)
+            # changes, whatever the kubelet writes next to it; no resourceVersion needed.
+            result = await self.client.patch(NODES, view.name, patch, patch_type="strategic", subresource="status")
+        except NotFound:
+            return
+        self.nodes.observe(result)
+        self._fleet_memo.pop(view.name, None)
 
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
         status = dict(obj.get("status") or {})
@@ -427,11 +491,16 @@ class Operator:
         for node in holders:
             self.queue.add(("node", gate.name, node))
         if holders:
+            status, events = removal_status(gate, self._fleet(), datetime.now(UTC))
+            await self._write_status(obj, status.to_wire())
+            for event in events:
+                await self.recorder.emit(obj, event.type, event.reason, event.message)
             return  # node reconciles remove their keys; their events bring us back
         for node_obj in self.nodes.items():
             leftover = self._leftover_keys(gate, node_obj)
             if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
                 await self._write_node_update(gate, node_obj["metadata"]["name"], leftover, base=node_obj)
+            await self._write_failure_condition(gate.name, node_view(node_obj), None)
         if keys.FINALIZER in gate.metadata.finalizers:
             rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
             with contextlib.suppress(ApiError):

@@ -61,6 +61,8 @@ CLUSTER_RULES: list[Rule] = [
     Rule([""], ["nodes"], ["list", "watch"], "the operator's cache of the fleet"),
     Rule([""], ["nodes"], ["patch"],
          "one write per step: state annotation, status label, cordon and the readiness taint"),
+    Rule([""], ["nodes/status"], ["patch"],
+         "the condition nodegate.io/failed.<gate> on a failed node (kubectl describe node shows why)"),
     Rule([""], ["pods"], ["list"],
          "pods on a node (every namespace) to wait for and to drain; also the first list of the stage pod cache"),
     Rule([""], ["pods/eviction"], ["create"], "drain with the Eviction API so PodDisruptionBudgets are respected"),

@@ -8,6 +8,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
 from gate.lifecycle.machine import NodeView, PodView
 
@@ -20,6 +21,9 @@ def node_view(node: Obj) -> NodeView:
     status = node.get("status", {}) or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     taints = tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or [])
+    ours = {c["type"]: NodeCondition(c["type"], str(c.get("status", "")), str(c.get("reason", "")),
+                                     str(c.get("message", "")))
+            for c in status.get("conditions") or [] if str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)}
     return NodeView(
         name=meta.get("name", ""),
         labels=meta.get("labels") or {},
@@ -28,6 +32,7 @@ def node_view(node: Obj) -> NodeView:
         boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
         ready=ready,
         taints=taints,
+        conditions=ours,
     )
 
 

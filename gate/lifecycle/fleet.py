@@ -15,7 +15,7 @@ from gate.api import keys
 from gate.api.common import Condition
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
-from gate.api.state import NodeGateState, StateParseError
+from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
 
@@ -99,6 +99,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     a person's reset or rerun waits for them, so it never uncordons a node under a running stage."""
     name = gate.name
     generation = gate.metadata.generation or 0
+    spec_hash = rollout_hash(gate)
     updates: dict[str, NodeUpdate] = {}
     events: list[EventRequest] = []
     snapshots: list[NodeSnapshot] = []
@@ -134,7 +135,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 state = requested
         effective = state
         if state is not None and in_scope:
-            effective = _requeue(gate, state, generation)
+            effective = _requeue(gate, state, generation, spec_hash)
             if effective is not state:
                 up = _update(updates, node.view.name)
                 up.state = effective
@@ -151,7 +152,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
-    gate_for_plan = _fresh_rollout(gate) if _spec_changed(gate) else gate
+    gate_for_plan = _fresh_rollout(gate) if _spec_changed(gate, spec_hash) else gate
     if resumed:
         gate_for_plan = _resumed(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
         events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the rollout"))
@@ -202,8 +203,36 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 counts.blocked += 1
             else:
                 counts.waiting += 1
-    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now), active, events, rollout,
-                    resumed=resumed)
+    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
+                    rollout, resumed=resumed)
+
+
+def removal_status(gate: NodeGate, fleet: Sequence[FleetNode], now: datetime) -> tuple[NodeGateStatus,
+                                                                                    list[EventRequest]]:
+    """The status of a gate being deleted: a `Deleting` condition saying what its removal waits for,
+    and a Warning Event when it starts waiting for a person (a paused gate uninstalls nothing)."""
+    holders = [n for n in fleet if gate.name in n.states]
+    uninstall = {name for name, pkg in gate.spec.packages.items() if pkg.uninstall.enabled}
+    waiting = [n for n in holders if isinstance(state := n.states[gate.name], NodeGateState)
+               and uninstall & set(state.installed)]
+    base = gate.status or NodeGateStatus()
+    previous = base.conditions
+    events: list[EventRequest] = []
+    if gate.spec.paused and waiting:
+        reason = "Paused"
+        message = (f"The gate is being deleted but is paused: no uninstall starts while it stays paused, and "
+                   f"{len(waiting)} nodes wait to uninstall its packages; `nodegate resume {gate.name}` or "
+                   f"`nodegate delete {gate.name} --force` lets the removal go on")
+        if not any(c.type == "Deleting" and c.reason == "Paused" for c in previous):
+            events.append(EventRequest("gate", "Warning", "DeletionPaused", message))
+    else:
+        reason = "Removing"
+        message = (f"{len(holders)} nodes still carry the gate: it uninstalls what allows it, uncordons and "
+                   "removes its keys, then goes")
+    generation = gate.metadata.generation or 0
+    deleting = _condition("Deleting", True, reason, message, previous, now, generation)
+    conditions = [c for c in previous if c.type != "Deleting"] + [deleting]
+    return base.model_copy(update={"conditions": conditions, "status": "Deleting"}), events
 
 
 def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
@@ -271,22 +300,37 @@ def _status_of(state: NodeGateState | StateParseError | None) -> str:
     return "waiting"
 
 
-def _requeue(gate: NodeGate, state: NodeGateState, generation: int) -> NodeGateState:
+def _requeue(gate: NodeGate, state: NodeGateState, generation: int, spec_hash: str) -> NodeGateState:
     """A finished node goes back in line when the spec asks for more (a new version, config, ...),
-    and a failed node gets another round once the spec changed after its failure."""
-    # A node finished at the gate's current generation has nothing pending: the generation covers the
-    # whole spec. Only older ones need the (per-package) comparison, which is the expensive part here.
-    if state.status == "complete" and state.generation < generation and pending_work(gate, state):
+    and a failed node gets another round once the rollout spec changed after its failure. A pause or
+    a resume is no such change: it bumps the generation, never the rollout hash."""
+    # A node finished under the gate's current rollout hash has nothing pending: the hash covers
+    # everything but `paused`. Only other ones need the (per-package) comparison, the expensive part.
+    changed = state.rollout_hash != spec_hash if state.rollout_hash else state.generation < generation
+    if state.status == "complete" and changed and pending_work(gate, state):
         return state.model_copy(update={"status": "waiting", "batch": 0, "passed": True})
-    if state.status == "failed" and state.failure is not None and state.failure.generation < generation:
+    if state.status == "failed" and state.failure is not None and _failed_before(state.failure, spec_hash,
+                                                                                   generation):
         return state.model_copy(update={"status": "waiting", "batch": 0, "failure": None})
     return state
 
 
-def _spec_changed(gate: NodeGate) -> bool:
+def _failed_before(failure: Failure, spec_hash: str, generation: int) -> bool:
+    """The rollout spec changed since the failure."""
+    if failure.rollout_hash:
+        return failure.rollout_hash != spec_hash
+    return failure.generation < generation  # recorded before failures carried the hash
+
+
+def _spec_changed(gate: NodeGate, spec_hash: str) -> bool:
+    """The rollout spec changed since the last plan (not merely the generation: a pause is no change)."""
     status = gate.status
-    return status is not None and status.observed_generation is not None and (
-        status.observed_generation < (gate.metadata.generation or 0))
+    if status is None:
+        return False
+    if status.rollout_hash:
+        return status.rollout_hash != spec_hash
+    # A status written before it carried the hash: the generation is all there is to go by.
+    return status.observed_generation is not None and status.observed_generation < (gate.metadata.generation or 0)
 
 
 def _fresh_rollout(gate: NodeGate) -> NodeGate:
@@ -311,7 +355,7 @@ def _condition(type_: str, ok: bool, reason: str, message: str, previous: Sequen
 
 
 def _gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
-                 now: datetime) -> NodeGateStatus:
+                 now: datetime, spec_hash: str) -> NodeGateStatus:
     generation = gate.metadata.generation or 0
     previous = gate.status.conditions if gate.status is not None else []
     stopped = [c.name for c in compartments if c.state == "stopped"]
@@ -349,6 +393,6 @@ def _gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartm
     ]
     summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"
     return NodeGateStatus(
-        observed_generation=generation, conditions=conditions, status=summary,
+        observed_generation=generation, rollout_hash=spec_hash, conditions=conditions, status=summary,
         progress=f"{counts.complete}/{counts.matched}", nodes=counts, compartments=compartments,
     )

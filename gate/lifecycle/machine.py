@@ -33,8 +33,10 @@ from gate.api.state import (
     Stage,
     config_hash,
     failure_message,
+    rollout_hash,
     spec_hash,
 )
+from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
@@ -84,6 +86,7 @@ class NodeView:
     boot_id: str
     ready: bool
     taints: tuple[tuple[str, str], ...] = ()  # (key, effect)
+    conditions: Mapping[str, NodeCondition] = field(default_factory=dict)  # NodeGate's own, by type
 
     @property
     def cordoned_by(self) -> str | None:
@@ -216,7 +219,8 @@ class _Round:
     def fail(self, reason: str, message: str, *, package: str | None = None, stage: str = "") -> Decision:
         self.state.status = "failed"
         self.state.failure = Failure(package=package, stage=stage or self.state.phase, reason=reason,
-                                     message=message[:1000], generation=self.gate.metadata.generation or 0)
+                                     message=message[:1000], generation=self.gate.metadata.generation or 0,
+                                     rollout_hash=rollout_hash(self.gate))
         self.changed = True
         self.decision.node.status = "failed"
         where = f"package {package} stage {stage}" if package else f"step {stage or self.state.phase}"
@@ -566,10 +570,11 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
 def _finish(r: _Round) -> None:
     ctx, s = r.ctx, r.state
     if not pending_work(ctx.gate, s):
-        # Complete for this generation. When the spec changed during the round the round's own
-        # (older) generation stays, so the gate-level plan sees the remaining work and picks the node
+        # Complete for this spec. When the spec changed during the round the round's own (older)
+        # generation and hash stay, so the gate-level plan sees the remaining work and picks the node
         # again for a fresh round.
         s.generation = ctx.gate.metadata.generation or s.generation
+        s.rollout_hash = rollout_hash(ctx.gate)
     s.status = "complete"
     s.passed = True
     s.phase = "idle"
@@ -615,12 +620,17 @@ def decide_removal(ctx: NodeContext) -> Decision:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     r.decision.delete_jobs.extend(v.name for v in leftovers)
+    held = False
     for name, pkg in sorted(gate.spec.packages.items()):
         if name not in s.installed or not pkg.uninstall.enabled:
             continue
         job = r.job_name(name, "uninstall", "gate-deleted")
         view = ctx.jobs.get(job)
-        if view is None:
+        if view is None and gate.spec.paused:
+            # A paused gate starts nothing, its removal included: the uninstall waits until a person
+            # unpauses it (`nodegate delete --force` does), whose spec change brings this node back.
+            held = True
+        elif view is None:
             r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
         elif view.phase == "succeeded":
             s.installed = {k: v for k, v in s.installed.items() if k != name}
@@ -633,7 +643,7 @@ def decide_removal(ctx: NodeContext) -> Decision:
             return r.finish_decision()
     if r.decision.create_jobs or any(n in s.installed and p.uninstall.enabled
                                      for n, p in gate.spec.packages.items()):
-        if not r.decision.create_jobs and not r.changed:
+        if not r.decision.create_jobs and not r.changed and not held:
             r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     if _unsettled(r):
@@ -678,6 +688,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.batch = batch
     s.compartment = compartment
     s.generation = gate.metadata.generation or 0
+    s.rollout_hash = rollout_hash(gate)
     # A round that stopped before it finished (it failed, and a person or a spec change starts another)
     # may have applied packages whose interrupt never came, or whose check after it never passed:
     # they keep it, so the new round interrupts the node and checks them again.

@@ -133,13 +133,17 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "deploymentpolicies", "watch"): lambda i: _watch(op(i), POLICIES),
     ("operator-cluster", "nodes", "list"): lambda i: op(i).list(NODES),
     ("operator-cluster", "nodes", "watch"): lambda i: _watch(op(i), NODES),
-    # Operator.reconcile_gate (finalizer), _write_status, _write_node_update, _pods_on, _evict
+    # Operator.reconcile_gate (finalizer), _write_status, _write_node_update, _write_failure_condition,
+    # _pods_on, _evict
     ("operator-cluster", "nodegates", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"metadata": {"finalizers": [], "resourceVersion": "1"}})),
     ("operator-cluster", "nodegates/status", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"status": {}}, subresource="status")),
     ("operator-cluster", "nodes", "patch"): lambda i: _absent_ok(
         op(i).patch(NODES, MISSING, {"spec": {"unschedulable": True}})),
+    ("operator-cluster", "nodes/status", "patch"): lambda i: _absent_ok(op(i).patch(
+        NODES, MISSING, {"status": {"conditions": [{"type": "nodegate.io/failed.probe", "$patch": "delete"}]}},
+        patch_type="strategic", subresource="status")),
     ("operator-cluster", "pods", "list"): lambda i: op(i).list(PODS, field_selector=f"spec.nodeName={MISSING}"),
     ("operator-cluster", "pods/eviction", "create"): lambda i: _absent_ok(op(i).create(
         PODS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": MISSING, "namespace": "default"}},

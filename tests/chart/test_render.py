@@ -399,11 +399,12 @@ def exported_metrics() -> dict[str, set[str]]:
     from prometheus_client.metrics import MetricWrapperBase
 
     from gate.admission.server import Metrics
-    from gate.controller.metrics import OperatorMetrics
+    from gate.controller.metrics import OperatorMetrics, Tracked
 
     out: dict[str, set[str]] = {}
     for holder in (OperatorMetrics(), Metrics()):
-        for metric in vars(holder).values():
+        for held in vars(holder).values():
+            metric = held.metric if isinstance(held, Tracked) else held  # a metric that remembers its series
             if not isinstance(metric, MetricWrapperBase):
                 continue
             # prometheus_client keeps a metric's name and label names in these attributes

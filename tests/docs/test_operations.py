@@ -11,7 +11,8 @@ processes, so the chart's two Deployments are created with 0 replicas (from the 
 rendered from the chart) for the commands that name them.
 
 How each command is checked:
-* `nodegate ...`: run as written, against GATE (rerun, reset, ignore, resume, pause change only it);
+* `nodegate ...`: run as written, against GATE (rerun, reset, ignore, resume, pause change only it;
+  `delete` runs with `--dry-run` added);
   `status --watch` until its first screen, then interrupted (Ctrl-C, exit 130);
 * `kubectl` reads (get, describe, events, rollout status): run as written;
 * `kubectl` writes (delete, patch, scale, rollout restart, apply without a dry run): run with
@@ -138,7 +139,9 @@ def _parse(argv: list[str]) -> None:
 
 def _command(argv: list[str]) -> list[str]:
     if argv[0] == "nodegate":
-        return [sys.executable, "-m", "gate.cli.main", *argv[1:]]
+        # `nodegate delete` would remove GATE, which later sections still need: a server dry run instead.
+        dry = ["--dry-run"] if argv[1:2] == ["delete"] and "--dry-run" not in argv else []
+        return [sys.executable, "-m", "gate.cli.main", *argv[1:], *dry]
     if argv[0] == "kubectl":
         return [kubectl_path(), *argv[1:], *(["--dry-run=server"] if _writes(argv) else [])]
     return argv

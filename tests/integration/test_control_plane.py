@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,59 @@ spec:
         kubectl.run("delete", "dp", f"{name}-policy")
 
 
+# Every name kubectl knows each kind by: `kubectl get nodegate NAME` once failed with "you must specify
+# only one resource", because the kinds' category was `nodegate` too (it is `nodegate-all` now).
+NAMES = {"NodeGate": ("nodegate", "nodegates", "ng", "nodegates.nodegate.io"),
+         "DeploymentPolicy": ("deploymentpolicy", "deploymentpolicies", "dp", "deploymentpolicies.nodegate.io")}
+
+
+def _objects(name: str, count: int) -> str:
+    docs = []
+    for i in range(count):
+        docs.append(f"""apiVersion: nodegate.io/v1alpha1
+kind: DeploymentPolicy
+metadata: {{name: {name}-{i}}}
+spec:
+  default: {{budget: {{count: 1}}}}
+---
+apiVersion: nodegate.io/v1alpha1
+kind: NodeGate
+metadata: {{name: {name}-{i}}}
+spec:
+  nodeSelector: {{matchLabels: {{nothing: selects-this}}}}
+  packages:
+    tuning: {{version: 1.0.0, image: example.com/tuning}}
+""")
+    return "---\n".join(docs)
+
+
+def test_everyday_kubectl_verbs_work_by_singular_plural_and_short_name(kubectl: Kubectl, tmp_path: Path) -> None:
+    name = unique("verbs")
+    # A fresh discovery cache: kubectl would otherwise answer from what it cached of earlier CRDs.
+    cache = ("--cache-dir", str(tmp_path / "kube-cache"))
+    kubectl.apply(_objects(name, 4))
+    try:
+        for kind, names in NAMES.items():
+            for resource in names:
+                got = kubectl.run(*cache, "get", resource, f"{name}-0", "-o", "name")
+                assert got.stdout.strip() == f"{kind.lower()}.nodegate.io/{name}-0", (resource, got.stdout)
+                described = kubectl.run(*cache, "describe", resource, f"{name}-0").stdout
+                assert re.search(rf"^Kind:\s+{kind}$", described, re.M), (resource, described)
+                assert re.search(rf"^Name:\s+{name}-0$", described, re.M), (resource, described)
+        listed = kubectl.run(*cache, "get", "nodegate-all", "-o", "name").stdout.split()
+        for i in range(4):
+            assert {f"nodegate.nodegate.io/{name}-{i}", f"deploymentpolicy.nodegate.io/{name}-{i}"} <= set(listed)
+        # Delete each object by another of its kind's names.
+        for kind, names in NAMES.items():
+            for i, resource in enumerate(names):
+                deleted = kubectl.run(*cache, "delete", resource, f"{name}-{i}", "--wait=false")
+                assert f'{kind.lower()}.nodegate.io "{name}-{i}" deleted' in deleted.stdout, (resource, deleted.stdout)
+    finally:
+        for plural in ("nodegates", "deploymentpolicies"):
+            kubectl.run("delete", f"{plural}.nodegate.io", *(f"{name}-{i}" for i in range(4)),
+                        "--ignore-not-found", "--wait=false", check=False)
+
+
 def _causes(stderr: str) -> list[str]:
     """The `field: reason` causes of kubectl's "is invalid" error: one inline, or several as a list."""
     _, _, rest = stderr.partition(" is invalid: ")
@@ -82,7 +137,11 @@ def _causes(stderr: str) -> list[str]:
         ("interruptionBudget: {percent: 10}\n  deploymentPolicy: p\n  packages: {}",
          "spec", "set at most one of deploymentPolicy and interruptionBudget"),
         ("packages:\n    Bad_Name: {version: 1.0.0, image: x}", "spec.packages",
-         "package names must match ^[a-z][-a-z0-9]{0,41}[a-z]$"),
+         "package name Bad_Name must match ^[a-z][-a-z0-9]{0,41}[a-z]$ (lowercase letters, digits and '-', "
+         "2 to 43 characters)"),
+        ("packages:\n    good-one: {version: 1.0.0, image: x}\n    Bad_Name: {version: 1.0.0, image: x}",
+         "spec.packages", "package name Bad_Name must match ^[a-z][-a-z0-9]{0,41}[a-z]$ (lowercase letters, digits "
+         "and '-', 2 to 43 characters)"),
         ("packages:\n    tool: {version: 1.0.0, image: x, interrupt: {type: service}}",
          "spec.packages[tool].interrupt", "an interrupt of type service needs at least one entry in services"),
         ("interruptionBudget: {percent: 150}\n  packages: {}", "spec.interruptionBudget.percent",

@@ -134,3 +134,15 @@ def test_crd_schema_is_structural_and_described() -> None:
         version = crd["spec"]["versions"][0]
         assert version["subresources"] == {"status": {}}
         walk(version["schema"]["openAPIV3Schema"], "")
+
+
+def test_the_category_is_no_name_of_either_kind() -> None:
+    # kubectl expands a category before it resolves a name: a category equal to `nodegate` made
+    # `kubectl get nodegate NAME` a get of both kinds ("you must specify only one resource").
+    crds = list(all_crds().values())
+    names = {n for crd in crds for key in ("plural", "singular", "kind")
+             for n in [crd["spec"]["names"][key].lower()]}
+    names |= {s for crd in crds for s in crd["spec"]["names"]["shortNames"]}
+    categories = {c for crd in crds for c in crd["spec"]["names"]["categories"]}
+    assert names >= {"nodegate", "nodegates", "ng", "deploymentpolicy", "deploymentpolicies", "dp"}
+    assert categories == {"nodegate-all"} and not categories & names

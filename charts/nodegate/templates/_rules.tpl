@@ -28,6 +28,10 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["patch"]
+# the condition nodegate.io/failed.<gate> on a failed node (kubectl describe node shows why)
+- apiGroups: [""]
+  resources: ["nodes/status"]
+  verbs: ["patch"]
 # pods on a node (every namespace) to wait for and to drain; also the first list of the stage pod cache
 - apiGroups: [""]
   resources: ["pods"]

@@ -18,7 +18,7 @@ from gate.admission.rules import syntax
 from gate.admission.rules.review import Violation
 from gate.admission.rules.syntax import type_name
 from gate.api.common import parse_duration
-from gate.api.nodegate import PACKAGE_NAME_PATTERN
+from gate.api.nodegate import PACKAGE_NAME_PATTERN, PACKAGE_NAME_RULE
 from gate.api.versions import image_tag
 
 _PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
@@ -129,7 +129,7 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     path = f"spec.packages[{name}]"
     if not isinstance(name, str) or not _PACKAGE_NAME.match(name):
         return [Violation("spec.packages", f"package name {name!r} must match {PACKAGE_NAME_PATTERN} "
-                                           "(lowercase letters, digits and '-', 2 to 43 characters)")]
+                                           f"{PACKAGE_NAME_RULE}")]
     if not isinstance(package, dict):
         return [Violation(path, f"must be an object with version and image, not {type_name(package)}")]
     out: list[Violation] = []

@@ -11,10 +11,11 @@ import sys
 
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
-from gate.kube.client import KWOK_STAGES, PDBS, PODS, POLICIES
+from gate.kube.client import EVENTS, KWOK_STAGES, NODES, PDBS, PODS, POLICIES
+from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import Scenario, wait_for
+from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
 SUMMARY = {"package": "tool", "version": "1.0.0", "stage": "apply", "ok": False, "failedStep": "install",
@@ -166,3 +167,130 @@ async def test_status_names_the_disruption_budget_that_made_a_drain_time_out(sce
     finally:
         await scenario.kube.delete(PDBS, app, "default")
         await scenario.kube.delete(PODS, f"{app}-0", "default", body={"gracePeriodSeconds": 0})
+
+
+async def _acted_on_pause(sc: Scenario, paused: bool) -> None:
+    """The operator planned the gate at its current generation, with spec.paused as given."""
+    async def seen() -> bool:
+        gate = await sc.gate()
+        status = gate.get("status") or {}
+        conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        return status.get("observedGeneration") == gate["metadata"]["generation"] and conds.get("Paused") == str(paused)
+
+    await wait_for(seen, timeout=60, what=f"the operator to act on paused={paused}")
+
+
+async def _picture(sc: Scenario) -> tuple[dict[str, object], dict[str, tuple[str | None, str | None]]]:
+    """The compartment's durable rollout state, and every node's status label and state annotation."""
+    [comp] = ((await sc.gate()).get("status") or {}).get("compartments") or []
+    kept = {k: comp.get(k) for k in ("state", "batch", "batchSize", "consecutiveFailures", "failed")}
+    nodes = {}
+    for node in sc.nodes:
+        meta = (await sc.node(node))["metadata"]
+        nodes[node] = ((meta.get("labels") or {}).get(keys.status_label(sc.name)),
+                       (meta.get("annotations") or {}).get(keys.state_annotation(sc.name)))
+    return kept, nodes
+
+
+async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_and_its_batch(
+        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+    g = scenario.name
+    policy = f"{g}-policy"
+    scenario.policies.append(policy)
+    nodes = sorted(await scenario.add_nodes(4), key=order_key)
+    await scenario.kube.apply({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy", "metadata": {"name": policy},
+        "spec": {"default": {"budget": {"count": 2},
+                             "strategy": {"fixed": {"initialBatch": 2, "failureThreshold": 1}}}}},
+        field_manager="test", force=True)
+    await scenario.inject(failing_stage("fail", nodes=nodes, package="tool", stage="apply"))
+    await scenario.apply_gate({"tool": PKG}, deploymentPolicy=policy)
+    await wait_for(lambda: _compartment_is(scenario, "__default__", "stopped"), timeout=60,
+                   what="the compartment stopped")
+    before = await _picture(scenario)
+    # The first batch (2 nodes) failed; the stop keeps the next batch, number 2, at the halved size 1.
+    assert before[0] == {"state": "stopped", "batch": 2, "batchSize": 1, "consecutiveFailures": 1, "failed": 2}
+    assert [before[1][n][0] for n in nodes] == ["failed", "failed", "blocked", "blocked"]
+    jobs = len(job_log.of(g))
+
+    # Pausing (with the command) and unpausing (a plain spec write): each bumps the generation, and the
+    # operator plans the gate at it; neither is a new rollout, so nothing of the picture moves.
+    assert (await cli.ok("pause", g)).out.startswith(f"NodeGate {g}: set spec.paused=true.")
+    await _acted_on_pause(scenario, True)
+    assert await _picture(scenario) == before
+    await scenario.patch_gate({"spec": {"paused": False}})
+    await _acted_on_pause(scenario, False)
+    assert await _picture(scenario) == before
+    assert len(job_log.of(g)) == jobs, "a stage ran after a pause or an unpause alone"
+
+    # `nodegate resume` of a paused gate with a stopped compartment: unpauses and resumes it. What it
+    # prints holds: the failed nodes stay failed; the next batch (one node) runs, fails and stops it again.
+    await cli.ok("pause", g)
+    await _acted_on_pause(scenario, True)
+    resumed = (await cli.ok("resume", g)).out
+    assert "Their failed nodes stay failed" in resumed
+
+    async def stopped_again() -> bool:
+        return (await _picture(scenario))[0]["failed"] == 3 and await _compartment_is(scenario, "__default__",
+                                                                                      "stopped")
+
+    await wait_for(stopped_again, timeout=60, what="the next batch to fail and stop the compartment again")
+    after = await _picture(scenario)
+    assert after[0] == {"state": "stopped", "batch": 3, "batchSize": 1, "consecutiveFailures": 1, "failed": 3}
+    assert {n: after[1][n] for n in nodes[:2]} == {n: before[1][n] for n in nodes[:2]}
+    assert after[1][nodes[3]][0] == "blocked"
+    assert {r.node for r in job_log.of(g)[jobs:]} == {nodes[2]}
+
+
+async def _compartment_is(sc: Scenario, name: str, state: str) -> bool:
+    return await _compartment_state(sc, name) == state
+
+
+
+async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
+        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+    g = scenario.name
+    nodes = await scenario.add_nodes(2)
+    await scenario.apply_gate({"agent": {**PKG, "uninstall": {"enabled": True}}, "keep": PKG})
+    await scenario.wait_ready()
+    await cli.ok("pause", g)
+    await _acted_on_pause(scenario, True)
+
+    out = (await cli.ok("delete", g)).out
+    assert f"NodeGate {g}: deleted. It is paused: no uninstall starts while it stays paused" in out
+
+    async def waits_for_a_person() -> bool:
+        conds = {c["type"]: c for c in ((await scenario.gate()).get("status") or {}).get("conditions") or []}
+        return conds.get("Deleting", {}).get("reason") == "Paused"
+
+    await wait_for(waits_for_a_person, what="the gate to say its removal waits")
+    gate = await scenario.gate()
+    [cond] = [c for c in gate["status"]["conditions"] if c["type"] == "Deleting"]
+    assert cond["status"] == "True" and "2 nodes wait to uninstall its packages" in cond["message"]
+    assert gate["status"]["status"] == "Deleting"
+    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={g}")
+    assert "DeletionPaused" in {e["reason"] for e in events}
+    assert (await cli.ok("delete", g)).out.startswith(f"NodeGate {g} is already being deleted (paused")
+    assert [r for r in job_log.of(g) if r.stage == "uninstall"] == []
+    for node in nodes:
+        assert keys.state_annotation(g) in (await scenario.node(node))["metadata"]["annotations"]
+    _, before = await scenario.kube.list(NODES, label_selector=f"test={g}")  # the etcd revision now
+
+    out = (await cli.ok("delete", g, "--force")).out
+    assert out.startswith(f"NodeGate {g}: set spec.paused=false.")
+
+    async def gone() -> bool:
+        try:
+            await scenario.gate()
+            return False
+        except NotFound:
+            return True
+
+    await wait_for(gone, timeout=60, what="the gate released")
+    uninstalls = [r for r in job_log.of(g) if r.stage == "uninstall"]
+    assert sorted(r.node for r in uninstalls) == sorted(nodes) and {r.package for r in uninstalls} == {"agent"}
+    assert all(r.resource_version > int(before) for r in uninstalls), "an uninstall started while paused"
+    for node in nodes:
+        meta = (await scenario.node(node))["metadata"]
+        ours = [k for k in (*meta.get("annotations", {}), *meta.get("labels", {})) if k.startswith("nodegate.io/")]
+        assert ours == [], ours

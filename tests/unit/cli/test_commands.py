@@ -13,8 +13,9 @@ from gate.cli.main import main, parser, prog_name
 CLUSTER_COMMANDS = {
     "status": [], "plan": ["g"], "pause": ["g"], "resume": ["g"], "rerun": ["g", "--node", "n", "--package", "p"],
     "node list": [], "node reset": ["n"], "node ignore": ["n"], "node unignore": ["n"], "package logs": ["n", "p"],
+    "delete": ["g"],
 }
-CHANGING = {"pause", "resume", "rerun", "node reset", "node ignore", "node unignore"}
+CHANGING = {"pause", "resume", "rerun", "node reset", "node ignore", "node unignore", "delete"}
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -55,7 +56,11 @@ def test_help_lists_the_everyday_commands_first(capsys: pytest.CaptureFixture[st
     parser().print_help()
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("    ")
               and not line.startswith("     ")]
-    assert listed[:6] == ["status", "plan", "pause", "resume", "rerun", "node"]
+    assert listed[:7] == ["status", "plan", "pause", "resume", "rerun", "node", "delete"]
+
+
+def test_delete_forces_only_when_asked() -> None:
+    assert _parse(["delete", "g"]).force is False and _parse(["delete", "g", "--force"]).force is True
 
 
 def _error_line(capsys: pytest.CaptureFixture[str]) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
-from gate.api.state import Failure, Installed, NodeGateState, StateParseError, spec_hash
-from gate.lifecycle.fleet import FleetNode, plan_gate
+from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
+from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate, removal_status
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 
@@ -44,15 +44,103 @@ def test_a_version_change_puts_complete_nodes_back_in_line() -> None:
     assert update.state is not None and update.state.status == "in-progress" and update.state.round == 2
 
 
-def test_failed_nodes_retry_only_after_the_spec_changed() -> None:
+def _next_generation(g: NodeGate, **spec: Any) -> NodeGate:
+    """`g` after a spec write: the API server bumps the generation for any change of spec, a pause too."""
+    raw = g.to_wire()
+    raw["metadata"]["generation"] = (g.metadata.generation or 0) + 1
+    raw["spec"].update(spec)
+    return NodeGate.model_validate(raw)
+
+
+def _failed(g: NodeGate) -> NodeGateState:
+    return NodeGateState(status="failed", round=1, batch=1, compartment="__default__",
+                         failure=Failure(stage="apply", reason="StageFailed", generation=g.metadata.generation or 0,
+                                         rollout_hash=rollout_hash(g)))
+
+
+def _untouched(plan: GatePlan, node: str) -> bool:
+    return node not in plan.updates or plan.updates[node].state is None
+
+
+def test_failed_nodes_retry_only_after_the_rollout_spec_changed() -> None:
     g = gate({"k": PKG})
-    failed = NodeGateState(status="failed", round=1, batch=1, failure=Failure(stage="apply", reason="StageFailed",
-                                                                              generation=1))
-    same = plan_gate(g, None, [fleet_node("n1", state=failed)], gates=[g], now=NOW)
-    assert "n1" not in same.updates or same.updates["n1"].state is None
-    newer = NodeGate.model_validate({**g.to_wire(), "metadata": {"name": "g", "generation": 2}})
-    retry = plan_gate(newer, None, [fleet_node("n1", state=failed)], gates=[newer], now=NOW)
+    failed = _failed(g)
+    assert _untouched(plan_gate(g, None, [fleet_node("n1", state=failed)], gates=[g], now=NOW), "n1")
+    fixed = _next_generation(g, packages={"k": {**PKG, "version": "1.0.1"}})
+    retry = plan_gate(fixed, None, [fleet_node("n1", state=failed)], gates=[fixed], now=NOW)
     assert retry.updates["n1"].state is not None and retry.updates["n1"].state.status == "in-progress"
+
+
+def test_pausing_and_unpausing_keep_a_failed_node_failed() -> None:
+    g = gate({"k": PKG})
+    failed = _failed(g)
+    paused = _next_generation(g, paused=True)
+    unpaused = _next_generation(paused, paused=False)
+    for later in (paused, unpaused):
+        plan = plan_gate(later, None, [fleet_node("n1", state=failed)], gates=[later], now=NOW)
+        assert _untouched(plan, "n1") and plan.status.nodes.failed == 1, later.metadata.generation
+
+
+def test_a_failure_recorded_without_the_hash_retries_after_a_generation_change() -> None:
+    # A state written by an operator that did not record the hash yet: the generation decides, as it did.
+    g = gate({"k": PKG})
+    legacy = NodeGateState(status="failed", round=1, batch=1,
+                           failure=Failure(stage="apply", reason="StageFailed", generation=1))
+    assert _untouched(plan_gate(g, None, [fleet_node("n1", state=legacy)], gates=[g], now=NOW), "n1")
+    newer = _next_generation(g)
+    retry = plan_gate(newer, None, [fleet_node("n1", state=legacy)], gates=[newer], now=NOW)
+    assert retry.updates["n1"].state is not None and retry.updates["n1"].state.status == "in-progress"
+
+
+def _stopped(g: NodeGate) -> NodeGate:
+    """`g` as the operator leaves it after its compartment stopped: batch 3 planned at size 1."""
+    raw = g.to_wire()
+    raw["status"] = {"observedGeneration": g.metadata.generation, "rolloutHash": rollout_hash(g),
+                     "compartments": [{"name": "__default__", "state": "stopped", "batch": 3, "batchSize": 1,
+                                       "consecutiveFailures": 2, "matched": 3, "failed": 2}]}
+    return NodeGate.model_validate(raw)
+
+
+def test_pausing_and_unpausing_keep_a_stopped_compartment_and_its_batch() -> None:
+    g = gate({"k": PKG}, interruptionBudget={"count": 3})
+    base = _stopped(g)
+    fleet = [fleet_node("n1", state=_failed(g).model_copy(update={"batch": 1})),
+             fleet_node("n2", state=_failed(g).model_copy(update={"batch": 2})), fleet_node("n3")]
+    paused = _next_generation(base, paused=True)  # the status is the one written before the pause
+    unpaused = _next_generation(paused, paused=False)
+    for later in (base, paused, unpaused):
+        plan = plan_gate(later, None, fleet, gates=[later], now=NOW)
+        [comp] = plan.status.compartments
+        assert (comp.state, comp.batch, comp.batch_size, comp.consecutive_failures) == ("stopped", 3, 1, 2)
+        assert plan.active == [] and _untouched(plan, "n1") and _untouched(plan, "n2")
+        assert plan.status.rollout_hash == rollout_hash(g)
+
+
+def test_a_rollout_spec_change_resumes_a_stopped_compartment_and_starts_batches_small() -> None:
+    g = gate({"k": PKG}, interruptionBudget={"count": 3})
+    fixed = _next_generation(g, packages={"k": {**PKG, "version": "1.0.1"}})
+    changed = _next_generation(_stopped(g), packages={"k": {**PKG, "version": "1.0.1"}})
+    plan = plan_gate(changed, None, [fleet_node("n1", state=_failed(g)), fleet_node("n2")], gates=[changed],
+                     now=NOW)
+    [comp] = plan.status.compartments
+    assert comp.state == "rolling" and comp.consecutive_failures == 0
+    assert plan.status.rollout_hash == rollout_hash(fixed) != rollout_hash(g)
+
+
+def test_the_rollout_hash_covers_all_of_the_spec_but_paused() -> None:
+    g = gate({"k": PKG})
+    assert rollout_hash(_next_generation(g, paused=True)) == rollout_hash(g)
+    # A default spelt out, as the mutating webhook writes it, is no change either.
+    assert rollout_hash(_next_generation(g, priority=200, packages={"k": {**PKG, "retries": 2}})) == rollout_hash(g)
+    for change in ({"packages": {"k": {**PKG, "version": "1.0.1"}}},
+                   {"packages": {"k": {**PKG, "config": {"a": "1"}}}},
+                   {"packages": {"k": {**PKG, "env": [{"name": "X", "value": "1"}]}}},
+                   {"packages": {"k": {**PKG, "image": "example.com/other"}}},
+                   {"packages": {"k": {**PKG, "resources": {"limits": {"cpu": "1"}}}}},
+                   {"nodeSelector": {"matchLabels": {"pool": "b"}}},
+                   {"deploymentPolicy": "fleet"},
+                   {"interruptionBudget": {"count": 1}}):
+        assert rollout_hash(_next_generation(g, **change)) != rollout_hash(g), change
 
 
 def test_a_node_joining_after_a_readiness_gate_is_tainted_and_an_old_one_is_not() -> None:
@@ -189,3 +277,21 @@ def test_a_node_leaving_the_selector_while_waiting_loses_the_gate_label() -> Non
     plan = plan_gate(g, None, [waiting, fleet_node("n2", labels={"pool": "b"})], gates=[g], now=NOW)
     assert plan.updates["n1"].remove_state and "n2" not in plan.updates
     assert plan.status.nodes.matched == 0
+
+
+def test_a_paused_gate_being_deleted_says_why_its_removal_waits_and_announces_it_once() -> None:
+    spec = {"keep": PKG, "agent": {**PKG, "uninstall": {"enabled": True}}}
+    g = gate(spec, paused=True)
+    fleet = [fleet_node("n1", state=complete(g)), fleet_node("n2", state=complete(gate({"keep": PKG}))),
+             fleet_node("n3")]
+    status, events = removal_status(g, fleet, NOW)
+    [cond] = [c for c in status.conditions if c.type == "Deleting"]
+    assert (cond.status, cond.reason) == ("True", "Paused") and status.status == "Deleting"
+    assert "1 nodes wait to uninstall" in cond.message and "nodegate delete g --force" in cond.message
+    assert [(e.type, e.reason) for e in events] == [("Warning", "DeletionPaused")]
+    again = NodeGate.model_validate({**g.to_wire(), "status": status.to_wire()})
+    assert removal_status(again, fleet, NOW)[1] == []  # the Event comes once, when the wait begins
+    unpaused = gate(spec)
+    status, events = removal_status(unpaused, fleet, NOW)
+    [cond] = [c for c in status.conditions if c.type == "Deleting"]
+    assert cond.reason == "Removing" and cond.message.startswith("2 nodes still carry the gate") and not events

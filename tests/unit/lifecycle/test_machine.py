@@ -9,7 +9,7 @@ import pytest
 
 from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
-from gate.api.state import Installed, NodeGateState, spec_hash
+from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
 from gate.lifecycle.machine import (
     Decision,
     JobView,
@@ -191,6 +191,15 @@ def test_a_failed_stage_fails_the_node_with_the_job_message() -> None:
     assert d.state is not None and d.state.status == "failed"
     assert d.state.failure is not None and d.state.failure.package == "k" and "failedStep" in d.state.failure.message
     assert d.node.status == "failed"
+    # What it failed under: the rollout spec (a pause, which bumps only the generation, is no reason to retry).
+    assert d.state.failure.rollout_hash == rollout_hash(g) != ""
+
+
+def test_a_node_records_the_rollout_spec_it_completed() -> None:
+    g = gate({"k": PKG})
+    assert started(g).rollout_hash == rollout_hash(g)
+    final, _, _ = run_until_quiet(g, started(g).model_copy(update={"rollout_hash": "older"}))
+    assert final.status == "complete" and final.rollout_hash == rollout_hash(g)
 
 
 def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
@@ -258,6 +267,19 @@ def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
     assert early.state is not None and "gone" not in early.state.installed
     later = decide_removal(ctx(g, early.state, n=cordoned))
     assert later.remove_state and later.node.unschedulable is False and not later.create_jobs
+
+
+def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_nothing_to_uninstall() -> None:
+    g = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}}, paused=True)
+    installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
+    state = NodeGateState(status="complete", installed=installed, round=1)
+    held = decide_removal(ctx(g, state))
+    assert not held.create_jobs and not held.remove_state and held.state is None
+    assert held.requeue_after is None  # the unpause (a spec change) brings the node back, no polling
+    nothing = NodeGateState(status="complete", installed={"keep": installed["keep"]}, round=1)
+    assert decide_removal(ctx(g, nothing)).remove_state
+    unpaused = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}})
+    assert [r.stage for r in decide_removal(ctx(unpaused, state)).create_jobs] == ["uninstall"]
 
 
 def test_job_names_are_deterministic_and_change_with_the_round() -> None:

@@ -1,0 +1,61 @@
+"""NodeGate's condition on a failed node, next to the status label: decided here, written by the operator.
+
+A node that failed for a gate carries the Node condition `nodegate.io/failed.<gate>` (status True,
+reason the failure's reason, a message naming the package, the stage and what went wrong), so that
+`kubectl describe node` shows why and tools that watch node conditions see it. The condition is
+derived from the gate's state on the node alone, level-triggered: it is there exactly while the state
+says failed, and goes when the node gets another round (a rerun, a reset, a spec change), leaves the
+gate, or the gate is deleted.
+
+Conditions live in the Node's status, which kubelets write too: the operator sends a strategic merge
+patch of the status subresource that touches only its own entry (the list is merged by `type`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.state import NodeGateState, StateParseError, failure_message
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    """One entry of a Node's status.conditions, as far as NodeGate decides it."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+def failure_condition(gate: str, state: NodeGateState | StateParseError | None) -> NodeCondition | None:
+    """The condition the node must carry for `gate`, or None when it must carry none."""
+    kind = keys.failed_condition(gate)
+    if isinstance(state, StateParseError):
+        return NodeCondition(kind, "True", "StateCorrupt",
+                             f"NodeGate {gate}: {state}; reset the node with `nodegate node reset`")
+    if state is None or state.status != "failed" or state.failure is None:
+        return None
+    f = state.failure
+    where = f"package {f.package} failed in stage {f.stage}" if f.package else f"failed in step {f.stage}"
+    detail = failure_message(f.message)
+    return NodeCondition(kind, "True", f.reason, f"NodeGate {gate}: {where}" + (f": {detail}" if detail else ""))
+
+
+def condition_patch(current: NodeCondition | None, wanted: NodeCondition | None, kind: str,
+                    now: datetime) -> dict[str, Any] | None:
+    """The strategic merge patch of the Node's status that turns `current` into `wanted` (None: no
+    entry of type `kind`); None when nothing needs to change."""
+    if current == wanted:
+        return None
+    if wanted is None:
+        return {"status": {"conditions": [{"type": kind, "$patch": "delete"}]}}
+    stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+    entry: dict[str, Any] = {"type": wanted.type, "status": wanted.status, "reason": wanted.reason,
+                             "message": wanted.message, "lastHeartbeatTime": stamp}
+    if current is None or current.status != wanted.status:
+        entry["lastTransitionTime"] = stamp
+    return {"status": {"conditions": [entry]}}
