@@ -66,6 +66,14 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
 
     for name, path in ensure_built(progress=_err).items():
         print(f"{name}\t{path}")
+    if args.real_nodes:
+        from gate.devcluster import realnode
+        from gate.devcluster.images import build_images
+
+        root, tools = realnode.prepare(_err)
+        print(f"node-root\t{root}\nnode-tools\t{tools}")
+        for name, image in build_images(_err).items():
+            print(f"image:{name}\t{image}")
     return 0
 
 
@@ -192,6 +200,8 @@ def parser() -> argparse.ArgumentParser:
         "cluster's registry, print NAME=REFERENCE by digest")
     im.set_defaults(func=cmd_dev_images)
     bd = dev_sub.add_parser("build", help="build the control plane binaries (once per machine)")
+    bd.add_argument("--real-nodes", action="store_true",
+                    help="also build what real nodes need: their Debian root, init and pause, and the images")
     bd.set_defaults(func=cmd_dev_build)
 
     demo = sub.add_parser("demo", help="a live rollout on a local control plane with simulated nodes")
@@ -254,8 +264,9 @@ def describe_failure(exc: BaseException) -> str:
 
     from gate.devcluster.build import BuildError
     from gate.devcluster.cluster import ClusterError
+    from gate.devcluster.realnode import RealNodeError
 
-    if isinstance(exc, (BuildError, ClusterError)):
+    if isinstance(exc, (BuildError, ClusterError, RealNodeError)):
         return str(exc)
     if _is_api_failure(exc):  # a command that did not translate its own
         from gate.cli.kubectx import explain

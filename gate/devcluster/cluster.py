@@ -27,7 +27,7 @@ import yaml
 
 from gate.certs import pki
 from gate.devcluster import build, realnode, stages
-from gate.devcluster.network import SERVICE_CIDR, ClusterNetwork
+from gate.devcluster.network import MAX_REAL_NODES, SERVICE_CIDR, ClusterNetwork
 from gate.kube.client import CRDS, KWOK_STAGES, NAMESPACES, NODES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed
 
@@ -197,6 +197,9 @@ class DevCluster:
         mark them NotReady as well.
         """
         started = time.monotonic()
+        if real_nodes is not None and not 0 <= real_nodes.count <= MAX_REAL_NODES:
+            raise ClusterError(f"--real-nodes {real_nodes.count}: a dev cluster runs 0 to {MAX_REAL_NODES} real nodes "
+                               "(two cores carry two or three)")
         bins = build.ensure_built(progress=progress)
         want_real = real_nodes is not None and real_nodes.count > 0
         if want_real:
@@ -316,7 +319,7 @@ class DevCluster:
         kwok_config = self.dir / "kwok.yaml"
         kwok_config.write_text(yaml.safe_dump({
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-            "options": {"podPlayStageParallelism": 64, "nodePlayStageParallelism": 16},
+            "options": {"podPlayStageParallelism": 64, "nodePlayStageParallelism": 16, "nodeLeaseParallelism": 16},
         }))
         procs["kwok"] = self._spawn("kwok", [
             str(bins["kwok"]), "--config", str(kwok_config), "--kubeconfig", str(self.dir / "kwok.kubeconfig"),
@@ -466,7 +469,10 @@ class DevCluster:
             # Each supervisor stops its node and removes its cgroups and links; this does it again for
             # one that was killed before it could, then removes the cluster's bridge.
             for config in self.real_node_configs():
-                realnode.clean_up(config)
+                try:
+                    realnode.clean_up(config)
+                except (realnode.RealNodeError, ValueError, OSError) as exc:  # the others still go
+                    print(f"warning: cleaning up real node {config.name}: {exc}")
             realnode.remove_bridge(self.network)
         if not keep_state:
             shutil.rmtree(self.dir / "etcd", ignore_errors=True)

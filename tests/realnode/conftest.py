@@ -27,6 +27,7 @@ from tests.conftest import Kubectl, unique
 
 REAL_NODES = 2
 POOL_LABEL = "nodegate.dev/pool"
+SIMULATED_TAINT = {"key": "nodegate.dev/simulated", "value": "true", "effect": "NoSchedule"}
 
 
 @dataclass
@@ -134,14 +135,16 @@ def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster
     if reason := _skip_reason():
         pytest.skip(f"real nodes cannot run on this machine: {reason}")
     from gate.devcluster import services
-    from gate.devcluster.cluster import DevCluster, RealNodeSpec
+    from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
     from gate.devcluster.images import ensure_images
 
     state = Path(tmp_path_factory.mktemp("realcluster"))
     dev = DevCluster(state)
     progress = _progress(state / "progress.log")
     try:
-        dev.up(None, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}), progress=progress)
+        # One kwok node next to the real ones, tainted so that no pod of a test lands on it by chance.
+        simulated = NodeSpec(1, {POOL_LABEL: "kwok"}, taints=[SIMULATED_TAINT])
+        dev.up(simulated, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}), progress=progress)
         images = ensure_images(dev, host=dev.network.gateway, progress=progress)
         asyncio.run(services.install_crds(dev))
         yield RealCluster(dev, images, Kubectl(dev.kubeconfig), [f"real-node-{i}" for i in range(REAL_NODES)],

@@ -51,3 +51,16 @@ def test_net_sysctls_are_the_nodes_own(real_nodes: RealCluster) -> None:
         assert real_nodes.node_sh(second, "sysctl -n net.core.somaxconn").stdout.strip() == before
     finally:
         real_nodes.node_sh(first, f"sysctl -q -w net.core.somaxconn={before}")
+
+
+def test_kwok_nodes_next_to_real_ones_stay_ready_with_the_node_lifecycle_controller_on(
+        real_nodes: RealCluster) -> None:
+    # With real nodes the node lifecycle controller runs (a silent node goes NotReady in 16 s); kwok
+    # then renews its nodes' leases, or they would go NotReady too. By now the session is far past that.
+    ready = "{.status.conditions[?(@.type=='Ready')].status}"
+    jsonpath = f"jsonpath={{range .items[*]}}{{.metadata.name}}={ready}{{'\\n'}}{{end}}"
+    out = real_nodes.kubectl.run("get", "nodes", "-l", "nodegate.dev/pool=kwok", "-o", jsonpath).stdout.split()
+    assert out == ["kwok-node-0=True"], out
+    renewed = real_nodes.kubectl.run("get", "lease", "-n", "kube-node-lease", "kwok-node-0", "-o",
+                                     "jsonpath={.spec.renewTime}").stdout
+    assert renewed, "kwok renews the lease of its node"

@@ -1,0 +1,75 @@
+"""The real nodes' settings as data: addresses, containerd's and the kubelet's configuration, the checks
+that decide whether this machine can run them. The nodes themselves are tested in tests/realnode."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gate.devcluster import realnode
+from gate.devcluster.network import MAX_REAL_NODES, ClusterNetwork
+
+
+def config(tmp_path: Path, index: int = 1) -> realnode.NodeConfig:
+    return realnode.NodeConfig(
+        name=f"real-node-{index}", index=index, cluster_dir=str(tmp_path), lower="/lower", kubelet="/kubelet",
+        tools="/tools", apiserver_port=6443, registry="10.213.7.1:5000", labels={"a": "b"}, taints=[])
+
+
+def test_every_node_of_a_cluster_gets_its_own_address_pod_range_and_veth() -> None:
+    net = ClusterNetwork(7)
+    ips = {net.node_ip(i) for i in range(MAX_REAL_NODES)}
+    pods = {net.pod_cidr(i) for i in range(MAX_REAL_NODES)}
+    veths = {net.host_veth(i) for i in range(MAX_REAL_NODES)}
+    assert len(ips) == len(pods) == len(veths) == MAX_REAL_NODES
+    assert net.gateway not in ips and all(ip.startswith("10.213.7.") for ip in ips)
+    assert all(len(v) <= 15 for v in [*veths, net.bridge])  # Linux interface names
+    with pytest.raises(ValueError, match="at most 4 real nodes"):
+        net.node_ip(MAX_REAL_NODES)
+
+
+def test_two_state_directories_rarely_share_a_network(tmp_path: Path) -> None:
+    indexes = {ClusterNetwork.of(tmp_path / f"cluster-{i}").index for i in range(8)}
+    assert len(indexes) >= 6
+    assert ClusterNetwork.of(tmp_path / "a") == ClusterNetwork.of(tmp_path / "a")
+
+
+def test_containerd_restricts_oom_score_adj_and_pulls_the_sandbox_from_the_cluster_registry(tmp_path: Path) -> None:
+    parsed = tomllib.loads(realnode.containerd_config(config(tmp_path)))
+    cri = parsed["plugins"]["io.containerd.grpc.v1.cri"]
+    # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails to start.
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["sandbox_image"] == f"10.213.7.1:5000/{realnode.PAUSE_IMAGE}"
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert cri["registry"]["config_path"] == "/etc/containerd/certs.d"
+
+
+def test_the_kubelet_uses_cgroupfs_on_cgroup_v1_under_a_root_of_the_nodes_own(tmp_path: Path) -> None:
+    kubelet = realnode.kubelet_config(config(tmp_path, 2))
+    assert kubelet["cgroupDriver"] == "cgroupfs" and kubelet["failCgroupV1"] is False
+    net = ClusterNetwork.of(tmp_path)
+    assert kubelet["cgroupRoot"] == f"/nodegate-{net.index}-real-node-2"
+    assert kubelet["podCIDR"] == net.pod_cidr(2)
+    assert kubelet["authentication"] == {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                                         "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"}}
+
+
+def test_a_machine_without_root_is_told_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(realnode.os, "geteuid", lambda: 1000)
+    reason = realnode.unsupported_reason()
+    assert reason == "real nodes need root (namespaces, mounts, cgroups)"
+
+
+def test_a_machine_without_unshare_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(realnode.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(realnode.shutil, "which", lambda tool: None if tool == "unshare" else f"/usr/bin/{tool}")
+    reason = realnode.unsupported_reason() or ""
+    assert reason.startswith("real nodes need unshare (apt-get install ") and "\n" not in reason
+
+
+def test_the_node_stand_ins_say_what_they_stand_in_for() -> None:
+    for name in ("systemctl", "grub-probe", "boot-cmdline"):
+        head = (realnode.NODE_FILES / name).read_text().splitlines()[1]
+        assert head.startswith("# STAND-IN for"), name
