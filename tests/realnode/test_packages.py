@@ -129,3 +129,28 @@ async def roll_and_remove(real: RealCluster, gate_name: str, watcher: InvariantW
         for key, value in saved.items():
             set_machine_value(key, value)
     return report
+
+
+def test_a_net_sysctl_changes_the_nodes_network_namespace_not_the_stage_pods(real: RealCluster, gate_name: str) -> None:
+    """Regression (issue 13): stage pods without hostNetwork ran `sysctl -p` in their own network
+    namespace; the package's check read that copy back and passed while the node kept its value.
+    Without a reboot to reload /etc/sysctl.d, only the node's own namespace can tell."""
+    node = real.nodes[1]
+    saved = {key: machine_value(key) for key in SHARED_KERNEL_VALUES}
+    before = real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip()
+    assert before != "8192"
+    real.kubectl.apply(yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": gate_name},
+        "spec": {"nodeSelector": {"matchLabels": {POOL_LABEL: "real", "kubernetes.io/hostname": node}},
+                 "packages": {"sysctl-tuning": {"version": "1.0.0", "image": real.images["sysctl-tuning"],
+                                                "interrupt": {"type": "none"}, "uninstall": {"enabled": True}}}},
+    }))
+    try:
+        real.wait_complete(gate_name, 300.0)
+        assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == "8192"
+        real.delete_gate(gate_name, 300.0)
+        assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == before
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+        for key, value in saved.items():
+            set_machine_value(key, value)
