@@ -491,6 +491,7 @@ class Operator:
         for node in holders:
             self.queue.add(("node", gate.name, node))
         if holders:
+            await self._sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
             status, events = removal_status(gate, self._fleet(), datetime.now(UTC))
             await self._write_status(obj, status.to_wire())
             for event in events:

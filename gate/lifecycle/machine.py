@@ -620,6 +620,12 @@ def decide_removal(ctx: NodeContext) -> Decision:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     r.decision.delete_jobs.extend(v.name for v in leftovers)
+    if keys.reset_annotation(gate.name) in ctx.node.annotations:
+        # A person reset the node (after a failed uninstall, say, fixed by hand): what the gate installed
+        # there is forgotten, so nothing is uninstalled, and the node is released below.
+        s.installed = {}
+        r.changed = True
+        r.decision.delete_jobs.extend(v.name for v in ctx.jobs.values() if v.name.startswith("ng-uninstall-"))
     held = False
     for name, pkg in sorted(gate.spec.packages.items()):
         if name not in s.installed or not pkg.uninstall.enabled:

@@ -120,3 +120,25 @@ async def test_metric_series_go_with_their_compartment_package_and_gate(scenario
 async def _none_left(sc: Scenario, gate: str) -> bool:
     return _series(sc, gate) == []
 
+
+
+async def test_a_failed_uninstall_shows_on_its_node_and_a_reset_lets_the_deleted_gate_go(
+        scenario: Scenario, kubectl: Kubectl) -> None:
+    g = scenario.name
+    [node] = await scenario.add_nodes(1)
+    await scenario.apply_gate({"agent": {**PKG, "uninstall": {"enabled": True}}})
+    await scenario.wait_ready()
+    await scenario.inject(failing_stage("fail", nodes=[node], package="agent", stage="uninstall"))
+    await scenario.kube.delete(NODEGATES, g)
+    await scenario.wait_node(node, "failed")
+    cond = await _until_condition(kubectl, node, g, present=True)
+    assert cond is not None and cond["reason"] == "UninstallFailed"
+    assert cond["message"].startswith(f"NodeGate {g}: package agent failed in stage uninstall")
+    assert (await scenario.gate())["metadata"]["finalizers"] == [keys.FINALIZER]  # held: the node is not clean
+
+    # Fixed by hand, the node is reset (what `nodegate node reset` asks): released, and the gate goes.
+    await scenario.kube.patch(NODES, node, {"metadata": {"annotations": {keys.reset_annotation(g): "now"}}})
+    await scenario.delete_gate()
+    meta = (await scenario.node(node))["metadata"]
+    assert [k for k in (*meta.get("annotations", {}), *meta.get("labels", {})) if k.startswith("nodegate.io/")] == []
+    assert _condition(kubectl, node, g) is None

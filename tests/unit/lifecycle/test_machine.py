@@ -282,6 +282,21 @@ def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_no
     assert [r.stage for r in decide_removal(ctx(unpaused, state)).create_jobs] == ["uninstall"]
 
 
+def test_a_reset_releases_a_node_whose_uninstall_failed_while_the_gate_is_deleted() -> None:
+    g = gate({"gone": {**PKG, "uninstall": {"enabled": True}}})
+    installed = {"gone": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["gone"]))}
+    state = NodeGateState(status="complete", installed=installed, round=1)
+    [req] = decide_removal(ctx(g, state)).create_jobs
+    failed = decide_removal(ctx(g, state, jobs={req.name: JobView(req.name, "failed", message="boom")}))
+    assert failed.state is not None and failed.state.failure is not None
+    assert failed.state.failure.reason == "UninstallFailed"
+    stuck = decide_removal(ctx(g, failed.state, jobs={req.name: JobView(req.name, "failed")}))
+    assert not stuck.remove_state and not stuck.create_jobs  # a failed uninstall is not retried by itself
+    reset = node(annotations={keys.reset_annotation("g"): "now"})
+    released = decide_removal(ctx(g, failed.state, n=reset, jobs={req.name: JobView(req.name, "failed")}))
+    assert released.remove_state and req.name in released.delete_jobs and not released.create_jobs
+
+
 def test_job_names_are_deterministic_and_change_with_the_round() -> None:
     g = gate({"k": PKG})
     first = decide(ctx(g, started(g))).create_jobs[0].name
