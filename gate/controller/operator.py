@@ -32,7 +32,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.events import EventRecorder
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, job_view, stage_job
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, facts_of, job_view, stage_job
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
@@ -523,7 +523,8 @@ class Operator:
         for request in decision.create_jobs:
             if request.package is not None and gate.spec.packages[request.package].config:
                 await self._ensure(CONFIGMAPS, config_map(gate, request.package, self.settings))
-            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings))
+            facts = facts_of(node_obj, decision.state or _parsed_or_none(old_state))
+            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings, facts))
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
                 self.jobs.observe(created)
@@ -748,6 +749,13 @@ def _joined_after(node: Obj, gate: Obj) -> bool:
 def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
     return (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
             and bool(state.drain_blocked_by))
+
+
+def _parsed_or_none(raw: str | None) -> NodeGateState | None:
+    try:
+        return load_state(raw) if raw else None
+    except StateParseError:
+        return None
 
 
 def _parse_time(text: str | None) -> datetime | None:
