@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from gate import __version__
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
@@ -76,7 +77,8 @@ class Operator:
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
-                                     renew_deadline=settings.renew_deadline)
+                                     renew_deadline=settings.renew_deadline,
+                                     annotations={keys.OPERATOR_VERSION_ANNOTATION: __version__})
 
     # -- process ----------------------------------------------------------------------------------
 
