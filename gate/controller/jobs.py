@@ -79,12 +79,12 @@ def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
     }
 
 
-def facts_of(node: Obj, state: NodeGateState | None) -> OperatorFacts:
-    """The facts of a node for its stage pods: its labels and annotations as last seen, and the place
-    in the rollout its state (the round the stage belongs to) records."""
+def facts_of(name: str, node: Obj, state: NodeGateState | None) -> OperatorFacts:
+    """The facts of node `name` for its stage pods: its labels and annotations as last seen (`node`, empty
+    when the cache lost it), and the place in the rollout its state (the stage's round) records."""
     meta = node.get("metadata") or {}
     place = RolloutPlace(compartment=state.compartment, batch=state.batch, round=state.round) if state else None
-    return operator_facts(meta.get("name", ""), meta.get("labels") or {}, meta.get("annotations") or {}, place)
+    return operator_facts(name, meta.get("labels") or {}, meta.get("annotations") or {}, place)
 
 
 def _seconds(duration: str) -> int:

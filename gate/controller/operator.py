@@ -525,7 +525,7 @@ class Operator:
         for request in decision.create_jobs:
             if request.package is not None and gate.spec.packages[request.package].config:
                 await self._ensure(CONFIGMAPS, config_map(gate, request.package, self.settings))
-            facts = facts_of(node_obj, decision.state or _parsed_or_none(old_state))
+            facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings, facts))
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.

@@ -376,7 +376,7 @@ def test_steps_see_the_nodes_facts_from_the_operators_file_and_what_the_host_has
     gate = NodeGate.model_validate({"metadata": {"name": "test-gate"}, "spec": {"packages": {
         "demo-pkg": {"version": "1.0.0", "image": "example.com/demo"}}}})
     job = stage_job(gate, "gpu-node-3", JobRequest(name="j", stage="apply", package="demo-pkg", version="1.0.0"),
-                    OperatorSettings(), facts_of(node, NodeGateState(compartment="canary", batch=2)))
+                    OperatorSettings(), facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
     facts_file = tmp_path / "facts.json"
     facts_file.write_text(job["spec"]["template"]["metadata"]["annotations"][FACTS_ANNOTATION])
     pkg = make_package(tmp_path / "demo", """

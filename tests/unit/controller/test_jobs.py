@@ -115,7 +115,7 @@ def test_a_stage_pod_carries_the_nodes_facts_as_an_annotation_projected_into_a_f
                          "annotations": {"team": "ml", keys.state_annotation("g"): '{"status":"in-progress"}'}}}
     state = NodeGateState(status="in-progress", compartment="canary", batch=2, round=1)
     job = stage_job(gate(), "node-7", JobRequest(name="j", stage="apply", package="tuned", version="1.2.0"),
-                    SETTINGS, facts_of(node, state))
+                    SETTINGS, facts_of("node-7", node, state))
     template = job["spec"]["template"]
     pod = template["spec"]
     facts = OperatorFacts.model_validate_json(template["metadata"]["annotations"][FACTS_ANNOTATION])
