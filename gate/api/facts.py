@@ -36,7 +36,8 @@ class RolloutPlace(Model):
     compartment: str | None = Field(default=None, description="Compartment the node was picked in.")
     batch: int = Field(default=0, description="Rollout batch of its compartment the node was picked into "
                        "(1 is the first; 0: not picked by the planner, e.g. a removal).")
-    round: int = Field(default=0, description="Bumped by each reset or rerun of the gate on the node.")
+    round: int = Field(default=0, description="How many rounds the gate started on the node: 1 is the first; a "
+                       "reset, a rerun or a spec change starts another.")
 
 
 class OperatorFacts(Model):

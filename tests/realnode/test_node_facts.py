@@ -28,7 +28,7 @@ def test_the_agent_writes_the_nodes_facts_from_the_projected_annotation(real: Re
         facts = json.loads(raw)
         assert facts["node"] == node
         assert facts["labels"][POOL_LABEL] == "real" and facts["labels"]["kubernetes.io/hostname"] == node
-        assert facts["rollout"] == {"compartment": "__default__", "batch": 1, "round": 0}
+        assert facts["rollout"] == {"compartment": "__default__", "batch": 1, "round": 1}  # its first round
         assert not any(k.startswith("nodegate.io/state.") for k in facts["annotations"])
         assert real.node_file(node, f"{base}/labels") is not None
         assert f"{POOL_LABEL}=real\n" in (real.node_file(node, f"{base}/labels") or "")

@@ -48,5 +48,6 @@ async def test_each_stage_pod_carries_its_nodes_labels_annotations_and_batch(sce
         assert not any(k.startswith("nodegate.io/state.") for k in facts[node].annotations)
     assert facts[second].annotations["example.com/rack"] == "r7"
     # One node at a time: the first in pick order is batch 1, the other batch 2 of the same compartment.
-    assert (facts[first].rollout.compartment, facts[first].rollout.batch) == ("__default__", 1)
-    assert (facts[second].rollout.compartment, facts[second].rollout.batch) == ("__default__", 2)
+    first_place, second_place = facts[first].rollout, facts[second].rollout
+    assert (first_place.compartment, first_place.batch, first_place.round) == ("__default__", 1, 1)
+    assert (second_place.compartment, second_place.batch, second_place.round) == ("__default__", 2, 1)
