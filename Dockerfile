@@ -27,7 +27,7 @@ COPY gate ./gate
 RUN /opt/nodegate/bin/pip install --quiet --no-deps . \
  # bytecode compiled now: at run time the root filesystem is read-only
  && /opt/nodegate/bin/python -m compileall -q /opt/nodegate/lib \
- && /opt/nodegate/bin/nodegate version
+ && /opt/nodegate/bin/nodegate version --client
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="nodegate" \

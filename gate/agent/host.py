@@ -15,6 +15,7 @@ same name, and their histories must not mix):
         config/                 the gate's config files of the latest run ($NODEGATE_CONFIG_DIR)
         data/                   the scripts' own state ($NODEGATE_STATE_DIR); removed by uninstall
         overlay-backup/         host files the overlay replaced, restored by uninstall
+        node/                   the node's facts of the latest run ($NODEGATE_NODE_FACTS, gate.agent.facts)
     /var/log/nodegate/<gate>/<package>/<version>/<time>-<stage>.log
     /var/log/nodegate/interrupts/<time>-<type>.log
 """
@@ -109,6 +110,10 @@ class PackageLayout:
         return self.host_state_dir / "overlay-backup"
 
     @property
+    def host_facts_dir(self) -> PurePosixPath:
+        return self.host_state_dir / "node"
+
+    @property
     def host_log_dir(self) -> PurePosixPath:
         return LOG_BASE / self.gate / self.package
 
@@ -146,6 +151,10 @@ class PackageLayout:
     @property
     def backup_dir(self) -> Path:
         return self.outside(self.host_backup_dir)
+
+    @property
+    def facts_dir(self) -> Path:
+        return self.outside(self.host_facts_dir)
 
     @property
     def log_dir(self) -> Path:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Final
 
+from gate.agent.facts import step_variables
 from gate.agent.history import History, is_done
 from gate.agent.package import CHECK_OF, STEPS_OF, PackageManifest, Stage, Step, StepList
+from gate.api.facts import OperatorFacts
 
 HOST_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -26,6 +28,7 @@ class Places:
     package_dir: str
     config_dir: str
     state_dir: str
+    facts_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ def step_environment(
     return env
 
 
-def agent_variables(request: StageRequest, list_name: StepList, step: Step, places: Places) -> dict[str, str]:
+def agent_variables(request: StageRequest, list_name: StepList, step: Step, places: Places,
+                    facts: OperatorFacts | None = None) -> dict[str, str]:
     out = {
         "NODEGATE_GATE": request.gate,
         "NODEGATE_PACKAGE": request.package,
@@ -98,6 +102,8 @@ def agent_variables(request: StageRequest, list_name: StepList, step: Step, plac
     }
     if request.previous_version is not None:
         out["NODEGATE_PREVIOUS_VERSION"] = request.previous_version
+    if facts is not None:
+        out.update(step_variables(facts, places.facts_dir))
     return out
 
 
@@ -130,8 +136,11 @@ def plan_stage(
     environ: Mapping[str, str],
     host_places: Places,
     agent_places: Places,
+    facts: OperatorFacts | None = None,
 ) -> list[Invocation]:
-    """The stage's steps then its checks, in package.yaml order, with idempotent repeats marked skipped."""
+    """The stage's steps then its checks, in package.yaml order, with idempotent repeats marked skipped.
+
+    `facts`: the node's (`gate.agent.facts`), written to each Places' `facts_dir` before the steps run."""
     plan = []
     for list_name in lists_of(request.stage):
         for step in manifest.stages.steps(list_name):
@@ -144,7 +153,8 @@ def plan_stage(
                     list_name=list_name,
                     step=step,
                     argv=step_argv(list_name, step, places, request),
-                    env=step_environment(manifest, step, environ, agent_variables(request, list_name, step, places)),
+                    env=step_environment(manifest, step, environ,
+                                         agent_variables(request, list_name, step, places, facts)),
                     chroot=step.on_host,
                     cwd=places.package_dir,
                     skip_reason=skip,

@@ -23,6 +23,7 @@ from typing import IO, Literal
 
 from gate.agent import logs, overlay
 from gate.agent.errors import PackageError, UsageError
+from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
 from gate.agent.history import (
     History,
     OverlayFile,
@@ -38,6 +39,7 @@ from gate.agent.package import Package, load_package
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
 from gate.agent.process import Outcome, run_command
 from gate.agent.summary import Summary, tail
+from gate.api.facts import OperatorFacts
 
 StepStatus = Literal["ok", "failed", "skipped"]
 
@@ -51,6 +53,7 @@ class StageSettings:
     payload: Path
     config_dir: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
+    node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
 
 
 @dataclass(frozen=True)
@@ -171,12 +174,14 @@ def _places(layout: PackageLayout, version: str) -> tuple[Places, Places]:
         package_dir=str(layout.host_package_dir(version)),
         config_dir=str(layout.host_config_dir),
         state_dir=str(layout.host_data_dir),
+        facts_dir=str(layout.host_facts_dir),
     )
     agent = Places(
         root=str(layout.root),
         package_dir=str(layout.package_dir(version)),
         config_dir=str(layout.config_dir),
         state_dir=str(layout.data_dir),
+        facts_dir=str(layout.facts_dir),
     )
     return host, agent
 
@@ -207,8 +212,15 @@ def _run_overlay(run: _Run, request: StageRequest) -> None:
 
 def _forget_package(layout: PackageLayout) -> None:
     """After a successful uninstall only the history and the logs stay on the host."""
-    for directory in (layout.data_dir, layout.config_dir, layout.packages_dir, layout.backup_dir):
+    for directory in (layout.data_dir, layout.config_dir, layout.packages_dir, layout.backup_dir, layout.facts_dir):
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_node_facts(facts: NodeFacts) -> Callable[[Path], None]:
+    def fill(target: Path) -> None:
+        write_facts(facts, target)
+
+    return fill
 
 
 def _prune_payloads(layout: PackageLayout, keep: set[str]) -> None:
@@ -228,6 +240,7 @@ def run_stage(
     started = time.monotonic()
     package = validate(settings)
     config = read_config(settings.config_dir)
+    operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
 
@@ -243,6 +256,8 @@ def run_stage(
         # From here on the host changes.
         _replace_dir(layout.package_dir(request.version), _copy_tree(package.directory))
         _replace_dir(layout.config_dir, _write_config(config))
+        facts = node_facts(operator_facts, settings.root)
+        _replace_dir(layout.facts_dir, _write_node_facts(facts))
         layout.data_dir.mkdir(parents=True, exist_ok=True)
         log_path = layout.log_dir / request.version / logs.log_name(now(), request.stage)
         with logs.RunLog(log_path, echo) as log:
@@ -256,7 +271,7 @@ def run_stage(
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
-            results, failed, outcome = _run_steps(run, package, settings, request)
+            results, failed, outcome = _run_steps(run, package, settings, request, facts)
             ok = failed is None
             run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
                                        ok, failed.label if failed else None, run.stamp()))
@@ -309,10 +324,11 @@ def _prefixed(log: logs.RunLog, prefix: str) -> Callable[[str], None]:
 
 
 def _run_steps(
-    run: _Run, package: Package, settings: StageSettings, request: StageRequest
+    run: _Run, package: Package, settings: StageSettings, request: StageRequest, facts: OperatorFacts
 ) -> tuple[list[StepResult], Invocation | None, Outcome | None]:
     host_places, agent_places = _places(run.layout, request.version)
-    invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places)
+    invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places,
+                             facts)
     results: list[StepResult] = []
     for invocation in invocations:
         if invocation.skip_reason:

@@ -88,3 +88,7 @@ def reset_annotation(gate: str) -> str:
 def rerun_annotation(gate: str) -> str:
     """On a Node: rerun one package's stage of `gate` on this node. Value: "package/stage"."""
     return f"{GROUP}/rerun.{gate}"
+
+
+OPERATOR_VERSION_ANNOTATION: Final = f"{GROUP}/version"
+"""On the operator's leader election Lease: the version of the operator that holds it (`nodegate version`)."""

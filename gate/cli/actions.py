@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -25,12 +25,11 @@ from gate.cli.errors import CliError
 from gate.cli.kubectx import api_errors, connect, missing_api
 from gate.cli.render import plan_data, plan_text, render_rich, render_text, report_data
 from gate.cli.report import GateReport, Snapshot, build_reports
-from gate.kube.client import JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
+from gate.kube.client import JOBS, NODEGATES, NODES, POLICIES, KubeClient, Resource
 from gate.kube.errors import Forbidden, NotFound
 
 Obj = dict[str, Any]
 DRY_RUN_NOTE = " (server dry run: nothing was changed)"
-HOST_LOG_DIR = "/var/log/nodegate"
 PLAIN_INTERVAL = 2.0
 
 
@@ -453,60 +452,6 @@ def _gate_nodes(snapshot: Snapshot, gate: str) -> tuple[list[list[str]], list[Ob
     return rows, data
 
 
-def cmd_node_reset(args: argparse.Namespace) -> int:
-    return _run(_node_reset(args))
-
-
-async def _node_reset(args: argparse.Namespace) -> int:
-    async with connect(args) as client:
-        node = await get_node(client, args.node)
-        states = states_on(node)
-        if args.gate:
-            await get_gate(client, args.gate)
-            gates = [args.gate]
-        else:
-            gates = sorted(states)
-            if not gates:
-                raise CliError(f"no NodeGate has run on node {args.node}; nothing to reset")
-        stamp = _now().isoformat(timespec="seconds").replace("+00:00", "Z")
-        annotations = {keys.reset_annotation(g): stamp for g in gates}
-        await client.patch(NODES, args.node, {"metadata": {"annotations": annotations}}, dry_run=args.dry_run)
-    for g in gates:
-        busy = '"in-progress"' in states.get(g, "")
-        then = " once the round running there now ends" if busy else ""
-        _changed(f"node/{args.node}: requested a reset for NodeGate {g} (annotation {keys.reset_annotation(g)}); "
-                 f"the operator forgets what {g} installed and runs it there again from scratch{then}.",
-                 args.dry_run)
-    return 0
-
-
-def cmd_node_ignore(args: argparse.Namespace) -> int:
-    return _run(_node_ignore(args, ignore=True))
-
-
-def cmd_node_unignore(args: argparse.Namespace) -> int:
-    return _run(_node_ignore(args, ignore=False))
-
-
-async def _node_ignore(args: argparse.Namespace, *, ignore: bool) -> int:
-    async with connect(args) as client:
-        node = await get_node(client, args.node)
-        now = (node["metadata"].get("labels") or {}).get(keys.IGNORE_LABEL) == "true"
-        if now == ignore:
-            print(f"node/{args.node} is already {'ignored' if ignore else 'not ignored'}; nothing changed.")
-            return 0
-        value = "true" if ignore else None
-        await client.patch(NODES, args.node, {"metadata": {"labels": {keys.IGNORE_LABEL: value}}},
-                           dry_run=args.dry_run)
-    if ignore:
-        _changed(f"node/{args.node}: labelled {keys.IGNORE_LABEL}=true. Every NodeGate leaves it alone from now on "
-                 "(a round running there finishes first).", args.dry_run)
-    else:
-        _changed(f"node/{args.node}: removed the label {keys.IGNORE_LABEL}. NodeGates that select it take it "
-                 "back into their rollouts.", args.dry_run)
-    return 0
-
-
 # -- rerun ---------------------------------------------------------------------------------------
 
 
@@ -534,119 +479,3 @@ async def _rerun(args: argparse.Namespace) -> int:
     _changed(f"node/{args.node}: requested a rerun of {args.package} {args.stage} for NodeGate {args.gate} "
              f"(annotation {key}={value}); the operator runs it again{then}.{replaced}", args.dry_run)
     return 0
-
-
-# -- package logs --------------------------------------------------------------------------------
-
-
-def cmd_package_logs(args: argparse.Namespace) -> int:
-    return _run(_package_logs(args))
-
-
-async def _package_logs(args: argparse.Namespace) -> int:
-    from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, label_value
-
-    async with connect(args) as client:
-        node = await get_node(client, args.node)
-        selector = [f"{keys.JOB_NODE_LABEL}={label_value(args.node)}", f"{keys.JOB_PACKAGE_LABEL}={args.package}"]
-        if args.stage:
-            selector.append(f"{keys.JOB_STAGE_LABEL}={args.stage}")
-        if args.gate:
-            selector.append(f"{keys.JOB_GATE_LABEL}={label_value(args.gate)}")
-        jobs = await _items(client, JOBS, args.namespace, ",".join(selector))
-        jobs = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(NODE_NAME_ANNOTATION) == args.node
-                and (not args.gate or j["metadata"]["annotations"].get(GATE_NAME_ANNOTATION) == args.gate)]
-        versions = {}
-        for g in await _items(client, NODEGATES):
-            pkg = ((g.get("spec") or {}).get("packages") or {}).get(args.package)
-            if pkg and (not args.gate or g["metadata"]["name"] == args.gate):
-                versions[g["metadata"]["name"]] = str(pkg.get("version", "<version>"))
-        if not jobs:
-            what = f"{args.package} {args.stage}" if args.stage else args.package
-            print(f"No stage Job of {what} is left on node {args.node}: the operator deletes the Job of every "
-                  "stage that succeeded and keeps those that failed.")
-            _print_host_dirs(_host_log_dirs(node, args.package, args.gate, versions))
-            return 0
-        job = max(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""))
-        meta = job["metadata"]
-        gate = meta.get("annotations", {}).get(GATE_NAME_ANNOTATION, "?")
-        stage = meta.get("labels", {}).get(keys.JOB_STAGE_LABEL, "?")
-        version = meta.get("annotations", {}).get(f"{keys.GROUP}/version")
-        pods = await _items(client, PODS, args.namespace, f"job-name={meta['name']}")
-        print(f"Job {args.namespace}/{meta['name']}: NodeGate {gate}, node {args.node}, package {args.package}, "
-              f"stage {stage}: {_job_phase(job)}")
-        if not pods:
-            print("It has no pod (yet, or any more).")
-        else:
-            pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
-            await _show_pod_log(client, args.namespace, pod, follow=args.follow)
-        _print_host_dirs([f"{HOST_LOG_DIR}/{gate}/{args.package}/{version or versions.get(gate, '<version>')}/"])
-    return 0
-
-
-def _job_phase(job: Obj) -> str:
-    status = job.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
-            why = f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("type") == "Failed" else ""
-            return ("succeeded" if cond["type"] == "Complete" else "failed") + why
-    return "running" if status.get("active") else "pending"
-
-
-async def _show_pod_log(client: KubeClient, namespace: str, pod: Obj, *, follow: bool) -> None:
-    from gate.api.state import failure_message
-    from gate.kube.errors import ApiError
-
-    name = pod["metadata"]["name"]
-    phase = (pod.get("status") or {}).get("phase", "Unknown")
-    print(f"Pod {name}: {phase}")
-    path = PODS.path(namespace, name, "log")
-    try:
-        if follow:
-            async for chunk in stream_text(client, path, {"container": "agent", "follow": "true"}):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-        else:
-            text = await get_text(client, path, {"container": "agent"})
-            sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
-    except ApiError as exc:
-        print(f"Its log cannot be read through the API server ({exc.status} {exc.message.strip()}).")
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or {}
-        if cs.get("name") == "agent" and term.get("message"):
-            print(f"The agent's summary: {failure_message(term['message'])}")
-            print(f"  {term['message'].strip()}")
-
-
-def _host_log_dirs(node: Obj, package: str, gate: str | None, versions: dict[str, str]) -> list[str]:
-    """Where the agent keeps every run's log on the node: per gate with the package, the version on
-    the node (or the one the gate asks for)."""
-    from gate.api.state import StateParseError, load_state
-
-    dirs = []
-    states = states_on(node)
-    for g in sorted(set(states) | set(versions)):
-        if gate and g != gate:
-            continue
-        try:
-            record = load_state(states[g]).installed.get(package) if g in states else None
-        except StateParseError:
-            record = None
-        version = record.version if record is not None else versions.get(g)
-        if version is not None:
-            dirs.append(f"{HOST_LOG_DIR}/{g}/{package}/{version}/")
-    return dirs or [f"{HOST_LOG_DIR}/{gate or '<gate>'}/{package}/<version>/"]
-
-
-def _print_host_dirs(dirs: list[str]) -> None:
-    where = " and ".join(dirs)
-    print(f"The agent writes the full log of every run on the node itself, under {where} "
-          "(one file per run: <time>-<stage>.log).")
-
-
-async def get_text(client: KubeClient, path: str, params: dict[str, str]) -> str:
-    return await client.get_text(path, params)
-
-
-def stream_text(client: KubeClient, path: str, params: dict[str, str]) -> AsyncIterator[str]:
-    return client.stream_text(path, params)

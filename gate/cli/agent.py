@@ -2,7 +2,9 @@
 
 Flags and environment are read here, in one place, into the agent's settings: the operator sets
 NODEGATE_GATE, NODEGATE_PACKAGE, NODEGATE_VERSION, NODEGATE_PREVIOUS_VERSION and NODEGATE_STAGE in
-the pod and passes the same values as flags; a flag wins over its variable.
+the pod and passes the same values as flags; a flag wins over its variable. The node's facts come
+in a file (`--node-facts`, projected from the pod's annotation); without one, NODEGATE_NODE names
+the node.
 
 Exit codes of `agent run` and `agent interrupt`: 0 passed; 1 a step, check or interrupt command
 failed; 2 refused before touching the host (bad package, missing root, bad flags). Every exit path
@@ -30,6 +32,7 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_PAYLOAD = "/nodegate-payload"
 DEFAULT_CONFIG_DIR = "/nodegate-config"
 DEFAULT_ROOT = "/host"
+DEFAULT_NODE_FACTS = "/nodegate-facts/facts.json"
 PUBLISHED_SCHEMA = "packages/package.schema.json"
 
 
@@ -39,6 +42,8 @@ def _pick(flag: str | None, environ: Mapping[str, str], name: str) -> str | None
 
 def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> StageSettings:
     """`agent run` flags over environment, validated; CliError names everything missing at once."""
+    from gate.agent.errors import AgentError
+    from gate.agent.facts import load_operator_facts
     from gate.agent.plan import StageRequest
     from gate.agent.stage import StageSettings
 
@@ -62,6 +67,14 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         config_dir: Path | None = Path(args.config_dir)
     else:  # the operator always mounts one; by hand the default may simply not exist
         config_dir = Path(DEFAULT_CONFIG_DIR) if Path(DEFAULT_CONFIG_DIR).is_dir() else None
+    if args.node_facts:
+        facts_path: Path | None = Path(args.node_facts)
+    else:  # likewise
+        facts_path = Path(DEFAULT_NODE_FACTS) if Path(DEFAULT_NODE_FACTS).is_file() else None
+    try:
+        facts = load_operator_facts(facts_path, environ)
+    except AgentError as exc:
+        raise CliError(str(exc)) from None
     request = StageRequest(
         stage=stage,  # type: ignore[arg-type]  # checked against STAGE_CHOICES above
         gate=gate,
@@ -76,6 +89,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         payload=Path(args.payload),
         config_dir=config_dir,
         environ=dict(environ),
+        node_facts=facts,
     )
 
 
@@ -237,6 +251,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--payload", default=DEFAULT_PAYLOAD,
                      help=f"the package's files, copied from the image (default {DEFAULT_PAYLOAD})")
     run.add_argument("--config-dir", help=f"the package's config files (default {DEFAULT_CONFIG_DIR} when present)")
+    run.add_argument("--node-facts", metavar="FILE",
+                     help=f"the node's facts as the operator wrote them (default {DEFAULT_NODE_FACTS} when present; "
+                     "else only the node's name, env NODEGATE_NODE)")
     run.set_defaults(func=cmd_agent_run)
 
     interrupt = agent_sub.add_parser("interrupt", parents=[summary],

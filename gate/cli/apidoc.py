@@ -17,6 +17,7 @@ from typing import Any
 from gate.api import keys
 from gate.api.common import DURATION_PATTERN
 from gate.api.crd import CATEGORY, nodegate_crd, openapi_schema, policy_crd
+from gate.api.facts import FACTS_ANNOTATION
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState
@@ -228,6 +229,11 @@ def _node_keys() -> list[str]:
          f"`{keys.INTERRUPT_LABEL}`", "labels", "Job, Pod, ConfigMap",
          "On the operator's stage Jobs in its namespace (values longer than 63 characters are hashed; the "
          "annotations `nodegate.io/gate-name` and `nodegate.io/node-name` keep the full names)."),
+        (f"`{FACTS_ANNOTATION}`", "annotation", "Pod",
+         "On a package stage pod: the node's facts as JSON (name, labels, annotations, place in the rollout), "
+         "projected into the agent's /nodegate-facts/facts.json; see [packages.md](packages.md#facts-about-the-node)."),
+        (f"`{keys.OPERATOR_VERSION_ANNOTATION}`", "annotation", "Lease",
+         "On the operator's leader election Lease: the leading operator's version (`nodegate version`)."),
     ]
     lines = ["", "## Keys on nodes and other objects", "", "| Key | What | On | Meaning |", "|---|---|---|---|"]
     lines += [f"| {k} | {what} | {on} | {_cell(meaning)} |" for k, what, on, meaning in rows]

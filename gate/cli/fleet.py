@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gate.api import keys
-
 DEFAULT_NAMESPACE = "nodegate-system"
 OUTPUTS = ("text", "json", "yaml")
 RERUN_STAGES = ("apply", "config")
@@ -27,25 +25,32 @@ def _action(name: str) -> Any:
     return handler
 
 
-def _subparsers_of(parser: argparse.ArgumentParser) -> Any:
+def subparsers_of(parser: argparse.ArgumentParser) -> Any:
+    """The subcommands of a command group, so another module can add to the group."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action
     return None
 
 
-def register(sub: Any) -> None:
-    """Add status, plan, pause, resume, delete, node, rerun and `package logs` to the `nodegate` parser."""
+def cluster_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The flags every cluster command takes (kubeconfig, context, namespace), and `--dry-run`."""
     cluster = argparse.ArgumentParser(add_help=False)
     cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     cluster.add_argument("--context", help="kubeconfig context to use (default: the current one)")
     cluster.add_argument("--namespace", "-n", default=DEFAULT_NAMESPACE,
                          help=f"the operator's namespace, where stage Jobs run (default {DEFAULT_NAMESPACE})")
-    output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--output", "-o", choices=OUTPUTS, default="text", help="output format (default text)")
     dry = argparse.ArgumentParser(add_help=False)
     dry.add_argument("--dry-run", action="store_true",
                      help="send the change as a server-side dry run: checked, admitted, not stored")
+    return cluster, dry
+
+
+def register(sub: Any) -> None:
+    """Add status, plan, pause, resume, delete, node, rerun and `package logs` to the `nodegate` parser."""
+    cluster, dry = cluster_parents()
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--output", "-o", choices=OUTPUTS, default="text", help="output format (default text)")
 
     status = sub.add_parser("status", parents=[cluster, output],
                             help="rollout status: per compartment progress, nodes in progress, failures, waits")
@@ -82,18 +87,7 @@ def register(sub: Any) -> None:
     listing = node_sub.add_parser("list", parents=[cluster, output], help="nodes and their status per NodeGate")
     listing.add_argument("--gate", "-g", help="one NodeGate's nodes, with compartment, phase and failures")
     listing.set_defaults(func=_action("cmd_node_list"))
-    reset = node_sub.add_parser("reset", parents=[cluster, dry],
-                                help="run a NodeGate on a node again from scratch (e.g. after fixing it)")
-    reset.add_argument("node", metavar="NODE")
-    reset.add_argument("--gate", "-g", help="only this NodeGate (default: every NodeGate that ran on the node)")
-    reset.set_defaults(func=_action("cmd_node_reset"))
-    ignore = node_sub.add_parser("ignore", parents=[cluster, dry],
-                                 help=f"opt a node out of every NodeGate ({keys.IGNORE_LABEL}=true)")
-    ignore.add_argument("node", metavar="NODE")
-    ignore.set_defaults(func=_action("cmd_node_ignore"))
-    unignore = node_sub.add_parser("unignore", parents=[cluster, dry], help="opt a node back in")
-    unignore.add_argument("node", metavar="NODE")
-    unignore.set_defaults(func=_action("cmd_node_unignore"))
+    # `node reset|ignore|unignore` are in gate.cli.nodes, `package logs` in gate.cli.logs: a module per command.
 
     rerun = sub.add_parser("rerun", parents=[cluster, dry], help="run one package's stage on one node again")
     rerun.add_argument("gate", metavar="GATE")
@@ -102,21 +96,3 @@ def register(sub: Any) -> None:
     rerun.add_argument("--stage", choices=RERUN_STAGES, default="apply",
                        help="apply: install again (default); config: apply the config files again")
     rerun.set_defaults(func=_action("cmd_rerun"))
-
-    # `package` (lint, test, schema) belongs to the authors' tools; `logs` joins that group.
-    package = sub.choices.get("package")
-    package_sub = _subparsers_of(package) if package is not None else None
-    if package_sub is None:
-        package = sub.add_parser("package", help="package tools")
-        package_sub = package.add_subparsers(dest="package_command", required=True, metavar="ACTION")
-    for choice in sub._choices_actions:
-        if choice.dest == "package" and "logs" not in (choice.help or ""):
-            choice.help = (choice.help or "package tools") + "; logs of a package's stage on a node"
-    logs = package_sub.add_parser("logs", parents=[cluster],
-                                  help="logs of a package's stage on a node (its stage Job's pod)")
-    logs.add_argument("node", metavar="NODE")
-    logs.add_argument("package", metavar="PACKAGE")
-    logs.add_argument("--stage", help="only this stage (apply, config, upgrade, uninstall, post-interrupt)")
-    logs.add_argument("--gate", "-g", help="only this NodeGate's Jobs")
-    logs.add_argument("--follow", "-f", action="store_true", help="stream the log while the stage runs")
-    logs.set_defaults(func=_action("cmd_package_logs"))

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gate import __version__
 from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -18,7 +17,8 @@ HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "delete", "d
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
 COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet",
-                                  "gate.cli.manifests")
+                                  "gate.cli.manifests", "gate.cli.nodes", "gate.cli.reset",
+                                  "gate.cli.version", "gate.cli.logs")
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:
@@ -135,11 +135,6 @@ def cmd_dev_status(args: argparse.Namespace) -> int:
     return 0 if cluster.running() else 1
 
 
-def cmd_version(args: argparse.Namespace) -> int:
-    print(f"nodegate {__version__}")
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from gate.cli.demo import run_demo
 
@@ -215,9 +210,6 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--state-dir", help="where the demo's control plane keeps its state "
                       "(default ~/.cache/nodegate/demo; never the one of `nodegate dev`)")
     demo.set_defaults(func=cmd_demo)
-
-    version = sub.add_parser("version", help="print the version")
-    version.set_defaults(func=cmd_version)
 
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(module_name)

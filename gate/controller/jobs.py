@@ -5,6 +5,11 @@ not stop it), tolerating the readiness taint and `unschedulable`, privileged wit
 /host, in the host's PID and network namespaces. An init container from the package image copies the
 package payload into an emptyDir; the agent container (NodeGate's image) runs the stage against the
 host.
+
+The node's facts (`gate.api.facts`) travel as the pod annotation `nodegate.io/node-facts`, projected
+by a downwardAPI volume into a file the agent reads: the Downward API cannot read the Node's labels,
+an annotation of the pod it can. They are the operator's, per node and per stage, so they belong on
+the pod, not in the package's ConfigMap (shared by every node).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.common import parse_duration
+from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
-from gate.api.state import config_hash
+from gate.api.state import NodeGateState, config_hash
 from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
 from gate.lifecycle.machine import JobPhase, JobRequest, JobView
@@ -25,6 +31,8 @@ Obj = dict[str, Any]
 
 PAYLOAD_DIR = "/nodegate-payload"
 CONFIG_DIR = "/nodegate-config"
+FACTS_DIR = "/nodegate-facts"
+FACTS_FILE = "facts.json"
 HOST_ROOT = "/host"
 TERMINATION_LOG = "/dev/termination-log"
 GATE_NAME_ANNOTATION = f"{keys.GROUP}/gate-name"
@@ -71,11 +79,21 @@ def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
     }
 
 
+def facts_of(name: str, node: Obj, state: NodeGateState | None) -> OperatorFacts:
+    """The facts of node `name` for its stage pods: its labels and annotations as last seen (`node`, empty
+    when the cache lost it), and the place in the rollout its state (the stage's round) records."""
+    meta = node.get("metadata") or {}
+    place = RolloutPlace(compartment=state.compartment, batch=state.batch, round=state.round) if state else None
+    return operator_facts(name, meta.get("labels") or {}, meta.get("annotations") or {}, place)
+
+
 def _seconds(duration: str) -> int:
     return max(1, int(parse_duration(duration).total_seconds()))
 
 
-def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: OperatorSettings) -> Obj:
+def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: OperatorSettings,
+              facts: OperatorFacts | None = None) -> Obj:
+    """The Job of one stage; `facts` default to the node's name alone (see `gate.api.facts`)."""
     labels = {
         keys.MANAGED_BY_LABEL: keys.MANAGER,
         keys.JOB_GATE_LABEL: label_value(gate.name),
@@ -83,6 +101,7 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
         keys.JOB_STAGE_LABEL: request.stage,
     }
     annotations = {GATE_NAME_ANNOTATION: gate.name, NODE_NAME_ANNOTATION: node}
+    pod_annotations: dict[str, str] = {}
     tolerations: list[Obj] = [
         {"key": keys.READINESS_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
         {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
@@ -108,7 +127,7 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
                 "--version", pkg.version, "--gate", gate.name,
                 "--generation", str(gate.metadata.generation or 0),
                 "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
-                "--termination-log", TERMINATION_LOG]
+                "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG]
         if request.previous_version:
             args += ["--previous-version", request.previous_version]
             env.append({"name": "NODEGATE_PREVIOUS_VERSION", "value": request.previous_version})
@@ -117,9 +136,14 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
                 *(e.to_wire() for e in pkg.env)]
         volumes += [{"name": "payload", "emptyDir": {}},
                     {"name": "config", "configMap": {"name": config_map_name(gate.name, request.package, pkg),
-                                                     "optional": True}}]
+                                                     "optional": True}},
+                    {"name": "facts", "downwardAPI": {"items": [
+                        {"path": FACTS_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{FACTS_ANNOTATION}']"}},
+                    ]}}]
         mounts += [{"name": "payload", "mountPath": PAYLOAD_DIR},
-                   {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+                   {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                   {"name": "facts", "mountPath": FACTS_DIR, "readOnly": True}]
+        pod_annotations[FACTS_ANNOTATION] = (facts or OperatorFacts(node=node)).dump()
         init.append({
             "name": "payload", "image": image_ref(pkg),
             "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
@@ -180,7 +204,8 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
             "backoffLimit": retries,
             "activeDeadlineSeconds": timeout * (retries + 1) + 60 * retries,
             "ttlSecondsAfterFinished": 7 * 24 * 3600,  # a safety net; the operator deletes finished Jobs
-            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels, "annotations": {**annotations, **pod_annotations}},
+                         "spec": pod_spec},
         },
     }
 

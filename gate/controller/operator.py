@@ -27,12 +27,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from gate import __version__
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.events import EventRecorder
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, job_view, stage_job
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, facts_of, job_view, stage_job
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
@@ -94,7 +95,8 @@ class Operator:
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
-                                     renew_deadline=settings.renew_deadline)
+                                     renew_deadline=settings.renew_deadline,
+                                     annotations={keys.OPERATOR_VERSION_ANNOTATION: __version__})
 
     # -- process ----------------------------------------------------------------------------------
 
@@ -593,7 +595,8 @@ class Operator:
         for request in decision.create_jobs:
             if request.package is not None and gate.spec.packages[request.package].config:
                 await self._ensure(CONFIGMAPS, config_map(gate, request.package, self.settings))
-            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings))
+            facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
+            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings, facts))
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
                 self.jobs.observe(created)
@@ -818,6 +821,13 @@ def _joined_after(node: Obj, gate: Obj) -> bool:
 def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
     return (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
             and bool(state.drain_blocked_by))
+
+
+def _parsed_or_none(raw: str | None) -> NodeGateState | None:
+    try:
+        return load_state(raw) if raw else None
+    except StateParseError:
+        return None
 
 
 def _parse_time(text: str | None) -> datetime | None:

@@ -29,7 +29,9 @@ def _now_micro() -> str:
 class LeaderElector:
     def __init__(self, client: KubeClient, name: str, namespace: str, identity: str, *,
                  lease_seconds: int = 15, renew_seconds: float = 5.0, renew_deadline: float = 10.0,
-                 retry_seconds: float = 2.0) -> None:
+                 retry_seconds: float = 2.0, annotations: dict[str, str] | None = None) -> None:
+        """`annotations`: written on the Lease with every renewal, so readers learn about the leader
+        (the operator records its version there for `nodegate version`)."""
         if not renew_seconds < renew_deadline < lease_seconds:
             raise ValueError("need renew_seconds < renew_deadline < lease_seconds")
         self.client = client
@@ -40,6 +42,7 @@ class LeaderElector:
         self.renew_seconds = renew_seconds
         self.renew_deadline = renew_deadline
         self.retry_seconds = retry_seconds
+        self.annotations = dict(annotations or {})
         self.is_leader = False
         self.transitions = 0
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
@@ -130,6 +133,9 @@ class LeaderElector:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if current is not None:
             meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+            meta["annotations"] = dict(current["metadata"].get("annotations") or {})
+        if self.annotations:
+            meta["annotations"] = {**meta.get("annotations", {}), **self.annotations}
         return {
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
             "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,

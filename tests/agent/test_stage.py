@@ -357,3 +357,61 @@ def test_a_refused_run_exits_2_with_a_clear_summary_and_changes_nothing_on_the_h
     assert run.code == 2
     assert run.summary["ok"] is False and expected in str(run.summary["message"])
     assert (tree(agent.root) if agent.root.exists() else {}) == before
+
+
+def test_steps_see_the_nodes_facts_from_the_operators_file_and_what_the_host_has_installed(
+        agent: Agent, tmp_path: Path) -> None:
+    from gate.api.facts import FACTS_ANNOTATION
+    from gate.api.nodegate import NodeGate
+    from gate.api.state import NodeGateState
+    from gate.controller.jobs import facts_of, stage_job
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.machine import JobRequest
+
+    base = make_package(tmp_path / "base", "apply: [{name: s, command: 'true'}]", name="base-sysctl", version="1.2.0")
+    assert agent.run("apply", base, package="base-sysctl", version="1.2.0", gate="base").code == 0
+    # The file as the kubelet projects it: the annotation of the pod the operator's Job makes.
+    node = {"metadata": {"name": "gpu-node-3", "labels": {"pool": "gpu", "zone": "b"},
+                         "annotations": {"team": "ml", "nodegate.io/state.test-gate": "{}"}}}
+    gate = NodeGate.model_validate({"metadata": {"name": "test-gate"}, "spec": {"packages": {
+        "demo-pkg": {"version": "1.0.0", "image": "example.com/demo"}}}})
+    job = stage_job(gate, "gpu-node-3", JobRequest(name="j", stage="apply", package="demo-pkg", version="1.0.0"),
+                    OperatorSettings(), facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(job["spec"]["template"]["metadata"]["annotations"][FACTS_ANNOTATION])
+    pkg = make_package(tmp_path / "demo", """
+        apply:
+          - name: on-host
+            command: |
+              echo "$NODEGATE_NODE $NODEGATE_COMPARTMENT $NODEGATE_BATCH" > /etc/node-env
+              cp "$NODEGATE_NODE_FACTS" /etc/facts-seen
+              grep '^pool=' "$NODEGATE_NODE_LABELS" > /etc/pool
+              cp "$NODEGATE_NODE_INSTALLED" /etc/installed-seen
+          - {name: in-pod, command: 'cp "$NODEGATE_NODE_FACTS" "$NODEGATE_ROOT/etc/facts-from-pod"', onHost: false}
+    """)
+    run = agent.run("apply", pkg, "--node-facts", str(facts_file))
+    assert run.code == 0, run.summary
+    assert (agent.root / "etc/node-env").read_text() == "gpu-node-3 canary 2\n"
+    assert (agent.root / "etc/pool").read_text() == "pool=gpu\n"
+    assert (agent.root / "etc/installed-seen").read_text() == "base base-sysctl 1.2.0\n"
+    seen = json.loads((agent.root / "etc/facts-seen").read_text())
+    assert seen["node"] == "gpu-node-3" and seen["annotations"] == {"team": "ml"}
+    assert seen["installed"] == {"base": {"base-sysctl": "1.2.0"}}
+    assert seen["rollout"]["compartment"] == "canary" and seen["rollout"]["batch"] == 2
+    assert (agent.root / "etc/facts-from-pod").read_text() == (agent.root / "etc/facts-seen").read_text()
+
+
+def test_without_a_facts_file_steps_still_get_the_node_from_nodegate_node(
+        agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODEGATE_NODE", "node-from-env")
+    pkg = make_package(tmp_path, "apply: [{name: s, command: 'echo \"$NODEGATE_NODE\" > /etc/node'}]")
+    assert agent.run("apply", pkg).code == 0
+    assert (agent.root / "etc/node").read_text() == "node-from-env\n"
+
+
+def test_a_missing_facts_file_is_refused_before_the_host_is_touched(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, "apply: [{name: s, command: 'touch /etc/ran'}]")
+    before = tree(agent.root)
+    run = agent.run("apply", pkg, "--node-facts", str(tmp_path / "nope.json"))
+    assert run.code == 2 and "node facts file" in str(run.summary["message"])
+    assert tree(agent.root) == before

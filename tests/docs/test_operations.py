@@ -306,5 +306,11 @@ async def test_every_runbook_command_runs_or_is_parsed(cluster: DevCluster, webh
         lease = "kubectl -n nodegate-system get lease nodegate-operator -o 'jsonpath={.spec.holderIdentity}'"
         assert outputs[lease].strip(), "the operator's lease has a holder"
         assert "subject=" in outputs[next(line for line in outputs if "openssl x509" in line)]
+        from gate import __version__
+
+        assert f"\noperator {__version__} (leader " in outputs["nodegate version"]
+        assert outputs["nodegate reset GATE --dry-run"].startswith(f"NodeGate {gate}: reset ")
+        assert "(server dry run: nothing was changed)" in outputs["nodegate reset GATE --dry-run"]
+        assert f"NodeGate {gate}: requested the reset" in outputs["nodegate reset GATE --yes"]
     finally:
         await _tear_down(kube, [gate, failed_gate], ns, deployments)

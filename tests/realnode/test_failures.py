@@ -4,6 +4,8 @@ cannot be pulled, the agent's for a step that exits 1; `kubectl logs` of the fai
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -33,6 +35,13 @@ def wait_failed(real: RealCluster, gate: str) -> dict[str, object]:
     real.wait(f"gate {gate} to report a failed node",
               lambda: (real.gate_status(gate).get("nodes") or {}).get("failed") == 1, 300.0, every=2.0)
     return real.gate_status(gate)
+
+
+def package_logs(real: RealCluster, node: str, package: str, *args: str) -> str:
+    ran = subprocess.run([sys.executable, "-m", "gate.cli.main", "package", "logs", node, package, *args,
+                          "--kubeconfig", str(real.dev.kubeconfig)], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
 
 
 def events(real: RealCluster, gate: str) -> str:
@@ -73,6 +82,12 @@ def test_a_step_that_exits_1_fails_the_node_with_the_agents_message_and_its_pod_
         assert pods, "the failed stage's pod is kept for inspection"
         logs = real.kubectl.run("logs", "-n", "nodegate-system", pods[0], "-c", "agent").stdout
         assert "KERNEL_ARGS must not contain quotes" in logs and "write-drop-in" in logs, logs
+        # nodegate package logs reads the same log through the API server, all of it or its tail.
+        full = package_logs(real, node, "grub-cmdline")
+        assert "Started stage apply of grub-cmdline 1.0.0" in full, full
+        tailed = package_logs(real, node, "grub-cmdline", "--tail", "1")
+        assert "Started stage apply" not in tailed, tailed
+        assert "The agent's summary: step apply/" in tailed, tailed
         # Nothing was changed on the node by the refused step.
         assert real.node_file(node, "/etc/default/grub.d/90-nodegate.cfg") is None
     finally:

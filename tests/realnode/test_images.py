@@ -3,7 +3,7 @@
 What a real node's containerd will do is pull `<gateway>:<port>/nodegate/<name>@sha256:...`; these
 tests pull the same digests back from the registry with skopeo (over 127.0.0.1, the same server),
 unpack them with umoci and look inside: the package's files, and NodeGate's image running
-`nodegate version` in its own root.
+`nodegate version --client` in its own root.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_the_pushed_package_image_carries_the_package_and_a_cp_for_the_init_cont
 
 def test_nodegate_version_runs_inside_the_pushed_nodegate_image(pushed: Pushed, tmp_path: Path) -> None:
     root = _pull_and_unpack(pushed.port, "nodegate/nodegate", _digest(pushed.refs["nodegate"]), tmp_path / "image")
-    ran = subprocess.run([CHROOT, str(root), "/opt/nodegate/bin/nodegate", "version"],
+    ran = subprocess.run([CHROOT, str(root), "/opt/nodegate/bin/nodegate", "version", "--client"],
                          capture_output=True, text=True, timeout=120, env={"PATH": "/opt/nodegate/bin:/usr/bin:/bin"})
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == f"nodegate {gate.__version__}"

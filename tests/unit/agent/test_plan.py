@@ -124,3 +124,21 @@ def test_a_non_idempotent_step_runs_even_when_recorded_done() -> None:
     m = manifest("apply: [{name: s, command: 'true'}]")
     done = with_step_done(empty(), "apply", "s", "2.0.0", 3, "t")
     assert plan_stage(m, request(), done, {}, HOST, AGENT)[0].skip_reason is None
+
+
+def test_every_step_gets_the_nodes_name_rollout_place_and_fact_files_where_it_sees_them() -> None:
+    from gate.api.facts import OperatorFacts, RolloutPlace
+
+    m = manifest("apply: [{name: host, command: 'true'}, {name: pod, command: 'true', onHost: false}]")
+    facts = OperatorFacts(node="node-7", labels={"pool": "gpu"}, rollout=RolloutPlace(compartment="canary", batch=2))
+    host = Places(root="/", package_dir="/p", config_dir="/c", state_dir="/d", facts_dir="/var/lib/ng/node")
+    agent = Places(root="/host", package_dir="/host/p", config_dir="/host/c", state_dir="/host/d",
+                   facts_dir="/host/var/lib/ng/node")
+    environ = {"NODEGATE_NODE": "stale-from-the-pod", "NODEGATE_BATCH": "9"}
+    on_host, in_pod = plan_stage(m, request(), empty(), environ, host, agent, facts)
+    assert on_host.env["NODEGATE_NODE"] == "node-7" and in_pod.env["NODEGATE_NODE"] == "node-7"
+    assert (on_host.env["NODEGATE_COMPARTMENT"], on_host.env["NODEGATE_BATCH"]) == ("canary", "2")
+    assert on_host.env["NODEGATE_NODE_FACTS"] == "/var/lib/ng/node/facts.json"
+    assert on_host.env["NODEGATE_NODE_LABELS"] == "/var/lib/ng/node/labels"
+    assert on_host.env["NODEGATE_NODE_INSTALLED"] == "/var/lib/ng/node/installed"
+    assert in_pod.env["NODEGATE_NODE_FACTS"] == "/host/var/lib/ng/node/facts.json"

@@ -102,3 +102,44 @@ def test_a_stage_succeeds_with_its_pod_before_the_job_controller_says_so() -> No
     assert job_view(_job(), [_pod("Failed", 1)]).phase == "running"
     failed = _job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "m"}], 0)
     assert job_view(failed, [_pod("Failed", 1)]).phase == "failed"
+
+
+def test_a_stage_pod_carries_the_nodes_facts_as_an_annotation_projected_into_a_file_for_the_agent() -> None:
+    import json
+
+    from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+    from gate.api.state import NodeGateState
+    from gate.controller.jobs import facts_of
+
+    node = {"metadata": {"name": "node-7", "labels": {"pool": "gpu", "zone": "b"},
+                         "annotations": {"team": "ml", keys.state_annotation("g"): '{"status":"in-progress"}'}}}
+    state = NodeGateState(status="in-progress", compartment="canary", batch=2, round=1)
+    job = stage_job(gate(), "node-7", JobRequest(name="j", stage="apply", package="tuned", version="1.2.0"),
+                    SETTINGS, facts_of("node-7", node, state))
+    template = job["spec"]["template"]
+    pod = template["spec"]
+    facts = OperatorFacts.model_validate_json(template["metadata"]["annotations"][FACTS_ANNOTATION])
+    assert facts.node == "node-7" and facts.labels == {"pool": "gpu", "zone": "b"}
+    assert facts.annotations == {"team": "ml"}  # the gates' own state stays the operator's
+    assert (facts.rollout.compartment, facts.rollout.batch, facts.rollout.round) == ("canary", 2, 1)
+    assert FACTS_ANNOTATION not in job["metadata"]["annotations"]  # on the pod, where the Downward API reads it
+    volume = next(v for v in pod["volumes"] if v["name"] == "facts")
+    [item] = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{FACTS_ANNOTATION}']"
+    agent = pod["containers"][0]
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "facts")
+    args = agent["args"]
+    assert args[args.index("--node-facts") + 1] == f"{mount['mountPath']}/{item['path']}"
+    assert {"name": "NODEGATE_NODE", "value": "node-7"} in agent["env"]
+    assert json.loads(template["metadata"]["annotations"][FACTS_ANNOTATION])["v"] == 1
+
+
+def test_without_facts_a_stage_pod_still_gets_the_nodes_name_and_an_interrupt_pod_gets_none() -> None:
+    from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+
+    job = stage_job(gate(), "n", JobRequest(name="j", stage="apply", package="tuned", version="1.2.0"), SETTINGS)
+    raw = job["spec"]["template"]["metadata"]["annotations"][FACTS_ANNOTATION]
+    assert OperatorFacts.model_validate_json(raw) == OperatorFacts(node="n")
+    interrupt = stage_job(gate(), "n", JobRequest(name="i", stage="interrupt", package=None,
+                                                  interrupt=Interrupt(type="reboot")), SETTINGS)
+    assert FACTS_ANNOTATION not in interrupt["spec"]["template"]["metadata"]["annotations"]
