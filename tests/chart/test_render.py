@@ -23,7 +23,7 @@ import gate
 from gate.admission.configuration import webhook_configurations
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
-from gate.cli.manifests import stale
+from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
 from gate.controller.settings import OperatorSettings
 from tests.chart.conftest import CHART_DIR, REPO, Obj, env_of, find, lint, rendered, rendered_text
@@ -140,6 +140,47 @@ def test_bad_values_are_refused_with_a_message_naming_them(values: Obj, message:
 def test_the_default_namespace_is_refused() -> None:
     with pytest.raises(Exception, match='does not install into the "default" namespace'):
         rendered({}, namespace="default")
+
+
+def _helm_template(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_path(), "template", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_helm_template_renders_without_a_kube_version() -> None:
+    """`helm template charts/nodegate -n nodegate-system | kubectl apply -f -`, as GitOps pipelines
+    and users without cluster access run it: no --kube-version, so Helm's own default capabilities
+    (v1.20.0 for the pinned helm, built from source) instead of a cluster's. Chart.yaml's
+    `kubeVersion: >=1.30.0-0` refused exactly this before rendering anything."""
+    proc = _helm_template(str(CHART_DIR), "--namespace", "nodegate-system")
+    assert proc.returncode == 0, proc.stderr
+    plain = sorted((o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(proc.stdout) if o)
+    for_cluster = sorted((o["kind"], o["metadata"]["name"]) for o in rendered({}))
+    assert plain == for_cluster, "Helm's default capabilities render every object a 1.35 cluster gets"
+
+
+def test_plain_helm_template_stops_only_at_the_default_namespace_and_says_what_to_pass() -> None:
+    # No flags at all: Helm's namespace is "default", which the chart refuses on purpose (privileged
+    # package pods run in the release namespace). The Kubernetes version no longer stops it.
+    proc = _helm_template(str(CHART_DIR))
+    assert proc.returncode != 0
+    assert 'does not install into the "default" namespace' in proc.stderr
+    assert "helm template" in proc.stderr and "-n nodegate-system" in proc.stderr
+    assert "kubeVersion" not in proc.stderr and "Kubernetes" not in proc.stderr
+
+
+@pytest.mark.parametrize("version", ["1.29.9", "1.25.0"])
+def test_a_kubernetes_older_than_the_supported_range_is_refused(version: str) -> None:
+    proc = _helm_template("nodegate", str(CHART_DIR), "--namespace", "nodegate-system", "--kube-version", version)
+    assert proc.returncode != 0
+    assert f"NodeGate needs Kubernetes >=1.30.0-0; this cluster (or --kube-version) is v{version}" in proc.stderr
+
+
+def test_the_supported_range_is_stated_once_and_helm_checks_no_kubeversion_before_rendering() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert "kubeVersion" not in chart
+    assert chart["annotations"]["nodegate.io/kube-version"] == ">=1.30.0-0"
+    proc = _helm_template("nodegate", str(CHART_DIR), "--namespace", "nodegate-system", "--kube-version", "1.30.0")
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- RBAC -------------------------------------------------------------------------------------------------
