@@ -21,6 +21,7 @@ import yaml
 
 import gate
 from gate.admission.configuration import webhook_configurations
+from gate.admission.rules.images import ALLOW_ALL, ImagePolicy, prefix_problem
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
 from gate.cli.manifests import helm_path, stale
@@ -129,6 +130,8 @@ def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -
     ({"certManager": {"issuerRef": {"kind": "Vault"}}}, "kind"),
     ({"image": {"digest": "latest"}}, "digest"),
     ({"operator": {"replicas": 0}}, "replicas"),
+    ({"webhook": {"imagePolicy": {"allowedRepositories": ["acme"]}}}, "/webhook/imagePolicy/allowedRepositories/0"),
+    ({"webhook": {"imagePolicy": {"requireDigest": "yes"}}}, "/webhook/imagePolicy/requireDigest"),
     ({"operator": {"leaderElection": {"leaseSeconds": 10, "renewSeconds": 5, "renewDeadlineSeconds": 12}}},
      "renewSeconds < renewDeadlineSeconds < leaseSeconds"),
 ])
@@ -358,6 +361,34 @@ def test_processes_read_the_settings_the_chart_sets(name: str) -> None:
         assert ws.configuration_name == find(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
         assert set(ws.hosts) == {f"{prefix}-webhook", f"{prefix}-webhook.ops", f"{prefix}-webhook.ops.svc",
                                  f"{prefix}-webhook.ops.svc.cluster.local"}
+
+
+SAFE_IMAGE_POLICY: Obj = {"allowedRepositories": ["registry.example.com/nodegate", "ghcr.io/acme"],
+                          "requireDigest": True}
+
+
+def test_the_image_policy_values_reach_the_webhook_settings() -> None:
+    def policy(values: Obj) -> ImagePolicy:
+        webhook = find(rendered(values), "Deployment", "nodegate-webhook")["spec"]["template"]["spec"]
+        env = _resolve(env_of(webhook["containers"][0]), "nodegate-system", "pod")
+        return webhook_settings_from(argparse.Namespace(), env).image_policy
+
+    assert policy({}) == ALLOW_ALL
+    assert policy({"webhook": {"imagePolicy": SAFE_IMAGE_POLICY}}) == ImagePolicy(
+        ("registry.example.com/nodegate", "ghcr.io/acme"), require_digest=True)
+    # the safe setting the values comments show is this one
+    comment = (CHART_DIR / "values.yaml").read_text()
+    assert "allowedRepositories: [registry.example.com/nodegate, ghcr.io/acme]" in comment.replace("\n  # ", " ")
+
+
+@pytest.mark.parametrize("entry", ["ghcr.io", "ghcr.io/acme", "ghcr.io/acme/", "registry.internal:5000",
+                                   "registry:5000/team", "localhost/x", "[::1]:5000/a", "docker.io/nvidia",
+                                   "acme", "library/ubuntu", "ghcr.io/Acme", "ghcr.io/acme:1.0", "ghcr.io//x",
+                                   "ghcr.io/acme,quay.io", ""])
+def test_the_schema_and_the_webhook_agree_on_what_an_allowed_repository_is(entry: str) -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    item = schema["properties"]["webhook"]["properties"]["imagePolicy"]["properties"]["allowedRepositories"]["items"]
+    assert (re.search(item["pattern"], entry) is not None) is (prefix_problem(entry) is None)
 
 
 def test_one_image_serves_webhook_operator_agent_and_hook() -> None:
