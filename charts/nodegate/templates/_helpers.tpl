@@ -156,3 +156,23 @@ the webhooks' matchConditions silently and the operator could not lift its own t
 {{- fail (printf "NodeGate needs Kubernetes %s; this cluster (or --kube-version) is %s. With `helm template`, pass the target cluster's version: --kube-version 1.35" $range $version) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The operator's requests and limits: operator.resources when set, else computed from the fleet
+(the formula and the measurements behind it: values.yaml, key fleet). s is the number of node
+rollouts at the benchmark's 3 packages per node.
+*/}}
+{{- define "nodegate.operatorResources" -}}
+{{- if .Values.operator.resources -}}
+{{ toYaml .Values.operator.resources }}
+{{- else -}}
+{{- $s := mulf (float64 .Values.fleet.nodes) (divf (float64 .Values.fleet.packages) 3.0) -}}
+{{- $memory := mul (int (ceil (divf (addf 80.0 (mulf $s 0.02825)) 16.0))) 16 -}}
+{{- $cpu := max 100 (mul (int (ceil (divf (mulf $s 56.0) 6000.0))) 10) -}}
+requests:
+  cpu: {{ $cpu }}m
+  memory: {{ $memory }}Mi
+limits:
+  memory: {{ max 512 (mul $memory 2) }}Mi
+{{- end -}}
+{{- end -}}
