@@ -16,7 +16,7 @@ from gate.api.nodegate import NodeGate
 from gate.controller.jobs import stage_job
 from gate.controller.settings import OperatorSettings
 from gate.devcluster.cluster import DevCluster
-from gate.kube.client import JOBS, NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
+from gate.kube.client import EVENTS, JOBS, NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
 from gate.lifecycle.machine import JobRequest
 from tests.chart.conftest import Obj, find, rendered
 from tests.conftest import unique
@@ -148,3 +148,28 @@ async def test_the_limitrange_fills_a_stage_pod_that_states_no_resources_and_lea
     sized = pods["sized"]["spec"]
     assert sized["containers"][0]["resources"] == {"requests": {"cpu": "250m", "memory": "300Mi"},
                                                    "limits": {"memory": "2Gi"}}
+
+
+async def test_a_package_requesting_more_memory_than_the_default_limit_without_a_limit_of_its_own_is_refused(
+        cluster: DevCluster, kube: KubeClient, package_namespace: str) -> None:
+    """What docs/install.md warns of: the LimitRange fills in its 1Gi limit, below the request."""
+    settings = OperatorSettings(namespace=package_namespace)
+    node = (await kube.list(NODES))[0][0]["metadata"]["name"]
+    gate = NodeGate.model_validate({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": unique("lr"), "uid": "u-2"},
+        "spec": {"packages": {"big": {"version": "1.0.0", "image": "registry.example.com/big",
+                                      "resources": {"requests": {"memory": "2Gi"}}}}}})
+    job = stage_job(gate, node, JobRequest(name=unique("lr-big"), stage="apply", package="big"), settings)
+    job["metadata"].pop("ownerReferences")
+    await kube.create(JOBS, job)
+    deadline = time.monotonic() + 60
+    while True:
+        events, _ = await kube.list(EVENTS, namespace=package_namespace)
+        notes = [e.get("note", "") for e in events if e.get("reason") == "FailedCreate"]
+        if notes or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.3)
+    assert notes, "the Job controller reported no FailedCreate"
+    assert "must be less than or equal to memory limit" in notes[0], notes[0]
+    pods, _ = await kube.list(PODS, namespace=package_namespace, label_selector=f"job-name={job['metadata']['name']}")
+    assert pods == []
