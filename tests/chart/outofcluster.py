@@ -87,10 +87,10 @@ def container_env(deployment: Obj, namespace: str, pod: str) -> dict[str, str]:
     refs = {"metadata.namespace": namespace, "metadata.name": pod}
     env = {}
     for item in deployment["spec"]["template"]["spec"]["containers"][0].get("env", []):
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
-        else:
+        if "valueFrom" in item:
             env[item["name"]] = refs[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:  # the API server stores value "" as no value at all
+            env[item["name"]] = str(item.get("value", ""))
     return env
 
 

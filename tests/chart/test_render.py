@@ -381,6 +381,17 @@ def test_the_image_policy_values_reach_the_webhook_settings() -> None:
     assert "allowedRepositories: [registry.example.com/nodegate, ghcr.io/acme]" in comment.replace("\n  # ", " ")
 
 
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_no_env_var_renders_an_empty_value(name: str) -> None:
+    # The API server stores value "" as no value: what the chart renders would differ from what runs.
+    for obj in rendered(VALUE_SETS[name]):
+        if obj["kind"] in ("Deployment", "Job"):
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                empty = [e["name"] for e in container.get("env", []) if "valueFrom" not in e and e.get("value") in
+                         (None, "")]
+                assert empty == [], f"{obj['metadata']['name']}: {empty}"
+
+
 @pytest.mark.parametrize("entry", ["ghcr.io", "ghcr.io/acme", "ghcr.io/acme/", "registry.internal:5000",
                                    "registry:5000/team", "localhost/x", "[::1]:5000/a", "docker.io/nvidia",
                                    "acme", "library/ubuntu", "ghcr.io/Acme", "ghcr.io/acme:1.0", "ghcr.io//x",
