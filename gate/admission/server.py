@@ -30,6 +30,7 @@ from gate.admission.certificates import FileCertificates, SelfManagedCertificate
 from gate.admission.facts import ClusterFacts
 from gate.admission.rules import decide
 from gate.admission.rules.facts import Facts, Lookups
+from gate.admission.rules.images import ALLOW_ALL, ImagePolicy
 from gate.admission.rules.review import AdmissionReview, Verdict, Violation, response_for
 from gate.admission.settings import WebhookSettings
 from gate.certs.reload import ReloadableCertificate
@@ -84,8 +85,10 @@ def _summarise(exc: ValidationError) -> str:
 
 class AdmissionServer:
     def __init__(self, *, facts: FactSource, authorizer: Authorizer, certificate: ReloadableCertificate,
-                 max_body_bytes: int = 3 * 1024 * 1024, metrics: Metrics | None = None) -> None:
+                 max_body_bytes: int = 3 * 1024 * 1024, metrics: Metrics | None = None,
+                 image_policy: ImagePolicy = ALLOW_ALL) -> None:
         self.facts = facts
+        self.image_policy = image_policy
         self.authorizer = authorizer
         self.certificate = certificate
         self.max_body_bytes = max_body_bytes
@@ -187,7 +190,8 @@ class AdmissionServer:
             log.exception("Lookup failed unexpectedly; kind=%s name=%s", req.kind.kind, req.name)
             return self._failed(webhook, "could not look up what this request depends on (logged as a bug)")
         try:
-            verdict = decide.validate(req, facts) if webhook == "validate" else decide.mutate(req, facts)
+            verdict = decide.validate(req, facts, self.image_policy) if webhook == "validate" \
+                else decide.mutate(req, facts)
         except decide.ReviewError:
             raise
         except Exception:
@@ -228,7 +232,8 @@ async def serve(settings: WebhookSettings) -> None:
     facts = ClusterFacts(client, operator_username=settings.operator_username,
                          operator_namespace=settings.operator_namespace)
     server = AdmissionServer(facts=facts, certificate=certificate, max_body_bytes=settings.max_body_bytes,
-                             authorizer=SubjectAccessReviewer(client, cache_seconds=settings.sar_cache_seconds))
+                             authorizer=SubjectAccessReviewer(client, cache_seconds=settings.sar_cache_seconds),
+                             image_policy=settings.image_policy)
     certs: SelfManagedCertificates | FileCertificates
     if settings.cert_mode == "self-managed":
         policy = CertPolicy(hosts=settings.hosts,
@@ -245,7 +250,8 @@ async def serve(settings: WebhookSettings) -> None:
     host, port = settings.host_port
     site = web.TCPSite(runner, host, port, ssl_context=certificate.context, backlog=1024)
     await site.start()
-    log.info("Serving admission webhook; listen=%s:%d certMode=%s", host, port, settings.cert_mode)
+    log.info("Serving admission webhook; listen=%s:%d certMode=%s imagePolicy=%s", host, port, settings.cert_mode,
+             settings.image_policy.describe())
     settle_garbage_collector()
 
     stop = asyncio.Event()

@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from gate.admission.rules.images import ImagePolicy
+
 CertMode = Literal["self-managed", "files"]
 
 
@@ -41,7 +43,16 @@ class WebhookSettings:
     """How long an allowed SubjectAccessReview answer is reused (denials are never cached)."""
     max_body_bytes: int = 3 * 1024 * 1024
     """Largest request body: an AdmissionReview holds two objects of at most 1.5 MiB each."""
+    allowed_image_repositories: tuple[str, ...] = ()
+    """Registry hosts or repository prefixes package images must come from (gate/admission/rules/images.py:
+    whole path components, names fully qualified); empty: any."""
+    require_image_digest: bool = False
+    """Package images must be pinned by digest (image@sha256:...)."""
     log_level: str = "info"
+
+    @property
+    def image_policy(self) -> ImagePolicy:
+        return ImagePolicy(self.allowed_image_repositories, self.require_image_digest)
 
     @property
     def operator_username(self) -> str:
@@ -72,6 +83,9 @@ _HELP = {
     "cert_propagation_seconds": "how long a new CA is trusted before the serving certificate uses it",
     "sar_cache_seconds": "how long an allowed SubjectAccessReview is reused (0: never)",
     "max_body_bytes": "largest request body accepted",
+    "allowed_image_repositories": "comma-separated registry hosts or repository prefixes package images must come "
+                                  "from, e.g. ghcr.io/acme,registry.internal:5000 (empty: any)",
+    "require_image_digest": "true: package images must carry an @sha256: digest",
     "log_level": "debug, info, warning or error",
 }
 
@@ -84,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"default": None, "help": f"{_HELP[f.name]} (default {shown}; env {env_name(f.name)})"}
         if f.name == "cert_mode":
             kw["choices"] = ["self-managed", "files"]
+        if isinstance(default, bool):
+            kw.update(nargs="?", const="true", metavar="true|false")
         parser.add_argument(flag, dest=f.name, **kw)
 
 
@@ -105,7 +121,7 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         if isinstance(default, tuple):
             values[f.name] = tuple(h.strip() for h in str(raw).split(",") if h.strip())
         elif isinstance(default, bool):
-            values[f.name] = str(raw).lower() in ("1", "true", "yes")
+            values[f.name] = _boolean(f.name, str(raw))
         elif isinstance(default, int):
             values[f.name] = int(raw)
         elif isinstance(default, float):
@@ -116,7 +132,17 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     if settings.cert_mode not in ("self-managed", "files"):
         raise ValueError(f"cert mode must be self-managed or files, not {settings.cert_mode!r}")
     settings.host_port  # noqa: B018 - fail early on a malformed --listen
+    settings.image_policy  # noqa: B018 - and on an allowed repository that is not one
     return settings
+
+
+def _boolean(name: str, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no", ""):
+        return False
+    raise ValueError(f"{env_name(name)} (--{name.replace('_', '-')}) must be true or false, not {raw!r}")
 
 
 __all__ = ["WebhookSettings", "add_arguments", "from_args"]

@@ -66,6 +66,8 @@ CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
 SECRETS = Resource("", "v1", "secrets", True, "Secret")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
 SERVICES = Resource("", "v1", "services", True, "Service")
+# The chart's LimitRange for package pods (charts/nodegate/templates/package-limitrange.yaml).
+LIMITRANGES = Resource("", "v1", "limitranges", True, "LimitRange")
 EVENTS = Resource("events.k8s.io", "v1", "events", True, "Event")
 JOBS = Resource("batch", "v1", "jobs", True, "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudget")
@@ -99,7 +101,7 @@ POLICIES = Resource("nodegate.io", "v1alpha1", "deploymentpolicies", False, "Dep
 KWOK_STAGES = Resource("kwok.x-k8s.io", "v1alpha1", "stages", False, "Stage")
 
 _BUILTIN = [
-    NODES, PODS, NAMESPACES, CONFIGMAPS, SECRETS, SERVICEACCOUNTS, SERVICES, EVENTS, JOBS, PDBS, LEASES,
+    NODES, PODS, NAMESPACES, CONFIGMAPS, SECRETS, SERVICEACCOUNTS, SERVICES, LIMITRANGES, EVENTS, JOBS, PDBS, LEASES,
     DAEMONSETS, DEPLOYMENTS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, VALIDATING_POLICIES,
     VALIDATING_POLICY_BINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS, ROLES, ROLEBINDINGS, NODEGATES, POLICIES,
     KWOK_STAGES,

@@ -50,7 +50,10 @@ class Release:
 DEV_CLUSTER_TOLERATIONS = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def install(cluster: DevCluster, name: str, namespace: str, prefix: str, values: Obj) -> Release:
+def install(cluster: DevCluster, name: str, namespace: str, prefix: str, values: Obj, *,
+            chart: str = str(CHART_DIR), helm_args: tuple[str, ...] = ()) -> Release:
+    """`helm install` of `chart` (the checkout's by default; an oci:// reference with `helm_args`
+    such as --version and --plain-http) into a namespace of its own, labelled for privileged pods."""
     subprocess.run([_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "create", "namespace", namespace],
                    check=True, capture_output=True)
     # Package pods run privileged in NodeGate's namespace (docs/install.md).
@@ -62,7 +65,7 @@ def install(cluster: DevCluster, name: str, namespace: str, prefix: str, values:
                "webhook": {"tolerations": DEV_CLUSTER_TOLERATIONS}}
         yaml.safe_dump({"fullnameOverride": prefix, **dev, **values}, vf)
         vf.flush()
-        release.helm("install", name, str(CHART_DIR), "--values", vf.name, "--wait", "--timeout", "3m")
+        release.helm("install", name, chart, *helm_args, "--values", vf.name, "--wait", "--timeout", "3m")
     return release
 
 
@@ -84,10 +87,10 @@ def container_env(deployment: Obj, namespace: str, pod: str) -> dict[str, str]:
     refs = {"metadata.namespace": namespace, "metadata.name": pod}
     env = {}
     for item in deployment["spec"]["template"]["spec"]["containers"][0].get("env", []):
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
-        else:
+        if "valueFrom" in item:
             env[item["name"]] = refs[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:  # the API server stores value "" as no value at all
+            env[item["name"]] = str(item.get("value", ""))
     return env
 
 

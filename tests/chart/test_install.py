@@ -90,45 +90,52 @@ async def installed(cluster: DevCluster) -> AsyncIterator[Installed]:
     release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-chart"), unique("ngc"), {})
     prefix, ns = release.prefix, release.namespace
     process = f"{prefix}-webhook-a"
-    async with await cluster.client() as kube:
-        deployment = await kube.get(DEPLOYMENTS, f"{prefix}-webhook", ns)
-        kubeconfig = await token_kubeconfig(cluster, f"{prefix}-webhook", ns)
-        port = free_port()
-        hosts = [*dict(e for e in _env(deployment))["NODEGATE_WEBHOOK_HOSTS"].split(","), "127.0.0.1"]
-        run_deployment(cluster, process, deployment, ns, kubeconfig, {
-            "NODEGATE_WEBHOOK_LISTEN": f"127.0.0.1:{port}",  # the API server calls it on loopback
-            "NODEGATE_WEBHOOK_HOSTS": ",".join(hosts),
-            "NODEGATE_WEBHOOK_CERT_CHECK_SECONDS": "1"})
-        await asyncio.to_thread(wait_https, f"https://127.0.0.1:{port}/readyz", cluster=cluster, process=process)
+    try:
+        async with await cluster.client() as kube:
+            deployment = await kube.get(DEPLOYMENTS, f"{prefix}-webhook", ns)
+            kubeconfig = await token_kubeconfig(cluster, f"{prefix}-webhook", ns)
+            port = free_port()
+            hosts = [*dict(e for e in _env(deployment))["NODEGATE_WEBHOOK_HOSTS"].split(","), "127.0.0.1"]
+            run_deployment(cluster, process, deployment, ns, kubeconfig, {
+                "NODEGATE_WEBHOOK_LISTEN": f"127.0.0.1:{port}",  # the API server calls it on loopback
+                "NODEGATE_WEBHOOK_HOSTS": ",".join(hosts),
+                "NODEGATE_WEBHOOK_CERT_CHECK_SECONDS": "1"})
+            await asyncio.to_thread(wait_https, f"https://127.0.0.1:{port}/readyz", cluster=cluster, process=process)
 
-        async def published() -> str | None:
-            bundles = set()
-            for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-                config = await kube.get(res, prefix)
-                bundles |= {w["clientConfig"].get("caBundle", "") for w in config["webhooks"]}
-            return bundles.pop() if len(bundles) == 1 and "" not in bundles else None
+            async def published() -> str | None:
+                bundles = set()
+                for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+                    config = await kube.get(res, prefix)
+                    bundles |= {w["clientConfig"].get("caBundle", "") for w in config["webhooks"]}
+                return bundles.pop() if len(bundles) == 1 and "" not in bundles else None
 
-        bundle = await wait_for(published, what="the webhook to publish its caBundle in the chart's configurations")
-        try:
-            await kube.create(NODEGATES, probe(unique("probe")), dry_run=True)
-            unreachable = "admitted"
-        except ApiError as exc:
-            unreachable = exc.message
-        for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-            config = await kube.get(res, prefix)
-            ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                    "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
-                              "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
-            await kube.patch(res, prefix, ops, patch_type="json")
-
-        async def called() -> bool:
+            bundle = await wait_for(published, what="the webhook to publish its caBundle in the chart's configurations")
             try:
                 await kube.create(NODEGATES, probe(unique("probe")), dry_run=True)
+                unreachable = "admitted"
             except ApiError as exc:
-                return "denied the request" in exc.message and PROBE_POLICY in exc.message
-            return False
+                unreachable = exc.message
+            for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+                config = await kube.get(res, prefix)
+                ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                        "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
+                                  "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
+                await kube.patch(res, prefix, ops, patch_type="json")
 
-        await wait_for(called, what="the API server to call the chart's webhook")
+            async def called() -> bool:
+                try:
+                    await kube.create(NODEGATES, probe(unique("probe")), dry_run=True)
+                except ApiError as exc:
+                    return "denied the request" in exc.message and PROBE_POLICY in exc.message
+                return False
+
+            await wait_for(called, what="the API server to call the chart's webhook")
+    except BaseException:
+        # a failed setup must not leave the release's webhooks (pointing at an unreachable Service,
+        # failurePolicy Fail) in place for every later test of the session
+        await asyncio.to_thread(uninstall, cluster, release)
+        cluster.stop_process(process)
+        raise
     state = Installed(release, process, port, unreachable)
     try:
         yield state

@@ -21,9 +21,10 @@ import yaml
 
 import gate
 from gate.admission.configuration import webhook_configurations
+from gate.admission.rules.images import ALLOW_ALL, ImagePolicy, prefix_problem
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
-from gate.cli.manifests import stale
+from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
 from gate.controller.settings import OperatorSettings
 from tests.chart.conftest import CHART_DIR, REPO, Obj, env_of, find, lint, rendered, rendered_text
@@ -129,6 +130,8 @@ def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -
     ({"certManager": {"issuerRef": {"kind": "Vault"}}}, "kind"),
     ({"image": {"digest": "latest"}}, "digest"),
     ({"operator": {"replicas": 0}}, "replicas"),
+    ({"webhook": {"imagePolicy": {"allowedRepositories": ["acme"]}}}, "/webhook/imagePolicy/allowedRepositories/0"),
+    ({"webhook": {"imagePolicy": {"requireDigest": "yes"}}}, "/webhook/imagePolicy/requireDigest"),
     ({"operator": {"leaderElection": {"leaseSeconds": 10, "renewSeconds": 5, "renewDeadlineSeconds": 12}}},
      "renewSeconds < renewDeadlineSeconds < leaseSeconds"),
 ])
@@ -140,6 +143,47 @@ def test_bad_values_are_refused_with_a_message_naming_them(values: Obj, message:
 def test_the_default_namespace_is_refused() -> None:
     with pytest.raises(Exception, match='does not install into the "default" namespace'):
         rendered({}, namespace="default")
+
+
+def _helm_template(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_path(), "template", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_helm_template_renders_without_a_kube_version() -> None:
+    """`helm template charts/nodegate -n nodegate-system | kubectl apply -f -`, as GitOps pipelines
+    and users without cluster access run it: no --kube-version, so Helm's own default capabilities
+    (v1.20.0 for the pinned helm, built from source) instead of a cluster's. Chart.yaml's
+    `kubeVersion: >=1.30.0-0` refused exactly this before rendering anything."""
+    proc = _helm_template(str(CHART_DIR), "--namespace", "nodegate-system")
+    assert proc.returncode == 0, proc.stderr
+    plain = sorted((o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(proc.stdout) if o)
+    for_cluster = sorted((o["kind"], o["metadata"]["name"]) for o in rendered({}))
+    assert plain == for_cluster, "Helm's default capabilities render every object a 1.35 cluster gets"
+
+
+def test_plain_helm_template_stops_only_at_the_default_namespace_and_says_what_to_pass() -> None:
+    # No flags at all: Helm's namespace is "default", which the chart refuses on purpose (privileged
+    # package pods run in the release namespace). The Kubernetes version no longer stops it.
+    proc = _helm_template(str(CHART_DIR))
+    assert proc.returncode != 0
+    assert 'does not install into the "default" namespace' in proc.stderr
+    assert "helm template" in proc.stderr and "-n nodegate-system" in proc.stderr
+    assert "kubeVersion" not in proc.stderr and "Kubernetes" not in proc.stderr
+
+
+@pytest.mark.parametrize("version", ["1.29.9", "1.25.0"])
+def test_a_kubernetes_older_than_the_supported_range_is_refused(version: str) -> None:
+    proc = _helm_template("nodegate", str(CHART_DIR), "--namespace", "nodegate-system", "--kube-version", version)
+    assert proc.returncode != 0
+    assert f"NodeGate needs Kubernetes >=1.30.0-0; this cluster (or --kube-version) is v{version}" in proc.stderr
+
+
+def test_the_supported_range_is_stated_once_and_helm_checks_no_kubeversion_before_rendering() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert "kubeVersion" not in chart
+    assert chart["annotations"]["nodegate.io/kube-version"] == ">=1.30.0-0"
+    proc = _helm_template("nodegate", str(CHART_DIR), "--namespace", "nodegate-system", "--kube-version", "1.30.0")
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- RBAC -------------------------------------------------------------------------------------------------
@@ -317,6 +361,45 @@ def test_processes_read_the_settings_the_chart_sets(name: str) -> None:
         assert ws.configuration_name == find(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
         assert set(ws.hosts) == {f"{prefix}-webhook", f"{prefix}-webhook.ops", f"{prefix}-webhook.ops.svc",
                                  f"{prefix}-webhook.ops.svc.cluster.local"}
+
+
+SAFE_IMAGE_POLICY: Obj = {"allowedRepositories": ["registry.example.com/nodegate", "ghcr.io/acme"],
+                          "requireDigest": True}
+
+
+def test_the_image_policy_values_reach_the_webhook_settings() -> None:
+    def policy(values: Obj) -> ImagePolicy:
+        webhook = find(rendered(values), "Deployment", "nodegate-webhook")["spec"]["template"]["spec"]
+        env = _resolve(env_of(webhook["containers"][0]), "nodegate-system", "pod")
+        return webhook_settings_from(argparse.Namespace(), env).image_policy
+
+    assert policy({}) == ALLOW_ALL
+    assert policy({"webhook": {"imagePolicy": SAFE_IMAGE_POLICY}}) == ImagePolicy(
+        ("registry.example.com/nodegate", "ghcr.io/acme"), require_digest=True)
+    # the safe setting the values comments show is this one
+    comment = (CHART_DIR / "values.yaml").read_text()
+    assert "allowedRepositories: [registry.example.com/nodegate, ghcr.io/acme]" in comment.replace("\n  # ", " ")
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_no_env_var_renders_an_empty_value(name: str) -> None:
+    # The API server stores value "" as no value: what the chart renders would differ from what runs.
+    for obj in rendered(VALUE_SETS[name]):
+        if obj["kind"] in ("Deployment", "Job"):
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                empty = [e["name"] for e in container.get("env", []) if "valueFrom" not in e and e.get("value") in
+                         (None, "")]
+                assert empty == [], f"{obj['metadata']['name']}: {empty}"
+
+
+@pytest.mark.parametrize("entry", ["ghcr.io", "ghcr.io/acme", "ghcr.io/acme/", "registry.internal:5000",
+                                   "registry:5000/team", "localhost/x", "[::1]:5000/a", "docker.io/nvidia",
+                                   "acme", "library/ubuntu", "ghcr.io/Acme", "ghcr.io/acme:1.0", "ghcr.io//x",
+                                   "ghcr.io/acme,quay.io", ""])
+def test_the_schema_and_the_webhook_agree_on_what_an_allowed_repository_is(entry: str) -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    item = schema["properties"]["webhook"]["properties"]["imagePolicy"]["properties"]["allowedRepositories"]["items"]
+    assert (re.search(item["pattern"], entry) is not None) is (prefix_problem(entry) is None)
 
 
 def test_one_image_serves_webhook_operator_agent_and_hook() -> None:

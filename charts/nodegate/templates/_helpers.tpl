@@ -89,8 +89,9 @@ tainted (a readinessTaint gate selecting all of them), the operator must still r
 {{/* Refuse configurations that cannot work, with a message a person can act on. */}}
 {{- define "nodegate.validate" -}}
 {{- if eq .Release.Namespace "default" -}}
-{{- fail "NodeGate does not install into the \"default\" namespace: its webhooks exclude their own namespace and it runs privileged package pods there. Use a namespace of its own, e.g. `helm install nodegate charts/nodegate -n nodegate-system --create-namespace`." -}}
+{{- fail "NodeGate does not install into the \"default\" namespace: its webhooks exclude their own namespace and it runs privileged package pods there. Use a namespace of its own, e.g. `helm install nodegate charts/nodegate -n nodegate-system --create-namespace` (or `helm template charts/nodegate -n nodegate-system`)." -}}
 {{- end -}}
+{{- include "nodegate.validateKubeVersion" . -}}
 {{- $op := .Values.operator.leaderElection -}}
 {{- if not (and (lt (float64 $op.renewSeconds) (float64 $op.renewDeadlineSeconds)) (lt (float64 $op.renewDeadlineSeconds) (float64 $op.leaseSeconds))) -}}
 {{- fail "operator.leaderElection: need renewSeconds < renewDeadlineSeconds < leaseSeconds" -}}
@@ -134,4 +135,44 @@ namespaceSelector:
     {{- range .Values.networkPolicy.apiServerPorts }}
     - {port: {{ . }}, protocol: TCP}
     {{- end }}
+{{- end -}}
+
+{{/*
+The supported Kubernetes range (Chart.yaml's annotation nodegate.io/kube-version), checked here
+instead of by Chart.yaml's kubeVersion, which Helm checks before rendering and so also against its
+own default when no cluster is asked. That default is Helm's DefaultCapabilities: a compiled-in
+version (v1.20.0 in a helm built without the release's ldflags, as from `go install`) next to every
+group-version of the client-go it was built with. A real v1.20.0 server never served
+flowcontrol.apiserver.k8s.io/v1 (GA in 1.29), so that pair is Helm's default, not a cluster: it
+renders (`helm template charts/nodegate` must work for GitOps pipelines). Every other version,
+from a cluster or from --kube-version, must satisfy the range: below 1.30 the API server would drop
+the webhooks' matchConditions silently and the operator could not lift its own taint.
+*/}}
+{{- define "nodegate.validateKubeVersion" -}}
+{{- $range := index .Chart.Annotations "nodegate.io/kube-version" -}}
+{{- $version := .Capabilities.KubeVersion.Version -}}
+{{- $helmDefault := and (eq $version "v1.20.0") (.Capabilities.APIVersions.Has "flowcontrol.apiserver.k8s.io/v1") -}}
+{{- if and (not $helmDefault) (not (semverCompare $range $version)) -}}
+{{- fail (printf "NodeGate needs Kubernetes %s; this cluster (or --kube-version) is %s. With `helm template`, pass the target cluster's version: --kube-version 1.35" $range $version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's requests and limits: operator.resources when set, else computed from the fleet
+(the formula and the measurements behind it: values.yaml, key fleet). s is the number of node
+rollouts at the benchmark's 3 packages per node.
+*/}}
+{{- define "nodegate.operatorResources" -}}
+{{- if .Values.operator.resources -}}
+{{ toYaml .Values.operator.resources }}
+{{- else -}}
+{{- $s := mulf (float64 .Values.fleet.nodes) (divf (float64 .Values.fleet.packages) 3.0) -}}
+{{- $memory := mul (int (ceil (divf (addf 80.0 (mulf $s 0.02825)) 16.0))) 16 -}}
+{{- $cpu := max 100 (mul (int (ceil (divf (mulf $s 56.0) 6000.0))) 10) -}}
+requests:
+  cpu: {{ $cpu }}m
+  memory: {{ $memory }}Mi
+limits:
+  memory: {{ max 512 (mul $memory 2) }}Mi
+{{- end -}}
 {{- end -}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gate.admission.rules import defaults, nodegate, policy
+from gate.admission.rules import defaults, images, nodegate, policy
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.review import ALLOW, AccessCheck, AdmissionRequest, Verdict, Violation
 from gate.api.keys import BYPASS_VERB, GROUP, NODEGATE_PLURAL, PACKAGES_RESOURCE, READINESS_TAINT_KEY, USE_VERB
@@ -86,16 +86,17 @@ def plan_lookups(req: AdmissionRequest, webhook: Webhook) -> Lookups:
 # -- validation ------------------------------------------------------------------------------------
 
 
-def validate(req: AdmissionRequest, facts: Facts) -> Verdict:
+def validate(req: AdmissionRequest, facts: Facts, image_policy: images.ImagePolicy = images.ALLOW_ALL) -> Verdict:
+    """`image_policy` is the cluster's (the webhook's settings), not a fact about other objects."""
     kind = kind_of(req)
     if kind == "NodeGate":
-        return _validate_nodegate(req, facts)
+        return _validate_nodegate(req, facts, image_policy)
     if kind == "DeploymentPolicy":
         return _validate_policy(req, facts)
     return _validate_node(req, facts)
 
 
-def _validate_nodegate(req: AdmissionRequest, facts: Facts) -> Verdict:
+def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images.ImagePolicy) -> Verdict:
     if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return ALLOW  # metadata-only updates (finalizers, labels) never wait on spec rules
     new = _new(req)
@@ -106,10 +107,12 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts) -> Verdict:
     violations = nodegate.validate_spec(new_spec, existing_policies=facts.existing_policies if check_policy else None)
     if isinstance(new_spec, dict) and old_spec is not None:
         violations += nodegate.update_violations(old_spec, new_spec, dict(facts.installed_on))
+    changed = nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
+    if isinstance(new_spec, dict):
+        violations += images.image_violations(nodegate.packages_of(new_spec), changed, image_policy)
     if violations:
         return Verdict(violations=tuple(violations))
     who = req.user_info.username or "(anonymous)"
-    changed = nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
     checks = [
         AccessCheck(
             user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
