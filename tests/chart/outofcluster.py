@@ -215,7 +215,7 @@ async def serve_release_webhook(cluster: DevCluster, release: Release, *, probe:
                 bundles |= {w["clientConfig"].get("caBundle", "") for w in config["webhooks"]}
             return bundles.pop() if len(bundles) == 1 and "" not in bundles else None
 
-        bundle = await _wait_for(published, what="the webhook to publish its caBundle in the release's configurations")
+        bundle = await wait_for(published, what="the webhook to publish its caBundle in the release's configurations")
         try:
             await kube.create(NODEGATES, probe(), dry_run=True)
             unreachable = "admitted"
@@ -235,11 +235,12 @@ async def serve_release_webhook(cluster: DevCluster, release: Release, *, probe:
                 return "denied the request" in exc.message and refused in exc.message
             return False
 
-        await _wait_for(called, what="the API server to call the release's webhook")
+        await wait_for(called, what="the API server to call the release's webhook")
     return ServedWebhook(process, port, unreachable)
 
 
-async def _wait_for(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0, what: str) -> Any:
+async def wait_for(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0, what: str) -> Any:
+    """Poll `check` until it returns something true (returned), or fail naming `what`."""
     deadline = time.monotonic() + timeout
     while True:
         result = await check()

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import pytest
 
@@ -52,6 +51,7 @@ from tests.chart.outofcluster import (
     session_operator_paused,
     token_kubeconfig,
     uninstall,
+    wait_for,
 )
 from tests.conftest import REPO, Kubectl, unique
 
@@ -74,17 +74,6 @@ def probe(name: str) -> Obj:
             "spec": {"deploymentPolicy": PROBE_POLICY}}
 
 
-async def wait_for(check: Any, *, timeout: float = 60.0, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 async def installed(cluster: DevCluster) -> AsyncIterator[Installed]:
     release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-chart"), unique("ngc"), {})
@@ -104,10 +93,6 @@ async def installed(cluster: DevCluster) -> AsyncIterator[Installed]:
         if state.installed:
             await asyncio.to_thread(uninstall, cluster, release)
         cluster.stop_process(served.process)
-
-
-def _env(deployment: Obj) -> list[tuple[str, str]]:
-    return [(e["name"], e.get("value", "")) for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
 
 
 async def test_install_creates_every_object_and_the_api_server_calls_the_charts_configurations(
