@@ -8,6 +8,7 @@ RBAC a process gets is exactly what `helm install` created for it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 import subprocess
@@ -15,13 +16,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from gate.devcluster.cluster import DevCluster, Process
+from gate.devcluster.cluster import DevCluster, Process, free_port
 from gate.devcluster.services import python_env, service_account_kubeconfig, wait_ready
 from tests.chart.conftest import CHART_DIR, Obj, helm
 
@@ -174,3 +176,76 @@ def session_operator_paused(cluster: DevCluster) -> Iterator[None]:
             cluster.register("operator", proc.argv, python_env())
             port = int(proc.argv[proc.argv.index("--metrics-port") + 1])
             wait_ready(cluster, "operator", port, want=None)
+
+
+@dataclass
+class ServedWebhook:
+    process: str
+    port: int
+    unreachable: str  # what the API server said while the configurations pointed at the Service
+
+
+async def serve_release_webhook(cluster: DevCluster, release: Release, *, probe: Callable[[], Obj],
+                                refused: str, overrides: dict[str, str] | None = None) -> ServedWebhook:
+    """Run the release's webhook Deployment here (as its ServiceAccount), wait until it published its
+    caBundle in the release's configurations, record what the API server says while they point at the
+    Service (unreachable here: no kube-proxy), point them at the local process (url), and return once
+    the API server's answer to a dry-run create of `probe()` contains `refused`. The caller stops
+    the process (and uninstalls the release) when done, also when this raises."""
+    from gate.kube.client import DEPLOYMENTS, MUTATING_WEBHOOKS, NODEGATES, VALIDATING_WEBHOOKS
+    from gate.kube.errors import ApiError
+
+    prefix, ns = release.prefix, release.namespace
+    process = f"{prefix}-webhook-a"
+    async with await cluster.client() as kube:
+        deployment = await kube.get(DEPLOYMENTS, f"{prefix}-webhook", ns)
+        kubeconfig = await token_kubeconfig(cluster, f"{prefix}-webhook", ns)
+        port = free_port()
+        hosts = [*container_env(deployment, ns, process)["NODEGATE_WEBHOOK_HOSTS"].split(","), "127.0.0.1"]
+        run_deployment(cluster, process, deployment, ns, kubeconfig, {
+            "NODEGATE_WEBHOOK_LISTEN": f"127.0.0.1:{port}",  # the API server calls it on loopback
+            "NODEGATE_WEBHOOK_HOSTS": ",".join(hosts),
+            "NODEGATE_WEBHOOK_CERT_CHECK_SECONDS": "1", **(overrides or {})})
+        await asyncio.to_thread(wait_https, f"https://127.0.0.1:{port}/readyz", cluster=cluster, process=process)
+
+        async def published() -> str | None:
+            bundles = set()
+            for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+                config = await kube.get(res, prefix)
+                bundles |= {w["clientConfig"].get("caBundle", "") for w in config["webhooks"]}
+            return bundles.pop() if len(bundles) == 1 and "" not in bundles else None
+
+        bundle = await wait_for(published, what="the webhook to publish its caBundle in the release's configurations")
+        try:
+            await kube.create(NODEGATES, probe(), dry_run=True)
+            unreachable = "admitted"
+        except ApiError as exc:
+            unreachable = exc.message
+        for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+            config = await kube.get(res, prefix)
+            ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                    "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
+                              "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
+            await kube.patch(res, prefix, ops, patch_type="json")
+
+        async def called() -> bool:
+            try:
+                await kube.create(NODEGATES, probe(), dry_run=True)
+            except ApiError as exc:
+                return "denied the request" in exc.message and refused in exc.message
+            return False
+
+        await wait_for(called, what="the API server to call the release's webhook")
+    return ServedWebhook(process, port, unreachable)
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0, what: str) -> Any:
+    """Poll `check` until it returns something true (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)

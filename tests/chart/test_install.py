@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import pytest
 
@@ -39,7 +38,7 @@ from gate.kube.client import (
     KubeClient,
     resource_for,
 )
-from gate.kube.errors import ApiError, NotFound
+from gate.kube.errors import NotFound
 from tests.chart.conftest import Obj
 from tests.chart.outofcluster import (
     Release,
@@ -48,10 +47,11 @@ from tests.chart.outofcluster import (
     metrics_text,
     run_deployment,
     sample,
+    serve_release_webhook,
     session_operator_paused,
     token_kubeconfig,
     uninstall,
-    wait_https,
+    wait_for,
 )
 from tests.conftest import REPO, Kubectl, unique
 
@@ -74,79 +74,25 @@ def probe(name: str) -> Obj:
             "spec": {"deploymentPolicy": PROBE_POLICY}}
 
 
-async def wait_for(check: Any, *, timeout: float = 60.0, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 async def installed(cluster: DevCluster) -> AsyncIterator[Installed]:
     release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-chart"), unique("ngc"), {})
-    prefix, ns = release.prefix, release.namespace
-    process = f"{prefix}-webhook-a"
     try:
-        async with await cluster.client() as kube:
-            deployment = await kube.get(DEPLOYMENTS, f"{prefix}-webhook", ns)
-            kubeconfig = await token_kubeconfig(cluster, f"{prefix}-webhook", ns)
-            port = free_port()
-            hosts = [*dict(e for e in _env(deployment))["NODEGATE_WEBHOOK_HOSTS"].split(","), "127.0.0.1"]
-            run_deployment(cluster, process, deployment, ns, kubeconfig, {
-                "NODEGATE_WEBHOOK_LISTEN": f"127.0.0.1:{port}",  # the API server calls it on loopback
-                "NODEGATE_WEBHOOK_HOSTS": ",".join(hosts),
-                "NODEGATE_WEBHOOK_CERT_CHECK_SECONDS": "1"})
-            await asyncio.to_thread(wait_https, f"https://127.0.0.1:{port}/readyz", cluster=cluster, process=process)
-
-            async def published() -> str | None:
-                bundles = set()
-                for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-                    config = await kube.get(res, prefix)
-                    bundles |= {w["clientConfig"].get("caBundle", "") for w in config["webhooks"]}
-                return bundles.pop() if len(bundles) == 1 and "" not in bundles else None
-
-            bundle = await wait_for(published, what="the webhook to publish its caBundle in the chart's configurations")
-            try:
-                await kube.create(NODEGATES, probe(unique("probe")), dry_run=True)
-                unreachable = "admitted"
-            except ApiError as exc:
-                unreachable = exc.message
-            for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-                config = await kube.get(res, prefix)
-                ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                        "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
-                                  "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
-                await kube.patch(res, prefix, ops, patch_type="json")
-
-            async def called() -> bool:
-                try:
-                    await kube.create(NODEGATES, probe(unique("probe")), dry_run=True)
-                except ApiError as exc:
-                    return "denied the request" in exc.message and PROBE_POLICY in exc.message
-                return False
-
-            await wait_for(called, what="the API server to call the chart's webhook")
+        served = await serve_release_webhook(cluster, release, probe=lambda: probe(unique("probe")),
+                                             refused=PROBE_POLICY)
     except BaseException:
         # a failed setup must not leave the release's webhooks (pointing at an unreachable Service,
         # failurePolicy Fail) in place for every later test of the session
         await asyncio.to_thread(uninstall, cluster, release)
-        cluster.stop_process(process)
+        cluster.stop_process(f"{release.prefix}-webhook-a")
         raise
-    state = Installed(release, process, port, unreachable)
+    state = Installed(release, served.process, served.port, served.unreachable)
     try:
         yield state
     finally:
         if state.installed:
             await asyncio.to_thread(uninstall, cluster, release)
-        cluster.stop_process(process)
-
-
-def _env(deployment: Obj) -> list[tuple[str, str]]:
-    return [(e["name"], e.get("value", "")) for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
+        cluster.stop_process(served.process)
 
 
 async def test_install_creates_every_object_and_the_api_server_calls_the_charts_configurations(

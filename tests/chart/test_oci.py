@@ -25,9 +25,16 @@ import yaml
 from gate.devcluster import registry
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import DEPLOYMENTS, KubeClient, resource_for
-from tests.chart.conftest import CHART_DIR, helm, rendered
-from tests.chart.outofcluster import DEV_CLUSTER_TOLERATIONS, Release, install, uninstall
-from tests.conftest import unique
+from tests.chart.conftest import CHART_DIR, Obj, helm, rendered
+from tests.chart.outofcluster import (
+    DEV_CLUSTER_TOLERATIONS,
+    Release,
+    ServedWebhook,
+    install,
+    serve_release_webhook,
+    uninstall,
+)
+from tests.conftest import Kubectl, unique
 
 REPOSITORY = "charts/nodegate"
 CHART_VERSION = str(yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["version"])
@@ -102,20 +109,42 @@ def test_the_pulled_chart_is_the_packaged_one_with_its_crds_and_schema(
             "nodegate/crds/nodegate.io_deploymentpolicies.yaml", "nodegate/templates/_rules.tpl"} <= names
 
 
+# The safe image policy of the chart's docs, set at install: the release's own webhook enforces it.
+IMAGE_POLICY: Obj = {"allowedRepositories": ["registry.example.com/nodegate", "ghcr.io/acme"], "requireDigest": True}
+DIGEST = "sha256:" + "0c" * 32
+
+
+def gate_with(image: str) -> Obj:
+    return {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": unique("oci-gate")},
+            "spec": {"packages": {"tuned": {"version": "1.0.0", "image": image}}}}
+
+
+@dataclass
+class OciRelease:
+    release: Release
+    webhook: ServedWebhook
+
+
 @pytest.fixture(scope="module")
-async def oci_release(cluster: DevCluster, pushed: Pushed) -> AsyncIterator[Release]:
-    release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-oci"), unique("ngo"), {},
-                                      chart=pushed.reference, helm_args=("--version", pushed.version, "--plain-http"))
+async def oci_release(cluster: DevCluster, pushed: Pushed) -> AsyncIterator[OciRelease]:
+    dev = {"tolerations": DEV_CLUSTER_TOLERATIONS}
+    release = await asyncio.to_thread(
+        install, cluster, "nodegate", unique("ng-oci"), unique("ngo"),
+        {"operator": dev, "webhook": {**dev, "imagePolicy": IMAGE_POLICY}},
+        chart=pushed.reference, helm_args=("--version", pushed.version, "--plain-http"))
     try:
-        yield release
+        served = await serve_release_webhook(cluster, release, probe=lambda: gate_with("quay.io/x/y@" + DIGEST),
+                                             refused="outside the allowed repositories")
+        yield OciRelease(release, served)
     finally:
+        cluster.stop_process(f"{release.prefix}-webhook-a")
         proc = await asyncio.to_thread(uninstall, cluster, release)
         assert proc.returncode == 0, proc.stderr
 
 
 async def test_helm_install_from_the_oci_registry_deploys_every_object_of_the_chart(
-        oci_release: Release, pushed: Pushed, kube: KubeClient) -> None:
-    release = oci_release
+        oci_release: OciRelease, pushed: Pushed, kube: KubeClient) -> None:
+    release = oci_release.release
     status = json.loads(release.helm("status", release.name, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed"
     metadata = json.loads(release.helm("get", "metadata", release.name, "-o", "json").stdout)
@@ -123,8 +152,8 @@ async def test_helm_install_from_the_oci_registry_deploys_every_object_of_the_ch
     manifest = release.manifest()
     # the same objects as the checkout's chart renders with the same values (install()'s)
     dev = {"tolerations": DEV_CLUSTER_TOLERATIONS}
-    local = rendered({"fullnameOverride": release.prefix, "operator": dev, "webhook": dev},
-                     namespace=release.namespace, hooks=False)
+    local = rendered({"fullnameOverride": release.prefix, "operator": dev,
+                      "webhook": {**dev, "imagePolicy": IMAGE_POLICY}}, namespace=release.namespace, hooks=False)
     assert sorted((o["kind"], o["metadata"]["name"]) for o in manifest) == \
         sorted((o["kind"], o["metadata"]["name"]) for o in local)
     for obj in manifest:
@@ -134,3 +163,24 @@ async def test_helm_install_from_the_oci_registry_deploys_every_object_of_the_ch
     for name in (f"{release.prefix}-webhook", f"{release.prefix}-operator"):
         deployment = await kube.get(DEPLOYMENTS, name, release.namespace)
         assert deployment["status"].get("availableReplicas") == 2, deployment["status"]
+
+
+@pytest.mark.parametrize(("image", "refusal"), [
+    ("ghcr.io/acme/tuned@" + DIGEST, None),
+    ("registry.example.com/nodegate/tuned@" + DIGEST, None),
+    ("quay.io/evil/tuned@" + DIGEST, "is outside the allowed repositories (imagePolicy.allowedRepositories: "
+                                     "registry.example.com/nodegate, ghcr.io/acme"),
+    ("ghcr.io/acme/tuned", "has no digest, and the cluster requires one (imagePolicy.requireDigest: true)"),
+])
+def test_the_oci_installed_webhook_enforces_the_image_policy_set_in_values(
+        oci_release: OciRelease, kubectl: Kubectl, image: str, refusal: str | None) -> None:
+    """values -> the chart pulled from the registry -> the Deployment's env -> the release's webhook,
+    as its ServiceAccount -> the API server -> kubectl."""
+    proc = kubectl.run("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(gate_with(image)), check=False)
+    if refusal is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode != 0
+    assert f'denied the request: spec.packages[tuned].image: image "{image}" of package "tuned" {refusal}' \
+        in proc.stderr, proc.stderr
+    # Only the release's webhook can say this: no other webhook of the session has an image policy.
