@@ -17,7 +17,7 @@ from typing import Any
 
 from gate.admission.rules import policy as policy_rules
 from gate.admission.rules.facts import DEFAULT_OPERATOR_NAMESPACE, Facts, Lookups, ReadinessGate
-from gate.api.keys import state_annotation, status_label
+from gate.api.keys import DISABLED_ANNOTATION, state_annotation, status_label
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
 from gate.kube.errors import NotFound
@@ -92,7 +92,9 @@ def readiness_gates(gates: list[dict[str, Any]]) -> tuple[ReadinessGate, ...]:
     for gate in gates:
         spec = gate.get("spec")
         meta = gate.get("metadata") or {}
-        if isinstance(spec, dict) and spec.get("readinessTaint") is True and not meta.get("deletionTimestamp"):
+        annotations = meta.get("annotations") or {}
+        if (isinstance(spec, dict) and spec.get("readinessTaint") is True and not meta.get("deletionTimestamp")
+                and annotations.get(DISABLED_ANNOTATION) != "true"):  # a disabled gate taints no joining node
             out.append(ReadinessGate(str(meta.get("name")), spec.get("nodeSelector")))
     return tuple(out)
 

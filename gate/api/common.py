@@ -162,7 +162,7 @@ class Condition(Model):
     """A standard metav1.Condition."""
 
     type: str = Field(max_length=316, description="Condition type: Ready, Progressing, Degraded, Paused; "
-                      "Deleting on a NodeGate being deleted.")
+                      "Deleting on a NodeGate being deleted, Disabled on a disabled one.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(
         default="", max_length=1024, description="A CamelCase word saying why the condition has this status."

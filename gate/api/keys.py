@@ -90,5 +90,9 @@ def rerun_annotation(gate: str) -> str:
     return f"{GROUP}/rerun.{gate}"
 
 
+DISABLED_ANNOTATION: Final = f"{GROUP}/disabled"
+"""On a NodeGate: "true" makes the gate stay but do nothing (`nodegate disable`): it starts no round, taints
+no joining node, holds no node back with the readiness taint, and no other gate waits for it."""
+
 OPERATOR_VERSION_ANNOTATION: Final = f"{GROUP}/version"
 """On the operator's leader election Lease: the version of the operator that holds it (`nodegate version`)."""

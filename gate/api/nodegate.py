@@ -297,11 +297,13 @@ class NodeGateStatus(Model):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, Progressing, Degraded and Paused; Deleting while the gate is being deleted (its reason "
-        "Paused: no uninstall starts until the gate is unpaused).",
+        "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
+        "(annotation nodegate.io/disabled=true).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
-        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused, Deleting."
+        default=None, description="One word summary for kubectl get: Ready, Progressing, Degraded, Paused, Deleting, "
+        "Disabled."
     )
     progress: str | None = Field(default=None, description="Complete of matched nodes, e.g. 12/40.")
     nodes: NodeCounts = Field(default_factory=NodeCounts, description="Node counts by state.")

@@ -232,6 +232,10 @@ def _node_keys() -> list[str]:
         (f"`{FACTS_ANNOTATION}`", "annotation", "Pod",
          "On a package stage pod: the node's facts as JSON (name, labels, annotations, place in the rollout), "
          "projected into the agent's /nodegate-facts/facts.json; see [packages.md](packages.md#facts-about-the-node)."),
+        (f"`{keys.DISABLED_ANNOTATION}=true`", "annotation", "NodeGate",
+         "The gate stays but does nothing: it starts no round, taints no joining node, holds no node back with the "
+         "readiness taint, and no other gate waits for it. Set by `nodegate disable`, removed by "
+         "`nodegate enable`."),
         (f"`{keys.OPERATOR_VERSION_ANNOTATION}`", "annotation", "Lease",
          "On the operator's leader election Lease: the leading operator's version (`nodegate version`)."),
     ]

@@ -18,7 +18,7 @@ HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "delete", "d
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
 COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet",
                                   "gate.cli.manifests", "gate.cli.nodes", "gate.cli.reset",
-                                  "gate.cli.version", "gate.cli.logs")
+                                  "gate.cli.version", "gate.cli.logs", "gate.cli.disable")
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:

@@ -46,6 +46,7 @@ from gate.lifecycle.condition import NodeCondition, condition_patch, failure_con
 from gate.lifecycle.fleet import (
     FleetNode,
     NodeUpdate,
+    disabled,
     plan_gate,
     readiness_clear,
     removal_status,
@@ -312,8 +313,8 @@ class Operator:
         out = []
         for obj in self.gates.items():
             gate = self._gate(obj["metadata"]["name"])
-            if gate is not None and not gate.metadata.deletion_timestamp:
-                out.append(gate)
+            if gate is not None and not gate.metadata.deletion_timestamp and not disabled(gate):
+                out.append(gate)  # a disabled gate holds no node back, and no other gate waits for it
         return out
 
     def _fleet(self) -> list[FleetNode]:
@@ -376,6 +377,9 @@ class Operator:
                 "resourceVersion": gate.metadata.resource_version}})
             self.gates.observe(patched)
             return  # the watch brings the new version back to us
+        if disabled(gate):
+            await self._disabled(gate, obj)
+            return
         policy: DeploymentPolicy | None = None
         if gate.spec.deployment_policy:
             raw_policy = self.policies.get(gate.spec.deployment_policy)
@@ -511,6 +515,33 @@ class Operator:
                     "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
             log.info("Released gate; gate=%s", gate.name)
 
+    async def _disabled(self, gate: NodeGate, obj: Obj) -> None:
+        """A disabled gate plans nothing: no round starts (one running finishes, as the node reconcile
+        drives it), and it lets go of the readiness taint on every node that no enabled gate holds back."""
+        for node_obj in self.nodes.items():
+            view = node_view(node_obj)
+            if (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
+                    and readiness_clear(gate.name, fleet_node(node_obj), self._all_gates())):
+                update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                         f"NodeGate {gate.name} is disabled; no other gate holds "
+                                                         "the node back")])
+                update.change.remove_readiness_taint = True
+                await self._write_node_update(gate, view.name, update, base=node_obj)
+        status = dict(obj.get("status") or {})
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        previous = {c.get("type"): c for c in status.get("conditions") or []}
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Disabled", "Progressing")]
+        for type_, value, reason, message in (
+                ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
+                ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
+            old = previous.get(type_) or {}
+            since = old.get("lastTransitionTime") if old.get("status") == value else now
+            conditions.append({"type": type_, "status": value, "reason": reason, "message": message,
+                               "lastTransitionTime": since or now, "observedGeneration": gate.metadata.generation or 0})
+        status.update({"conditions": conditions, "status": "Disabled",
+                       "observedGeneration": gate.metadata.generation or 0})
+        await self._write_status(obj, status)
+
     def _leftover_keys(self, gate: NodeGate, node_obj: Obj) -> NodeUpdate | None:
         """What a deleted gate left on a node it never started on: its status label (a node waiting in
         line), a person's reset or rerun request, and the readiness taint of a node that joined and
@@ -534,7 +565,7 @@ class Operator:
         """The readiness-taint backstop for one joining node, ahead of the gate's plan (same rule)."""
         gate = self._gate(gate_name)
         node_obj = self.nodes.get(node_name)
-        if gate is None or node_obj is None or gate.metadata.deletion_timestamp:
+        if gate is None or node_obj is None or gate.metadata.deletion_timestamp or disabled(gate):
             return
         fnode = fleet_node(node_obj)
         raw = fnode.states.get(gate_name)

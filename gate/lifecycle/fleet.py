@@ -55,6 +55,11 @@ def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
     return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
 
 
+def disabled(gate: NodeGate) -> bool:
+    """The gate stays but does nothing (`nodegate disable`, annotation nodegate.io/disabled=true)."""
+    return gate.metadata.annotations.get(keys.DISABLED_ANNOTATION) == "true"
+
+
 def selects(gate: NodeGate, node: NodeView) -> bool:
     return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(dict(node.labels))
 

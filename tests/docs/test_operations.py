@@ -312,5 +312,7 @@ async def test_every_runbook_command_runs_or_is_parsed(cluster: DevCluster, webh
         assert outputs["nodegate reset GATE --dry-run"].startswith(f"NodeGate {gate}: reset ")
         assert "(server dry run: nothing was changed)" in outputs["nodegate reset GATE --dry-run"]
         assert f"NodeGate {gate}: requested the reset" in outputs["nodegate reset GATE --yes"]
+        assert outputs["nodegate disable GATE"].startswith(f"NodeGate {gate}: annotated {keys.DISABLED_ANNOTATION}")
+        assert outputs["nodegate enable GATE"].startswith(f"NodeGate {gate}: removed the annotation")
     finally:
         await _tear_down(kube, [gate, failed_gate], ns, deployments)

@@ -64,3 +64,32 @@ def test_the_operators_line_says_what_its_lease_says() -> None:
     old = {"metadata": {}, "spec": {"holderIdentity": "op-0"}}
     assert describe_operator(old, "ns/l", now).startswith("operator: unknown version (its leader op-0")
     assert describe_operator(None, "ns/l", now).startswith("operator: not found (no Lease ns/l;")
+
+
+@pytest.mark.parametrize("command", ["disable", "enable"])
+def test_disable_and_enable_take_a_gate_and_a_dry_run(command: str) -> None:
+    args = _parse([command, "g", "--dry-run"])
+    assert (args.gate, args.dry_run) == ("g", True)
+
+
+def test_the_webhook_holds_joining_nodes_back_only_for_enabled_readiness_gates() -> None:
+    from gate.admission.facts import readiness_gates
+
+    def gate(name: str, **annotations: str) -> dict[str, object]:
+        return {"metadata": {"name": name, "annotations": annotations},
+                "spec": {"readinessTaint": True, "nodeSelector": {}}}
+
+    found = readiness_gates([gate("on"), gate("off", **{keys.DISABLED_ANNOTATION: "true"}),
+                             gate("other", **{keys.DISABLED_ANNOTATION: "false"})])
+    assert [g.name for g in found] == ["on", "other"]
+
+
+def test_a_gate_is_disabled_only_by_the_annotation_set_to_true() -> None:
+    from gate.api.nodegate import NodeGate
+    from gate.lifecycle.fleet import disabled
+
+    def gate(annotations: dict[str, str]) -> NodeGate:
+        return NodeGate.model_validate({"metadata": {"name": "g", "annotations": annotations}, "spec": {}})
+
+    assert disabled(gate({keys.DISABLED_ANNOTATION: "true"}))
+    assert not disabled(gate({})) and not disabled(gate({keys.DISABLED_ANNOTATION: "yes"}))
