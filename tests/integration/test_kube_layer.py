@@ -63,13 +63,18 @@ async def test_typed_errors_carry_the_status(kube: KubeClient) -> None:
         await kube.delete(CONFIGMAPS, name, "default")
 
 
+LONG_LEASE = 60
+
+
 async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube: KubeClient) -> None:
     lease = unique("lease")
     leading: list[str] = []
 
     def elector(identity: str) -> LeaderElector:
-        return LeaderElector(kube, lease, "default", identity, lease_seconds=4, renew_seconds=0.5,
-                             renew_deadline=2, retry_seconds=0.2)
+        # A long lease: a standby that leads within half of it got there by the release, never by the
+        # lease running out, however slowly a busy machine runs the test.
+        return LeaderElector(kube, lease, "default", identity, lease_seconds=LONG_LEASE, renew_seconds=0.5,
+                             renew_deadline=20, retry_seconds=0.2)
 
     async def work(identity: str) -> None:
         leading.append(identity)
@@ -84,7 +89,7 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
     task_a.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task_a
-    await _eventually(lambda: b.is_leader, timeout=3)  # released: no need to wait out the 4 s lease
+    await _eventually(lambda: b.is_leader, timeout=LONG_LEASE / 2)  # released: the lease need not run out
     assert leading == ["a", "b"]
     task_b.cancel()
     with pytest.raises(asyncio.CancelledError):
