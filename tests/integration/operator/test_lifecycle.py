@@ -191,7 +191,7 @@ async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restart
     try:
         for obj in nodes.items():
             on_node("ADDED", obj)
-        await scenario.apply_gate({"tuning": {**PKG, "interrupt": {"type": "drain"}}})
+        await scenario.apply_gate({"tuning": {**PKG, "interrupt": {"type": "drain"}, "gracefulShutdown": "45s"}})
         await scenario.wait_ready()
         await wait_for(lambda: _true(len(cordon) >= 3), what="the cordon and the uncordon seen by the watch")
     finally:
@@ -208,6 +208,7 @@ async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restart
     # Cordoned, then drained (the plain pod evicted), then the stage and the check, all while cordoned.
     assert evicted and cordoned < evicted[0] < records[0].resource_version, (cordon, evicted, records)
     for record in records:
+        assert record.grace_period == 45  # gracefulShutdown, through the CRD's schema to the stage pods
         assert record.succeeded and record.finished_rv is not None, record
         assert cordoned < record.resource_version and record.finished_rv < uncordoned, (cordon, record)
     with pytest.raises(NotFound):
