@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ from gate.agent.history import (
 from gate.agent.host import PackageLayout, check_root
 from gate.agent.package import Package, load_package
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
-from gate.agent.process import Outcome, run_command
+from gate.agent.process import Outcome, Termination, run_command
 from gate.agent.summary import Summary, tail
 from gate.api.facts import OperatorFacts
 
@@ -187,9 +188,12 @@ def _places(layout: PackageLayout, version: str) -> tuple[Places, Places]:
 
 
 def _step_ok(invocation: Invocation, outcome: Outcome) -> bool:
+    # A step stopped by the pod's SIGTERM failed whatever its exit code: a 0 after cleaning up (or
+    # rolling back) does not mean the step did its work.
     return (
         outcome.start_error is None
         and not outcome.timed_out
+        and outcome.stopped_by is None
         and outcome.returncode >= 0
         and outcome.returncode in invocation.step.accepted_exit_codes
     )
@@ -243,8 +247,11 @@ def run_stage(
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
+    termination = Termination()
 
-    with _locked(layout):
+    # SIGTERM from here on (the pod is being stopped) goes to the running step, and no step starts
+    # after it; what the agent does itself (the overlay, the history) is finished, never cut half way.
+    with termination.installed(), _locked(layout):
         history = load_history(layout.history_file, request.gate, request.package)
         warning = None
         if request.stage == "upgrade":
@@ -271,7 +278,7 @@ def run_stage(
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
-            results, failed, outcome = _run_steps(run, package, settings, request, facts)
+            results, failed, outcome = _run_steps(run, package, settings, request, facts, termination)
             ok = failed is None
             run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
                                        ok, failed.label if failed else None, run.stamp()))
@@ -312,6 +319,9 @@ def _failure_message(failed: Invocation, outcome: Outcome | None) -> str:
     head = f"{failed.label} exited {outcome.exit_code} (accepted: {accepted})"
     if outcome.timed_out:
         head = f"{failed.label} timed out"
+    elif outcome.stopped_by is not None:
+        head = (f"{failed.label} was stopped with the pod: {_signal_name(outcome.stopped_by)} passed on to it, "
+                f"it exited {outcome.exit_code}")
     body = tail(outcome.output_tail)
     return f"{head}\n{body}" if body else head
 
@@ -323,8 +333,18 @@ def _prefixed(log: logs.RunLog, prefix: str) -> Callable[[str], None]:
     return line
 
 
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _not_started(signum: int) -> Outcome:
+    message = f"not started: the agent got {_signal_name(signum)} (the pod is being stopped)"
+    return Outcome(returncode=-signum, output_tail=message, start_error=message, stopped_by=signum)
+
+
 def _run_steps(
-    run: _Run, package: Package, settings: StageSettings, request: StageRequest, facts: OperatorFacts
+    run: _Run, package: Package, settings: StageSettings, request: StageRequest, facts: OperatorFacts,
+    termination: Termination | None = None,
 ) -> tuple[list[StepResult], Invocation | None, Outcome | None]:
     host_places, agent_places = _places(run.layout, request.version)
     invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places,
@@ -335,6 +355,11 @@ def _run_steps(
             run.log.line(f"Skipped step {invocation.label}: {invocation.skip_reason}.")
             results.append(StepResult(invocation.label, "skipped"))
             continue
+        if termination is not None and termination.signum is not None:
+            outcome = _not_started(termination.signum)
+            run.log.line(f"Step {invocation.label} {outcome.start_error}.")
+            results.append(StepResult(invocation.label, "failed", outcome.exit_code))
+            return results, invocation, outcome
         where = "on the host" if invocation.chroot else "in the agent container"
         run.log.line(f"Running step {invocation.label} {where}.")
         started = time.monotonic()
@@ -345,6 +370,7 @@ def _run_steps(
             settings.root if invocation.chroot else None,
             invocation.step.timeout_seconds(),
             _prefixed(run.log, f"[{invocation.label}] "),
+            termination,
         )
         seconds = time.monotonic() - started
         if not _step_ok(invocation, outcome):

@@ -32,7 +32,8 @@ JOB_GATE_LABEL: Final = f"{GROUP}/gate"
 JOB_NODE_LABEL: Final = f"{GROUP}/node"
 JOB_PACKAGE_LABEL: Final = f"{GROUP}/package"
 JOB_STAGE_LABEL: Final = f"{GROUP}/stage"
-INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"  # on interrupt Jobs: none | service | restartAllServices | reboot
+# On interrupt Jobs: service | restartAllServices | reboot (a drain has no Job).
+INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"
 
 NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]
 NODE_STATUSES: Final[tuple[NodeStatus, ...]] = ("waiting", "in-progress", "complete", "failed", "blocked")

@@ -13,13 +13,20 @@ T = TypeVar("T")
 PACKAGE_NAME_PATTERN = r"^[a-z][-a-z0-9]{0,41}[a-z]$"
 MAX_PACKAGES = 64
 
-InterruptType = Literal["none", "service", "restartAllServices", "reboot"]
+# From the weakest to the strongest: each one disrupts the node at least as much as the one before
+# (every interrupt but none cordons and drains the node), so merging keeps the strongest.
+InterruptType = Literal["none", "drain", "service", "restartAllServices", "reboot"]
 
 INTERRUPT_RULES: list[JsonValue] = [
     {
         "rule": "!has(self.type) || self.type != 'service' || (has(self.services) && size(self.services) > 0)",
         "message": "an interrupt of type service needs at least one entry in services",
-    }
+    },
+    {
+        # A drain restarts nothing: units listed with it would silently stay as they are.
+        "rule": "!has(self.type) || self.type != 'drain' || !has(self.services) || size(self.services) == 0",
+        "message": "an interrupt of type drain restarts nothing: drop services, or use type service",
+    },
 ]
 
 
@@ -31,8 +38,9 @@ class Interrupt(Model):
     type: InterruptType = Field(
         default="none",
         description=(
-            "none: nothing; service: restart the listed systemd services; "
-            "restartAllServices: restart every service; reboot: reboot the node."
+            "none: nothing; drain: cordon, wait for protected pods and drain the node, restart nothing; "
+            "service: drain, then restart the listed systemd services; restartAllServices: drain, then restart "
+            "every service; reboot: drain, then reboot the node."
         ),
     )
     services: list[Annotated[str, Field(max_length=256)]] = Field(
@@ -153,6 +161,14 @@ class Package(Memoized):
     resources: Resources | None = Field(default=None, description="Resources of the stage containers.")
     timeout: Duration = Field(
         default="30m", description="How long one stage may run; exceeding it fails the stage."
+    )
+    graceful_shutdown: Duration | None = Field(
+        default=None,
+        description=(
+            "How long a running step has to clean up when its stage pod is stopped (the stage's timeout, a deleted "
+            "Job): the agent passes SIGTERM on to the step, and what still runs after this long is killed. The "
+            "stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset."
+        ),
     )
     retries: int = Field(default=2, ge=0, le=20, description="How often a failed stage is retried, with backoff.")
     uninstall: Uninstall = Field(default_factory=Uninstall, description="Uninstall behaviour.")

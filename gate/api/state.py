@@ -134,7 +134,7 @@ def config_hash(package: Package) -> str:
     return _digest(config_hashes(package))
 
 
-INTERRUPT_RANK: dict[InterruptType, int] = {"none": 0, "service": 1, "restartAllServices": 2, "reboot": 3}
+INTERRUPT_RANK: dict[InterruptType, int] = {"none": 0, "drain": 1, "service": 2, "restartAllServices": 3, "reboot": 4}
 
 
 def failure_message(message: str) -> str:

@@ -15,6 +15,7 @@ the pod, not in the package's ConfigMap (shared by every node).
 from __future__ import annotations
 
 import hashlib
+import math
 from datetime import datetime
 from typing import Any
 
@@ -119,6 +120,7 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
     resources: Obj = {}
     timeout = 600
     retries = 0
+    grace: int | None = None
     if request.package is not None:
         pkg = gate.spec.packages[request.package]
         labels[keys.JOB_PACKAGE_LABEL] = request.package
@@ -153,6 +155,8 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
         resources = pkg.resources.to_wire() if pkg.resources else {}
         timeout = _seconds(pkg.timeout)
         retries = pkg.retries
+        if pkg.graceful_shutdown is not None:
+            grace = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
     else:
         interrupt = request.interrupt
         assert interrupt is not None
@@ -196,6 +200,10 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
     }
     if pull_secrets:
         pod_spec["imagePullSecrets"] = pull_secrets
+    if grace is not None:
+        # SIGTERM reaches the agent, which passes it on to the running step (gate.agent.process); the
+        # kubelet kills what is left once this has passed. Unset: Kubernetes' default of 30 s.
+        pod_spec["terminationGracePeriodSeconds"] = grace
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": request.name, "namespace": settings.namespace, "labels": labels,

@@ -1,7 +1,8 @@
 """One interrupt per node: the strongest of what the packages ask for.
 
-reboot > restartAllServices > service (with the union of the services) > none. A reboot restarts
-every service anyway, and restarting all services covers any single one.
+reboot > restartAllServices > service (with the union of the services) > drain > none. A reboot
+restarts every service anyway, restarting all services covers any single one, and every interrupt
+but none cordons and drains the node first, so a drain is covered by any of the others.
 """
 
 from __future__ import annotations

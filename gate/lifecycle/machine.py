@@ -4,7 +4,7 @@ A round on a node runs through phases:
 
     cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
-     post-interrupt only when it does)
+     post-interrupt only when it does; an interrupt of type drain runs no interrupt Job)
 
 `decide` reads the world (the gate, the node, this gate's state on the node, the stage Jobs, the
 pods on the node) and returns what to do next: a new state and node changes to write in one request,
@@ -490,8 +490,8 @@ def _look_again_for(r: _Round, view: JobView) -> None:
 
 def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     ctx, s = r.ctx, r.state
-    if required.type == "none":
-        return None
+    if required.type in ("none", "drain"):
+        return None  # a drain is done by now (cordon, wait-pods, drain): no interrupt Job
     name = r.job_name(None, "interrupt", f"{required.type}:{','.join(required.services)}")
     view = ctx.jobs.get(name)
     if required.type == "reboot":

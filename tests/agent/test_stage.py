@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gate.agent.logs import KEEP_RUNS, KEEP_VERSIONS
-from tests.agent.conftest import Agent
+from tests.agent.conftest import REPO, Agent
 from tests.agent.packaging import configmap, make_package
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -123,6 +128,91 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(agent: Agent, tmp_p
     assert (run.code, run.summary["failedStep"]) == (1, "apply/hangs")
     assert "timed out" in str(run.summary["message"])
     assert processes_in(agent.root) == []  # the background sleep went too
+
+
+def test_sigterm_to_the_agent_reaches_the_running_step_which_cleans_up_and_fails_the_stage(
+    root: Path, tmp_path: Path
+) -> None:
+    """Like the kubelet stopping the stage pod (its timeout, a deleted Job): SIGTERM to the agent process."""
+    pkg = make_package(tmp_path, """
+        apply:
+          - name: works
+            command: 'trap "echo cleaned > /tmp/cleaned; exit 0" TERM; touch /tmp/ready; while :; do sleep 0.1; done'
+          - {name: later, command: 'touch /tmp/later'}
+        apply-check: [{name: c, command: 'touch /tmp/checked'}]
+    """)
+    log = tmp_path / "termination-log"
+    proc = _agent_process(root, pkg, log)
+    try:
+        deadline = time.monotonic() + 60
+        while not (root / "tmp/ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, output
+    assert (root / "tmp/cleaned").read_text() == "cleaned\n"  # the step's own cleanup ran
+    summary = json.loads(log.read_text())
+    # Failed even though the cleanup exited 0: the step did not do its work; nothing after it ran.
+    assert (summary["ok"], summary["failedStep"]) == (False, "apply/works")
+    assert "was stopped with the pod: SIGTERM passed on to it" in summary["message"]
+    assert not (root / "tmp/later").exists() and not (root / "tmp/checked").exists()
+    assert processes_in(root) == []
+    # The agent lived to record the run: the host's history and log say it failed.
+    history = json.loads((root / STATE / "history.json").read_text())
+    assert history["runs"][-1]["ok"] is False, history
+    [run_log] = (root / LOGS / "1.0.0").glob("*-apply.log")
+    assert "Finished stage apply: FAILED" in run_log.read_text()
+
+
+def _agent_process(root: Path, pkg: Path, log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gate.cli.main", "agent", "run", "--stage", "apply", "--package", "demo-pkg",
+         "--version", "1.0.0", "--gate", "test-gate", "--generation", "1", "--root", str(root), "--payload", str(pkg),
+         "--termination-log", str(log)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def test_sigterm_before_the_first_step_starts_no_step(root: Path, tmp_path: Path) -> None:
+    """SIGTERM while the agent waits for the package's lock (a retry behind a terminating pod): the host
+    files are laid down as usual, then no step runs and the stage fails saying why."""
+    pkg = make_package(tmp_path, """
+        apply: [{name: first, command: 'touch /tmp/first'}]
+        apply-check: [{name: c, command: 'touch /tmp/checked'}]
+    """)
+    lock_path = root / STATE / "lock"
+    lock_path.parent.mkdir(parents=True)
+    log = tmp_path / "termination-log"
+    with open(lock_path, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = _agent_process(root, pkg, log)
+        try:
+            deadline = time.monotonic() + 60
+            while not _has_open(proc.pid, lock_path):  # it opens the lock, then blocks on it
+                assert proc.poll() is None and time.monotonic() < deadline, "the agent never reached the lock"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            assert proc.poll() is None  # handled: it keeps waiting for the lock, then stops cleanly
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, output
+    summary = json.loads(log.read_text())
+    assert (summary["ok"], summary["failedStep"]) == (False, "apply/first")
+    assert "not started: the agent got SIGTERM" in summary["message"]
+    assert not (root / "tmp/first").exists() and not (root / "tmp/checked").exists()
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    try:
+        return any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
 
 
 def processes_in(root: Path) -> list[int]:

@@ -22,7 +22,7 @@ from gate.api.nodegate import PACKAGE_NAME_PATTERN, PACKAGE_NAME_RULE
 from gate.api.versions import image_tag
 
 _PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
-INTERRUPT_TYPES = ("none", "service", "restartAllServices", "reboot")
+INTERRUPT_TYPES = ("none", "drain", "service", "restartAllServices", "reboot")
 _NODE_SAMPLE = 3
 
 
@@ -151,6 +151,7 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     out += config_violations(package, path)
     out += resources_violations(package.get("resources"), f"{path}.resources")
     out += duration_violations(package.get("timeout"), f"{path}.timeout")
+    out += duration_violations(package.get("gracefulShutdown"), f"{path}.gracefulShutdown")
     retries = package.get("retries")
     if retries is not None and not (is_int(retries) and 0 <= retries <= 20):
         out.append(Violation(f"{path}.retries", f"must be a whole number from 0 to 20, not {retries!r}"))
@@ -172,7 +173,7 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
         return [Violation(path, f"must be an object with a type, not {type_name(interrupt)}")]
     kind = interrupt.get("type", "none")
     if kind not in INTERRUPT_TYPES:
-        return [Violation(f"{path}.type", f"unknown interrupt type {kind!r}; use none, service, "
+        return [Violation(f"{path}.type", f"unknown interrupt type {kind!r}; use none, drain, service, "
                                           "restartAllServices or reboot")]
     services = interrupt.get("services")
     if services is not None and not (isinstance(services, list)
@@ -180,6 +181,10 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
         return [Violation(f"{path}.services", "must be a list of systemd unit names")]
     if kind == "service" and not services:
         return [Violation(f"{path}.services", "an interrupt of type service needs at least one entry in services")]
+    if kind == "drain" and services:
+        # Listed units would silently stay as they are (a reboot or restartAllServices restarts them anyway).
+        return [Violation(f"{path}.services", "an interrupt of type drain restarts nothing: drop services, or use "
+                                              "type service")]
     return []
 
 

@@ -54,6 +54,7 @@ class JobRecord:
     finished: float | None = None
     succeeded: bool | None = None
     finished_rv: int | None = None  # etcd revision at which its work was seen ended (pod or Job)
+    grace_period: int | None = None  # the pod template's terminationGracePeriodSeconds
 
 
 @dataclass
@@ -71,12 +72,14 @@ class JobLog:
         if name not in self.records:
             labels = meta.get("labels") or {}
             ann = meta.get("annotations") or {}
-            container = job["spec"]["template"]["spec"]["containers"][0]
+            pod_spec = job["spec"]["template"]["spec"]
+            container = pod_spec["containers"][0]
             self.records[name] = JobRecord(
                 name=name, gate=ann.get("nodegate.io/gate-name", ""), node=ann.get("nodegate.io/node-name", ""),
                 package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
                 interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(container.get("args", [])),
                 created=time.monotonic(), resource_version=int(meta.get("resourceVersion", "0")),
+                grace_period=pod_spec.get("terminationGracePeriodSeconds"),
             )
             self.creations.append(name)
         rec = self.records[name]

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
+
+import pytest
 
 from gate.api import keys
+from gate.kube.cache import WatchCache
+from gate.kube.client import NODES, PODS
+from gate.kube.errors import NotFound
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
@@ -146,6 +152,75 @@ async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, job_
     stages = _stages(job_log, scenario.name, node)
     assert stages == [("kernel", "apply"), (None, "interrupt"), ("kernel", "post-interrupt")]
     assert [r.interrupt for r in job_log.of(scenario.name, node) if r.stage == "interrupt"] == ["reboot"]
+
+
+async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restarts_nothing(
+        scenario: Scenario, job_log: JobLog) -> None:
+    [node] = await scenario.add_nodes(1)
+    web = f"{scenario.name}-web"
+    await scenario.kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": web, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}],
+                 "terminationGracePeriodSeconds": 0}})
+
+    async def running() -> bool:
+        return bool((await scenario.kube.get(PODS, web, "default")).get("status", {}).get("phase") == "Running")
+
+    await wait_for(running, what=f"pod {web} running")
+    # Watches of our own, in etcd's order (resourceVersions): when the node's cordon changed, when the
+    # plain pod began to go.
+    cordon: list[tuple[int, bool]] = []
+    evicted: list[int] = []
+
+    def on_node(kind: str, obj: dict[str, Any]) -> None:
+        unschedulable = bool(obj["spec"].get("unschedulable"))
+        if not cordon or cordon[-1][1] != unschedulable:
+            cordon.append((int(obj["metadata"]["resourceVersion"]), unschedulable))
+
+    def on_pod(kind: str, obj: dict[str, Any]) -> None:
+        if not evicted and (kind == "DELETED" or obj["metadata"].get("deletionTimestamp")):
+            evicted.append(int(obj["metadata"]["resourceVersion"]))
+
+    client = await scenario.cluster.client()
+    nodes = WatchCache(client, NODES, field_selector=f"metadata.name={node}")
+    pods = WatchCache(client, PODS, namespace="default", field_selector=f"metadata.name={web}")
+    nodes.subscribe(on_node)
+    pods.subscribe(on_pod)
+    await nodes.start()
+    await pods.start()
+    try:
+        for obj in nodes.items():
+            on_node("ADDED", obj)
+        await scenario.apply_gate({"tuning": {**PKG, "interrupt": {"type": "drain"}, "gracefulShutdown": "45s"}})
+        await scenario.wait_ready()
+        await wait_for(lambda: _true(len(cordon) >= 3), what="the cordon and the uncordon seen by the watch")
+    finally:
+        await nodes.stop()
+        await pods.stop()
+        await client.close()
+        await scenario.kube.delete(PODS, web, "default", body={"gracePeriodSeconds": 0})
+    records = job_log.of(scenario.name, node)
+    # No restart: no interrupt Job, and so no Job labelled nodegate.io/interrupt; the package's check runs.
+    assert [(r.package, r.stage) for r in records] == [("tuning", "apply"), ("tuning", "post-interrupt")]
+    assert [r.name for r in records if r.interrupt is not None] == []
+    assert [u for _, u in cordon] == [False, True, False], cordon  # cordoned once, uncordoned once
+    [_, (cordoned, _), (uncordoned, _)] = cordon
+    # Cordoned, then drained (the plain pod evicted), then the stage and the check, all while cordoned.
+    assert evicted and cordoned < evicted[0] < records[0].resource_version, (cordon, evicted, records)
+    for record in records:
+        assert record.grace_period == 45  # gracefulShutdown, through the CRD's schema to the stage pods
+        assert record.succeeded and record.finished_rv is not None, record
+        assert cordoned < record.resource_version and record.finished_rv < uncordoned, (cordon, record)
+    with pytest.raises(NotFound):
+        await scenario.kube.get(PODS, web, "default")
+    after = await scenario.node(node)
+    assert not after["spec"].get("unschedulable")
+    assert keys.CORDONED_BY not in (after["metadata"].get("annotations") or {})
+    assert await scenario.node_status(node) == "complete"
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_human_cordoned_node_stays_cordoned(scenario: Scenario) -> None:

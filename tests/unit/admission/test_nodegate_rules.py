@@ -51,6 +51,14 @@ CASES = [
      "spec.packages[tuned].interrupt.type: unknown interrupt type 'kexec'"),
     (gate({"tuned": package(interrupt={"type": "service"})}),
      "spec.packages[tuned].interrupt.services: an interrupt of type service needs at least one entry in services"),
+    (gate({"tuned": package(interrupt={"type": "drain", "services": ["tuned"]})}),
+     "spec.packages[tuned].interrupt.services: an interrupt of type drain restarts nothing: drop services"),
+    (gate({"tuned": package(config={"a.conf": "x"}, configInterrupts={"*.conf": {"type": "drain",
+                                                                              "services": ["x"]}})}),
+     "spec.packages[tuned].configInterrupts[*.conf].services: an interrupt of type drain restarts nothing"),
+    (gate({"tuned": package(gracefulShutdown="2 minutes")}),
+     "spec.packages[tuned].gracefulShutdown: '2 minutes' is not a duration"),
+    (gate({"tuned": package(gracefulShutdown=30)}), "spec.packages[tuned].gracefulShutdown: must be a duration"),
     (gate({"tuned": package(config={"a.conf": "x"}, configInterrupts={"b.conf": {"type": "reboot"}})}),
      "spec.packages[tuned].configInterrupts[b.conf]: 'b.conf' is neither a config key nor a glob matching one"),
     (gate({"tuned": package(config={"a.conf": "x"},
@@ -94,6 +102,20 @@ def test_bad_nodegate_is_denied_naming_field_and_reason(obj: dict[str, Any], fra
 ])
 def test_image_without_tag_with_matching_tag_or_digest_is_fine(image: str) -> None:
     assert messages(gate({"tuned": package(image=image)})) == []
+
+
+@pytest.mark.parametrize("interrupt", [
+    {"type": "drain"}, {"type": "drain", "services": []}, {"type": "none"}, {"type": "reboot"},
+    {"type": "restartAllServices"}, {"type": "service", "services": ["tuned"]},
+])
+def test_every_interrupt_type_is_admitted_in_interrupt_and_config_interrupts(interrupt: dict[str, Any]) -> None:
+    assert messages(gate({"tuned": package(interrupt=interrupt)})) == []
+    assert messages(gate({"tuned": package(config={"a.conf": "x"}, configInterrupts={"*.conf": interrupt})})) == []
+
+
+def test_graceful_shutdown_is_a_duration() -> None:
+    assert messages(gate({"tuned": package(gracefulShutdown="2m")})) == []
+    assert messages(gate({"tuned": package(gracefulShutdown="0s")})) == []
 
 
 def test_good_gate_asks_to_authorize_each_package() -> None:

@@ -68,6 +68,25 @@ def test_the_interrupt_job_names_the_services() -> None:
     assert pod["initContainers"] == []
 
 
+@pytest.mark.parametrize("stage", ["apply", "config", "upgrade", "uninstall", "post-interrupt"])
+def test_graceful_shutdown_is_every_stage_pods_termination_grace_period(stage: str) -> None:
+    request = JobRequest(name="j", stage=stage, package="tuned", version="1.2.0")  # type: ignore[arg-type]
+    pod = stage_job(gate(gracefulShutdown="2m"), "n", request, SETTINGS)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 120
+    # Whole seconds, never less than asked for.
+    pod = stage_job(gate(gracefulShutdown="1500ms"), "n", request, SETTINGS)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 2
+
+
+def test_without_graceful_shutdown_stage_pods_keep_kubernetes_default_grace_period() -> None:
+    request = JobRequest(name="j", stage="apply", package="tuned", version="1.2.0")
+    assert "terminationGracePeriodSeconds" not in stage_job(gate(), "n", request, SETTINGS)["spec"]["template"]["spec"]
+    # The interrupt Job is nobody's package: the setting of one does not apply to it.
+    interrupt = JobRequest(name="i", stage="interrupt", package=None, interrupt=Interrupt(type="reboot"))
+    pod = stage_job(gate(gracefulShutdown="2m"), "n", interrupt, SETTINGS)["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in pod
+
+
 @pytest.mark.parametrize(("image", "version", "expected"), [
     ("ghcr.io/team/tool", "1.0.0", "ghcr.io/team/tool:1.0.0"),
     ("host:5000/team/tool", "1.0.0", "host:5000/team/tool:1.0.0"),

@@ -25,6 +25,7 @@ GATES = [
                                                                "configInterrupts": {"*.conf": {"type": "service",
                                                                                                "services": ["s"]}}}}),
     gate({"a1": {**PKG, "interrupt": {"type": "service", "services": ["x"]}}, "b1": PKG, "c1": PKG}, serial=True),
+    gate({"d": {**PKG, "interrupt": {"type": "drain"}}, "e": PKG}),
 ]
 
 

@@ -116,6 +116,58 @@ def test_an_interrupt_round_cordons_drains_interrupts_checks_and_uncordons() -> 
     assert not view.unschedulable and keys.CORDONED_BY not in view.annotations
 
 
+def test_a_drain_round_cordons_drains_runs_stages_checks_and_uncordons_with_no_interrupt_job() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "drain"}}})
+    web = PodView("web", "web-0", {}, "Running")
+    # Cordoned first, in one write with the marker; nothing runs yet.
+    d = decide(ctx(g, started(g), pods=[web]))
+    assert d.node.unschedulable is True and d.node.cordoned_by == "g" and not d.create_jobs
+    assert d.state is not None and d.state.phase == "wait-pods" and d.state.interrupt == Interrupt(type="drain")
+    view = _apply_node(node(), d)
+    # Drained through evictions before any stage starts.
+    d = decide(ctx(g, d.state, pods=[web], n=view))
+    assert d.evict == [("web", "web-0")] and not d.create_jobs
+    assert d.state is not None and d.state.phase == "drain"
+    # Then the stage, on the still cordoned node.
+    d = decide(ctx(g, d.state, pods=[], n=view))
+    assert d.state is not None and d.state.phase == "stages" and d.node.unschedulable is None
+    [apply] = d.create_jobs
+    assert (apply.package, apply.stage) == ("k", "apply")
+    # The stage done: no interrupt Job; the package's post-interrupt check (it may have one) runs.
+    d = decide(ctx(g, d.state, jobs={apply.name: JobView(apply.name, "succeeded")}, pods=[], n=view))
+    assert [(j.package, j.stage) for j in d.create_jobs] == [("k", "post-interrupt")]
+    assert d.state is not None and d.state.phase == "post-interrupt" and d.node.unschedulable is None
+    [check] = d.create_jobs
+    # The check passed: complete, and uncordoned in the same write.
+    d = decide(ctx(g, d.state, jobs={check.name: JobView(check.name, "succeeded")}, pods=[], n=view))
+    assert d.state is not None and d.state.status == "complete" and d.state.interrupt is None
+    assert d.node.unschedulable is False and d.node.clear_cordoned_by and not d.create_jobs
+    # The whole round, driven to the end: the same Jobs and nothing else.
+    state, created, view = run_until_quiet(g, started(g))
+    assert state.status == "complete"
+    assert created == ["k:apply", "k:post-interrupt"]
+    assert not view.unschedulable and keys.CORDONED_BY not in view.annotations
+
+
+def test_a_drain_from_config_interrupts_drains_a_config_change_only() -> None:
+    g = gate({"k": {**PKG, "config": {"a.conf": "1", "b.txt": "1"}, "configInterrupts": {"*.conf": {"type": "drain"}}}})
+    installed = {"k": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["k"]),
+                                config={"a.conf": "stale", "b.txt": "stale"})}
+    d = decide(ctx(g, started(g, installed=installed), pods=[]))
+    assert d.node.unschedulable is True and d.state is not None and d.state.interrupt == Interrupt(type="drain")
+    state, created, view = run_until_quiet(g, started(g, installed=installed))
+    assert state.status == "complete" and created == ["k:config", "k:post-interrupt"] and not view.unschedulable
+
+
+def test_a_drain_next_to_a_service_restart_is_the_service_restart() -> None:
+    g = gate({"a": {**PKG, "interrupt": {"type": "drain"}},
+              "b": {**PKG, "interrupt": {"type": "service", "services": ["s"]}}})
+    state, created, view = run_until_quiet(g, started(g))
+    assert state.status == "complete" and not view.unschedulable
+    assert created[:2] == ["a:apply", "b:apply"] and created[2] == "-:interrupt"
+    assert sorted(created[3:]) == ["a:post-interrupt", "b:post-interrupt"]  # both asked, both are checked
+
+
 def test_cordon_is_one_write_with_the_marker_and_the_state() -> None:
     g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
     d = decide(ctx(g, started(g)))
