@@ -90,7 +90,7 @@ class Operator:
         self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
         self._gate_seen: dict[str, tuple[Any, bool]] = {}
         self._gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
-        self._removal_release: dict[str, bool] = {}  # deleted gates whose removal is over (last plan)
+        self._removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
         self._requests_reported: dict[tuple[str, str], int] = {}  # what api_requests_by counted so far
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
@@ -512,7 +512,7 @@ class Operator:
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]
-            self._removal_release[gate.name] = rplan.release
+            self._removal_release[gate.name] = rplan.releasable
             await self._sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
             await self._write_status(obj, rplan.status.to_wire())
             if rplan.resumed:
@@ -604,7 +604,7 @@ class Operator:
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
         ctx = NodeContext(gate=gate, node=view, state=state, jobs=self._jobs_of(gate_name, node_name), pods=pods,
                           now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
-                          timing=self.timing, release=self._removal_release.get(gate_name, False))
+                          timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self._execute(gate, node_obj, decision)
 

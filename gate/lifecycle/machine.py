@@ -168,7 +168,7 @@ class NodeContext:
     now: datetime
     readiness_clear: bool = True  # every other readinessTaint gate selecting the node is complete
     timing: Timing = Timing()
-    release: bool = True  # removal: the whole removal is over, nodes picked for it may be released
+    release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
 
 
 def job_name(gate: str, node: str, round_: int, package: str | None, stage: str, fingerprint: str = "") -> str:
@@ -661,7 +661,7 @@ def decide_removal(ctx: NodeContext) -> Decision:
         r.decision.node.status = "complete"
         r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
     if s.removing and not ctx.release:
-        # Held until the whole removal is over: every batch is judged on all its nodes.
+        # Held until its batch is judged (gate.lifecycle.removal): a batch is judged on all its nodes.
         return r.finish_decision()
     if _unsettled(r):
         return r.finish_decision()

@@ -8,10 +8,12 @@ its batch (and may stop its compartment, until `nodegate resume`), and a paused 
 
 The nodes of the removal are those holding the gate's state with something to uninstall; whether
 the gate's selector still matches them does not matter (what is installed must go). A node is
-marked `removing` with its batch number when picked. Nodes picked for the removal are released
-(keys removed, cordon undone) only once the whole removal is over, so that every batch is judged on
-all its nodes; nodes with nothing to uninstall are released at once. Pure: the operator performs
-the updates returned.
+marked `removing` with its batch number when picked. A node the gate still holds cordoned (a failed
+node, say) is disrupted already: it starts at once, outside any batch (it occupies the budget as it
+did before), so that it never waits for budget it holds itself. A node that uninstalled is released
+(keys removed, cordon undone) once its batch was judged, so that every batch is judged on all its
+nodes; nodes with nothing to uninstall are released at once. Pure: the operator performs the updates
+returned.
 
 Not yet (issue 14, item 2): cordon, drain and an interrupt around the uninstall, and checks after it.
 """
@@ -29,7 +31,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, rollout_hash
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, fresh_rollout, gate_status, resumed_gate, rollout_events
 from gate.lifecycle.machine import EventRequest
-from gate.rollout import GateProgress, NodeSnapshot, plan
+from gate.rollout import GateProgress, NodeSnapshot, Start, plan
 
 
 @dataclass
@@ -37,7 +39,7 @@ class RemovalPlan:
     updates: dict[str, NodeUpdate]
     status: NodeGateStatus
     events: list[EventRequest] = field(default_factory=list)
-    release: bool = False  # the removal is over: every node may be released
+    releasable: frozenset[str] = frozenset()  # nodes done with the removal whose batch was judged
     resumed: bool = False  # a resume request was acted on: the operator removes the annotation
 
 
@@ -58,9 +60,9 @@ def _progress(gate: NodeGate, state: NodeGateState) -> GateProgress | None:
         disrupted = state.status == "in-progress" or state.cordoned
         return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
     if uninstallable(gate, state):
-        # Not picked yet; a node the gate still holds cordoned (a failed node, or a round the deletion
-        # cut short) is disrupted already and counts against the budget.
-        return GateProgress(status="waiting", disrupted=state.cordoned)
+        if state.cordoned:  # started at once, outside any batch (see the module docstring)
+            return GateProgress(status="in-progress", disrupted=True)
+        return GateProgress(status="waiting")
     return None
 
 
@@ -96,20 +98,24 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
         snapshots.append(NodeSnapshot(node.view.name, labels, {name: progress}))
     rollout = plan(_planned_gate(gate), policy, snapshots, now=now, gates=())
     updates: dict[str, NodeUpdate] = {}
-    for start in rollout.starts:
+    cordoned = [] if gate.spec.paused or not rollout.window_open else sorted(
+        n for n, st in members.items() if not st.removing and st.cordoned)
+    starts = [*rollout.starts, *(Start(n, members[n].compartment or "", 0) for n in cordoned)]
+    for start in starts:
         state = members[start.node].model_copy(update={
             "status": "in-progress", "removing": True, "batch": start.batch, "compartment": start.compartment,
             "failure": None, "phase": "idle", "phase_since": now.isoformat()})
         update = NodeUpdate(state=state)
         update.change.status = "in-progress"
+        batch = f"batch {start.batch}" if start.batch else "cordoned already, outside the batches"
         update.events.append(EventRequest("node", "Normal", "Uninstalling",
                                           f"NodeGate {name} was deleted: uninstalling "
-                                          f"{', '.join(uninstallable(gate, state))} (batch {start.batch})"))
+                                          f"{', '.join(uninstallable(gate, state))} ({batch})"))
         updates[start.node] = update
     for node_name, wait in rollout.waits.items():
         updates.setdefault(node_name, NodeUpdate()).change.status = wait.status
 
-    started = {s.node for s in rollout.starts}
+    started = {s.node for s in starts}
     counts = NodeCounts(matched=len(members))
     for node_name, state in members.items():
         now_status = "in-progress" if node_name in started else (state.status if state.removing else "waiting")
@@ -123,13 +129,16 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
             counts.blocked += 1
         else:
             counts.waiting += 1
-    release = counts.in_progress == 0 and counts.waiting == 0 and counts.blocked == 0
+    judged = {c.name: c.status.batch for c in rollout.compartments}
+    releasable = frozenset(
+        n for n, st in members.items() if st.removing and not uninstallable(gate, st) and n not in started
+        and (st.batch == 0 or judged.get(st.compartment or "", 0) > st.batch))
     events = rollout_events(rollout)
     status, announce = _status(gate, counts, rollout.statuses(), now)
     events += announce
     if keys.RESUME_ANNOTATION in gate.metadata.annotations:
         events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the removal"))
-    return RemovalPlan(updates, status, events, release=release,
+    return RemovalPlan(updates, status, events, releasable=releasable,
                        resumed=keys.RESUME_ANNOTATION in gate.metadata.annotations)
 
 

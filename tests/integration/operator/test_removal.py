@@ -9,6 +9,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from gate.kube.errors import NotFound
+from gate.rollout import order_key
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
 AGENT = {"version": "1.0.0", "image": "registry.example.com/agent", "retries": 0, "uninstall": {"enabled": True}}
@@ -85,3 +86,22 @@ async def test_a_failed_uninstall_stops_the_removal_until_a_person_resumes_it(
     assert uninstalled == sorted(nodes)  # the failed node's one try, then one each for the others
     for node in nodes:
         assert await _clean(scenario, node)
+
+
+async def test_a_node_left_cordoned_by_a_failure_does_not_hold_a_budget_of_one_forever(
+        scenario: Scenario, job_log: JobLog) -> None:
+    # In pick order: `good` installs first, then `failed` fails after its cordon and stays cordoned,
+    # holding the only unit of the budget.
+    good, failed = sorted(await scenario.add_nodes(2), key=order_key)
+    await scenario.inject(failing_stage("fail", nodes=[failed], package="agent", stage="post-interrupt"))
+    await scenario.apply_gate({"agent": {**AGENT, "interrupt": {"type": "service", "services": ["agent"]}}},
+                              interruptionBudget={"count": 1})
+    await scenario.wait_node(failed, "failed", timeout=90)
+    await scenario.wait_node(good, "complete", timeout=90)
+    assert (await scenario.node(failed))["spec"].get("unschedulable") is True
+    await scenario.kube.delete(NODEGATES, scenario.name)
+    await wait_for(lambda: _gone(scenario), timeout=120, what="the gate released")
+    assert sorted(r.node for r in job_log.of(scenario.name) if r.stage == "uninstall") == sorted([good, failed])
+    for node in (good, failed):
+        assert await _clean(scenario, node)
+        assert not (await scenario.node(node))["spec"].get("unschedulable")

@@ -44,21 +44,50 @@ def test_the_removal_starts_within_the_budget_and_only_where_something_is_uninst
     state = rplan.updates[started[0]].state
     assert state is not None and state.removing and state.status == "in-progress" and state.batch >= 1
     assert rplan.status.nodes.matched == 3 and rplan.status.nodes.in_progress == 1
-    assert rplan.status.rollout_hash == removal_hash(g) and not rplan.release
+    assert rplan.status.rollout_hash == removal_hash(g) and not rplan.releasable
     [cond] = [c for c in rplan.status.conditions if c.type == "Deleting"]
     assert cond.reason == "Removing"
 
 
-def test_the_next_batch_waits_for_the_running_one_and_the_removal_ends_when_all_are_done() -> None:
-    g = _with_status(gate(SPEC, interruptionBudget={"count": 1}), {"rolloutHash": "x"})
-    running = _complete(g).model_copy(update={"status": "in-progress", "removing": True, "batch": 2})
-    fleet = [fleet_node("a", state=running), fleet_node("b", state=_complete(g))]
-    assert not [u for u in plan_removal(g, None, fleet, now=NOW).updates.values() if u.state is not None]
-    done = running.model_copy(update={"status": "complete", "installed": {}})
-    rplan = plan_removal(g, None, [fleet_node("a", state=done), fleet_node("b", state=_complete(g))], now=NOW)
-    assert rplan.updates["b"].state is not None and rplan.updates["b"].state.removing
-    both = [fleet_node("a", state=done), fleet_node("b", state=done.model_copy(update={"batch": 3}))]
-    assert plan_removal(g, None, both, now=NOW).release
+def _run(g: NodeGate, fleet: dict[str, NodeGateState], *, policy: DeploymentPolicy | None = None,
+         fail: frozenset[str] = frozenset(), steps: int = 20) -> list[set[str]]:
+    """Drive the removal as the operator and the nodes would: each step plans, the nodes picked
+    uninstall (or fail), and the nodes it may release are released. Returns who ran in each step."""
+    ran: list[set[str]] = []
+    for _ in range(steps):
+        rplan = plan_removal(g, policy, [fleet_node(n, state=st) for n, st in fleet.items()], now=NOW)
+        g = _with_status(g, rplan.status.to_wire())
+        for name in rplan.releasable:
+            del fleet[name]
+        for name, update in rplan.updates.items():
+            if update.state is not None:
+                fleet[name] = update.state
+        running = {n for n, st in fleet.items() if st.status == "in-progress"}
+        if not running and not rplan.updates and not rplan.releasable:
+            break
+        if running:  # a step may only release nodes (their budget is free for the next one)
+            ran.append(running)
+        for name in running:
+            st = fleet[name]
+            fleet[name] = st.model_copy(update={"status": "failed"} if name in fail else
+                                        {"status": "complete", "installed": {}})
+    return ran
+
+
+def test_nodes_uninstall_one_batch_at_a_time_and_go_once_their_batch_is_judged() -> None:
+    g = _with_status(gate(SPEC, interruptionBudget={"count": 1}), {"rolloutHash": "install"})
+    fleet = {f"n{i}": _complete(g) for i in range(3)}
+    ran = _run(g, fleet)
+    assert [len(r) for r in ran] == [1, 1, 1] and set().union(*ran) == {"n0", "n1", "n2"}
+    assert fleet == {}  # every node released
+
+
+def test_a_node_left_cordoned_starts_at_once_instead_of_waiting_for_the_budget_it_holds() -> None:
+    g = _with_status(gate(SPEC, interruptionBudget={"count": 1}), {"rolloutHash": "install"})
+    fleet = {"held": _complete(g).model_copy(update={"status": "failed", "cordoned": True}),
+             "a": _complete(g)}
+    ran = _run(g, fleet)
+    assert ran[0] == {"held"} and ran[1] == {"a"} and fleet == {}
 
 
 def test_a_failed_uninstall_stops_its_compartment_and_holds_the_rest() -> None:
@@ -71,7 +100,7 @@ def test_a_failed_uninstall_stops_its_compartment_and_holds_the_rest() -> None:
     rplan = plan_removal(g, _policy(failureThreshold=1), fleet, now=NOW)
     [comp] = rplan.status.compartments
     assert comp.state == "stopped" and not [u for u in rplan.updates.values() if u.state is not None]
-    assert not rplan.release and "CompartmentStopped" in {e.reason for e in rplan.events}
+    assert rplan.releasable == frozenset() and "CompartmentStopped" in {e.reason for e in rplan.events}
     [cond] = [c for c in rplan.status.conditions if c.type == "Deleting"]
     assert cond.reason == "CompartmentStopped"
     # A person resumes it: the next node uninstalls.
