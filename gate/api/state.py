@@ -66,6 +66,8 @@ class NodeGateState(Model):
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
+    removing: bool = Field(default=False, description="Picked into a batch of the removal of its deleted gate "
+                           "(batch and compartment are the removal's).")
     passed: bool = Field(default=False, description="The node completed this gate once: later rounds (an upgrade, "
                          "a config change, a reset) never put the readiness taint back.")
 

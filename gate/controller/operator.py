@@ -49,7 +49,6 @@ from gate.lifecycle.fleet import (
     disabled,
     plan_gate,
     readiness_clear,
-    removal_status,
     selects,
     taint_reason,
 )
@@ -63,6 +62,7 @@ from gate.lifecycle.machine import (
     decide,
     decide_removal,
 )
+from gate.lifecycle.removal import plan_removal
 
 log = logging.getLogger("nodegate.operator")
 
@@ -92,6 +92,7 @@ class Operator:
         self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
         self._gate_seen: dict[str, tuple[Any, bool]] = {}
         self._gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
+        self._removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
         self._requests_reported: dict[tuple[str, str], int] = {}  # what api_requests_by counted so far
         self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
@@ -363,7 +364,7 @@ class Operator:
             # them (NodeGateNodeFailed, say) would keep firing for a gate that no longer exists.
             if self.metrics.forget_gate(name):
                 log.info("Removed the metric series of a deleted gate; gate=%s", name)
-            for memo in (self._gate_memo, self._gate_seen, self._gate_cost):
+            for memo in (self._gate_memo, self._gate_seen, self._gate_cost, self._removal_release):
                 memo.pop(name, None)
             return
         if gate is None:
@@ -380,14 +381,9 @@ class Operator:
         if disabled(gate):
             await self._disabled(gate, obj)
             return
-        policy: DeploymentPolicy | None = None
-        if gate.spec.deployment_policy:
-            raw_policy = self.policies.get(gate.spec.deployment_policy)
-            if raw_policy is None:
-                await self._gate_problem(obj, gate, "PolicyNotFound",
-                                         f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
-                return
-            policy = DeploymentPolicy.model_validate(raw_policy)
+        found, policy = await self._policy_of(gate, obj)
+        if not found:
+            return
         now = datetime.now(UTC)
         created = _parse_time(gate.metadata.creation_timestamp)
         fleet = self._fleet()
@@ -452,6 +448,18 @@ class Operator:
         self.nodes.observe(result)
         self._fleet_memo.pop(view.name, None)
 
+    async def _policy_of(self, gate: NodeGate, obj: Obj) -> tuple[bool, DeploymentPolicy | None]:
+        """The DeploymentPolicy the gate names (None: it names none); (False, None) when it is missing,
+        which the gate's status then says."""
+        if not gate.spec.deployment_policy:
+            return True, None
+        raw_policy = self.policies.get(gate.spec.deployment_policy)
+        if raw_policy is None:
+            await self._gate_problem(obj, gate, "PolicyNotFound",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
+            return False, None
+        return True, DeploymentPolicy.model_validate(raw_policy)
+
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
         status = dict(obj.get("status") or {})
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -494,15 +502,35 @@ class Operator:
         annotation = keys.state_annotation(gate.name)
         holders = [n["metadata"]["name"] for n in self.nodes.items()
                    if annotation in (n["metadata"].get("annotations") or {})]
-        for node in holders:
-            self.queue.add(("node", gate.name, node))
         if holders:
+            # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
+            found, policy = await self._policy_of(gate, obj)
+            if not found:
+                return
+            rplan = plan_removal(gate, policy, self._fleet(), now=datetime.now(UTC))
+            sem = asyncio.Semaphore(16)
+
+            async def apply(node: str, update: NodeUpdate) -> None:
+                async with sem:
+                    await self._write_node_update(gate, node, update)
+
+            results = await asyncio.gather(*(apply(n, u) for n, u in rplan.updates.items()), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+            self._removal_release[gate.name] = rplan.releasable
             await self._sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
-            status, events = removal_status(gate, self._fleet(), datetime.now(UTC))
-            await self._write_status(obj, status.to_wire())
-            for event in events:
+            await self._write_status(obj, rplan.status.to_wire())
+            if rplan.resumed:
+                annotations = {keys.RESUME_ANNOTATION: None}
+                self.gates.observe(await self.client.patch(NODEGATES, gate.name,
+                                                           {"metadata": {"annotations": annotations}}))
+            for event in rplan.events:
                 await self.recorder.emit(obj, event.type, event.reason, event.message)
-            return  # node reconciles remove their keys; their events bring us back
+            self._gate_metrics(gate, rplan.status.to_wire())
+            for node in holders:
+                self.queue.add(("node", gate.name, node))
+            return  # node reconciles uninstall and remove their keys; their events bring us back
         for node_obj in self.nodes.items():
             leftover = self._leftover_keys(gate, node_obj)
             if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
@@ -609,7 +637,7 @@ class Operator:
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
         ctx = NodeContext(gate=gate, node=view, state=state, jobs=self._jobs_of(gate_name, node_name), pods=pods,
                           now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
-                          timing=self.timing)
+                          timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self._execute(gate, node_obj, decision)
 

@@ -157,9 +157,9 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
-    gate_for_plan = _fresh_rollout(gate) if _spec_changed(gate, spec_hash) else gate
+    gate_for_plan = fresh_rollout(gate) if _spec_changed(gate, spec_hash) else gate
     if resumed:
-        gate_for_plan = _resumed(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
+        gate_for_plan = resumed_gate(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
         events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the rollout"))
     rollout = plan(gate_for_plan, policy, snapshots, now=now, gates=gates)
     states = {n.view.name: n for n in fleet}
@@ -176,17 +176,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             continue
         if states[node_name].view.labels.get(keys.status_label(name)) != wait.status:
             _update(updates, node_name).change.status = wait.status
-    for comp in rollout.compartments:
-        for closed in comp.closed:
-            verdict = "succeeded" if closed.good else "failed"
-            events.append(EventRequest("gate", "Normal" if closed.good else "Warning",
-                                       "BatchSucceeded" if closed.good else "BatchFailed",
-                                       f"Compartment {comp.name}: batch {closed.number} {verdict} "
-                                       f"({closed.successes}/{closed.size} nodes)"))
-        if comp.stopped_now:
-            events.append(EventRequest("gate", "Warning", "CompartmentStopped",
-                                       f"Compartment {comp.name} stopped after {comp.status.consecutive_failures} "
-                                       "failed batches in a row; `nodegate resume` continues it"))
+    events += rollout_events(rollout)
 
     active = []
     counts = NodeCounts(matched=len(matched))
@@ -208,36 +198,8 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 counts.blocked += 1
             else:
                 counts.waiting += 1
-    return GatePlan(updates, _gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
+    return GatePlan(updates, gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
                     rollout, resumed=resumed)
-
-
-def removal_status(gate: NodeGate, fleet: Sequence[FleetNode], now: datetime) -> tuple[NodeGateStatus,
-                                                                                    list[EventRequest]]:
-    """The status of a gate being deleted: a `Deleting` condition saying what its removal waits for,
-    and a Warning Event when it starts waiting for a person (a paused gate uninstalls nothing)."""
-    holders = [n for n in fleet if gate.name in n.states]
-    uninstall = {name for name, pkg in gate.spec.packages.items() if pkg.uninstall.enabled}
-    waiting = [n for n in holders if isinstance(state := n.states[gate.name], NodeGateState)
-               and uninstall & set(state.installed)]
-    base = gate.status or NodeGateStatus()
-    previous = base.conditions
-    events: list[EventRequest] = []
-    if gate.spec.paused and waiting:
-        reason = "Paused"
-        message = (f"The gate is being deleted but is paused: no uninstall starts while it stays paused, and "
-                   f"{len(waiting)} nodes wait to uninstall its packages; `nodegate resume {gate.name}` or "
-                   f"`nodegate delete {gate.name} --force` lets the removal go on")
-        if not any(c.type == "Deleting" and c.reason == "Paused" for c in previous):
-            events.append(EventRequest("gate", "Warning", "DeletionPaused", message))
-    else:
-        reason = "Removing"
-        message = (f"{len(holders)} nodes still carry the gate: it uninstalls what allows it, uncordons and "
-                   "removes its keys, then goes")
-    generation = gate.metadata.generation or 0
-    deleting = _condition("Deleting", True, reason, message, previous, now, generation)
-    conditions = [c for c in previous if c.type != "Deleting"] + [deleting]
-    return base.model_copy(update={"conditions": conditions, "status": "Deleting"}), events
 
 
 def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
@@ -286,7 +248,25 @@ def _batch_closed(gate: NodeGate, state: NodeGateState) -> bool:
     return True
 
 
-def _resumed(gate: NodeGate, value: str) -> NodeGate:
+def rollout_events(rollout: Plan) -> list[EventRequest]:
+    """Events of one plan: batches judged, compartments stopped."""
+    events = []
+    for comp in rollout.compartments:
+        for closed in comp.closed:
+            verdict = "succeeded" if closed.good else "failed"
+            events.append(EventRequest("gate", "Normal" if closed.good else "Warning",
+                                       "BatchSucceeded" if closed.good else "BatchFailed",
+                                       f"Compartment {comp.name}: batch {closed.number} {verdict} "
+                                       f"({closed.successes}/{closed.size} nodes)"))
+        if comp.stopped_now:
+            events.append(EventRequest("gate", "Warning", "CompartmentStopped",
+                                       f"Compartment {comp.name} stopped after {comp.status.consecutive_failures} "
+                                       "failed batches in a row; `nodegate resume` continues it"))
+    return events
+
+
+def resumed_gate(gate: NodeGate, value: str) -> NodeGate:
+    """The gate with the stop of the compartments a resume request names cleared."""
     names = None if value.strip() in ("", "*") else {n.strip() for n in value.split(",") if n.strip()}
     status = gate.status or NodeGateStatus()
     return gate.model_copy(update={"status": status.model_copy(
@@ -338,7 +318,7 @@ def _spec_changed(gate: NodeGate, spec_hash: str) -> bool:
     return status.observed_generation is not None and status.observed_generation < (gate.metadata.generation or 0)
 
 
-def _fresh_rollout(gate: NodeGate) -> NodeGate:
+def fresh_rollout(gate: NodeGate) -> NodeGate:
     """After a spec change a stopped compartment resumes, and batches start small again: a new
     version deserves the same care as the first. Batch numbers keep counting up, so nodes picked
     in earlier rollouts never look like members of the next batch."""
@@ -359,8 +339,8 @@ def _condition(type_: str, ok: bool, reason: str, message: str, previous: Sequen
                      observed_generation=generation)
 
 
-def _gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
-                 now: datetime, spec_hash: str) -> NodeGateStatus:
+def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
+                now: datetime, spec_hash: str) -> NodeGateStatus:
     generation = gate.metadata.generation or 0
     previous = gate.status.conditions if gate.status is not None else []
     stopped = [c.name for c in compartments if c.state == "stopped"]

@@ -168,6 +168,7 @@ class NodeContext:
     now: datetime
     readiness_clear: bool = True  # every other readinessTaint gate selecting the node is complete
     timing: Timing = Timing()
+    release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
 
 
 def job_name(gate: str, node: str, round_: int, package: str | None, stage: str, fingerprint: str = "") -> str:
@@ -627,14 +628,16 @@ def decide_removal(ctx: NodeContext) -> Decision:
         r.changed = True
         r.decision.delete_jobs.extend(v.name for v in ctx.jobs.values() if v.name.startswith("ng-uninstall-"))
     held = False
+    picked = s.removing and s.status == "in-progress"
     for name, pkg in sorted(gate.spec.packages.items()):
         if name not in s.installed or not pkg.uninstall.enabled:
             continue
         job = r.job_name(name, "uninstall", "gate-deleted")
         view = ctx.jobs.get(job)
-        if view is None and gate.spec.paused:
-            # A paused gate starts nothing, its removal included: the uninstall waits until a person
-            # unpauses it (`nodegate delete --force` does), whose spec change brings this node back.
+        if view is None and (not picked or gate.spec.paused):
+            # The removal is a rollout (gate.lifecycle.removal): the uninstall starts once the planner
+            # picked the node into a batch, and a paused gate starts nothing; the gate's plan (or the
+            # unpause, a spec change) brings the node back.
             held = True
         elif view is None:
             r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
@@ -651,6 +654,14 @@ def decide_removal(ctx: NodeContext) -> Decision:
                                      for n, p in gate.spec.packages.items()):
         if not r.decision.create_jobs and not r.changed and not held:
             r.decision.requeue_after = ctx.timing.poll
+        return r.finish_decision()
+    if picked:
+        s.status = "complete"
+        r.changed = True
+        r.decision.node.status = "complete"
+        r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
+    if s.removing and not ctx.release:
+        # Held until its batch is judged (gate.lifecycle.removal): a batch is judged on all its nodes.
         return r.finish_decision()
     if _unsettled(r):
         return r.finish_decision()

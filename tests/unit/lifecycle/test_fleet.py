@@ -8,7 +8,7 @@ from typing import Any
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
-from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate, removal_status
+from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 
@@ -278,20 +278,3 @@ def test_a_node_leaving_the_selector_while_waiting_loses_the_gate_label() -> Non
     assert plan.updates["n1"].remove_state and "n2" not in plan.updates
     assert plan.status.nodes.matched == 0
 
-
-def test_a_paused_gate_being_deleted_says_why_its_removal_waits_and_announces_it_once() -> None:
-    spec = {"keep": PKG, "agent": {**PKG, "uninstall": {"enabled": True}}}
-    g = gate(spec, paused=True)
-    fleet = [fleet_node("n1", state=complete(g)), fleet_node("n2", state=complete(gate({"keep": PKG}))),
-             fleet_node("n3")]
-    status, events = removal_status(g, fleet, NOW)
-    [cond] = [c for c in status.conditions if c.type == "Deleting"]
-    assert (cond.status, cond.reason) == ("True", "Paused") and status.status == "Deleting"
-    assert "1 nodes wait to uninstall" in cond.message and "nodegate delete g --force" in cond.message
-    assert [(e.type, e.reason) for e in events] == [("Warning", "DeletionPaused")]
-    again = NodeGate.model_validate({**g.to_wire(), "status": status.to_wire()})
-    assert removal_status(again, fleet, NOW)[1] == []  # the Event comes once, when the wait begins
-    unpaused = gate(spec)
-    status, events = removal_status(unpaused, fleet, NOW)
-    [cond] = [c for c in status.conditions if c.type == "Deleting"]
-    assert cond.reason == "Removing" and cond.message.startswith("2 nodes still carry the gate") and not events

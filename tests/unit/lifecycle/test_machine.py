@@ -302,7 +302,8 @@ def test_paused_gate_records_results_but_starts_nothing() -> None:
 def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
     g = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}})
     installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
-    state = NodeGateState(status="complete", installed=installed, round=1)
+    # Picked into a batch of the removal (gate.lifecycle.removal): only then does it uninstall.
+    state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
     cordoned = node(unschedulable=True, annotations={keys.CORDONED_BY: "g"})
     d = decide_removal(ctx(g, state, n=cordoned))
     assert [(r.package, r.stage) for r in d.create_jobs] == [("gone", "uninstall")]
@@ -324,7 +325,7 @@ def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
 def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_nothing_to_uninstall() -> None:
     g = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}}, paused=True)
     installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
-    state = NodeGateState(status="complete", installed=installed, round=1)
+    state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
     held = decide_removal(ctx(g, state))
     assert not held.create_jobs and not held.remove_state and held.state is None
     assert held.requeue_after is None  # the unpause (a spec change) brings the node back, no polling
@@ -337,7 +338,7 @@ def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_no
 def test_a_reset_releases_a_node_whose_uninstall_failed_while_the_gate_is_deleted() -> None:
     g = gate({"gone": {**PKG, "uninstall": {"enabled": True}}})
     installed = {"gone": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["gone"]))}
-    state = NodeGateState(status="complete", installed=installed, round=1)
+    state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
     [req] = decide_removal(ctx(g, state)).create_jobs
     failed = decide_removal(ctx(g, state, jobs={req.name: JobView(req.name, "failed", message="boom")}))
     assert failed.state is not None and failed.state.failure is not None
