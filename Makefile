@@ -44,7 +44,7 @@ realnode: binaries realnode-deps
 	$(PY) -m pytest tests/realnode -q
 
 test: check binaries realnode-deps
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
 
 crds: $(STAMP)
 	$(VENV)/bin/nodegate crds --output crds
