@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -390,18 +390,9 @@ class Operator:
         gplan = plan_gate(gate, policy, fleet, gates=self._all_gates(), now=now, gate_created=created,
                           busy=self._busy_nodes(name))
         self.metrics.drains_blocked_now.labels(name).set(sum(1 for n in fleet if _drain_blocked(n.states.get(name))))
-        sem = asyncio.Semaphore(16)
-
-        async def apply(node: str, update: NodeUpdate) -> None:
-            async with sem:
-                await self._write_node_update(gate, node, update)
-
-        results = await asyncio.gather(*(apply(n, u) for n, u in gplan.updates.items()), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            # Node writes that lost a race are retried through the queue; status waits for them so
-            # that compartment progress is never written ahead of the nodes it counts.
-            raise errors[0]
+        # Node writes that lost a race are retried through the queue; status waits for them so that
+        # compartment progress is never written ahead of the nodes it counts.
+        await self._write_node_updates(gate, gplan.updates)
         await self._sync_failure_conditions(name)
         await self._write_status(obj, gplan.status.to_wire())
         if gplan.resumed:
@@ -447,6 +438,19 @@ class Operator:
             return
         self.nodes.observe(result)
         self._fleet_memo.pop(view.name, None)
+
+    async def _write_node_updates(self, gate: NodeGate, updates: Mapping[str, NodeUpdate]) -> None:
+        """Write a plan's node updates, 16 at a time; the first failure is raised once all are done."""
+        sem = asyncio.Semaphore(16)
+
+        async def apply(node: str, update: NodeUpdate) -> None:
+            async with sem:
+                await self._write_node_update(gate, node, update)
+
+        results = await asyncio.gather(*(apply(n, u) for n, u in updates.items()), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
 
     async def _policy_of(self, gate: NodeGate, obj: Obj) -> tuple[bool, DeploymentPolicy | None]:
         """The DeploymentPolicy the gate names (None: it names none); (False, None) when it is missing,
@@ -508,16 +512,7 @@ class Operator:
             if not found:
                 return
             rplan = plan_removal(gate, policy, self._fleet(), now=datetime.now(UTC))
-            sem = asyncio.Semaphore(16)
-
-            async def apply(node: str, update: NodeUpdate) -> None:
-                async with sem:
-                    await self._write_node_update(gate, node, update)
-
-            results = await asyncio.gather(*(apply(n, u) for n, u in rplan.updates.items()), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                raise errors[0]
+            await self._write_node_updates(gate, rplan.updates)
             self._removal_release[gate.name] = rplan.releasable
             await self._sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
             await self._write_status(obj, rplan.status.to_wire())
