@@ -124,7 +124,7 @@ def test_a_paused_gate_picks_nothing_and_says_why_once() -> None:
     assert plan_removal(again, None, fleet, now=NOW).events == []
 
 
-def test_a_node_uninstalls_only_once_picked_and_is_released_only_when_the_removal_is_over() -> None:
+def test_a_node_uninstalls_only_once_picked_and_is_released_only_once_its_batch_is_judged() -> None:
     g = gate(SPEC)
     waiting = _complete(g)
     assert not decide_removal(ctx(g, waiting)).create_jobs  # not picked yet
@@ -132,9 +132,9 @@ def test_a_node_uninstalls_only_once_picked_and_is_released_only_when_the_remova
     [req] = decide_removal(ctx(g, picked)).create_jobs
     done = decide_removal(replace(ctx(g, picked, jobs={req.name: JobView(req.name, "succeeded")}), release=False))
     assert done.state is not None and done.state.status == "complete" and done.node.status == "complete"
-    assert not done.remove_state  # held: other nodes of the removal are not done
+    assert not done.remove_state  # held: its batch is not judged yet
     assert not decide_removal(replace(ctx(g, done.state), release=False)).remove_state
-    assert decide_removal(ctx(g, done.state)).remove_state  # released once the removal is over
+    assert decide_removal(ctx(g, done.state)).remove_state  # released once the plan says its batch is judged
     # A node with nothing to uninstall takes no part in the removal: released at once.
     nothing = NodeGateState(status="complete", installed={"keep": _installed(g)["keep"]}, round=1)
     assert decide_removal(replace(ctx(g, nothing), release=False)).remove_state
