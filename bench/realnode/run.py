@@ -181,7 +181,6 @@ async def one_node(client: KubeClient, name: str, node: str, images: dict[str, s
         spans["reboot"] = [(began, await back)] if began else []
     figures = {kind: union(found) for kind, found in spans.items()}
     figures["apply to complete"] = done - started
-    figures["node busy"] = union([i for found in spans.values() for i in found])
     inside = [(max(a, wall_started), min(b, wall_done)) for found in spans.values() for a, b in found]
     figures["node idle"] = figures["apply to complete"] - union([(a, b) for a, b in inside if b > a])
     figures["stage pods"] = float(len(times.pods))
