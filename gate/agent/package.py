@@ -40,8 +40,8 @@ STEP_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_ENV_PREFIX: Final = "NODEGATE_"
 
-Stage = Literal["apply", "config", "upgrade", "uninstall", "post-interrupt"]
-STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall", "post-interrupt")
+Stage = Literal["apply", "config", "upgrade", "uninstall", "post-interrupt", "post-uninstall"]
+STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall", "post-interrupt", "post-uninstall")
 
 StepList = Literal[
     "apply",
@@ -53,6 +53,7 @@ StepList = Literal[
     "uninstall",
     "uninstall-check",
     "post-interrupt-check",
+    "post-uninstall-check",
 ]
 CHECK_OF: Final[dict[Stage, StepList]] = {
     "apply": "apply-check",
@@ -60,14 +61,17 @@ CHECK_OF: Final[dict[Stage, StepList]] = {
     "upgrade": "upgrade-check",
     "uninstall": "uninstall-check",
     "post-interrupt": "post-interrupt-check",
+    "post-uninstall": "post-uninstall-check",
 }
-# post-interrupt has checks only: it runs after the node was rebooted or its services restarted.
+# post-interrupt and post-uninstall have checks only: they run after the node was rebooted or its
+# services restarted, after an install and after an uninstall.
 STEPS_OF: Final[dict[Stage, StepList | None]] = {
     "apply": "apply",
     "config": "config",
     "upgrade": "upgrade",
     "uninstall": "uninstall",
     "post-interrupt": None,
+    "post-uninstall": None,
 }
 # Stages whose steps change the host and therefore must be followed by a check.
 CHANGING_STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall")
@@ -218,6 +222,15 @@ class Stages(PackageModel):
         alias="post-interrupt-check",
         description="Prove the change is live after the interrupt (reboot or service restart).",
     )
+    post_uninstall_check: list[Step] = Field(
+        default_factory=list,
+        max_length=64,
+        alias="post-uninstall-check",
+        description=(
+            "Prove the package is gone after the interrupt that followed its uninstall (the kernel booted "
+            "without its arguments, say); when empty, uninstall-check runs again there."
+        ),
+    )
 
     def steps(self, name: StepList) -> list[Step]:
         """The steps of one list, by its package.yaml name (e.g. "apply-check")."""
@@ -230,7 +243,10 @@ class Stages(PackageModel):
         return self.steps(own) if own else []
 
     def checks_of(self, stage: Stage) -> list[Step]:
-        return self.steps(CHECK_OF[stage])
+        own = self.steps(CHECK_OF[stage])
+        if stage == "post-uninstall" and not own:
+            return self.steps("uninstall-check")
+        return own
 
     @model_validator(mode="after")
     def _names_unique_and_checks_always_run(self) -> Stages:

@@ -282,8 +282,8 @@ def run_stage(
             ok = failed is None
             run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
                                        ok, failed.label if failed else None, run.stamp()))
-            if ok and request.stage == "uninstall":
-                _forget_package(layout)
+            if ok and request.stage in ("uninstall", "post-uninstall"):
+                _forget_package(layout)  # the check after an uninstall's interrupt left its payload again
             else:
                 _prune_payloads(layout, {v for v in (run.history.installed, run.history.previous,
                                                      request.version) if v})

@@ -1,8 +1,9 @@
 """`nodegate package test`: every stage of a package against a root filesystem, in a node's order.
 
 A rehearsal of what the operator does on a node: apply, config, the interrupt (when asked for),
-post-interrupt, upgrade, uninstall, each followed by its check, through the same code path as
-`nodegate agent run`. It stops at the first failing stage: later stages would only report noise.
+post-interrupt, upgrade, uninstall, and with an interrupt a second one and post-uninstall (as when the
+gate is deleted), each followed by its check, through the same code path as `nodegate agent run`.
+It stops at the first failing stage: later stages would only report noise.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def run_trial(
         # Where the operator interrupts: after apply and config, before the post-interrupt check.
         at = pending.index("post-interrupt") if "post-interrupt" in pending else min(len(pending), 2)
         pending.insert(at, "interrupt")
+        if "uninstall" in pending and package.manifest.stages.checks_of("post-uninstall"):
+            # As when the gate is deleted: the uninstall's interrupt, then the check that it is gone.
+            pending += ["interrupt", "post-uninstall"]
     for name in pending:
         if rows and rows[-1].ok is False:
             rows.append(TrialStep(name, None, "not run: an earlier stage failed"))

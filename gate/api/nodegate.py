@@ -102,6 +102,14 @@ class Uninstall(Model):
         default=False,
         description="Uninstall now: run the uninstall stage on every node (needs enabled).",
     )
+    interrupt: Interrupt | None = Field(
+        default=None,
+        description=(
+            "Interrupt after the uninstall: the node is cordoned, protected pods waited for and the node drained "
+            "first, and after the interrupt the package's post-uninstall-check runs (its uninstall-check when it "
+            "has none) before the node is uncordoned. Unset: the package's own interrupt; {type: none} for none."
+        ),
+    )
 
 
 class LocalObjectReference(Model):
@@ -178,6 +186,10 @@ class Package(Memoized):
 
     def interrupt_or_none(self) -> Interrupt:
         return self.interrupt or Interrupt()
+
+    def uninstall_interrupt(self) -> Interrupt:
+        """What an uninstall of the package needs: `uninstall.interrupt`, else the package's own."""
+        return self.uninstall.interrupt or self.interrupt_or_none()
 
 
 class Drain(Model):

@@ -19,7 +19,7 @@ from gate.api.keys import NodeStatus
 from gate.api.nodegate import Interrupt, InterruptType, NodeGate, Package
 
 StateVersion = Literal[1]
-Stage = Literal["uninstall", "upgrade", "apply", "config", "interrupt", "post-interrupt"]
+Stage = Literal["uninstall", "upgrade", "apply", "config", "interrupt", "post-interrupt", "post-uninstall"]
 PACKAGE_STAGES: tuple[Stage, ...] = ("uninstall", "upgrade", "apply", "config")
 
 # The phases of one round on a node, in order. A round starts when the planner picks the node and
@@ -62,7 +62,8 @@ class NodeGateState(Model):
     interrupt: Interrupt | None = Field(default=None, description="Merged interrupt this round needs.")
     interrupted: list[str] = Field(default_factory=list, description="Packages that asked for the interrupt.")
     installed: dict[str, Installed] = Field(default_factory=dict, description="What each package left on the node.")
-    post_checked: list[str] = Field(default_factory=list, description="Packages whose post-interrupt check passed.")
+    post_checked: list[str] = Field(default_factory=list, description="Packages whose check after the interrupt "
+                                    "passed (post-interrupt; post-uninstall for one this round uninstalled).")
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gate.agent.interrupt import InterruptSettings
     from gate.agent.stage import StageSettings
 
-STAGE_CHOICES = ("apply", "config", "upgrade", "uninstall", "post-interrupt")
+STAGE_CHOICES = ("apply", "config", "upgrade", "uninstall", "post-interrupt", "post-uninstall")
 INTERRUPT_CHOICES = ("service", "restartAllServices", "reboot")
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_PAYLOAD = "/nodegate-payload"

@@ -398,7 +398,7 @@ NODE_STEPS = (("Cordoned", "cordoned"), ("Drained", "drained"), ("Rebooted", "re
               ("Uncordoned", "uncordoned"))
 # Stage Job names are `ng-<stage>-<20 hex digits>` (gate.lifecycle.machine.job_name); how each reads.
 JOB_STAGES = {"uninstall": "uninstall", "upgrade": "upgrade", "apply": "apply", "config": "config",
-              "interrupt": "interrupt", "post": "post-interrupt check"}
+              "interrupt": "interrupt", "post": "post-interrupt check", "post-uninstall": "post-uninstall check"}
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,8 @@ def register(sub: Any) -> None:
                                              help="logs of a package's stage on a node (its stage Job's pod)")
     logs.add_argument("node", metavar="NODE")
     logs.add_argument("package", metavar="PACKAGE")
-    logs.add_argument("--stage", help="only this stage (apply, config, upgrade, uninstall, post-interrupt)")
+    logs.add_argument("--stage", help="only this stage (apply, config, upgrade, uninstall, post-interrupt, "
+                      "post-uninstall)")
     logs.add_argument("--gate", "-g", help="only this NodeGate's Jobs")
     logs.add_argument("--follow", "-f", action="store_true", help="stream the log while the stage runs")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines of the pod's log (default all)")

@@ -626,7 +626,7 @@ class Operator:
         if not removing and state.status != "in-progress":
             return
         pods = None
-        if removing or state.phase in ("wait-pods", "drain"):
+        if state.phase in ("wait-pods", "drain"):
             pods = await self._pods_on(node_name)
         fleet = self._fleet_memo.get(node_name)
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)

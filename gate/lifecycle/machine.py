@@ -6,6 +6,9 @@ A round on a node runs through phases:
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
      post-interrupt only when it does; an interrupt of type drain runs no interrupt Job)
 
+The removal of a deleted gate runs the same phases on a node, with uninstall stages, and after the
+interrupt each uninstalled package's post-uninstall check (`decide_removal`).
+
 `decide` reads the world (the gate, the node, this gate's state on the node, the stage Jobs, the
 pods on the node) and returns what to do next: a new state and node changes to write in one request,
 Jobs to create or delete, pods to evict, events, and when to look again. The executor performs it.
@@ -268,6 +271,45 @@ def decide(ctx: NodeContext) -> Decision:
     if s.phase in ("cordon", "wait-pods", "drain") and not needs_interrupt:
         r.set_phase("stages")
 
+    if s.phase in ("cordon", "wait-pods", "drain"):
+        outcome = _prepare(r, required, paused)
+        if outcome is not None:
+            return outcome
+
+    if s.phase == "stages":
+        outcome = _stages(r, work, paused)
+        if outcome is not None:
+            return outcome
+        if needs_interrupt:
+            s.boot_id = ctx.node.boot_id
+            r.set_phase("interrupt")
+        else:
+            r.set_phase("finish")
+
+    if s.phase == "interrupt":
+        outcome = _interrupt(r, required, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("post-interrupt")
+
+    if s.phase == "post-interrupt":
+        outcome = _post_interrupt(r, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("finish")
+
+    if s.phase == "finish":
+        if _unsettled(r):
+            return r.finish_decision()
+        _finish(r)
+    return r.finish_decision()
+
+
+def _prepare(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
+    """Cordon, wait for protected pods, drain: the phases before an interrupt, of an install round and
+    of a removal alike. Returns a decision while they last, None once the node is drained (the phase
+    is then `stages`)."""
+    ctx, s = r.ctx, r.state
     if s.phase == "cordon":
         if paused:
             return r.finish_decision()
@@ -312,49 +354,22 @@ def decide(ctx: NodeContext) -> Decision:
                 s.drain_blocked_by = None
             r.event("node", "Normal", "Drained", f"NodeGate {ctx.gate.name} drained the node")
             r.set_phase("stages")
-        else:
-            if not ctx.gate.spec.drain.delete_empty_dir_data:
-                local = [p for p in evictable if p.empty_dir]
-                if local:
-                    return r.fail("DrainRefused", f"pod {local[0].namespace}/{local[0].name} uses emptyDir "
-                                  "data; set spec.drain.deleteEmptyDirData: true to evict it")
-            timeout = parse_duration(ctx.gate.spec.drain.timeout).total_seconds()
-            if _since(s.phase_since, ctx.now) >= timeout:
-                blocked = s.drain_blocked_by or "pods that did not terminate"
-                return r.fail("DrainTimeout", f"drain did not finish within {ctx.gate.spec.drain.timeout}; "
-                              f"blocked by {blocked}")
-            r.decision.evict = [(p.namespace, p.name) for p in evictable if not p.deleting]
-            r.decision.requeue_after = drain_retry_after(_since(s.phase_since, ctx.now), timeout,
-                                                         blocked=bool(s.drain_blocked_by))
-            return r.finish_decision()
-
-    if s.phase == "stages":
-        outcome = _stages(r, work, paused)
-        if outcome is not None:
-            return outcome
-        if needs_interrupt:
-            s.boot_id = ctx.node.boot_id
-            r.set_phase("interrupt")
-        else:
-            r.set_phase("finish")
-
-    if s.phase == "interrupt":
-        outcome = _interrupt(r, required, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("post-interrupt")
-
-    if s.phase == "post-interrupt":
-        outcome = _post_interrupt(r, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("finish")
-
-    if s.phase == "finish":
-        if _unsettled(r):
-            return r.finish_decision()
-        _finish(r)
-    return r.finish_decision()
+            return None
+        if not ctx.gate.spec.drain.delete_empty_dir_data:
+            local = [p for p in evictable if p.empty_dir]
+            if local:
+                return r.fail("DrainRefused", f"pod {local[0].namespace}/{local[0].name} uses emptyDir "
+                              "data; set spec.drain.deleteEmptyDirData: true to evict it")
+        timeout = parse_duration(ctx.gate.spec.drain.timeout).total_seconds()
+        if _since(s.phase_since, ctx.now) >= timeout:
+            blocked = s.drain_blocked_by or "pods that did not terminate"
+            return r.fail("DrainTimeout", f"drain did not finish within {ctx.gate.spec.drain.timeout}; "
+                          f"blocked by {blocked}")
+        r.decision.evict = [(p.namespace, p.name) for p in evictable if not p.deleting]
+        r.decision.requeue_after = drain_retry_after(_since(s.phase_since, ctx.now), timeout,
+                                                     blocked=bool(s.drain_blocked_by))
+        return r.finish_decision()
+    return None
 
 
 def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decision | None:
@@ -493,7 +508,7 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     ctx, s = r.ctx, r.state
     if required.type in ("none", "drain"):
         return None  # a drain is done by now (cordon, wait-pods, drain): no interrupt Job
-    name = r.job_name(None, "interrupt", f"{required.type}:{','.join(required.services)}")
+    name = _interrupt_job(r, required)
     view = ctx.jobs.get(name)
     if required.type == "reboot":
         rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
@@ -543,29 +558,36 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
         return None
     waiting = False
     for name in todo:
-        job = r.job_name(name, "post-interrupt", gate.spec.packages[name].version)
+        stage = _check_after_interrupt(s, name)
+        job = r.job_name(name, stage, gate.spec.packages[name].version)
         view = ctx.jobs.get(job)
         if view is None:
             if not paused:
                 pkg = gate.spec.packages[name]
-                r.decision.create_jobs.append(JobRequest(job, "post-interrupt", name, version=pkg.version))
+                r.decision.create_jobs.append(JobRequest(job, stage, name, version=pkg.version))
             waiting = True
         elif view.phase == "succeeded":
             s.post_checked = sorted({*s.post_checked, name})
             r.changed = True
             r.decision.delete_jobs.append(job)
         elif view.phase == "failed":
-            return r.fail("PostInterruptCheckFailed", view.message or "the post-interrupt check failed",
-                          package=name, stage="post-interrupt")
+            reason = "PostUninstallCheckFailed" if stage == "post-uninstall" else "PostInterruptCheckFailed"
+            return r.fail(reason, view.message or f"the {stage} check failed", package=name, stage=stage)
         else:
             stuck = _stuck(view, ctx)
             if stuck:
-                return r.fail(stuck[0], stuck[1], package=name, stage="post-interrupt")
+                return r.fail(stuck[0], stuck[1], package=name, stage=stage)
             _look_again_for(r, view)
             waiting = True
     if waiting:
         return r.finish_decision()
     return None  # every check passed: finish in this same step
+
+
+def _check_after_interrupt(state: NodeGateState, package: str) -> Stage:
+    """A package this round uninstalled proves it is gone (post-uninstall); one it installed, upgraded
+    or configured proves the change is live (post-interrupt)."""
+    return "post-interrupt" if package in state.installed else "post-uninstall"
 
 
 def _finish(r: _Round) -> None:
@@ -590,6 +612,16 @@ def _finish(r: _Round) -> None:
     r.changed = True
     change = r.decision.node
     change.status = "complete"
+    _uncordon(r)
+    if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
+        change.remove_readiness_taint = True
+        r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
+    r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
+
+
+def _uncordon(r: _Round) -> None:
+    """Undo this round's cordon; a node a person cordoned (no `cordoned-by` of the gate) stays cordoned."""
+    ctx, s, change = r.ctx, r.state, r.decision.node
     if s.cordoned and ctx.node.unschedulable and ctx.node.cordoned_by == ctx.gate.name:
         change.unschedulable = False
         change.clear_cordoned_by = True
@@ -597,16 +629,17 @@ def _finish(r: _Round) -> None:
     elif ctx.node.cordoned_by == ctx.gate.name:
         change.clear_cordoned_by = True
     s.cordoned = False
-    if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
-        change.remove_readiness_taint = True
-        r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
-    r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
 
 
 def decide_removal(ctx: NodeContext) -> Decision:
     """The gate is being deleted: let running stages end, uninstall what allows it, then leave the node
     as NodeGate found it: uncordoned (if NodeGate cordoned it), untainted (unless another readinessTaint
-    gate still needs the taint), without this gate's keys."""
+    gate still needs the taint), without this gate's keys.
+
+    Once the removal's planner (`gate.lifecycle.removal`) picked the node, the uninstall is a round
+    like an install's: cordon, wait for protected pods and drain when an uninstall needs an interrupt
+    (`uninstall.interrupt`, else the package's own), the uninstalls (dependents before what they
+    depend on), the interrupt, each uninstalled package's post-uninstall check, the uncordon."""
     r = _Round(ctx)
     s = r.state
     gate = ctx.gate
@@ -614,52 +647,32 @@ def decide_removal(ctx: NodeContext) -> Decision:
     # package's stage may still be changing the host): a host change is never cut off half way, and
     # the node is not uncordoned under it. Stuck ones (image pull, never started) will not finish and
     # are removed with the rest. One whose pod is done counts as running until its Job records it.
-    leftovers = [v for v in ctx.jobs.values() if not v.name.startswith("ng-uninstall-")]
+    own = _removal_jobs(r) if s.removing else set()
+    leftovers = [v for v in ctx.jobs.values() if v.name not in own]
     running = [v for v in leftovers
                if (v.phase in ("pending", "running") and _stuck(v, ctx) is None) or not v.settled]
     if running:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     r.decision.delete_jobs.extend(v.name for v in leftovers)
-    if keys.reset_annotation(gate.name) in ctx.node.annotations:
+    reset = keys.reset_annotation(gate.name) in ctx.node.annotations
+    if reset:
         # A person reset the node (after a failed uninstall, say, fixed by hand): what the gate installed
         # there is forgotten, so nothing is uninstalled, and the node is released below.
         s.installed = {}
+        s.interrupted = []
         r.changed = True
-        r.decision.delete_jobs.extend(v.name for v in ctx.jobs.values() if v.name.startswith("ng-uninstall-"))
-    held = False
+        r.decision.delete_jobs.extend(n for n in own if n in ctx.jobs)
     picked = s.removing and s.status == "in-progress"
-    for name, pkg in sorted(gate.spec.packages.items()):
-        if name not in s.installed or not pkg.uninstall.enabled:
-            continue
-        job = r.job_name(name, "uninstall", "gate-deleted")
-        view = ctx.jobs.get(job)
-        if view is None and (not picked or gate.spec.paused):
-            # The removal is a rollout (gate.lifecycle.removal): the uninstall starts once the planner
-            # picked the node into a batch, and a paused gate starts nothing; the gate's plan (or the
-            # unpause, a spec change) brings the node back.
-            held = True
-        elif view is None:
-            r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
-        elif view.phase == "succeeded":
-            s.installed = {k: v for k, v in s.installed.items() if k != name}
-            r.changed = True
-            r.decision.delete_jobs.append(job)
-        elif view.phase == "failed":
-            if s.status != "failed":
-                return r.fail("UninstallFailed", f"{view.message or 'the uninstall Job failed'}; the gate keeps "
-                              "its finalizer until the node is fixed and reset", package=name, stage="uninstall")
-            return r.finish_decision()
-    if r.decision.create_jobs or any(n in s.installed and p.uninstall.enabled
-                                     for n, p in gate.spec.packages.items()):
-        if not r.decision.create_jobs and not r.changed and not held:
-            r.decision.requeue_after = ctx.timing.poll
-        return r.finish_decision()
     if picked:
-        s.status = "complete"
-        r.changed = True
-        r.decision.node.status = "complete"
-        r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
+        outcome = _removal_round(r)
+        if outcome is not None:
+            return outcome
+    elif _to_uninstall(gate, s) or (s.removing and s.status == "failed" and not reset):
+        # Not picked yet (the removal is a rollout, and a paused gate picks nothing): the gate's plan
+        # brings the node back. Failed in the removal (an uninstall, or a check after its interrupt):
+        # it waits for a person, as a failed install does.
+        return r.finish_decision()
     if s.removing and not ctx.release:
         # Held until its batch is judged (gate.lifecycle.removal): a batch is judged on all its nodes.
         return r.finish_decision()
@@ -676,6 +689,128 @@ def decide_removal(ctx: NodeContext) -> Decision:
         change.remove_readiness_taint = True
     r.event("node", "Normal", "Released", f"NodeGate {gate.name} was deleted; its keys were removed from the node")
     return r.decision
+
+
+def _to_uninstall(gate: NodeGate, state: NodeGateState) -> list[str]:
+    return sorted(n for n, p in gate.spec.packages.items() if p.uninstall.enabled and n in state.installed)
+
+
+def _uninstall_job(r: _Round, package: str) -> str:
+    return r.job_name(package, "uninstall", "gate-deleted")
+
+
+def _interrupt_job(r: _Round, interrupt: Interrupt) -> str:
+    return r.job_name(None, "interrupt", f"{interrupt.type}:{','.join(interrupt.services)}")
+
+
+def _removal_jobs(r: _Round) -> set[str]:
+    """The Jobs a removal round runs on the node (all others are left over from an install round)."""
+    s, packages = r.state, r.gate.spec.packages
+    names = {_uninstall_job(r, n) for n in packages}
+    if s.interrupt is not None:
+        names.add(_interrupt_job(r, s.interrupt))
+    names |= {r.job_name(n, "post-uninstall", packages[n].version) for n in s.interrupted if n in packages}
+    return names
+
+
+def _removal_round(r: _Round) -> Decision | None:
+    """A picked node's removal round; None once it completed (uncordoned, its status complete)."""
+    ctx, s, gate = r.ctx, r.state, r.gate
+    paused = gate.spec.paused
+    if paused and s.phase == "idle":
+        return r.finish_decision()  # nothing started: the unpause (a spec change) brings the node back
+    packages = gate.spec.packages
+    todo = _to_uninstall(gate, s)
+    required = merge([s.interrupt, *(packages[n].uninstall_interrupt() for n in todo)])
+    if required != (s.interrupt or Interrupt()):
+        s.interrupt = required if required.type != "none" else None
+        asking = {n for n in todo if packages[n].uninstall_interrupt().type != "none"}
+        s.interrupted = sorted(set(s.interrupted) | asking)
+        r.changed = True
+    needs_interrupt = required.type != "none"
+    if s.phase == "idle":
+        r.set_phase("cordon" if needs_interrupt else "stages")
+    if s.phase in ("cordon", "wait-pods", "drain"):
+        outcome = _prepare(r, required, paused)
+        if outcome is not None:
+            return outcome
+    if s.phase == "stages":
+        outcome = _uninstalls(r, todo, paused)
+        if outcome is not None:
+            return outcome
+        if needs_interrupt:
+            s.boot_id = ctx.node.boot_id
+            r.set_phase("interrupt")
+        else:
+            r.set_phase("finish")
+    if s.phase == "interrupt":
+        outcome = _interrupt(r, required, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("post-interrupt")
+    if s.phase == "post-interrupt":
+        outcome = _post_interrupt(r, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("finish")
+    if _unsettled(r):
+        return r.finish_decision()
+    s.status = "complete"
+    s.phase = "idle"
+    s.phase_since = _iso(ctx.now)
+    s.interrupt = None
+    s.interrupted = []
+    s.post_checked = []
+    s.drain_blocked_by = None
+    s.boot_id = ctx.node.boot_id
+    r.changed = True
+    r.decision.node.status = "complete"
+    _uncordon(r)
+    r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
+    return None
+
+
+def _uninstalls(r: _Round, todo: Sequence[str], paused: bool) -> Decision | None:
+    """The uninstall stages of a removal round, each package after the packages that depend on it (and
+    one at a time on a serial gate). Returns a decision while any is left, None when all are done."""
+    ctx, s, gate = r.ctx, r.state, r.gate
+    packages = gate.spec.packages
+    order = [n for n in reversed(topological_order({n: set(p.depends_on) for n, p in packages.items()}))
+             if n in todo]
+    left = set(order)
+    running = 0
+    for name in order:
+        job = _uninstall_job(r, name)
+        view = ctx.jobs.get(job)
+        if view is None:
+            continue
+        if view.phase == "succeeded":
+            s.installed = {k: v for k, v in s.installed.items() if k != name}
+            left.discard(name)
+            r.changed = True
+            r.decision.delete_jobs.append(job)
+        elif view.phase == "failed":
+            return r.fail("UninstallFailed", f"{view.message or 'the uninstall Job failed'}; the gate keeps "
+                          "its finalizer until the node is fixed and reset", package=name, stage="uninstall")
+        else:
+            stuck = _stuck(view, ctx)
+            if stuck:
+                return r.fail(stuck[0], stuck[1], package=name, stage="uninstall")
+            _look_again_for(r, view)
+            running += 1
+    if not left:
+        return None
+    if not paused:
+        for name in order:
+            job = _uninstall_job(r, name)
+            if name not in left or job in ctx.jobs:
+                continue
+            if any(name in packages[other].depends_on for other in left if other != name):
+                continue  # what depends on it goes first
+            if gate.spec.serial and (running or r.decision.create_jobs):
+                break
+            r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
+    return r.finish_decision()
 
 
 def _unsettled(r: _Round) -> bool:

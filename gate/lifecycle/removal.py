@@ -15,7 +15,9 @@ did before), so that it never waits for budget it holds itself. A node that unin
 nodes; nodes with nothing to uninstall are released at once. Pure: the operator performs the updates
 returned.
 
-Not yet (issue 14, item 2): cordon, drain and an interrupt around the uninstall, and checks after it.
+On the node the removal is a round of its own (`gate.lifecycle.machine.decide_removal`, with new Job
+names): cordon, wait for protected pods and drain when an uninstall needs an interrupt, the uninstalls,
+the interrupt, the checks after it, the uncordon; the node then stops counting against the budget.
 """
 
 from __future__ import annotations
@@ -102,9 +104,12 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
         n for n, st in members.items() if not st.removing and st.cordoned)
     starts = [*rollout.starts, *(Start(n, members[n].compartment or "", 0) for n in cordoned)]
     for start in starts:
-        state = members[start.node].model_copy(update={
+        previous = members[start.node]
+        # A round of its own: new Job names, and nothing carried over from an install round's interrupt.
+        state = previous.model_copy(update={
             "status": "in-progress", "removing": True, "batch": start.batch, "compartment": start.compartment,
-            "failure": None, "phase": "idle", "phase_since": now.isoformat()})
+            "round": previous.round + 1, "failure": None, "phase": "idle", "phase_since": now.isoformat(),
+            "interrupt": None, "interrupted": [], "post_checked": [], "drain_blocked_by": None})
         update = NodeUpdate(state=state)
         update.change.status = "in-progress"
         batch = f"batch {start.batch}" if start.batch else "cordoned already, outside the batches"

@@ -5,10 +5,10 @@ the spec and the `installed` record every time, and the record is updated after 
 
 | installed vs spec                     | stages                          | interrupt asked for                   |
 |---------------------------------------|---------------------------------|---------------------------------------|
-| uninstall.apply, installed            | uninstall                       | none                                  |
+| uninstall.apply, installed            | uninstall                       | uninstall.interrupt (else interrupt)  |
 | not installed                         | apply (+ config if any)         | interrupt + configInterrupts of keys  |
 | older version                         | upgrade (+ config if changed)   | interrupt + configInterrupts changed  |
-| newer version (downgrade)             | uninstall, apply (+ config)     | as apply (uninstall only if enabled)  |
+| newer version (downgrade)             | uninstall, apply (+ config)     | as apply, and uninstall's if it runs  |
 | image, env, resources changed         | apply (+ config if changed)     | interrupt + configInterrupts changed  |
 | only config changed                   | config                          | configInterrupts of the changed keys  |
 """
@@ -59,7 +59,8 @@ def changed_keys(package: Package, installed: Installed | None) -> tuple[str, ..
 def package_work(name: str, package: Package, installed: Installed | None) -> PackageWork:
     none = Interrupt()
     if package.uninstall.apply:
-        return PackageWork(name, ("uninstall",) if installed else (), none)
+        return PackageWork(name, ("uninstall",), package.uninstall_interrupt()) if installed else PackageWork(
+            name, (), none)
     changed = changed_keys(package, installed)
     config_stage: tuple[Stage, ...] = ("config",) if package.config and changed else ()
     on_config = config_interrupts(package.config_interrupts, changed)
@@ -67,12 +68,15 @@ def package_work(name: str, package: Package, installed: Installed | None) -> Pa
         return PackageWork(name, ("apply", *config_stage), merge([package.interrupt, *on_config]), changed)
     if installed.version != package.version:
         main: tuple[Stage, ...]
+        asked = [package.interrupt, *on_config]
         if _newer(package.version, installed.version):
             main = ("upgrade",)
+        elif package.uninstall.enabled:
+            main = ("uninstall", "apply")
+            asked.append(package.uninstall_interrupt())
         else:
-            main = ("uninstall", "apply") if package.uninstall.enabled else ("apply",)
-        return PackageWork(name, (*main, *config_stage), merge([package.interrupt, *on_config]), changed,
-                           previous_version=installed.version)
+            main = ("apply",)
+        return PackageWork(name, (*main, *config_stage), merge(asked), changed, previous_version=installed.version)
     if installed.spec_hash != spec_hash(package):
         return PackageWork(name, ("apply", *config_stage), merge([package.interrupt, *on_config]), changed)
     if changed:

@@ -53,7 +53,7 @@ def test_the_worked_example_passes_package_test_with_its_reboot_and_upgrade(
     assert code == 0, out
     assert "[upgrade/reserve] upgrading hugepages from 1.0.0 to 1.1.0" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("PASS  ")] == [
-        "apply", "interrupt", "post-interrupt", "upgrade", "uninstall"]
+        "apply", "interrupt", "post-interrupt", "upgrade", "uninstall", "interrupt", "post-uninstall"]
     assert (root / "proc/sys/vm/nr_hugepages").read_text() == "0\n"
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gate.agent.host import STATE_BASE
 from gate.agent.package import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
@@ -140,6 +142,15 @@ def test_grub_cmdline_reaches_proc_cmdline_only_through_the_reboot(
     assert agent.run("post-interrupt", pkg, package="grub-cmdline").code == 0
     assert agent.run("uninstall", pkg, package="grub-cmdline").code == 0
     assert "iommu" not in (agent.root / "boot/grub/grub.cfg").read_text()
+    # The check after the uninstall's reboot: the running kernel must have booted without them.
+    still_booted = agent.run("post-uninstall", pkg, package="grub-cmdline")
+    assert still_booted.code == 1
+    assert "intel_iommu=on is present in /proc/cmdline, want absent" in str(still_booted.summary["message"])
+    assert agent.interrupt("reboot", "--reboot-wait", "0").code == 0
+    assert agent.run("post-uninstall", pkg, package="grub-cmdline").code == 0
+    state_dirs = [agent.root / str(STATE_BASE).lstrip("/") / gate / "grub-cmdline"
+                  for gate in os.listdir(agent.root / str(STATE_BASE).lstrip("/"))]
+    assert state_dirs and not any((d / "package").exists() for d in state_dirs), "the check left its payload"
 
 
 def test_chrony_conf_drops_the_config_files_and_follows_config_changes(agent: Agent, tmp_path: Path) -> None:

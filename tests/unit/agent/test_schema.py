@@ -34,7 +34,7 @@ def test_the_schema_names_itself_and_refuses_unknown_fields() -> None:
     assert schema["$defs"]["Step"]["oneOf"] == [{"required": ["script"]}, {"required": ["command"]}]
     assert set(schema["$defs"]["Stages"]["properties"]) == {
         "apply", "apply-check", "config", "config-check", "upgrade", "upgrade-check", "uninstall",
-        "uninstall-check", "post-interrupt-check",
+        "uninstall-check", "post-interrupt-check", "post-uninstall-check",
     }
 
 

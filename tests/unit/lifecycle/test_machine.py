@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -48,23 +49,30 @@ REBOOT = {"interrupt": Interrupt(type="reboot"), "interrupted": ["k"]}
 
 def ctx(g: NodeGate, state: NodeGateState, *, jobs: dict[str, JobView] | None = None,
         pods: list[PodView] | None = None, n: NodeView | None = None, now: datetime = NOW,
-        readiness_clear: bool = True) -> NodeContext:
+        readiness_clear: bool = True, release: bool = True) -> NodeContext:
     return NodeContext(gate=g, node=n or node(), state=state, jobs=jobs or {}, pods=pods, now=now,
-                       readiness_clear=readiness_clear, timing=Timing(image_pull_grace=60, pending_timeout=300))
+                       readiness_clear=readiness_clear, timing=Timing(image_pull_grace=60, pending_timeout=300),
+                       release=release)
 
 
 def run_until_quiet(g: NodeGate, state: NodeGateState, *, n: NodeView | None = None,
-                    outcome: str = "succeeded", max_steps: int = 50,
-                    settled: bool = True) -> tuple[NodeGateState, list[str], NodeView]:
+                    outcome: str = "succeeded", max_steps: int = 50, settled: bool = True,
+                    decider: Callable[[NodeContext], Decision] = decide,
+                    timeline: list[str] | None = None,
+                    release: bool = True) -> tuple[NodeGateState, list[str], NodeView]:
     """Drive the machine like the executor would, with every Job ending in `outcome` (seen before the
-    Job controller records it when not `settled`). Fails if the node is let go under a Job not ended."""
+    Job controller records it when not `settled`). Fails if the node is let go under a Job not ended.
+    A removal (`decider=decide_removal`) is run with `release=False` to see the node complete."""
     jobs: dict[str, JobView] = {}
     created: list[str] = []
     view = n or node()
     for _ in range(max_steps):
-        d = decide(ctx(g, state, jobs=jobs, pods=[], n=view))
+        d = decider(ctx(g, state, jobs=jobs, pods=[], n=view, release=release))
         if d.state is not None:
             state = d.state
+        if timeline is not None:
+            timeline += [e.reason for e in d.events if e.target == "node"]
+            timeline += [f"{r.package or '-'}:{r.stage}" for r in d.create_jobs]
         if d.node.unschedulable is False:
             running = sorted(name for name, job in jobs.items() if not job.settled)
             assert not running, f"uncordoned while the Jobs {running} had not ended (deleted after the write)"
@@ -414,3 +422,97 @@ def test_a_package_applied_in_a_failed_round_still_gets_its_interrupt_and_check_
     assert state.status == "complete"
     assert created == ["later:apply", "-:interrupt", "blocklist:post-interrupt", "later:post-interrupt"]
     assert state.interrupt is None and not state.interrupted
+
+
+def removing(g: NodeGate, **kw: Any) -> NodeGateState:
+    """A node the removal's planner just picked, with every package of the gate installed."""
+    installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
+    return NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=2, **kw)
+
+
+def test_a_removal_that_needs_a_reboot_cordons_drains_uninstalls_reboots_checks_then_uncordons() -> None:
+    g = gate({"grub": {**PKG, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}})
+    timeline: list[str] = []
+    state, created, view = run_until_quiet(g, removing(g), decider=decide_removal, timeline=timeline,
+                                           release=False)
+    assert state.status == "complete" and state.installed == {}
+    assert created == ["grub:uninstall", "-:interrupt", "grub:post-uninstall"]
+    assert timeline == ["Cordoned", "Drained", "grub:uninstall", "Interrupting", "-:interrupt", "Rebooted",
+                        "grub:post-uninstall", "Uncordoned", "Uninstalled"]
+    # Uncordoned as soon as its checks passed: no longer disrupted, though released only once its
+    # batch is judged (gate.lifecycle.removal), when the gate's keys go.
+    assert not view.unschedulable and keys.CORDONED_BY not in view.annotations and not state.cordoned
+    held = decide_removal(ctx(g, state, n=view, release=False))
+    assert not held.remove_state and not held.create_jobs
+    assert decide_removal(ctx(g, state, n=view)).remove_state
+
+
+def test_uninstall_interrupt_overrides_the_packages_own_interrupt() -> None:
+    quiet = gate({"k": {**PKG, "interrupt": {"type": "reboot"},
+                        "uninstall": {"enabled": True, "interrupt": {"type": "none"}}}})
+    state, created, view = run_until_quiet(quiet, removing(quiet), decider=decide_removal, release=False)
+    assert state.status == "complete" and created == ["k:uninstall"]
+    restart = gate({"k": {**PKG, "uninstall": {"enabled": True,
+                                                "interrupt": {"type": "service", "services": ["kubelet"]}}}})
+    timeline: list[str] = []
+    state, created, view = run_until_quiet(restart, removing(restart), decider=decide_removal, timeline=timeline,
+                                           release=False)
+    assert created == ["k:uninstall", "-:interrupt", "k:post-uninstall"] and state.status == "complete"
+    assert timeline[0] == "Cordoned" and not view.unschedulable
+
+
+def test_a_removal_uninstalls_what_depends_on_a_package_before_the_package() -> None:
+    g = gate({"base": {**PKG, "uninstall": {"enabled": True}},
+              "app": {**PKG, "dependsOn": {"base": ">=1.0.0"}, "uninstall": {"enabled": True}},
+              "kept": {**PKG, "dependsOn": {"base": ">=1.0.0"}}})
+    state, created, _ = run_until_quiet(g, removing(g), decider=decide_removal, release=False)
+    assert created == ["app:uninstall", "base:uninstall"]
+    assert set(state.installed) == {"kept"} and state.status == "complete"
+
+
+def test_a_failed_post_uninstall_check_fails_the_node_and_keeps_it_cordoned() -> None:
+    g = gate({"grub": {**PKG, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}})
+    state, view, jobs = removing(g), node(), {}
+    for _ in range(20):
+        d = decide_removal(ctx(g, state, jobs=jobs, pods=[], n=view))
+        state = d.state or state
+        view = _apply_node(view, d)
+        for req in d.create_jobs:
+            fails = req.stage == "post-uninstall"
+            jobs[req.name] = JobView(req.name, "failed" if fails else "succeeded", message="kernel still has it")
+            if req.stage == "interrupt":
+                view = node(**{**view.__dict__, "boot_id": "boot-2"})
+        for name in d.delete_jobs:
+            jobs.pop(name, None)
+        if state.status == "failed":
+            break
+    assert state.status == "failed" and state.failure is not None
+    assert (state.failure.reason, state.failure.package, state.failure.stage) == (
+        "PostUninstallCheckFailed", "grub", "post-uninstall")
+    assert view.unschedulable and view.annotations[keys.CORDONED_BY] == "g"
+    # A failed node is left as it is for a person: nothing retried, nothing released.
+    again = decide_removal(ctx(g, state, jobs=jobs, pods=[], n=view))
+    assert not again.create_jobs and not again.remove_state and again.node.unschedulable is None
+
+
+def test_protected_pods_hold_a_removal_before_its_uninstall() -> None:
+    g = gate({"grub": {**PKG, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}},
+             podNonInterruptLabels={"matchLabels": {"job": "training"}})
+    training = PodView("ml", "trainer", {"job": "training"}, "Running")
+    d = decide_removal(ctx(g, removing(g), pods=[training]))
+    assert d.node.unschedulable is True and not d.create_jobs
+    assert d.state is not None and d.state.phase == "wait-pods"
+    held = decide_removal(ctx(g, d.state, pods=[training], n=node(unschedulable=True,
+                                                                   annotations={keys.CORDONED_BY: "g"})))
+    assert not held.create_jobs and not held.evict and held.requeue_after is not None
+    gone = decide_removal(ctx(g, held.state or d.state, pods=[], n=node(unschedulable=True,
+                                                                          annotations={keys.CORDONED_BY: "g"})))
+    assert [r.stage for r in gone.create_jobs] == ["uninstall"]
+
+
+def test_uninstall_apply_interrupts_and_checks_with_the_post_uninstall_check() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True, "apply": True}}})
+    installed = {"k": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["k"]))}
+    state, created, view = run_until_quiet(g, started(g, installed=installed))
+    assert created == ["k:uninstall", "-:interrupt", "k:post-uninstall"]
+    assert state.status == "complete" and "k" not in state.installed and not view.unschedulable
