@@ -16,7 +16,8 @@ Definitions (G a gate, N a node, "disrupted" and "running" below):
 1. `over-ceiling`: whenever a node *becomes* disrupted by G in compartment C, the nodes disrupted by G
    in C number at most C's ceiling: `budget.ceiling(matched)`, matched being the nodes G selects in C
    (not labelled ignore) plus those it still disrupts there. Lowering a budget below what is already
-   disrupted is not a violation by itself; starting another node while above it is.
+   disrupted is not a violation by itself; starting another node while above it is. The removal of a
+   deleted G is judged the same way, its matched nodes being those that hold G's state.
 2. `uncordoned-during-stage`: when N goes from unschedulable to schedulable while it carried
    `cordoned-by: G`, no stage Job of G on N (package stage, interrupt or post-interrupt check) is
    running.
@@ -313,6 +314,10 @@ class GateFacts:
         return not self.gate.metadata.deletion_timestamp
 
     def selects(self, node: NodeFacts) -> bool:
+        if not self.active:
+            # Being deleted: the removal's nodes are those holding the gate's state, opted out or not,
+            # whatever the selector says (gate.lifecycle.removal).
+            return self.name in node.states
         return node.labels.get(keys.IGNORE_LABEL) != "true" and self.gate.spec.node_selector.matches(dict(node.labels))
 
 
@@ -472,7 +477,7 @@ class InvariantChecker:
         self.gates[name] = GateFacts(gate, specs, {s.name: s for s in specs or ()})
         self._drop_members(name)
         facts = self.gates[name]
-        if not facts.active or specs is None:
+        if specs is None:
             return
         touched = set()
         for node in self.nodes.values():
@@ -505,7 +510,7 @@ class InvariantChecker:
         """Recount the node in every gate; returns (gate, compartment, node) where it became disrupted."""
         started = []
         for gate in self.gates.values():
-            if not gate.active or gate.specs is None:
+            if gate.specs is None:
                 continue
             members = self._members[gate.name]
             old = members.get(name)

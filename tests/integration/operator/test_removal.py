@@ -1,5 +1,6 @@
 """Removing a gate is a rollout too: the uninstalls of a deleted gate run in batches under its budget,
-and a failed uninstall stops its compartment until a person resumes it."""
+each node cordoned, drained, interrupted and checked as its uninstall needs, and a failed uninstall
+stops its compartment until a person resumes it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gate.devcluster.stages import failing_stage
 from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
+from gate.testing.watcher import InvariantWatcher
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
 
 AGENT = {"version": "1.0.0", "image": "registry.example.com/agent", "retries": 0, "uninstall": {"enabled": True}}
@@ -105,3 +107,40 @@ async def test_a_node_left_cordoned_by_a_failure_does_not_hold_a_budget_of_one_f
     for node in (good, failed):
         assert await _clean(scenario, node)
         assert not (await scenario.node(node))["spec"].get("unschedulable")
+
+
+async def test_a_removal_that_needs_a_reboot_cordons_drains_reboots_and_checks_each_node_in_turn(
+        scenario: Scenario, job_log: JobLog) -> None:
+    nodes = await scenario.add_nodes(3)
+    # Installed with no interrupt; its uninstall needs a reboot (`uninstall.interrupt`).
+    uninstall = {"enabled": True, "interrupt": {"type": "reboot"}}
+    await scenario.apply_gate({"agent": {**AGENT, "uninstall": uninstall}}, interruptionBudget={"count": 1})
+    await scenario.wait_ready(timeout=120)
+    booted = {n: (await scenario.node(n))["status"]["nodeInfo"]["bootID"] for n in nodes}
+    installed = {r.name for r in job_log.of(scenario.name)}
+    watcher = InvariantWatcher(scenario.kube)
+    await watcher.start()
+    try:
+        await scenario.kube.delete(NODEGATES, scenario.name)
+        await wait_for(lambda: _gone(scenario), timeout=240, what="the gate released")
+    finally:
+        report = await watcher.stop()
+    # The budget of one held on the removal's reboots, and no node was uncordoned under a stage.
+    assert not report.violations, report.summary()
+    assert report.coverage.disruptions_judged >= len(nodes) and report.coverage.interrupts_judged >= len(nodes)
+    removal = sorted((r for r in job_log.of(scenario.name) if r.name not in installed),
+                     key=lambda r: r.resource_version)
+    for node in nodes:
+        # Uninstall, then the reboot (the node came back with a new boot ID), then the check after it.
+        assert [(r.stage, r.interrupt) for r in removal if r.node == node] == [
+            ("uninstall", None), ("interrupt", "reboot"), ("post-uninstall", None)], removal
+        assert [r.args[r.args.index("--stage") + 1] for r in removal if r.node == node and r.package] == [
+            "uninstall", "post-uninstall"]
+        assert (await scenario.node(node))["status"]["nodeInfo"]["bootID"] != booted[node]
+        assert await _clean(scenario, node)
+        assert not (await scenario.node(node))["spec"].get("unschedulable")
+    # One node at a time: each node's removal started only after the one before had ended.
+    by_node = [[r for r in removal if r.node == n] for n in sorted(nodes, key=lambda n: min(
+        r.resource_version for r in removal if r.node == n))]
+    for before, after in itertools.pairwise(by_node):
+        assert before[-1].finished_rv is not None and after[0].resource_version > before[-1].finished_rv
