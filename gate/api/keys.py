@@ -79,6 +79,9 @@ def gate_of_state_annotation(key: str) -> str | None:
 # The operator owns node state and gate status; requests keep it the only writer of both.
 RESUME_ANNOTATION: Final = f"{GROUP}/resume"
 """On a NodeGate: clear stopped compartments. Value: compartment names, comma-separated, or "*"."""
+RESTART_ANNOTATION: Final = f"{GROUP}/restart"
+"""On a NodeGate: start its rollout afresh, as a spec change does: stopped compartments resume and
+batches start small again (`nodegate reset GATE`). Value: when it was asked (informational)."""
 
 
 def reset_annotation(gate: str) -> str:

@@ -223,6 +223,9 @@ def _node_keys() -> list[str]:
         (f"`{keys.RESUME_ANNOTATION}`", "annotation", "NodeGate",
          "Clear stopped compartments: their names, comma-separated, or `*`. Set by `nodegate resume`; the "
          "operator removes it."),
+        (f"`{keys.RESTART_ANNOTATION}`", "annotation", "NodeGate",
+         "Start the rollout afresh, as a spec change does: stopped compartments resume, batches start small "
+         "again. Set by `nodegate reset`; the operator removes it."),
         (f"`{keys.FINALIZER}`", "finalizer", "NodeGate",
          "Held until every node is cleaned up (uninstall where enabled, uncordon, keys removed)."),
         (f"`{keys.JOB_GATE_LABEL}`, `{keys.JOB_NODE_LABEL}`, `{keys.JOB_PACKAGE_LABEL}`, `{keys.JOB_STAGE_LABEL}`, "

@@ -3,9 +3,10 @@
 It asks the operator through the requests it already honours, so the operator stays the only
 writer of node state and gate status: the annotation `nodegate.io/reset.<gate>` on every node that
 carries the gate's state (the operator forgets what the gate installed there and runs it again,
-once a round running there ends), and `nodegate.io/resume` on the gate when a compartment is
-stopped. The nodes go back in line, so the new round follows the gate's rollout order, budgets,
-strategies and windows like the first one did.
+once a round running there ends), and `nodegate.io/restart` on the gate (its rollout starts afresh,
+as after a spec change: stopped compartments resume and batches start small again). The nodes go
+back in line, so the new round follows the gate's rollout order, budgets, strategies and windows
+like the first one did.
 
 What it will do is said first. It changes every node of the gate, so it asks before it does, unless
 `--yes`; without a terminal to ask on it needs `--yes` (or `--dry-run`, which only shows).
@@ -63,8 +64,9 @@ async def _reset(args: argparse.Namespace) -> int:
                 "in the gate's rollout order, under its budgets and windows."]
         if busy:
             plan.append(f"{len(busy)} in progress now ({_names(busy)}) finish their round first.")
-        if stopped:
-            plan.append(f"Stopped compartment{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} resume.")
+        plan.append("Batches start small again" + (
+            f", and stopped compartment{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} resume." if stopped
+            else "."))
         print(" ".join(plan))
         if ask:
             answer = input(f"Reset NodeGate {g}? [y/N] ").strip().lower()
@@ -74,12 +76,10 @@ async def _reset(args: argparse.Namespace) -> int:
         stamp = now_stamp()
         await patch_nodes(client, {n: {"metadata": {"annotations": {keys.reset_annotation(g): stamp}}} for n in ran},
                           dry_run=args.dry_run)
-        if stopped:
-            await client.patch(NODEGATES, g, {"metadata": {"annotations": {keys.RESUME_ANNOTATION: "*"}}},
-                               dry_run=args.dry_run)
+        await client.patch(NODEGATES, g, {"metadata": {"annotations": {keys.RESTART_ANNOTATION: stamp}}},
+                           dry_run=args.dry_run)
     what = [f"annotation {keys.reset_annotation(g)} on {len(ran)} node{'s' if len(ran) != 1 else ''}"] if ran else []
-    if stopped:
-        what.append(f"annotation {keys.RESUME_ANNOTATION}=* on the gate")
+    what.append(f"annotation {keys.RESTART_ANNOTATION} on the gate")
     changed(f"NodeGate {g}: requested the reset ({' and '.join(what)}).", args.dry_run)
     return 0
 

@@ -395,8 +395,8 @@ class Operator:
         await self._write_node_updates(gate, gplan.updates)
         await self._sync_failure_conditions(name)
         await self._write_status(obj, gplan.status.to_wire())
-        if gplan.resumed:
-            annotations = {keys.RESUME_ANNOTATION: None}
+        if gplan.requests_done:
+            annotations: dict[str, str | None] = dict.fromkeys(gplan.requests_done)
             self.gates.observe(await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}}))
         for event in gplan.events:
             await self.recorder.emit(obj, event.type, event.reason, event.message)

@@ -44,6 +44,13 @@ class GatePlan:
     events: list[EventRequest]
     rollout: Plan | None
     resumed: bool = False  # a resume request was acted on: the operator removes the annotation
+    restarted: bool = False  # likewise a restart request (`nodegate reset GATE`)
+
+    @property
+    def requests_done(self) -> list[str]:
+        """The gate's request annotations acted on in this plan, for the operator to remove."""
+        return [key for key, done in ((keys.RESUME_ANNOTATION, self.resumed),
+                                      (keys.RESTART_ANNOTATION, self.restarted)) if done]
 
 
 def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
@@ -157,7 +164,12 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
-    gate_for_plan = fresh_rollout(gate) if _spec_changed(gate, spec_hash) else gate
+    restarted = keys.RESTART_ANNOTATION in gate.metadata.annotations
+    fresh = (_spec_changed(gate, spec_hash) or restarted) and gate.status is not None
+    gate_for_plan = fresh_rollout(gate) if fresh else gate
+    if restarted:
+        events.append(EventRequest("gate", "Normal", "Restarted", "A person reset the gate: its rollout starts "
+                                   "afresh (stopped compartments resume, batches start small again)"))
     if resumed:
         gate_for_plan = resumed_gate(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
         events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the rollout"))
@@ -199,7 +211,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             else:
                 counts.waiting += 1
     return GatePlan(updates, gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
-                    rollout, resumed=resumed)
+                    rollout, resumed=resumed, restarted=restarted)
 
 
 def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,

@@ -8,7 +8,7 @@ import json
 from gate import __version__
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
-from gate.kube.client import KWOK_STAGES, POLICIES
+from gate.kube.client import EVENTS, KWOK_STAGES, POLICIES
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
 from tests.integration.operator.conftest import JobLog, Scenario, wait_for
@@ -113,10 +113,11 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
         dry = (await cli.ok("reset", g, "--dry-run")).lines
         assert dry[0] == (f"NodeGate {g}: reset 2 nodes ({', '.join(sorted(nodes))}): the operator forgets what {g} "
                           "installed on each and runs it there again from scratch, in the gate's rollout order, "
-                          "under its budgets and windows. Stopped compartment main resume.")
+                          "under its budgets and windows. Batches start small again, and stopped compartment main "
+                          "resume.")
         assert dry[1].endswith("(server dry run: nothing was changed)")
         assert await _reset_requested(scenario, nodes) == []
-        assert keys.RESUME_ANNOTATION not in (await scenario.gate())["metadata"].get("annotations", {})
+        assert keys.RESTART_ANNOTATION not in (await scenario.gate())["metadata"].get("annotations", {})
         assert await stopped()
 
         before = {n: _applies(job_log, g, n) for n in nodes}
@@ -124,7 +125,7 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
             await scenario.kube.delete(KWOK_STAGES, stage)
         done = (await cli.ok("reset", g, "--yes")).lines
         assert done[-1] == (f"NodeGate {g}: requested the reset (annotation {keys.reset_annotation(g)} on 2 nodes "
-                            f"and annotation {keys.RESUME_ANNOTATION}=* on the gate).")
+                            f"and annotation {keys.RESTART_ANNOTATION} on the gate).")
 
         async def ran_again() -> bool:
             return all(_applies(job_log, g, n) == before[n] + 1 for n in nodes)
@@ -133,6 +134,10 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
         await scenario.wait_ready()
         assert not await stopped()
         assert await _reset_requested(scenario, nodes) == []
+        # The operator acted on the restart request once and took it away, saying so in an Event.
+        assert keys.RESTART_ANNOTATION not in (await scenario.gate())["metadata"].get("annotations", {})
+        events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={g}")
+        assert "Restarted" in [e.get("reason") for e in events]
     finally:
         await scenario.cleanup()
         await scenario.kube.delete(POLICIES, policy)

@@ -7,6 +7,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
+from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
 from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
@@ -278,3 +279,25 @@ def test_a_node_leaving_the_selector_while_waiting_loses_the_gate_label() -> Non
     assert plan.updates["n1"].remove_state and "n2" not in plan.updates
     assert plan.status.nodes.matched == 0
 
+
+
+def test_a_restart_request_starts_the_rollout_afresh_with_small_batches_and_is_acted_on_once() -> None:
+    policy = DeploymentPolicy.model_validate({"metadata": {"name": "p"}, "spec": {"default": {
+        "budget": {"count": 10}, "strategy": {"exponential": {"initialBatch": 1, "growthFactor": 2}}}}})
+    g = gate({"k": PKG}, deploymentPolicy="p")
+    raw = g.to_wire()
+    # Batches had grown to 4 when a person reset the gate: every node waits to run it again.
+    raw["status"] = {"observedGeneration": g.metadata.generation, "rolloutHash": rollout_hash(g),
+                     "compartments": [{"name": "__default__", "state": "rolling", "batch": 3, "batchSize": 4,
+                                       "matched": 10}]}
+    grown = NodeGate.model_validate(raw)
+    fleet = [fleet_node(f"n{i}") for i in range(10)]
+    carried_on = plan_gate(grown, policy, fleet, gates=[grown], now=NOW)
+    raw["metadata"]["annotations"] = {keys.RESTART_ANNOTATION: "2026-12-01T00:00:00Z"}
+    restarted_gate = NodeGate.model_validate(raw)
+    restarted = plan_gate(restarted_gate, policy, fleet, gates=[restarted_gate], now=NOW)
+    assert len(restarted.active) < len(carried_on.active)
+    [comp] = restarted.status.compartments
+    assert comp.batch_size == len(restarted.active) == 1
+    assert restarted.requests_done == [keys.RESTART_ANNOTATION] and carried_on.requests_done == []
+    assert [e.reason for e in restarted.events if e.reason == "Restarted"] == ["Restarted"]
