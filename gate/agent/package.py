@@ -246,6 +246,27 @@ class Stages(PackageModel):
         return self
 
 
+class ExplainEntry(PackageModel):
+    """How `nodegate package explain` asks the package what it would do, without a node."""
+
+    script: str = Field(
+        max_length=1024,
+        description=(
+            "Executable file in the package, run on the machine of whoever runs `nodegate package explain` with "
+            "NODEGATE_EXPLAIN_CONFIG (the config as a JSON object) and, with --os, NODEGATE_EXPLAIN_OS_RELEASE "
+            "(an os-release text). It prints one JSON object: title, columns, rows (lists of strings), notes."
+        ),
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=64, description="Arguments of the script."
+    )
+
+    @field_validator("script")
+    @classmethod
+    def _script_inside_package(cls, value: str) -> str:
+        return _check_relative(value, "explain.script")
+
+
 class PackageManifest(PackageModel):
     """package.yaml: what a NodeGate package is and what each of its stages runs."""
 
@@ -275,6 +296,11 @@ class PackageManifest(PackageModel):
         ),
     )
     stages: Stages = Field(default_factory=Stages, description="Steps per stage.")
+    explain: ExplainEntry | None = Field(
+        default=None,
+        description="Optional: a script that prints what the package would do for a config, for "
+        "`nodegate package explain`.",
+    )
 
     @field_validator("root")
     @classmethod
@@ -371,23 +397,30 @@ def _is_inside(path: Path, directory: Path) -> bool:
     return path.resolve().is_relative_to(directory.resolve())
 
 
+def _executable_problems(directory: Path, script: str, where: str) -> list[str]:
+    path = directory / script
+    if not path.exists():
+        return [f"{where}: no such file in the package"]
+    if not _is_inside(path, directory):
+        return [f"{where}: resolves outside the package"]
+    if not path.is_file():
+        return [f"{where}: not a regular file"]
+    if not path.stat().st_mode & 0o111:
+        return [f"{where}: not executable (chmod +x)"]
+    if not path.read_bytes()[:2] == b"#!":
+        return [f"{where}: has no #! line, so it cannot be executed directly"]
+    return []
+
+
 def file_problems(manifest: PackageManifest, directory: Path) -> list[str]:
     """What is wrong with the files package.yaml refers to: missing, not executable, outside the package."""
     problems = []
     for list_name, step in manifest.scripts():
         assert step.script is not None
-        where = f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}"
-        path = directory / step.script
-        if not path.exists():
-            problems.append(f"{where}: no such file in the package")
-        elif not _is_inside(path, directory):
-            problems.append(f"{where}: resolves outside the package")
-        elif not path.is_file():
-            problems.append(f"{where}: not a regular file")
-        elif not path.stat().st_mode & 0o111:
-            problems.append(f"{where}: not executable (chmod +x)")
-        elif not path.read_bytes()[:2] == b"#!":
-            problems.append(f"{where}: has no #! line, so it cannot be executed directly")
+        problems += _executable_problems(
+            directory, step.script, f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}")
+    if manifest.explain is not None:
+        problems += _executable_problems(directory, manifest.explain.script, f"{MANIFEST}: explain.script")
     if manifest.root is not None:
         overlay = directory / manifest.root
         where = f"{MANIFEST}: root {manifest.root}"
