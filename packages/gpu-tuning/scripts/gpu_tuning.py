@@ -248,9 +248,10 @@ def detect_os(os_release: dict[str, str], layers: Path = LAYERS) -> str:
     for name, match in candidates.items():
         if os_id in match.get("ids", []):
             return name
-    for name, match in candidates.items():
-        if any(item in match.get("idLike", []) for item in like):
-            return name
+    for item in like:  # ID_LIKE lists the closest relative first
+        for name, match in candidates.items():
+            if item in match.get("idLike", []):
+                return name
     pretty = os_release.get("PRETTY_NAME") or os_id or "an OS without ID"
     raise ProfileError(f"the host runs {pretty} (ID={os_id or '?'}, ID_LIKE={' '.join(like) or '?'}), which "
                        f"gpu-tuning has no OS layer for; supported: {_supported_text(layers)}")
@@ -409,8 +410,9 @@ def golden_texts(layers: Path = LAYERS) -> dict[str, str]:
     return {golden_name(*combo): assemble(*combo, layers=layers).render() for combo in combinations(layers)}
 
 
-def stale_golden(golden: Path = GOLDEN, layers: Path = LAYERS) -> list[str]:
+def stale_golden(golden: Path | None = None, layers: Path = LAYERS) -> list[str]:
     """Golden files that differ from what the layers assemble now, are missing, or are left over."""
+    golden = GOLDEN if golden is None else golden
     want = golden_texts(layers)
     have = {p.name for p in golden.glob("*.txt")} if golden.is_dir() else set()
     stale = [name for name, text in want.items()
@@ -418,7 +420,8 @@ def stale_golden(golden: Path = GOLDEN, layers: Path = LAYERS) -> list[str]:
     return sorted(stale + sorted(have - set(want)))
 
 
-def write_golden(golden: Path = GOLDEN, layers: Path = LAYERS) -> int:
+def write_golden(golden: Path | None = None, layers: Path = LAYERS) -> int:
+    golden = GOLDEN if golden is None else golden
     want = golden_texts(layers)
     golden.mkdir(parents=True, exist_ok=True)
     for old in golden.glob("*.txt"):
@@ -482,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     golden = sub.add_parser("golden", help="check (or --write) the golden profiles")
     golden.add_argument("--write", action="store_true")
     golden.set_defaults(func=cmd_golden)
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("NODEGATE_STAGE") == "upgrade" and len(argv) > 2:
+        argv = argv[2:]  # upgrade steps get the previous and the new version first
     args = parser.parse_args(argv)
     try:
         result: int = args.func(args)

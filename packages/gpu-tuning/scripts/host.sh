@@ -185,7 +185,10 @@ cpu_available() {
 apply_cpu() {
     while read -r name value; do
         if ! cpu_available "$name"; then
-            say "cpu $name $value skipped: this host has no $CPU/$( [ "$name" = governor ] && echo cpufreq || echo cpuidle) (a VM or container without frequency control)"
+            case "$name" in
+                governor) say "cpu governor $value skipped: this host has no $CPU/cpufreq (no frequency scaling exposed, as in most VMs)" ;;
+                *) say "cpu $name $value skipped: this host has no $CPU/cpuidle (no idle states exposed)" ;;
+            esac
             continue
         fi
         cpu_targets "$name" "$value" | while read -r file want; do
@@ -318,6 +321,7 @@ ExecStart=$BOOT_DIR/host.sh reapply
 WantedBy=multi-user.target
 EOF
 )
+    mkdir -p "$(dirname "$BOOT_UNIT")"
     if [ "$(cat "$BOOT_UNIT" 2>/dev/null)" != "$new" ]; then
         printf '%s\n' "$new" | write "$BOOT_UNIT"
         systemctl daemon-reload
@@ -423,6 +427,11 @@ cmd_check_removed() {
     return $status
 }
 
+# Upgrade steps get the previous and the new version first.
+if [ "${NODEGATE_STAGE:-}" = upgrade ] && [ $# -gt 2 ]; then
+    say "upgrading from $1 to $2"
+    shift 2
+fi
 case "${1:-}" in
     apply) cmd_apply ;;
     check) cmd_check "${2:-live}" ;;
