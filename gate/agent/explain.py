@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gate.agent.config import effective_config
 from gate.agent.errors import PackageError
 from gate.agent.package import load_package
 
@@ -65,16 +66,20 @@ def parse_explanation(stdout: str, source: str) -> Explanation:
                        rows=[[str(cell) for cell in row] for row in rows], notes=notes)
 
 
-def explain_package(directory: Path, config: Mapping[str, str], os_release: str | None = None,
+def explain_package(directory: Path, config: Mapping[str, bytes], os_release: str | None = None,
                     environ: Mapping[str, str] | None = None) -> Explanation:
-    """Run the package's explain entry point; PackageError when the package has none or it misbehaves,
-    ExplainRefused when it refuses the config."""
+    """Run the package's explain entry point with the effective config (held against the package's
+    declared keys, defaults filled in, as the agent would); PackageError when the package has no
+    entry point, the config breaks its declarations or the script misbehaves, ExplainRefused when
+    the script refuses the config."""
     package = load_package(directory)
     entry = package.manifest.explain
     if entry is None:
         raise PackageError(f"{directory}: package.yaml declares no explain entry point (explain: script: ...)")
+    effective = effective_config(package.manifest, config)
     env = dict(os.environ if environ is None else environ)
-    env["NODEGATE_EXPLAIN_CONFIG"] = json.dumps(dict(config), sort_keys=True)
+    env["NODEGATE_EXPLAIN_CONFIG"] = json.dumps(
+        {name: data.decode(errors="replace") for name, data in effective.items()}, sort_keys=True)
     env.pop("NODEGATE_EXPLAIN_OS_RELEASE", None)
     if os_release is not None:
         env["NODEGATE_EXPLAIN_OS_RELEASE"] = os_release

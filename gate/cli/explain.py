@@ -17,15 +17,16 @@ if TYPE_CHECKING:
     from gate.agent.explain import Explanation
 
 
-def parse_config(values: list[str]) -> dict[str, str]:
-    """`--config a=1,b=2 --config c=3` as a dict; CliError names a malformed item."""
-    out: dict[str, str] = {}
+def parse_config(values: list[str]) -> dict[str, bytes]:
+    """`--config a=1,b=2 --config c=3` as config; CliError names a malformed item."""
+    from gate.agent.config import parse_assignments
+
+    out: dict[str, bytes] = {}
     for value in values:
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            key, sep, val = item.partition("=")
-            if not sep or not key.strip():
-                raise CliError(f"--config wants key=value[,key=value...], got {item!r}")
-            out[key.strip()] = val.strip()
+        try:
+            out.update(parse_assignments(value))
+        except ValueError as exc:
+            raise CliError(f"--config wants key=value[,key=value...]: {exc}") from None
     return out
 
 
@@ -66,7 +67,7 @@ def cmd_package_explain(args: argparse.Namespace) -> int:
 
     config = parse_config(args.config)
     if args.cloud:
-        config["cloud"] = args.cloud
+        config["cloud"] = args.cloud.encode()
     try:
         explanation = explain_package(Path(args.directory), config,
                                       os_release_text(args.os) if args.os else None)

@@ -259,3 +259,14 @@ def test_every_shipped_layer_loads_and_names_real_sources() -> None:
         assert layer.summary, name
         for source in layer.sources.values():
             assert source.url.startswith("https://") or name == "accelerator/any", (name, source)
+
+
+def test_the_config_keys_package_yaml_declares_are_the_layers_there_are() -> None:
+    from gate.agent.package import load_package
+
+    keys = load_package(PACKAGE).manifest.config
+    assert keys is not None
+    assert sorted(keys.keys["accelerator"].enum or []) == gt.choices("accelerator")
+    assert sorted(keys.keys["intent"].enum or []) == gt.choices("intent")
+    assert sorted(keys.keys["cloud"].enum or []) == gt.choices("cloud")
+    assert keys.keys["intent"].required and keys.keys["accelerator"].default == "any"
