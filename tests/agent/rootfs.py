@@ -66,11 +66,11 @@ case "$1" in
     enable|disable)
         verb=$1
         shift
-        [ "$1" = --now ] && shift
+        if [ "$1" = --now ]; then shift; fi
         for unit in "$@"; do
             grep -vxF "$unit" "$state/enabled" > "$state/enabled.new" 2>/dev/null || true
             mv "$state/enabled.new" "$state/enabled"
-            [ "$verb" = enable ] && echo "$unit" >> "$state/enabled"
+            if [ "$verb" = enable ]; then echo "$unit" >> "$state/enabled"; fi
         done ;;
     is-enabled)
         if grep -qxF "$2" "$state/enabled" 2>/dev/null; then echo enabled; else echo disabled; exit 1; fi ;;

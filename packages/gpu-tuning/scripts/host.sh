@@ -370,17 +370,20 @@ cmd_apply() {
 }
 
 cmd_check() {
+    # Every check function sets the global `status` (POSIX sh has no locals): collect into `failed`.
     need_profile
-    status=0
-    check_sysctls || status=1
-    check_args config || status=1
-    [ "$1" != boot ] || check_args cmdline || status=1
-    check_cpu || status=1
-    check_services || status=1
-    check_limits "$1" || status=1
-    check_boot_unit || status=1
-    [ $status = 0 ] && say "profile is live ($(grep -c . "$PROFILE/sysctl.conf" || true) sysctls, $(grep -c . "$PROFILE/kernel-args" || true) kernel arguments checked)"
-    return $status
+    failed=0
+    check_sysctls || failed=1
+    check_args config || failed=1
+    if [ "$1" = boot ]; then check_args cmdline || failed=1; fi
+    check_cpu || failed=1
+    check_services || failed=1
+    check_limits "$1" || failed=1
+    check_boot_unit || failed=1
+    [ $failed = 0 ] || return 1
+    where="in the boot configuration"
+    [ "$1" != boot ] || where="in /proc/cmdline"
+    say "profile is live: $(grep -c . "$PROFILE/sysctl.conf" || true) sysctls, $(grep -c . "$PROFILE/kernel-args" || true) kernel arguments $where, CPU, services and limits checked"
 }
 
 cmd_uninstall() {
