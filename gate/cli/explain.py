@@ -35,7 +35,7 @@ def render_plain(explanation: Explanation) -> str:
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     lines = [explanation.title, ""] if explanation.title else []
     for cells in [columns, ["-" * w for w in widths], *rows]:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip())
     if explanation.notes:
         lines += ["", "notes:", *(f"  {note}" for note in explanation.notes)]
     return "\n".join(lines) + "\n"

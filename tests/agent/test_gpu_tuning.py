@@ -94,7 +94,8 @@ def test_multi_node_training_on_debian_applies_everything_proves_it_after_the_re
     assert sysctl(agent.root, "net.core.rmem_max") == "536870912"
     assert sysctl(agent.root, "net.ipv4.tcp_rmem") == "4096 87380 268435456"
     assert sysctl(agent.root, "vm.swappiness") == "10"
-    assert "net.ipv4.tcp_congestion_control = bbr" in (agent.root / "etc/sysctl.d/90-nodegate-gpu-tuning.conf").read_text()
+    conf = (agent.root / "etc/sysctl.d/90-nodegate-gpu-tuning.conf").read_text()
+    assert "net.ipv4.tcp_congestion_control = bbr" in conf
     # kernel arguments: a GRUB drop-in and update-grub; not live before the reboot
     grub_cfg = (agent.root / "boot/grub/grub.cfg").read_text()
     assert "iommu=pt pci=realloc=off pci=disable_acs_redir=pci:0:0" in grub_cfg
@@ -137,7 +138,8 @@ def test_a_drifted_value_fails_the_check_naming_it(agent: Agent, tmp_path: Path)
     host(agent.root)
     config = configmap(tmp_path / "cm", {"accelerator": "h100", "intent": "inference"})
     assert agent.run("apply", PKG, package="gpu-tuning", config_dir=config).code == 0
-    assert cpu(agent.root, "cpu0/cpuidle/state2/disable") == "1" and cpu(agent.root, "cpu0/cpuidle/state1/disable") == "0"
+    assert cpu(agent.root, "cpu0/cpuidle/state2/disable") == "1"
+    assert cpu(agent.root, "cpu0/cpuidle/state1/disable") == "0"
     (agent.root / "proc/sys/vm/swappiness").write_text("60\n")
     (agent.root / "sys/devices/system/cpu/cpu1/cpuidle/state3/disable").write_text("0\n")
     run = agent.run("config", PKG, package="gpu-tuning", config_dir=config, generation=2)

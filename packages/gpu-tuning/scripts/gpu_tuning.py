@@ -134,7 +134,7 @@ def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns[:-1])]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths)) + "  " + cells[-1]
+        return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=True)) + "  " + cells[-1]
 
     return [line(columns), line(["-" * w for w in widths] + ["-" * len(columns[-1])])] + [line(r) for r in rows]
 
@@ -185,7 +185,8 @@ def load_layer(name: str, layers: Path = LAYERS) -> Layer:
         if source is None and len(sources) > 1:
             raise ProfileError(f"layer {name}: setting {sid!r} must name one of its sources: {', '.join(sources)}")
         if source is not None and source not in sources:
-            raise ProfileError(f"layer {name}: setting {sid!r} names source {source!r}, not one of {', '.join(sources)}")
+            raise ProfileError(f"layer {name}: setting {sid!r} names source {source!r}, "
+                               f"not one of {', '.join(sources)}")
     return Layer(name=name, summary=data.get("summary", ""), sources=sources, settings=settings,
                  notes=list(data.get("notes", [])), include=data.get("include"),
                  platform=data.get("platform", {}), match=data.get("match", {}))
