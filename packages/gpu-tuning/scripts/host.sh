@@ -67,7 +67,12 @@ apply_sysctls() {
         value=${line#* = }
         [ -e "$(sysctl_path "$key")" ] || fail "sysctl $key does not exist in this kernel (exclude it with config exclude=sysctl/$key)"
         remember sysctl "$key" "$(norm "$(sysctl -n "$key")")"
-        sysctl -w "$key=$value" > /dev/null || fail "sysctl $key: the kernel refused $value"
+        # procps' sysctl -w reports a refused write (EINVAL: out of the kernel's bounds, such as a
+        # network namespace's buffer limit above the host's) but may still exit 0: read it back.
+        refused=$(sysctl -w "$key=$value" 2>&1 > /dev/null || true)
+        have=$(norm "$(sysctl -n "$key")")
+        [ "$have" = "$(norm "$value")" ] ||
+            fail "sysctl $key: the kernel refused $value and kept $have${refused:+ ($refused)}; exclude it with config exclude=sysctl/$key"
         say "sysctl $key = $value"
     done < "$PROFILE/sysctl.conf"
     { echo "# Managed by NodeGate (gpu-tuning); removed when the package is uninstalled."; cat "$PROFILE/sysctl.conf"; } |
