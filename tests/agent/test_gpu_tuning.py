@@ -225,3 +225,38 @@ def test_a_config_key_gpu_tuning_does_not_declare_is_refused_before_any_step(age
     assert run.code == 2
     assert "config key 'profile' is not declared by package gpu-tuning" in str(run.summary["message"])
     assert sysctl(agent.root, "vm.swappiness") == "60"
+
+
+FAKE_GRUBBY = r"""#!/bin/sh
+# FAKE grubby for this test: one default entry whose arguments live in /etc/fake-grubby-args.
+echo "grubby $*" >> /var/log/fake-calls.log
+args=$(cat /etc/fake-grubby-args)
+for opt in "$@"; do
+    case "$opt" in
+        --info=DEFAULT) echo "index=0"; echo "kernel=\"/boot/vmlinuz-6.1.0-fake\""; echo "args=\"$args\"" ;;
+        --args=*) for a in ${opt#--args=}; do case " $args " in *" $a "*) ;; *) args="$args $a" ;; esac; done ;;
+        --remove-args=*) for a in ${opt#--remove-args=}; do args=$(echo " $args " | sed "s| $a | |; s|^ ||; s| $||"); done ;;
+    esac
+done
+echo "$args" > /etc/fake-grubby-args
+"""
+RHEL = 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.3"\n'
+
+
+def test_the_rhel_family_puts_kernel_arguments_in_with_grubby_and_removes_only_its_own(
+        agent: Agent, tmp_path: Path) -> None:
+    host(agent.root, RHEL)
+    grubby = agent.root / "usr/sbin/grubby"
+    grubby.write_text(FAKE_GRUBBY)
+    grubby.chmod(0o755)
+    (agent.root / "etc/fake-grubby-args").write_text("ro quiet iommu=pt\n")  # iommu=pt was there before
+    config = configmap(tmp_path / "cm", {"accelerator": "h100", "intent": "performance"})
+    run = agent.run("apply", PKG, package="gpu-tuning", config_dir=config)
+    assert run.code == 0, run.summary
+    assert "grubby --update-kernel=ALL --args=iommu=pt pci=realloc=off pci=disable_acs_redir=pci:0:0" \
+        in fake_calls(agent.root)
+    assert (agent.root / "etc/fake-grubby-args").read_text().split() == [
+        "ro", "quiet", "iommu=pt", "pci=realloc=off", "pci=disable_acs_redir=pci:0:0"]
+    assert not (agent.root / "etc/default/grub.d/90-nodegate-gpu-tuning.cfg").exists()
+    assert agent.run("uninstall", PKG, package="gpu-tuning", config_dir=config).code == 0
+    assert (agent.root / "etc/fake-grubby-args").read_text().split() == ["ro", "quiet", "iommu=pt"]

@@ -431,6 +431,12 @@ cmd_check_removed() {
             case "$line" in *" $arg "*) echo "kernel argument $arg is still in $GRUB_CFG"; status=1 ;; esac
         done < "$ORIG/kernel-args"
     fi
+    if [ -s "$ORIG/kernel-args.added" ]; then
+        line=" $(grubby_args) "
+        while read -r arg; do
+            case "$line" in *" $arg "*) echo "kernel argument $arg is still in grubby's default entry"; status=1 ;; esac
+        done < "$ORIG/kernel-args.added"
+    fi
     [ $status = 0 ] && say "every original is back"
     return $status
 }
