@@ -235,7 +235,8 @@ for opt in "$@"; do
     case "$opt" in
         --info=DEFAULT) echo "index=0"; echo "kernel=\"/boot/vmlinuz-6.1.0-fake\""; echo "args=\"$args\"" ;;
         --args=*) for a in ${opt#--args=}; do case " $args " in *" $a "*) ;; *) args="$args $a" ;; esac; done ;;
-        --remove-args=*) for a in ${opt#--remove-args=}; do args=$(echo " $args " | sed "s| $a | |; s|^ ||; s| $||"); done ;;
+        --remove-args=*)
+            for a in ${opt#--remove-args=}; do args=$(echo " $args " | sed "s| $a | |; s|^ ||; s| $||"); done ;;
     esac
 done
 echo "$args" > /etc/fake-grubby-args

@@ -98,7 +98,6 @@ class Profile:
     left_out: list[tuple[Setting, str]]
     notes: list[str]
     bootloader: str
-    boot_unit: bool
 
     def rows(self) -> list[list[str]]:
         """setting, value, layer, source: what the stage log, explain and the golden files show."""
@@ -333,8 +332,7 @@ def assemble(accelerator: str, intent: str, os_name: str | None, cloud: str | No
     return Profile(accelerator=accelerator, intent=intent, os=os_name, cloud=cloud,
                    layers=[layer.name for layer in chain], settings=settings,
                    left_out=sorted(left_out, key=lambda item: item[0].id), notes=notes,
-                   bootloader=platform.get("bootloader", "none" if os_name else "unknown"),
-                   boot_unit=bool(settings))
+                   bootloader=platform.get("bootloader", "none" if os_name else "unknown"))
 
 
 # --- config ----------------------------------------------------------------------------------------
