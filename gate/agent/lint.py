@@ -13,6 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import ValidationError
 
+from gate.agent.config import config_problems
 from gate.agent.package import (
     CHANGING_STAGES,
     CHECK_OF,
@@ -23,6 +24,8 @@ from gate.agent.package import (
 )
 
 Level = Literal["error", "warning"]
+SAMPLE_CONFIG = "sample-config"
+EXAMPLE_GATE = "nodegate.yaml"
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,39 @@ def lint_package(directory: Path) -> list[Finding]:
     if manifest.stages.apply and not manifest.stages.uninstall:
         findings.append(Finding("warning", f"{MANIFEST}: apply changes the host but there are no uninstall steps"))
     findings += _dockerfile_findings(directory)
+    findings += config_findings(manifest, directory)
     return findings
+
+
+def _example_configs(manifest: PackageManifest, directory: Path) -> list[tuple[str, dict[str, bytes]]]:
+    """The configs the package shows its users: sample-config/ and its entry in nodegate.yaml."""
+    out = []
+    sample = directory / SAMPLE_CONFIG
+    if sample.is_dir():
+        out.append((f"{SAMPLE_CONFIG}/", {e.name: e.read_bytes() for e in sorted(sample.iterdir()) if e.is_file()}))
+    example = directory / EXAMPLE_GATE
+    if example.is_file():
+        try:
+            documents = list(yaml.safe_load_all(example.read_text(errors="replace")))
+        except yaml.YAMLError:
+            return out  # an example that is not YAML is the docs tests' business
+        for document in documents:
+            packages = (document or {}).get("spec", {}).get("packages", {}) if isinstance(document, dict) else {}
+            entry = packages.get(manifest.name) if isinstance(packages, dict) else None
+            config = entry.get("config") if isinstance(entry, dict) else None
+            if isinstance(config, dict):
+                where = f"{EXAMPLE_GATE}: spec.packages.{manifest.name}.config"
+                out.append((where, {str(k): str(v).encode() for k, v in config.items()}))
+    return out
+
+
+def config_findings(manifest: PackageManifest, directory: Path) -> list[Finding]:
+    """The package's own example configs must pass its declarations: a user copies them."""
+    if manifest.config is None:
+        return []
+    return [Finding("error", f"{where}: {problem}")
+            for where, given in _example_configs(manifest, directory)
+            for problem in config_problems(manifest, given)]
 
 
 def has_errors(findings: list[Finding]) -> bool:

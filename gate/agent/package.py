@@ -11,7 +11,9 @@ lint`, not silently run the step in the wrong place.
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -262,6 +264,163 @@ class Stages(PackageModel):
         return self
 
 
+ConfigType = Literal["string", "int", "bool", "enum"]
+# A ConfigMap key, or a glob over them (* and ?) for families of keys such as service_<unit>.conf.
+CONFIG_KEY_PATTERN: Final = r"^[-._a-zA-Z0-9*?]{1,253}$"
+BOOL_WORDS: Final[dict[str, bool]] = {"true": True, "false": False}
+
+
+def is_glob(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
+def parse_config_value(key: ConfigKey, text: str) -> str | int | bool:
+    """A config value read as its declared type; ValueError says why it is not one."""
+    if key.type == "string":
+        if key.pattern is not None and re.fullmatch(key.pattern, text, re.DOTALL) is None:
+            raise ValueError(f"does not match the pattern {key.pattern!r}")
+        return text
+    word = text.strip()
+    if key.type == "int":
+        if re.fullmatch(r"[-+]?[0-9]+", word) is None:
+            raise ValueError(f"{word!r} is not an integer")
+        number = int(word)
+        if key.minimum is not None and number < key.minimum:
+            raise ValueError(f"{number} is below the minimum {key.minimum}")
+        if key.maximum is not None and number > key.maximum:
+            raise ValueError(f"{number} is above the maximum {key.maximum}")
+        return number
+    if key.type == "bool":
+        if word.lower() not in BOOL_WORDS:
+            raise ValueError(f"{word!r} is not true or false")
+        return BOOL_WORDS[word.lower()]
+    assert key.enum is not None, "an enum key carries its values (checked when loaded)"
+    if word not in key.enum:
+        raise ValueError(f"{word!r} is not one of {', '.join(key.enum)}")
+    return word
+
+
+DEFAULT_TYPE_OF: Final[dict[str, str]] = {"string": "str", "enum": "str", "int": "int", "bool": "bool"}
+
+
+def _value_type(value: str | int | bool) -> str:
+    # bool is a subclass of int: name it first.
+    return "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "str"
+
+
+def render_config_value(value: str | int | bool) -> str:
+    """How a typed value is written for the scripts: true/false, digits, the enum word."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class ConfigKey(PackageModel):
+    """One config key a package accepts: its type, whether it is needed, its default."""
+
+    type: ConfigType = Field(
+        default="string",
+        description=(
+            "string: the value as given (usually a file's content); int: an integer; bool: true or false; "
+            "enum: one of `enum`."
+        ),
+    )
+    description: str = Field(default="", max_length=4096, description="What the key does, for people and the catalog.")
+    required: bool = Field(default=False, description="The gate must give this key (it then has no default).")
+    default: str | int | bool | None = Field(
+        default=None,
+        description="The value used when the gate does not give the key; written to the config directory like one.",
+    )
+    enum: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        default=None, min_length=1, max_length=256, description="The allowed values of an enum key."
+    )
+    minimum: int | None = Field(default=None, description="int keys: the smallest allowed value.")
+    maximum: int | None = Field(default=None, description="int keys: the largest allowed value.")
+    pattern: str | None = Field(
+        default=None, max_length=1024,
+        description="string keys: a regular expression (Python syntax) the whole value must match.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConfigKey:
+        if (self.type == "enum") != (self.enum is not None):
+            raise ValueError("enum lists the values of an enum key, and only of one" if self.enum is not None
+                             else "a key of type enum needs its values in enum")
+        if self.type != "int" and (self.minimum is not None or self.maximum is not None):
+            raise ValueError(f"minimum and maximum are for int keys, not {self.type}")
+        if self.type != "string" and self.pattern is not None:
+            raise ValueError(f"pattern is for string keys, not {self.type}")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern is not a regular expression: {exc}") from None
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"minimum {self.minimum} is above maximum {self.maximum}")
+        if self.required and self.default is not None:
+            raise ValueError("a required key has no default (the gate must give it)")
+        if self.default is not None:
+            if _value_type(self.default) != DEFAULT_TYPE_OF[self.type]:
+                raise ValueError(f"default {self.default!r} is not of type {self.type}"
+                                 + (" (quote it)" if self.type in ("string", "enum") else ""))
+            try:
+                parse_config_value(self, render_config_value(self.default))
+            except ValueError as exc:
+                raise ValueError(f"default: {exc}") from None
+        return self
+
+    def default_text(self) -> str | None:
+        return None if self.default is None else render_config_value(self.default)
+
+
+class ConfigSpec(PackageModel):
+    """The config keys a package accepts. With a config section, the agent refuses keys it does not declare."""
+
+    keys: dict[Annotated[str, Field(pattern=CONFIG_KEY_PATTERN)], ConfigKey] = Field(
+        default_factory=dict,
+        max_length=256,
+        description=(
+            "Key name (a ConfigMap key, or a glob with * and ? for a family such as service_*.conf) -> "
+            "declaration. A glob key cannot be required or have a default."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _globs_plain(self) -> ConfigSpec:
+        for name, key in self.keys.items():
+            if is_glob(name) and (key.required or key.default is not None):
+                raise ValueError(f"keys.{name}: a glob key can be neither required nor have a default")
+        return self
+
+    def declaration(self, name: str) -> ConfigKey | None:
+        """The declaration a given key falls under: its own name first, then the first glob matching it."""
+        if name in self.keys and not is_glob(name):
+            return self.keys[name]
+        return next((key for pattern, key in self.keys.items() if is_glob(pattern)
+                     and fnmatch.fnmatchcase(name, pattern)), None)
+
+
+class ExplainEntry(PackageModel):
+    """How `nodegate package explain` asks the package what it would do, without a node."""
+
+    script: str = Field(
+        max_length=1024,
+        description=(
+            "Executable file in the package, run on the machine of whoever runs `nodegate package explain` with "
+            "NODEGATE_EXPLAIN_CONFIG (the config as a JSON object) and, with --os, NODEGATE_EXPLAIN_OS_RELEASE "
+            "(an os-release text). It prints one JSON object: title, columns, rows (lists of strings), notes."
+        ),
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=64, description="Arguments of the script."
+    )
+
+    @field_validator("script")
+    @classmethod
+    def _script_inside_package(cls, value: str) -> str:
+        return _check_relative(value, "explain.script")
+
+
 class PackageManifest(PackageModel):
     """package.yaml: what a NodeGate package is and what each of its stages runs."""
 
@@ -290,7 +449,19 @@ class PackageManifest(PackageModel):
             "Default environment of every step; the gate's env overrides it, a step's own env overrides both."
         ),
     )
+    config: ConfigSpec | None = Field(
+        default=None,
+        description=(
+            "The config keys the package accepts, checked by the agent before any step runs. Without it any "
+            "key goes."
+        ),
+    )
     stages: Stages = Field(default_factory=Stages, description="Steps per stage.")
+    explain: ExplainEntry | None = Field(
+        default=None,
+        description="Optional: a script that prints what the package would do for a config, for "
+        "`nodegate package explain`.",
+    )
 
     @field_validator("root")
     @classmethod
@@ -387,23 +558,30 @@ def _is_inside(path: Path, directory: Path) -> bool:
     return path.resolve().is_relative_to(directory.resolve())
 
 
+def _executable_problems(directory: Path, script: str, where: str) -> list[str]:
+    path = directory / script
+    if not path.exists():
+        return [f"{where}: no such file in the package"]
+    if not _is_inside(path, directory):
+        return [f"{where}: resolves outside the package"]
+    if not path.is_file():
+        return [f"{where}: not a regular file"]
+    if not path.stat().st_mode & 0o111:
+        return [f"{where}: not executable (chmod +x)"]
+    if not path.read_bytes()[:2] == b"#!":
+        return [f"{where}: has no #! line, so it cannot be executed directly"]
+    return []
+
+
 def file_problems(manifest: PackageManifest, directory: Path) -> list[str]:
     """What is wrong with the files package.yaml refers to: missing, not executable, outside the package."""
     problems = []
     for list_name, step in manifest.scripts():
         assert step.script is not None
-        where = f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}"
-        path = directory / step.script
-        if not path.exists():
-            problems.append(f"{where}: no such file in the package")
-        elif not _is_inside(path, directory):
-            problems.append(f"{where}: resolves outside the package")
-        elif not path.is_file():
-            problems.append(f"{where}: not a regular file")
-        elif not path.stat().st_mode & 0o111:
-            problems.append(f"{where}: not executable (chmod +x)")
-        elif not path.read_bytes()[:2] == b"#!":
-            problems.append(f"{where}: has no #! line, so it cannot be executed directly")
+        problems += _executable_problems(
+            directory, step.script, f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}")
+    if manifest.explain is not None:
+        problems += _executable_problems(directory, manifest.explain.script, f"{MANIFEST}: explain.script")
     if manifest.root is not None:
         overlay = directory / manifest.root
         where = f"{MANIFEST}: root {manifest.root}"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from gate.agent import logs, overlay
+from gate.agent.config import effective_config, lenient_config
 from gate.agent.errors import PackageError, UsageError
 from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
 from gate.agent.history import (
@@ -108,6 +109,18 @@ def validate(settings: StageSettings) -> Package:
         )
     check_root(settings.root, needs_shell=package.manifest.runs_on_host())
     return package
+
+
+def stage_config(
+    package: Package, request: StageRequest, given: dict[str, bytes]
+) -> tuple[dict[str, bytes], list[str]]:
+    """The config the steps see, held against the package's declared keys before the host is touched.
+
+    Every stage but uninstall refuses a config that breaks the declarations (PackageError naming each
+    key); uninstall only warns, so a node can always leave a gate whose config went wrong."""
+    if request.stage == "uninstall":
+        return lenient_config(package.manifest, given)
+    return effective_config(package.manifest, given), []
 
 
 def _replace_dir(dst: Path, fill: Callable[[Path], None]) -> None:
@@ -243,7 +256,7 @@ def run_stage(
     """Run the stage and its check. Raises AgentError (nothing changed) for anything refused up front."""
     started = time.monotonic()
     package = validate(settings)
-    config = read_config(settings.config_dir)
+    config, config_warnings = stage_config(package, settings.request, read_config(settings.config_dir))
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
@@ -275,6 +288,8 @@ def run_stage(
             )
             if warning:
                 log.line(f"Warning: {warning}.")
+            for problem in config_warnings:
+                log.line(f"Warning: {problem} (uninstall goes on with the config as given).")
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)

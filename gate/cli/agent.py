@@ -265,7 +265,7 @@ def register(subparsers: Any) -> None:
                            help="after requesting a reboot, how long to wait to be stopped by it (default 600)")
     interrupt.set_defaults(func=cmd_agent_interrupt)
 
-    package = subparsers.add_parser("package", help="tools for package authors: lint, test, schema")
+    package = subparsers.add_parser("package", help="tools for package authors: lint, test, explain, schema")
     package_sub = package.add_subparsers(dest="package_command", required=True, metavar="ACTION")
     lint = package_sub.add_parser("lint", help="check package directories without running them")
     lint.add_argument("directories", nargs="+", metavar="DIR")
@@ -281,6 +281,10 @@ def register(subparsers: Any) -> None:
                       "(default: the package's own version)")
     test.add_argument("--verbose", "-v", action="store_true", help="show every step's output")
     test.set_defaults(func=cmd_package_test)
+
+    from gate.cli.explain import add_parser as add_explain
+
+    add_explain(package_sub)
 
     schema = package_sub.add_parser("schema", help="print the JSON Schema of package.yaml")
     schema.add_argument("--output", "-o", help="write it to this file instead")

@@ -14,7 +14,9 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `update-grub` renders `/boot/grub/grub.cfg` from `/etc/default/grub` and `/etc/default/grub.d/*.cfg`;
 * a reboot (`reboot` or `systemctl reboot`) "boots" the root: `/proc/cmdline` becomes grub.cfg's
   kernel line and blocklisted modules disappear from `/proc/modules`;
-* `systemctl` restarts units listed in `/etc/fake-systemd/running`, and fails on request: a file
+* `systemctl` restarts units listed in `/etc/fake-systemd/running` (a restart loads the unit's
+  drop-ins, which `systemctl show UNIT -p PROP --value` then reports), enables and disables units
+  (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
   `/etc/fake-systemd/fail-<what>` makes that operation fail; `shutdown-kills-caller` makes a reboot
   send SIGTERM to its caller, as systemd stopping the agent's pod would.
 """
@@ -58,7 +60,23 @@ case "$1" in
                 exit 1
             fi
             echo "$unit" >> /var/log/fake-restarts.log
+            # what the unit runs with from now on: its drop-ins as they are at this restart
+            cat /etc/systemd/system/"$unit".d/*.conf > "$state/loaded-$unit" 2>/dev/null || true
         done ;;
+    enable|disable)
+        verb=$1
+        shift
+        if [ "$1" = --now ]; then shift; fi
+        for unit in "$@"; do
+            grep -vxF "$unit" "$state/enabled" > "$state/enabled.new" 2>/dev/null || true
+            mv "$state/enabled.new" "$state/enabled"
+            if [ "$verb" = enable ]; then echo "$unit" >> "$state/enabled"; fi
+        done ;;
+    is-enabled)
+        if grep -qxF "$2" "$state/enabled" 2>/dev/null; then echo enabled; else echo disabled; exit 1; fi ;;
+    show)
+        # show UNIT -p PROPERTY --value: the property as the unit's drop-ins set it at its last restart
+        sed -n "s/^$4=//p" "$state/loaded-$2" 2>/dev/null | tail -n 1 ;;
     list-units)
         if [ -e "$state/fail-list-units" ]; then echo "Failed to list units: fake failure" >&2; exit 1; fi
         cat "$state/running" ;;
@@ -179,6 +197,8 @@ FAKES: Final = {
 FILES: Final = {
     "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
     "etc/group": "root:x:0:\n",
+    "etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\n'
+                      'VERSION_CODENAME=bookworm\nID=debian\n',
     "etc/hostname": "fake-node\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
@@ -200,6 +220,8 @@ FILES: Final = {
     "proc/sys/vm/swappiness": "60\n",
     "proc/sys/vm/max_map_count": "65530\n",
     "proc/sys/vm/nr_hugepages": "0\n",
+    "proc/sys/vm/dirty_ratio": "20\n",
+    "proc/sys/vm/dirty_background_ratio": "10\n",
     "proc/sys/kernel/random/boot_id": "fake-boot-0\n",
     f"boot/vmlinuz-{KERNEL}": "",
 }

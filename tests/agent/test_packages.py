@@ -25,6 +25,7 @@ INTERRUPTS = {
     "module-blocklist": ["--interrupt", "reboot"],
     "grub-cmdline": ["--interrupt", "reboot"],
     "chrony-conf": ["--interrupt", "service", "--service", "chrony.service"],
+    "gpu-tuning": ["--interrupt", "reboot"],
 }
 
 

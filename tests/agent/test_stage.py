@@ -337,6 +337,46 @@ def test_config_files_from_the_configmap_are_visible_and_follow_changes(agent: A
     assert (agent.root / "etc/a.conf").read_text() == "alpha=2\n"
 
 
+DECLARED = """\
+    config:
+      keys:
+        mode: {type: enum, enum: [fast, safe], required: true}
+        workers: {type: int, default: 4}
+    """
+
+
+def test_declared_config_keys_reach_the_steps_with_their_defaults(agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, """
+        config:
+          - name: show
+            command: 'cd "$NODEGATE_CONFIG_DIR" && for k in *; do echo "$k=$(cat $k)"; done > /etc/seen'
+        config-check: [{name: c, command: 'test -s /etc/seen'}]
+    """, header=DECLARED)
+    assert agent.run("config", pkg, config_dir=configmap(tmp_path / "cm", {"mode": "safe\n"})).code == 0
+    assert (agent.root / "etc/seen").read_text() == "mode=safe\nworkers=4\n"
+
+
+def test_a_config_against_the_declared_keys_is_refused_before_any_step_but_uninstall_goes_on(
+    agent: Agent, tmp_path: Path
+) -> None:
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'touch /etc/applied'}]
+        apply-check: [{name: c, command: 'true'}]
+        uninstall: [{name: u, command: 'cat "$NODEGATE_CONFIG_DIR/workers" > /etc/uninstalled'}]
+        uninstall-check: [{name: c, command: 'true'}]
+    """, header=DECLARED)
+    mount = configmap(tmp_path / "cm", {"mode": "quick", "workers": "many"})
+    before = tree(agent.root)
+    run = agent.run("apply", pkg, config_dir=mount)
+    assert run.code == 2
+    assert run.summary["message"] == (
+        "config key 'mode': 'quick' is not one of fast, safe; config key 'workers': 'many' is not an integer")
+    assert tree(agent.root) == before
+    run = agent.run("uninstall", pkg, config_dir=mount)
+    assert run.code == 0, run.summary
+    assert (agent.root / "etc/uninstalled").read_text() == "many"
+
+
 def test_the_gates_env_overrides_package_defaults_and_the_step_overrides_both(
     agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

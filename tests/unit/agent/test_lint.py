@@ -29,8 +29,9 @@ def messages(directory: Path) -> list[str]:
     return [str(f) for f in lint_package(directory)]
 
 
-def test_there_are_four_example_packages() -> None:
-    assert [p.name for p in EXAMPLES] == ["chrony-conf", "grub-cmdline", "module-blocklist", "sysctl-tuning"]
+def test_the_example_packages_are_all_here() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"chrony-conf", "gpu-tuning", "grub-cmdline", "module-blocklist", "sysctl-tuning"} <= names
 
 
 @pytest.mark.parametrize("package", EXAMPLES, ids=lambda p: p.name)
@@ -85,3 +86,23 @@ def test_a_dockerfile_that_does_not_fill_nodegate_package_is_an_error(tmp_path: 
     directory = write(tmp_path / "p", "")
     (directory / "Dockerfile").write_text("FROM busybox\nCOPY . /pkg/\n")
     assert messages(directory) == ["error: Dockerfile: the image must carry the package at /nodegate-package/"]
+
+
+def test_lint_holds_the_packages_own_example_configs_against_its_declared_keys(tmp_path: Path) -> None:
+    directory = write(tmp_path / "p", "config:\n  keys:\n    mode: {type: enum, enum: [fast, safe], required: true}\n"
+                                      "stages:\n  config: [{name: a, command: 'true'}]\n"
+                                      "  config-check: [{name: b, command: 'true'}]\n")
+    (directory / "sample-config").mkdir()
+    (directory / "sample-config/mode").write_text("quick\n")
+    (directory / "nodegate.yaml").write_text("kind: NodeGate\nspec:\n  packages:\n    demo-pkg:\n"
+                                             "      config: {mode: safe, extra: x}\n")
+    assert messages(directory) == [
+        "error: sample-config/: config key 'mode': 'quick' is not one of fast, safe",
+        "error: nodegate.yaml: spec.packages.demo-pkg.config: config key 'extra' is not declared by package "
+        "demo-pkg (declared: mode)",
+    ]
+
+
+def test_lint_names_a_bad_config_declaration(tmp_path: Path) -> None:
+    directory = write(tmp_path / "p", "config:\n  keys:\n    mode: {type: enum}\n")
+    assert messages(directory) == ["error: package.yaml: config.keys.mode: a key of type enum needs its values in enum"]
