@@ -30,7 +30,6 @@ import os
 import re
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES, PODS, KubeClient
+from gate.kube.objects import parse_time
 
 PACKAGES = ("sysctl-tuning", "chrony-conf", "grub-cmdline", "module-blocklist")
 NAMESPACE = "nodegate-system"
@@ -60,7 +60,8 @@ def gate_manifest(name: str, node: str, images: dict[str, str]) -> dict[str, Any
 
 
 def _t(text: str | None) -> float | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
+    at = parse_time(text)
+    return at.timestamp() if at else None
 
 
 class PodTimes:

@@ -92,12 +92,14 @@ async def _package_logs(args: argparse.Namespace) -> int:
 
 
 def _job_phase(job: Obj) -> str:
-    status = job.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
-            why = f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("type") == "Failed" else ""
-            return ("succeeded" if cond["type"] == "Complete" else "failed") + why
-    return "running" if status.get("active") else "pending"
+    from gate.kube.objects import job_failure, job_outcome
+
+    outcome = job_outcome(job)
+    if outcome == "failed":
+        return f"failed ({job_failure(job)})"
+    if outcome is not None:
+        return outcome
+    return "running" if (job.get("status") or {}).get("active") else "pending"
 
 
 async def _show_pod_log(client: KubeClient, namespace: str, pod: Obj, *, follow: bool, tail: int | None) -> None:

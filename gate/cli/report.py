@@ -22,7 +22,8 @@ from gate.api.nodegate import CompartmentStatus, NodeGate
 from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
 from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
-from gate.controller.views import fleet_node, parse_time
+from gate.controller.views import fleet_node
+from gate.kube.objects import job_finished, parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
 from gate.rollout import PolicyMismatch, Wait
 
@@ -359,8 +360,7 @@ def _running_jobs(jobs: Sequence[Obj]) -> dict[tuple[str, str], tuple[str, ...]]
         gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
         if not gate or not node or meta.get("deletionTimestamp"):
             continue
-        conditions = (job.get("status") or {}).get("conditions") or []
-        if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
+        if job_finished(job):
             continue
         labels = meta.get("labels") or {}
         stage = labels.get(keys.JOB_STAGE_LABEL, "?")

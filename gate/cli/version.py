@@ -30,9 +30,10 @@ def cmd_version(args: argparse.Namespace) -> int:
 def _age(renewed: str | None, now: datetime) -> str:
     if not renewed:
         return ""
-    try:
-        at = datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-    except ValueError:
+    from gate.kube.objects import parse_time
+
+    at = parse_time(renewed)
+    if at is None:
         return ""
     seconds = max(0, int((now - at).total_seconds()))
     return f", renewed {seconds}s ago" if seconds < 120 else f", renewed {seconds // 60}m ago"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from datetime import datetime
 from typing import Any
 
 from gate.api import keys
@@ -26,6 +25,7 @@ from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
 from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
+from gate.kube.objects import created_at, job_failure, job_outcome
 from gate.lifecycle.machine import JobPhase, JobRequest, JobView
 
 Obj = dict[str, Any]
@@ -218,24 +218,15 @@ def stage_job(gate: NodeGate, node: str, request: JobRequest, settings: Operator
     }
 
 
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def job_view(job: Obj, pods: list[Obj]) -> JobView:
     """What the decider needs of a Job and its newest pod: phase, failure message, stuck reason."""
     status = job.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
     phase: JobPhase
     message = ""
-    if conditions.get("Complete", {}).get("status") == "True":
-        phase = "succeeded"
-    elif conditions.get("Failed", {}).get("status") == "True":
-        phase = "failed"
-        failed = conditions["Failed"]
-        message = f"{failed.get('reason', '')}: {failed.get('message', '')}".strip(": ")
+    outcome = job_outcome(job)
+    if outcome is not None:
+        phase = outcome
+        message = job_failure(job)
     elif status.get("active"):
         phase = "running"
     else:
@@ -265,11 +256,11 @@ def job_view(job: Obj, pods: list[Obj]) -> JobView:
             phase = "succeeded"
             settled = False
         if waiting_reason:
-            waiting_since = _time(pod.get("metadata", {}).get("creationTimestamp"))
+            waiting_since = created_at(pod)
     labels = job.get("metadata", {}).get("labels") or {}
     return JobView(
         name=job["metadata"]["name"], phase=phase, message=message[:2000], waiting_reason=waiting_reason,
-        waiting_since=waiting_since, created=_time(job.get("metadata", {}).get("creationTimestamp")),
+        waiting_since=waiting_since, created=created_at(job),
         package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
         settled=settled,
     )

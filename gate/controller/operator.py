@@ -42,6 +42,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.lease import LeaderElector
+from gate.kube.objects import created_at, job_ended_at, job_finished, job_outcome, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import (
     FleetNode,
@@ -238,7 +239,7 @@ class Operator:
         for gate in self.gates.items():
             gname = gate["metadata"]["name"]
             raw = annotations.get(keys.state_annotation(gname))
-            if raw and '"in-progress"' in raw and kind != "DELETED":
+            if raw and kind != "DELETED" and state_status(raw) == "in-progress":
                 self.queue.add(("node", gname, node))
             if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and _joined_after(obj, gate):
                 # A joining node may need the readiness taint (the webhook may have missed it): taint it
@@ -266,7 +267,7 @@ class Operator:
         owner = self._index_job(kind, job)
         # Only an ending (or a vanished) Job moves a node on; the many status updates of a running
         # Job (active, ready, pod counts) do not, and reconciling on each would cost more than all else.
-        if owner is not None and (kind == "DELETED" or _job_finished(job)):
+        if owner is not None and (kind == "DELETED" or job_finished(job)):
             self.queue.add(("node", *owner))
             self._gate_later(owner[0])  # a request held while the Job ran can be acted on now
 
@@ -338,7 +339,7 @@ class Operator:
                 continue
             for name in names:
                 job = self.jobs.get(name, self.settings.namespace)
-                if job is not None and not _job_finished(job):
+                if job is not None and not job_finished(job):
                     busy.add(node)
                     break
         return busy
@@ -385,7 +386,7 @@ class Operator:
         if not found:
             return
         now = datetime.now(UTC)
-        created = _parse_time(gate.metadata.creation_timestamp)
+        created = parse_time(gate.metadata.creation_timestamp)
         fleet = self._fleet()
         gplan = plan_gate(gate, policy, fleet, gates=self._all_gates(), now=now, gate_created=created,
                           busy=self._busy_nodes(name))
@@ -595,7 +596,7 @@ class Operator:
         state = raw if isinstance(raw, NodeGateState) else None
         if not selects(gate, fnode.view) or isinstance(raw, StateParseError):
             return
-        why = taint_reason(gate, fnode, state, state, _parse_time(gate.metadata.creation_timestamp))
+        why = taint_reason(gate, fnode, state, state, parse_time(gate.metadata.creation_timestamp))
         if why is None:
             return
         update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintAdded",
@@ -684,21 +685,18 @@ class Operator:
             self.queue.add_after(("node", gate.name, node), decision.requeue_after)
         new_status = decision.state.status if decision.state is not None else None
         if decision.remove_state or (new_status is not None and old_state is not None
-                                     and f'"{new_status}"' not in old_state):
+                                     and state_status(old_state) != new_status):
             self._gate_later(gate.name)
 
     def _stage_metrics(self, job: Obj) -> None:
         """A stage Job about to be deleted: its duration by outcome (succeeded, failed, or abandoned when
         a reset or a gate deletion cut it off), from its creation to the condition that ended it."""
         labels = job["metadata"].get("labels") or {}
-        created = _parse_time(job["metadata"].get("creationTimestamp"))
+        created = created_at(job)
         if created is None:
             return
-        outcome, ended = "abandoned", datetime.now(UTC)
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-                outcome = "succeeded" if cond["type"] == "Complete" else "failed"
-                ended = _parse_time(cond.get("lastTransitionTime")) or ended
+        outcome: str = job_outcome(job) or "abandoned"
+        ended = (job_ended_at(job) if outcome != "abandoned" else None) or datetime.now(UTC)
         self.metrics.stage_duration.labels(labels.get(keys.JOB_PACKAGE_LABEL, "-"),
                                            labels.get(keys.JOB_STAGE_LABEL, "-"), outcome).observe(
             max(0.0, (ended - created).total_seconds()))
@@ -842,11 +840,6 @@ class Operator:
         return runner
 
 
-def _job_finished(job: Obj) -> bool:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
-
-
 _HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
 
 
@@ -867,8 +860,7 @@ def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
 
 
 def _joined_after(node: Obj, gate: Obj) -> bool:
-    node_created = _parse_time(node["metadata"].get("creationTimestamp"))
-    gate_created = _parse_time(gate["metadata"].get("creationTimestamp"))
+    node_created, gate_created = created_at(node), created_at(gate)
     return node_created is not None and gate_created is not None and node_created > gate_created
 
 
@@ -882,12 +874,6 @@ def _parsed_or_none(raw: str | None) -> NodeGateState | None:
         return load_state(raw) if raw else None
     except StateParseError:
         return None
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _same_status(current: Obj, new: Obj) -> bool:

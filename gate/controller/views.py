@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.kube.objects import node_ready, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
 from gate.lifecycle.machine import NodeView, PodView
@@ -19,7 +19,7 @@ def node_view(node: Obj) -> NodeView:
     meta = node.get("metadata", {})
     spec = node.get("spec", {}) or {}
     status = node.get("status", {}) or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    ready = node_ready(node)
     taints = tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or [])
     ours = {c["type"]: NodeCondition(c["type"], str(c.get("status", "")), str(c.get("reason", "")),
                                      str(c.get("message", "")))
@@ -54,12 +54,6 @@ def node_states(node: Obj, gates: Iterable[str] | None = None) -> dict[str, Node
 def fleet_node(node: Obj) -> FleetNode:
     created = node.get("metadata", {}).get("creationTimestamp")
     return FleetNode(node_view(node), parse_time(created), node_states(node))
-
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def pod_view(pod: Obj, operator_namespace: str) -> PodView:

@@ -30,6 +30,7 @@ from gate.devcluster import build, realnode, stages
 from gate.devcluster.network import MAX_REAL_NODES, SERVICE_CIDR, ClusterNetwork
 from gate.kube.client import CRDS, KWOK_STAGES, NAMESPACES, NODES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed
+from gate.kube.objects import node_ready
 
 Progress = Callable[[str], None]
 
@@ -660,7 +661,7 @@ async def wait_nodes_ready(kube: KubeClient, names: set[str], *, timeout: float 
     deadline = time.monotonic() + timeout
     while True:
         items, _ = await kube.list(NODES)
-        ready = {n["metadata"]["name"] for n in items if _node_ready(n)}
+        ready = {n["metadata"]["name"] for n in items if node_ready(n)}
         missing = names - ready
         if not missing:
             return
@@ -668,13 +669,6 @@ async def wait_nodes_ready(kube: KubeClient, names: set[str], *, timeout: float 
             raise ClusterError(f"{len(missing)} simulated nodes did not turn Ready (e.g. {sorted(missing)[:3]}); "
                                "is kwok running? see its log in the state directory")
         await asyncio.sleep(0.25)
-
-
-def _node_ready(node: dict[str, Any]) -> bool:
-    for cond in node.get("status", {}).get("conditions", []) or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
 
 
 async def wait_established(kube: KubeClient, name: str, timeout: float = 30.0) -> None:

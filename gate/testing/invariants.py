@@ -68,6 +68,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.kube.objects import job_outcome
 from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, compartments_of
 
 Obj = dict[str, Any]
@@ -245,9 +246,8 @@ def _arg(args: list[str], flag: str) -> str | None:
 
 def _finished(obj: Obj) -> tuple[bool, bool]:
     """(ended, failed) from the Job's terminal conditions."""
-    conds = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
-    failed = conds.get("Failed") == "True"
-    return failed or conds.get("Complete") == "True", failed
+    outcome = job_outcome(obj)
+    return outcome is not None, outcome == "failed"
 
 
 @dataclass
