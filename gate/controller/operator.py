@@ -1,13 +1,14 @@
 """The operator process: leader election, watch caches, the work queue, and the executor.
 
-Two kinds of work keys:
+Work keys and the events that make them are `gate.controller.triggers`:
 
-* `("gate", name)`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`): start the
-  nodes the rollout planner picks, put finished nodes back in line after a spec change, label and
-  taint nodes, write the gate's status. Debounced: many node events make one gate reconcile.
-* `("node", gate, node)`: one step of that node's state machine (`gate.lifecycle.machine.decide`).
+* `GateKey`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`): start the nodes the
+  rollout planner picks, put finished nodes back in line after a spec change, label and taint
+  nodes, write the gate's status. Debounced: many node events make one gate reconcile.
+* `NodeKey`: one step of that node's state machine (`gate.lifecycle.machine.decide`).
+* `JoinKey`: the readiness taint of a node that just joined.
 
-Both read only the caches, decide without I/O, then perform the decision here. Every Node write
+All read only the caches, decide without I/O, then perform the decision here. Every Node write
 carries the resourceVersion it was decided on, so a decision made on a stale copy is refused by the
 API server (409) and simply decided again.
 """
@@ -32,11 +33,13 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.controller import triggers
 from gate.controller.events import EventRecorder
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, config_map, facts_of, job_view, stage_job
+from gate.controller.jobs import config_map, facts_of, job_view, stage_job
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
+from gate.controller.triggers import GateKey, JoinKey, NodeKey, Triggered, WorkKey
 from gate.controller.views import fleet_node, node_view, pod_view
 from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
@@ -67,7 +70,6 @@ from gate.lifecycle.removal import plan_removal
 
 log = logging.getLogger("nodegate.operator")
 
-Key = tuple[str, ...]
 Obj = dict[str, Any]
 GATE_DEBOUNCE = 0.3
 
@@ -80,7 +82,7 @@ class Operator:
         self.recorder = EventRecorder(client, settings.identity)
         self.timing = Timing(image_pull_grace=settings.image_pull_grace, pending_timeout=settings.pending_timeout,
                              reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds)
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.gates = WatchCache(client, NODEGATES)
         self.policies = WatchCache(client, POLICIES)
         self.nodes = WatchCache(client, NODES)
@@ -131,9 +133,8 @@ class Operator:
                 self._index_pod("ADDED", pod)
             self.ready = True
             log.info("Caches synced; gates=%d nodes=%d", len(self.gates), len(self.nodes))
-            for gate in self.gates.items():
-                self.queue.add(("gate", gate["metadata"]["name"]))
-                self._enqueue_gate_nodes(gate["metadata"]["name"])
+            for gate in self.gates.items():  # everything, as on a spec change of every gate
+                self._queue(triggers.on_gate(gate, None, self.nodes.items()))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
             await asyncio.gather(*workers)
@@ -170,36 +171,36 @@ class Operator:
             await asyncio.sleep(self.settings.resync_seconds)
             # A safety net, not the engine: every change arrives as an event; this catches a lost one.
             for gate in self.gates.items():
-                self.queue.add(("gate", gate["metadata"]["name"]))
-                self._enqueue_gate_nodes(gate["metadata"]["name"])
+                self._queue(triggers.on_gate(gate, None, self.nodes.items()))
 
     async def _worker(self, number: int) -> None:
         while True:
             key = await self.queue.get()
             started = time.monotonic()
             try:
-                if key[0] == "gate":
-                    await self.reconcile_gate(key[1])
-                    self._gate_cost[key[1]] = time.monotonic() - started
-                elif key[0] == "join":
-                    await self.reconcile_join(key[1], key[2])
-                else:
-                    await self.reconcile_node(key[1], key[2])
+                match key:
+                    case GateKey(gate):
+                        await self.reconcile_gate(gate)
+                        self._gate_cost[gate] = time.monotonic() - started
+                    case JoinKey(gate, node):
+                        await self.reconcile_join(gate, node)
+                    case NodeKey(gate, node):
+                        await self.reconcile_node(gate, node)
                 self.queue.forget(key)
             except asyncio.CancelledError:
                 raise
             except (ApiError, ConnectionFailed) as exc:
                 delay = self.queue.retry(key)
                 level = logging.DEBUG if isinstance(exc, ApiError) and exc.status == 409 else logging.WARNING
-                log.log(level, "Reconcile failed; key=%s error=%s retry_in=%.2fs", "/".join(key), exc, delay)
-                self.metrics.reconcile_errors.labels(key[0], type(exc).__name__).inc()
+                log.log(level, "Reconcile failed; key=%s error=%s retry_in=%.2fs", key, exc, delay)
+                self.metrics.reconcile_errors.labels(key.kind, type(exc).__name__).inc()
             except Exception as exc:
                 delay = self.queue.retry(key)
-                log.exception("Reconcile crashed; key=%s retry_in=%.2fs", "/".join(key), delay)
-                self.metrics.reconcile_errors.labels(key[0], type(exc).__name__).inc()
+                log.exception("Reconcile crashed; key=%s retry_in=%.2fs", key, delay)
+                self.metrics.reconcile_errors.labels(key.kind, type(exc).__name__).inc()
             finally:
                 self.queue.done(key)
-                self.metrics.reconcile_duration.labels(key[0]).observe(time.monotonic() - started)
+                self.metrics.reconcile_duration.labels(key.kind).observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
 
     # -- event handlers: map changes to keys ------------------------------------------------------
@@ -208,68 +209,41 @@ class Operator:
         # Debounce node events into gate reconciles, and never spend more than about a third of the
         # time planning: a 5,000-node plan takes a while, and it only needs to be recent, not instant.
         delay = max(GATE_DEBOUNCE, 2 * self._gate_cost.get(gate, 0.0))
-        self.queue.add_after(("gate", gate), delay)
+        self.queue.add_after(GateKey(gate), delay)
+
+    def _queue(self, triggered: Triggered) -> None:
+        for key in triggered.now:
+            self.queue.add(key)
+        for gate in triggered.later:
+            self._gate_later(gate)
 
     def _on_gate(self, kind: str, obj: Obj) -> None:
-        meta = obj["metadata"]
-        name = meta["name"]
-        self.queue.add(("gate", name))
-        # Nodes care about the spec (generation) and deletion, not about the status we keep writing.
-        seen = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
-        if self._gate_seen.get(name) != seen:
-            self._gate_seen[name] = seen
-            self._enqueue_gate_nodes(name)
-
-    def _enqueue_gate_nodes(self, gate: str) -> None:
-        annotation = keys.state_annotation(gate)
-        for node in self.nodes.items():
-            if annotation in (node["metadata"].get("annotations") or {}):
-                self.queue.add(("node", gate, node["metadata"]["name"]))
+        name = obj["metadata"]["name"]
+        self._queue(triggers.on_gate(obj, self._gate_seen.get(name), self.nodes.items()))
+        self._gate_seen[name] = triggers.gate_seen(obj)
 
     def _on_policy(self, kind: str, obj: Obj) -> None:
-        name = obj["metadata"]["name"]
-        for gate in self.gates.items():
-            if (gate.get("spec") or {}).get("deploymentPolicy") == name:
-                self.queue.add(("gate", gate["metadata"]["name"]))
+        self._queue(triggers.on_policy(obj, self.gates.items()))
 
     def _on_node(self, kind: str, obj: Obj) -> None:
-        node = obj["metadata"]["name"]
-        annotations = obj["metadata"].get("annotations") or {}
-        self._fleet_memo.pop(node, None) if kind == "DELETED" else None
-        for gate in self.gates.items():
-            gname = gate["metadata"]["name"]
-            raw = annotations.get(keys.state_annotation(gname))
-            if raw and kind != "DELETED" and state_status(raw) == "in-progress":
-                self.queue.add(("node", gname, node))
-            if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and _joined_after(obj, gate):
-                # A joining node may need the readiness taint (the webhook may have missed it): taint it
-                # at once, without waiting for a plan of the whole fleet, to leave the scheduler as
-                # little time as possible; then plan now, not after the debounce. (The nodes of the
-                # initial list, older than the gate, are left to the plan: `taint_reason` decides.)
-                self.queue.add(("join", gname, node))
-                self.queue.add(("gate", gname))
-            else:
-                self._gate_later(gname)
+        if kind == "DELETED":
+            self._fleet_memo.pop(obj["metadata"]["name"], None)
+        self._queue(triggers.on_node(kind, obj, self.gates.items()))
 
     def _index_job(self, kind: str, job: Obj) -> tuple[str, str] | None:
-        ann = job["metadata"].get("annotations") or {}
-        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
-        if not gate or not node:
+        owner = triggers.job_owner(job)
+        if owner is None:
             return None
-        names = self._jobs_by_node.setdefault((gate, node), set())
+        names = self._jobs_by_node.setdefault(owner, set())
         if kind == "DELETED":
             names.discard(job["metadata"]["name"])
         else:
             names.add(job["metadata"]["name"])
-        return gate, node
+        return owner
 
     def _on_job(self, kind: str, job: Obj) -> None:
-        owner = self._index_job(kind, job)
-        # Only an ending (or a vanished) Job moves a node on; the many status updates of a running
-        # Job (active, ready, pod counts) do not, and reconciling on each would cost more than all else.
-        if owner is not None and (kind == "DELETED" or job_finished(job)):
-            self.queue.add(("node", *owner))
-            self._gate_later(owner[0])  # a request held while the Job ran can be acted on now
+        self._index_job(kind, job)
+        self._queue(triggers.on_job(kind, job))
 
     def _index_pod(self, kind: str, pod: Obj) -> str | None:
         job: str | None = (pod["metadata"].get("labels") or {}).get("job-name")
@@ -286,12 +260,7 @@ class Operator:
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         self._index_pod(kind, pod)
-        ann = pod["metadata"].get("annotations") or {}
-        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
-        # A stage pod matters on its own when it may be stuck, or when it succeeded (its Job says so
-        # only after the Job controller's batching delay).
-        if gate and node and (_pod_may_be_stuck(pod) or (pod.get("status") or {}).get("phase") == "Succeeded"):
-            self.queue.add(("node", gate, node))
+        self._queue(triggers.on_pod(pod))
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -525,7 +494,7 @@ class Operator:
                 await self.recorder.emit(obj, event.type, event.reason, event.message)
             self._gate_metrics(gate, rplan.status.to_wire())
             for node in holders:
-                self.queue.add(("node", gate.name, node))
+                self.queue.add(NodeKey(gate.name, node))
             return  # node reconciles uninstall and remove their keys; their events bring us back
         for node_obj in self.nodes.items():
             leftover = self._leftover_keys(gate, node_obj)
@@ -682,7 +651,7 @@ class Operator:
             f = decision.state.failure
             self.metrics.stage_failures.labels(gate.name, f.package or "-", f.stage, f.reason).inc()
         if decision.requeue_after is not None:
-            self.queue.add_after(("node", gate.name, node), decision.requeue_after)
+            self.queue.add_after(NodeKey(gate.name, node), decision.requeue_after)
         new_status = decision.state.status if decision.state is not None else None
         if decision.remove_state or (new_status is not None and old_state is not None
                                      and state_status(old_state) != new_status):
@@ -797,7 +766,7 @@ class Operator:
         for event in update.events:
             await self.recorder.emit(result, event.type, event.reason, event.message)
         if update.state is not None and update.state.status == "in-progress":
-            self.queue.add(("node", gate.name, node))
+            self.queue.add(NodeKey(gate.name, node))
         return result
 
     # -- health -----------------------------------------------------------------------------------
@@ -840,28 +809,11 @@ class Operator:
         return runner
 
 
-_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
-
-
-def _pod_may_be_stuck(pod: Obj) -> bool:
-    status = pod.get("status") or {}
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting = (cs.get("state") or {}).get("waiting")
-        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS:
-            return True
-    return False
-
-
 def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
     for cause in exc.causes:
         if cause.get("reason") == "DisruptionBudget":
             return f"pod {namespace}/{pod}: {cause.get('message', '')}"
     return f"pod {namespace}/{pod}: {exc.message}"
-
-
-def _joined_after(node: Obj, gate: Obj) -> bool:
-    node_created, gate_created = created_at(node), created_at(gate)
-    return node_created is not None and gate_created is not None and node_created > gate_created
 
 
 def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:

@@ -1,0 +1,171 @@
+"""Which work a change of the world asks for: typed work keys, and the pure map from watch events to them.
+
+controller-runtime draws a controller as event sources, *handlers* that map an event to
+`reconcile.Request`s, a work queue of those requests, and reconcilers. This module is the handlers'
+part, kept pure: a function per kind of object, taking the event and the few facts it needs (the
+gates and nodes as the caches hold them), returning the keys to reconcile now and the gates to plan
+after the debounce. The operator (`gate.controller.operator`) owns the caches, the queue and the
+indexes, and only feeds these functions and queues what they return.
+
+Three kinds of keys:
+
+* `GateKey(gate)`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`), or its removal.
+* `NodeKey(gate, node)`: one step of that node's state machine (`gate.lifecycle.machine`).
+* `JoinKey(gate, node)`: a node that joined after the gate, which may need the readiness taint now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gate.api import keys
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.kube.objects import created_at, job_finished, state_status
+
+Obj = dict[str, Any]
+EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
+
+
+@dataclass(frozen=True)
+class GateKey:
+    gate: str
+    kind = "gate"
+
+    def __str__(self) -> str:
+        return f"gate/{self.gate}"
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    gate: str
+    node: str
+    kind = "node"
+
+    def __str__(self) -> str:
+        return f"node/{self.gate}/{self.node}"
+
+
+@dataclass(frozen=True)
+class JoinKey:
+    gate: str
+    node: str
+    kind = "join"
+
+    def __str__(self) -> str:
+        return f"join/{self.gate}/{self.node}"
+
+
+WorkKey = GateKey | NodeKey | JoinKey
+
+
+@dataclass(frozen=True)
+class Triggered:
+    """What an event asks for: keys to reconcile now, and gates to plan after the debounce."""
+
+    now: tuple[WorkKey, ...] = ()
+    later: tuple[str, ...] = ()
+
+
+# The part of a gate its nodes care about: the spec (its generation) and the deletion, not the
+# status the operator keeps writing.
+GateSeen = tuple[Any, bool]
+
+
+def gate_seen(obj: Obj) -> GateSeen:
+    meta = obj["metadata"]
+    return meta.get("generation"), bool(meta.get("deletionTimestamp"))
+
+
+def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj]) -> Triggered:
+    """A gate changed: plan it; when its spec or deletion changed, step every node holding its state."""
+    name = obj["metadata"]["name"]
+    now: list[WorkKey] = [GateKey(name)]
+    if gate_seen(obj) != seen_before:
+        annotation = keys.state_annotation(name)
+        now += [NodeKey(name, n["metadata"]["name"]) for n in nodes
+                if annotation in (n["metadata"].get("annotations") or {})]
+    return Triggered(now=tuple(now))
+
+
+def on_policy(obj: Obj, gates: Iterable[Obj]) -> Triggered:
+    """A DeploymentPolicy changed: plan every gate that uses it."""
+    name = obj["metadata"]["name"]
+    return Triggered(now=tuple(GateKey(g["metadata"]["name"]) for g in gates
+                               if (g.get("spec") or {}).get("deploymentPolicy") == name))
+
+
+def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
+    """A node changed: step the gates in progress on it, and plan every gate (after the debounce).
+
+    A node joining after a readinessTaint gate may need the taint (the webhook may have missed it):
+    it is tainted at once, without waiting for a plan of the whole fleet, to leave the scheduler as
+    little time as possible, and the gate is planned now. The nodes of the initial list, older than
+    the gate, are left to the plan (`gate.lifecycle.fleet.taint_reason` decides)."""
+    node = obj["metadata"]["name"]
+    annotations = obj["metadata"].get("annotations") or {}
+    now: list[WorkKey] = []
+    later: list[str] = []
+    for gate in gates:
+        gname = gate["metadata"]["name"]
+        raw = annotations.get(keys.state_annotation(gname))
+        if raw and kind != "DELETED" and state_status(raw) == "in-progress":
+            now.append(NodeKey(gname, node))
+        if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and joined_after(obj, gate):
+            now += [JoinKey(gname, node), GateKey(gname)]
+        else:
+            later.append(gname)
+    return Triggered(now=tuple(now), later=tuple(later))
+
+
+def job_owner(job: Obj) -> tuple[str, str] | None:
+    """The (gate, node) a stage Job belongs to, from its annotations."""
+    ann = job["metadata"].get("annotations") or {}
+    gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
+    return (gate, node) if gate and node else None
+
+
+def on_job(kind: EventKind, job: Obj) -> Triggered:
+    """Only an ending (or a vanished) Job moves its node on. The many status updates of a running Job
+    (active, ready, pod counts) do not: reconciling on each would cost more than all else. The gate
+    is planned too, since a request held while the Job ran can be acted on now."""
+    owner = job_owner(job)
+    if owner is None or not (kind == "DELETED" or job_finished(job)):
+        return Triggered()
+    return Triggered(now=(NodeKey(*owner),), later=(owner[0],))
+
+
+_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
+
+
+def pod_may_be_stuck(pod: Obj) -> bool:
+    """A container of the pod waits for a reason other than starting up (ErrImagePull, say)."""
+    status = pod.get("status") or {}
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS:
+            return True
+    return False
+
+
+def on_pod(pod: Obj) -> Triggered:
+    """A stage pod matters on its own when it may be stuck, or when it succeeded (its Job says so only
+    after the Job controller's batching delay)."""
+    owner = job_owner(pod)
+    if owner is None:
+        return Triggered()
+    if pod_may_be_stuck(pod) or (pod.get("status") or {}).get("phase") == "Succeeded":
+        return Triggered(now=(NodeKey(*owner),))
+    return Triggered()
+
+
+def joined_after(node: Obj, gate: Obj) -> bool:
+    node_created, gate_created = created_at(node), created_at(gate)
+    return node_created is not None and gate_created is not None and node_created > gate_created
+
+
+__all__ = [
+    "GateKey", "GateSeen", "JoinKey", "NodeKey", "Triggered", "WorkKey", "gate_seen", "job_owner", "joined_after",
+    "on_gate", "on_job", "on_node", "on_pod", "on_policy", "pod_may_be_stuck",
+]

@@ -1,0 +1,102 @@
+"""Which work each watch event asks for (gate.controller.triggers): pure, on objects as the API sends them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.api import keys
+from gate.api.state import NodeGateState
+from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.controller.triggers import (
+    GateKey,
+    JoinKey,
+    NodeKey,
+    Triggered,
+    gate_seen,
+    on_gate,
+    on_job,
+    on_node,
+    on_pod,
+    on_policy,
+)
+
+Obj = dict[str, Any]
+
+
+def gate(name: str, *, generation: int = 1, created: str = "2026-12-01T10:00:00Z", **spec: Any) -> Obj:
+    return {"metadata": {"name": name, "generation": generation, "creationTimestamp": created}, "spec": spec}
+
+
+def node(name: str, *, created: str = "2026-12-01T09:00:00Z", states: dict[str, str] | None = None) -> Obj:
+    annotations = {keys.state_annotation(g): NodeGateState(status=s).dump() for g, s in (states or {}).items()}
+    return {"metadata": {"name": name, "creationTimestamp": created, "annotations": annotations}}
+
+
+def owned(kind: str, *, conditions: list[Obj] | None = None, phase: str | None = None,
+          waiting: str | None = None) -> Obj:
+    status: Obj = {"conditions": conditions or []}
+    if phase:
+        status["phase"] = phase
+    if waiting:
+        status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
+    return {"kind": kind, "metadata": {"name": "ng-apply-1", "annotations": {GATE_NAME_ANNOTATION: "g",
+                                                                            NODE_NAME_ANNOTATION: "n1"}},
+            "status": status}
+
+
+def test_a_gate_event_plans_the_gate_and_steps_its_nodes_only_when_its_spec_or_deletion_changed() -> None:
+    nodes = [node("n1", states={"g": "complete"}), node("n2", states={"other": "in-progress"}), node("n3")]
+    first = on_gate(gate("g"), None, nodes)
+    assert first == Triggered(now=(GateKey("g"), NodeKey("g", "n1")))
+    # Its status written again (same generation, not deleted): only the plan.
+    assert on_gate(gate("g"), gate_seen(gate("g")), nodes) == Triggered(now=(GateKey("g"),))
+    assert on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes).now[1:] == (NodeKey("g", "n1"),)
+    deleting = gate("g")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
+    assert NodeKey("g", "n1") in on_gate(deleting, gate_seen(gate("g")), nodes).now
+
+
+def test_a_policy_event_plans_the_gates_that_use_it() -> None:
+    gates = [gate("a", deploymentPolicy="p"), gate("b", deploymentPolicy="q"), gate("c")]
+    assert on_policy({"metadata": {"name": "p"}}, gates) == Triggered(now=(GateKey("a"),))
+
+
+def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the_debounce() -> None:
+    gates = [gate("busy"), gate("done"), gate("taints", readinessTaint=True)]
+    n = node("n1", states={"busy": "in-progress", "done": "complete"})
+    changed = on_node("MODIFIED", n, gates)
+    assert changed == Triggered(now=(NodeKey("busy", "n1"),), later=("busy", "done", "taints"))
+    assert on_node("DELETED", n, gates).now == ()
+    # A node older than the gate (the initial list) is the plan's to taint; one joining after it, now.
+    assert JoinKey("taints", "n1") not in on_node("ADDED", n, gates).now
+    joined = node("n2", created="2026-12-01T12:00:00Z")
+    assert on_node("ADDED", joined, gates) == Triggered(now=(JoinKey("taints", "n2"), GateKey("taints")),
+                                                        later=("busy", "done"))
+
+
+def test_a_node_is_stepped_on_its_parsed_status_not_on_text_in_its_state() -> None:
+    n = node("n1")
+    n["metadata"]["annotations"][keys.state_annotation("g")] = NodeGateState(
+        status="failed", compartment="in-progress").dump()
+    assert on_node("MODIFIED", n, [gate("g")]).now == ()
+
+
+def test_only_an_ending_or_vanished_job_moves_its_node() -> None:
+    running = owned("Job")
+    assert on_job("MODIFIED", running) == Triggered()
+    assert on_job("DELETED", running) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    done = owned("Job", conditions=[{"type": "Complete", "status": "True"}])
+    assert on_job("MODIFIED", done) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    assert on_job("MODIFIED", {"metadata": {"name": "someone-elses"}}) == Triggered()
+
+
+def test_a_pod_matters_when_it_may_be_stuck_or_succeeded_before_its_job_says_so() -> None:
+    assert on_pod(owned("Pod", phase="Running")) == Triggered()
+    assert on_pod(owned("Pod", phase="Pending", waiting="ContainerCreating")) == Triggered()
+    assert on_pod(owned("Pod", phase="Pending", waiting="ErrImagePull")).now == (NodeKey("g", "n1"),)
+    assert on_pod(owned("Pod", phase="Succeeded")).now == (NodeKey("g", "n1"),)
+
+
+def test_keys_read_as_paths_in_logs_and_name_their_kind_for_metrics() -> None:
+    assert (str(NodeKey("g", "n1")), NodeKey("g", "n1").kind) == ("node/g/n1", "node")
+    assert (str(GateKey("g")), GateKey("g").kind, JoinKey("g", "n").kind) == ("gate/g", "gate", "join")
