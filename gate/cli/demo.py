@@ -205,9 +205,12 @@ def _run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, cli: Cl
     try:
         _story(cluster, settings, say, cli)
     except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the clean-up short (it takes seconds): it would leave processes.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         say.say("\nInterrupted: stopping the demo's control plane ...")
         cluster.down(quiet=True)
-        return 130
+        return INTERRUPTED
     except (DemoError, CliError) as exc:
         say.say(f"\nThe demo failed: {exc}")
         say.say(f"Process logs: {cluster.logs}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -107,7 +108,7 @@ class ConnectionNotes:
         if failing is not None and not self.down:
             from gate.cli.kubectx import explain
 
-            print(f"warning: {explain(failing, self.feed.server)}; retrying", file=sys.stderr, flush=True)
+            print(f"warning: the watch is retrying: {explain(failing, self.feed.server)}", file=sys.stderr, flush=True)
         elif failing is None and self.down:
             print(f"the API server at {self.feed.server} answers again", file=sys.stderr, flush=True)
         self.down = failing is not None
@@ -147,6 +148,11 @@ async def watch_status(client: KubeClient, namespace: str, gate: str | None, *,
     the clock changed."""
     feed = StatusFeed(client, namespace)
     notes = ConnectionNotes(feed)
+    caches_log = logging.getLogger("gate.kube.cache")
+    if not caches_log.hasHandlers():
+        # Without logging set up, Python would print the caches' warnings, one per cache and attempt:
+        # the notes say it once.
+        caches_log.addHandler(logging.NullHandler())
     with api_errors(client.base_url):
         await feed.start()
     try:

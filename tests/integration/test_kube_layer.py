@@ -94,3 +94,21 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
     task_b.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task_b
+
+
+async def test_stopping_a_watch_cache_keeps_a_cancellation_of_the_caller(kube: KubeClient) -> None:
+    """Ctrl-C in `asyncio.run` is a cancellation of the main task; one that arrives while the task stops
+    a cache must still end the task (it was once swallowed there, and the demo carried on)."""
+    cache = WatchCache(kube, CONFIGMAPS, namespace="default", label_selector=f"test={unique('stop')}")
+    await cache.start()
+
+    async def stopper() -> str:
+        await cache.stop()
+        return "carried on"
+
+    task = asyncio.create_task(stopper())
+    await asyncio.sleep(0)  # the stopper is inside stop(), waiting for the watch to end
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await cache.stop()  # idempotent: the watch is gone either way
