@@ -51,21 +51,21 @@ def reports_of(snapshot: Snapshot, gate: str | None) -> list[GateReport]:
 
 
 async def get_gate(client: KubeClient, name: str) -> Obj:
-    try:
-        return await client.get(NODEGATES, name)
-    except NotFound as exc:
-        if missing_api(exc):
-            raise
-        raise CliError(f"no NodeGate named {name} (`kubectl get ng` lists them)") from None
+    return await _get_named(client, NODEGATES, name, f"no NodeGate named {name} (`kubectl get ng` lists them)")
 
 
 async def get_node(client: KubeClient, name: str) -> Obj:
+    return await _get_named(client, NODES, name, f"no node named {name}")
+
+
+async def _get_named(client: KubeClient, res: Resource, name: str, missing: str) -> Obj:
+    """The object, or CliError(`missing`) when there is no such object (a missing API is raised as is)."""
     try:
-        return await client.get(NODES, name)
+        return await client.get(res, name)
     except NotFound as exc:
         if missing_api(exc):
             raise
-        raise CliError(f"no node named {name}") from None
+        raise CliError(missing) from None
 
 
 def states_on(node: Obj) -> dict[str, str]:
