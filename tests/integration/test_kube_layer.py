@@ -11,9 +11,11 @@ from gate.kube.client import CONFIGMAPS, KubeClient
 from gate.kube.errors import Conflict, NotFound
 from gate.kube.lease import LeaderElector
 from tests.conftest import unique
+from tests.processes import HANG_GUARD
 
 
-async def _eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def _eventually(check, timeout: float = HANG_GUARD) -> None:  # type: ignore[no-untyped-def]
+    # The default is a hang guard: how long a busy machine takes is no failure.
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         if asyncio.get_running_loop().time() > deadline:
