@@ -78,9 +78,14 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
         return LeaderElector(kube, lease, "default", identity, lease_seconds=LONG_LEASE, renew_seconds=0.5,
                              renew_deadline=20, retry_seconds=0.2)
 
+    ended: list[str] = []
+
     async def work(identity: str) -> None:
         leading.append(identity)
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(identity)
 
     a, b = elector("a"), elector("b")
     task_a = asyncio.create_task(a.run(lambda: work("a"), lambda: None))
@@ -91,6 +96,9 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
     task_a.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task_a
+    # A cancelled elector's work (and its renewals, which would take the released lease back) ended
+    # with it: they once ran on, and the standby waited for the lease to expire.
+    assert ended == ["a"]
     await _eventually(lambda: b.is_leader, timeout=LONG_LEASE / 2)  # released: the lease need not run out
     assert leading == ["a", "b"]
     task_b.cancel()
