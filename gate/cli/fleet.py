@@ -1,9 +1,10 @@
 """The commands a person runs against a cluster: status, plan, pause, resume, delete, node, rerun, package logs.
 
-This module only builds the parser. Each command lives in a module of its own (`gate.cli.status`,
-`plan`, `pause` for pause and resume, `delete`, `node_list`, `rerun`; `gate.cli.nodes` and
-`gate.cli.logs` add to the groups), which its handler imports when it runs (the Kubernetes client,
-pydantic models, rich), so `nodegate version` and `--help` stay fast.
+This module only builds the parser. Each command lives in a module of its own, as kubectl keeps a
+package per verb (`k8s.io/kubectl/pkg/cmd/<verb>`): `gate.cli.status`, `plan`, `pause` (pause and
+resume), `delete`, `node_list`, `rerun`, with what they share in `snapshot` and `output`;
+`gate.cli.nodes` and `gate.cli.logs` add to the groups. A handler imports its module when it runs
+(the Kubernetes client, pydantic models, rich), so `nodegate version` and `--help` stay fast.
 
 The operator is the only writer of node state and gate status. These commands read, or they ask:
 `spec.paused` on a NodeGate, the `nodegate.io/resume` annotation on a NodeGate, the `reset.<gate>` and
