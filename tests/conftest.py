@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
     from gate.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A test run started as a `&` job of a non-interactive shell (a script, an agent's shell, some CI
+# runners) inherits SIGINT ignored, and an ignored signal stays ignored in every process it starts:
+# the tests that press Ctrl-C (`status --watch`, the demo) would send a signal nobody hears, and
+# wait. With Python's handler here, the processes the tests start begin with SIGINT's default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def unique(prefix: str) -> str:

@@ -7,6 +7,17 @@ a planted failure stops one compartment; fix it, rerun the package on that node 
 compartment with the same `nodegate` commands a person would type; follow it to the end, summarise,
 and say how to explore further. Ctrl-C stops everything the demo started.
 
+Ctrl-C is honoured at every moment, which takes three things. SIGINT gets Python's handler even when
+the demo was started with SIGINT ignored (a `&` job of a script inherits that), and SIGTERM counts as
+a Ctrl-C, so the demo never leaves its control plane behind. A Ctrl-C inside an event loop reaches
+this module as KeyboardInterrupt: `asyncio.run` cancels its task and raises it, which holds only as
+long as no code on the way swallows the cancellation (`gate.kube.cache.WatchCache.stop` once did).
+And a command the demo runs for the person (`nodegate rerun ...`) turns a Ctrl-C into exit code 130,
+which the demo turns back into KeyboardInterrupt rather than a failed step.
+
+The demo runs those commands through the `nodegate` entry point it is given (`cli`), rather than
+importing `gate.cli.main`, which imports this module: no import circle (a contract in .importlinter).
+
 The demo keeps its state in its own directory (`~/.cache/nodegate/demo`), so it never touches a
 cluster `nodegate dev up` started. `--quick` runs the same story on 12 nodes with short stages and
 stops the control plane at the end: the integration tests run it that way.
@@ -15,12 +26,14 @@ stops the control plane at the end: the integration tests run it that way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +58,10 @@ FAILURE_SUMMARY = {"package": FAILING_PACKAGE, "version": "1.0.0", "stage": "app
 # Fast operator settings for simulated nodes, whose stages take a second or less.
 OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--image-pull-grace", "10", "--pending-timeout", "60",
                   "--reboot-timeout", "60", "--resync-seconds", "30"]
+
+
+Cli = Callable[[Sequence[str]], int]  # the `nodegate` entry point: argv -> exit code
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 class DemoError(RuntimeError):
@@ -144,8 +161,32 @@ class Narrator:
 # -- the story -----------------------------------------------------------------------------------
 
 
-def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, keep: bool = False,
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside: SIGINT raises KeyboardInterrupt (Python's handler, even if SIGINT was inherited ignored),
+    and SIGTERM does what SIGINT does. The previous handlers come back on the way out."""
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # through whichever SIGINT handler is current (asyncio.run's)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, cli: Cli, keep: bool = False,
              down: bool = False) -> int:
+    with interruptible():
+        return _run_demo(quick=quick, nodes=nodes, state_dir=state_dir, cli=cli, keep=keep, down=down)
+
+
+def _run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, cli: Cli, keep: bool,
+              down: bool) -> int:
     from gate.devcluster.cluster import DevCluster
 
     settings = DemoSettings(
@@ -162,11 +203,14 @@ def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, keep: bo
     say = Narrator(quick)
     started = time.monotonic()
     try:
-        _story(cluster, settings, say)
+        _story(cluster, settings, say, cli)
     except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the clean-up short (it takes seconds): it would leave processes.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         say.say("\nInterrupted: stopping the demo's control plane ...")
         cluster.down(quiet=True)
-        return 130
+        return INTERRUPTED
     except (DemoError, CliError) as exc:
         say.say(f"\nThe demo failed: {exc}")
         say.say(f"Process logs: {cluster.logs}")
@@ -184,7 +228,7 @@ def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, keep: bo
     return 0
 
 
-def _story(cluster: Any, settings: DemoSettings, say: Narrator) -> None:
+def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> None:
     from gate.devcluster import services
     from gate.devcluster.cluster import NodeSpec
 
@@ -238,7 +282,7 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator) -> None:
     for argv in (["package", "logs", bad_node, FAILING_PACKAGE],
                  ["rerun", GATE, "--node", bad_node, "--package", FAILING_PACKAGE],
                  ["resume", GATE, "--compartment", FAILING_POOL]):
-        _cli(argv, say)
+        _run_command(cli, argv, say)
     say.pause(2)
 
     say.header("Following the rollout to the end")
@@ -259,11 +303,11 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
-def _cli(argv: list[str], say: Narrator) -> None:
-    from gate.cli.main import main
-
+def _run_command(cli: Cli, argv: list[str], say: Narrator) -> None:
     say.command("nodegate " + " ".join(argv))
-    code = main(argv)
+    code = cli(argv)
+    if code == INTERRUPTED:  # the command met the person's Ctrl-C: the demo stops, it did not fail
+        raise KeyboardInterrupt
     if code != 0:
         raise DemoError(f"`nodegate {' '.join(argv)}` exited {code}")
 
@@ -320,7 +364,7 @@ async def _remove_failure() -> None:
 
 
 async def _report() -> Any:
-    from gate.cli.actions import fetch_snapshot, reports_of
+    from gate.cli.snapshot import fetch_snapshot, reports_of
 
     async with await _client() as kube:
         [report] = reports_of(await fetch_snapshot(kube, "nodegate-system", GATE), GATE)
@@ -335,8 +379,9 @@ def _follow(say: Narrator, settings: DemoSettings, until_text: str, until: Calla
 async def _follow_async(say: Narrator, settings: DemoSettings, until: Callable[[Any], bool]) -> None:
     """Keep the gate's status on screen until `until(report)`: a live rich view in a terminal, a
     one-line progress every two seconds otherwise (and the full status once at the end)."""
-    from gate.cli.actions import StatusFeed, reports_of
     from gate.cli.render import render_rich, render_text
+    from gate.cli.snapshot import reports_of
+    from gate.cli.status import StatusFeed
 
     started = time.monotonic()
     async with await _client() as kube:
@@ -365,6 +410,7 @@ async def _follow_async(say: Narrator, settings: DemoSettings, until: Callable[[
                         break
                     _check_time(started, settings)
                     await asyncio.sleep(2.0)
+                    feed.check()
                     reports = reports_of(feed.snapshot(), GATE)
                 sys.stdout.write(render_text(reports))
         finally:

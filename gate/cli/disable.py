@@ -26,8 +26,8 @@ def cmd_enable(args: argparse.Namespace) -> int:
 
 
 async def _switch(args: argparse.Namespace, *, disable: bool) -> int:
-    from gate.cli.actions import get_gate
     from gate.cli.kubectx import connect
+    from gate.cli.snapshot import get_gate
     from gate.cli.targets import changed
     from gate.kube.client import NODEGATES
 

@@ -48,8 +48,8 @@ def cmd_package_logs(args: argparse.Namespace) -> int:
 
 
 async def _package_logs(args: argparse.Namespace) -> int:
-    from gate.cli.actions import get_node
     from gate.cli.kubectx import connect
+    from gate.cli.snapshot import get_node
     from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, label_value
     from gate.kube.client import JOBS, NODEGATES, PODS
 
@@ -132,7 +132,7 @@ def _host_log_dirs(node: Obj, package: str, gate: str | None, versions: dict[str
     """Where the agent keeps every run's log on the node: per gate with the package, the version on
     the node (or the one the gate asks for)."""
     from gate.api.state import StateParseError, load_state
-    from gate.cli.actions import states_on
+    from gate.cli.snapshot import states_on
 
     dirs = []
     states = states_on(node)

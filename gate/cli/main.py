@@ -138,8 +138,9 @@ def cmd_dev_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gate.cli.demo import run_demo
 
+    # The demo runs `nodegate` commands through `main`, handed to it: it does not import this module.
     return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None,
-                    keep=args.keep, down=args.down)
+                    cli=main, keep=args.keep, down=args.down)
 
 
 def _err(message: str) -> None:

@@ -27,9 +27,9 @@ def cmd_node_reset(args: argparse.Namespace) -> int:
 
 
 async def _node_reset(args: argparse.Namespace) -> int:
-    from gate.cli.actions import get_gate
     from gate.cli.errors import CliError
     from gate.cli.kubectx import connect
+    from gate.cli.snapshot import get_gate
     from gate.cli.targets import changed, now_stamp, patch_nodes, select_nodes
     from gate.controller.views import node_states
 

@@ -34,9 +34,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 async def _reset(args: argparse.Namespace) -> int:
-    from gate.cli.actions import get_gate, states_on
     from gate.cli.errors import CliError
     from gate.cli.kubectx import connect
+    from gate.cli.snapshot import get_gate, states_on
     from gate.cli.targets import changed, now_stamp, patch_nodes
     from gate.controller.views import node_states
     from gate.kube.client import NODEGATES, NODES

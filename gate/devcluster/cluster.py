@@ -151,6 +151,9 @@ class DevCluster:
         self._ports_file = self.dir / "ports.json"
         self._mode_file = self.dir / "mode.json"
         self.network = ClusterNetwork.of(self.dir)
+        # Processes started but not yet in processes.json: a Ctrl-C between the two must not leave one
+        # that no `down` knows of, so `down` on this object stops these too.
+        self._unrecorded: dict[str, int] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -161,7 +164,13 @@ class DevCluster:
         return {name: Process(**p) for name, p in data.items()}
 
     def _save_processes(self, procs: dict[str, Process]) -> None:
-        self._procs_file.write_text(json.dumps({n: p.__dict__ for n, p in procs.items()}, indent=1))
+        # Written aside and renamed: interrupted half-way, the file is the old one, never a torn one.
+        part = self._procs_file.with_suffix(".json.part")
+        part.write_text(json.dumps({n: p.__dict__ for n, p in procs.items()}, indent=1))
+        os.replace(part, self._procs_file)
+        for name, proc in procs.items():
+            if self._unrecorded.get(name) == proc.pid:
+                del self._unrecorded[name]
 
     def ports(self) -> dict[str, int]:
         return json.loads(self._ports_file.read_text()) if self._ports_file.exists() else {}
@@ -449,6 +458,11 @@ class DevCluster:
         """Stop every process this state directory started; return the names of those stopped."""
         procs = self.processes()
         stopped = []
+        for pid in self._unrecorded.values():  # started, and interrupted before it was recorded
+            _kill(pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # our child, SIGKILLed: gone at once
+        self._unrecorded.clear()
         # Reverse start order: clients before the API server, the API server before etcd.
         for name in reversed(list(procs)):
             proc = procs[name]
@@ -563,6 +577,7 @@ class DevCluster:
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.dir, env={**os.environ, **(env or {})},
             )
+            self._unrecorded[name] = proc.pid
         started = _proc_start_time(proc.pid) or ""
         return Process(name, proc.pid, started, str(log), argv)
 

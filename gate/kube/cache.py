@@ -4,6 +4,11 @@ Readers ask the cache, never the API server; subscribers hear about every change
 enqueue work. A watch that ends is resumed from the last resourceVersion seen (bookmarks keep it
 fresh); a 410 Gone means the server compacted past it, so the cache relists and reports the difference
 as ordinary events, exactly as if it had seen them.
+
+A cache retries a server it cannot reach forever by default, as an operator must (client-go's
+reflector does the same). A command that follows the cluster for a person passes `give_up_after`:
+after that many failed attempts in a row the cache stops and says why in `lost`, as `kubectl get -w`
+ends when its watch does.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class WatchCache:
     """A local, always-current copy of one kind (optionally one namespace or label selector)."""
 
     def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
-                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 give_up_after: int | None = None) -> None:
         self.client = client
         self.resource = resource
         self.namespace = namespace
@@ -51,6 +57,10 @@ class WatchCache:
         self._task: asyncio.Task[None] | None = None
         self.synced = False
         self.relists = 0  # how often the cache had to relist (410 Gone), for tests and metrics
+        self.give_up_after = give_up_after
+        self.failures = 0  # failed attempts in a row to watch or relist; 0 while the server answers
+        self.last_error: ConnectionFailed | ApiError | None = None  # the latest of those failures
+        self.lost: ConnectionFailed | ApiError | None = None  # set when the cache gave up: it follows no more
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -86,13 +96,16 @@ class WatchCache:
         self._task = asyncio.create_task(self._run(), name=f"watch-{self.resource.plural}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # asyncio.wait, not `await task` in a try/except CancelledError: that except would also swallow
+        # a cancellation of the caller arriving meanwhile (asyncio.run's answer to Ctrl-C), and the
+        # caller would carry on as if nothing had been asked.
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Watch ended with an error; resource=%s error=%s", self.resource.plural, task.exception())
 
     async def _relist(self) -> None:
         items, rv = await self.client.list(self.resource, self.namespace, label_selector=self.label_selector,
@@ -121,18 +134,23 @@ class WatchCache:
                     label_selector=self.label_selector, field_selector=self.field_selector,
                 ):
                     backoff = 0.2
+                    self._answered()
                     new_rv = obj.get("metadata", {}).get("resourceVersion")
                     if new_rv:
                         self._rv = new_rv
                     if kind == "BOOKMARK":
                         continue
                     self._apply(kind, obj)
+                self._answered()  # the server ended the watch in order: it is there
             except asyncio.CancelledError:
                 raise
             except Gone:
                 self.relists += 1
-                await self._relist_with_retry()
+                if not await self._relist_with_retry():
+                    return
             except (ConnectionFailed, ApiError) as exc:
+                if self._give_up(exc):
+                    return
                 log.warning("Watch interrupted; resource=%s error=%s", self.resource.plural, exc)
                 await asyncio.sleep(backoff * (1 + random.random()))
                 backoff = min(backoff * 2, 10.0)
@@ -140,16 +158,34 @@ class WatchCache:
                 log.exception("Watch failed; resource=%s", self.resource.plural)
                 await asyncio.sleep(1.0)
 
-    async def _relist_with_retry(self) -> None:
+    async def _relist_with_retry(self) -> bool:
+        """Relist until it works (True), or until the cache gives up (False)."""
         backoff = 0.2
         while True:
             try:
                 await self._relist()
-                return
+                self._answered()
+                return True
             except (ConnectionFailed, ApiError) as exc:
+                if self._give_up(exc):
+                    return False
                 log.warning("Relist failed; resource=%s error=%s", self.resource.plural, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def _answered(self) -> None:
+        self.failures = 0
+        self.last_error = None
+
+    def _give_up(self, exc: ConnectionFailed | ApiError) -> bool:
+        """Count a failed attempt; True when it was the last one `give_up_after` allows."""
+        self.failures += 1
+        self.last_error = exc
+        if self.give_up_after is None or self.failures < self.give_up_after:
+            return False
+        self.lost = exc
+        log.warning("Watch gave up; resource=%s attempts=%d error=%s", self.resource.plural, self.failures, exc)
+        return True
 
     def _apply(self, kind: str, obj: Obj) -> None:
         slim(obj)

@@ -9,7 +9,6 @@ another candidate may take over (the deadline is shorter than the lease duration
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -58,13 +57,15 @@ class LeaderElector:
                 log.info("Became leader; lease=%s/%s identity=%s", self.namespace, self.name, self.identity)
                 work = asyncio.create_task(on_started(), name="leader-work")
                 renew = asyncio.create_task(self._renew_loop(), name="lease-renew")
-                done, _ = await asyncio.wait({work, renew}, return_when=asyncio.FIRST_COMPLETED)
-                self.is_leader = False
-                for task in (work, renew):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                on_stopped()
+                try:
+                    done, _ = await asyncio.wait({work, renew}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    # Also when this task is cancelled (a shutdown): the work and the renewals end with
+                    # the leadership. Left running, the renewals took the lease back after its release,
+                    # and a standby waited for it to expire.
+                    self.is_leader = False
+                    await _end(work, renew)
+                    on_stopped()
                 if work in done and not work.cancelled() and work.exception() is not None:
                     raise work.exception()  # type: ignore[misc]
                 log.warning("Lost leadership; lease=%s/%s identity=%s", self.namespace, self.name, self.identity)
@@ -153,3 +154,15 @@ class LeaderElector:
             await self.client.replace(LEASES, lease)
         except (ApiError, ConnectionFailed, asyncio.CancelledError):
             pass
+
+
+async def _end(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel the tasks and wait until they are done, their errors retrieved (the caller reads them)."""
+    for task in tasks:
+        task.cancel()
+    # asyncio.wait, not `await task` under suppress(CancelledError): that would also swallow a
+    # cancellation of the caller arriving meanwhile.
+    await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()

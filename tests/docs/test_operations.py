@@ -28,10 +28,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -46,6 +44,7 @@ from gate.kube.errors import NotFound
 from tests.conftest import kubectl_path, unique
 from tests.docs.conftest import REPO, shell_commands
 from tests.integration.conftest import Webhook
+from tests.processes import HANG_GUARD, ctrl_c, group_process, read_until
 
 RUNBOOK = REPO / "docs" / "operations.md"
 NAMESPACE = "nodegate-system"
@@ -129,7 +128,7 @@ def _parse(argv: list[str]) -> None:
         return
     words = [a for a in bare[1:3] if not a.startswith("-") and "/" not in a]
     sub = words[:2] if bare[0] == "helm" and words[:1] == ["get"] else words[:1]
-    helptext = subprocess.run([tool, *sub, "--help"], capture_output=True, text=True, timeout=30).stdout
+    helptext = subprocess.run([tool, *sub, "--help"], capture_output=True, text=True, timeout=HANG_GUARD).stdout
     for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
         assert re.search(rf"(^|[\s,]){re.escape(flag)}[=\s\[]", helptext, re.M), f"`{bare[0]} {' '.join(sub)}` " \
             f"has no flag {flag}"
@@ -151,33 +150,33 @@ def _run(line: str, env: dict[str, str]) -> tuple[int, str]:
     stages = _stages(shlex.split(line))
     if len(stages) > 1:
         script = "set -o pipefail; " + " | ".join(shlex.join(_command(s)) for s in stages)
-        proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=HANG_GUARD)
         return proc.returncode, proc.stdout + proc.stderr
     argv = stages[0]
     if argv[0] == "nodegate" and "--watch" in argv:
         return _interrupted_after_first_screen(_command(argv), env)
-    proc = subprocess.run(_command(argv), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(_command(argv), cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD)
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def _interrupted_after_first_screen(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """`--watch` runs until Ctrl-C: let it print, interrupt it, and expect the exit code of an interrupt."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    patience = threading.Timer(30, proc.send_signal, [signal.SIGINT])  # no first screen: interrupt anyway
-    patience.start()
-    first = proc.stdout.readline()
-    patience.cancel()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=30)
-    return (0 if proc.returncode == 130 and first else proc.returncode or 1), first + rest
+    """`--watch` runs until Ctrl-C: wait for its first screen (however long a busy machine takes),
+    interrupt it, and expect the exit code of an interrupt. Its process group goes in any case."""
+    with group_process(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        try:
+            first = "".join(read_until(proc, lambda line: True))
+        except AssertionError as exc:  # it ended, or said nothing before the hang guard
+            return 1, str(exc)
+        ctrl_c(proc.pid)
+        rest, _ = proc.communicate(timeout=HANG_GUARD)
+    return (0 if proc.returncode == 130 else proc.returncode or 1), first + rest
 
 
 # -- the throwaway world ----------------------------------------------------------------------------
 
 
-async def _wait(check: Any, what: str, timeout: float = 60.0) -> None:
+async def _wait(check: Any, what: str, timeout: float = HANG_GUARD) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         if time.monotonic() > deadline:

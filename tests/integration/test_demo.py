@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gate.devcluster.cluster import DevCluster
 from tests.conftest import kubectl_path
+from tests.processes import HANG_GUARD, ctrl_c, group_process, read_until
 
 NODEGATE = [sys.executable, "-m", "gate.cli.main"]
 
@@ -22,10 +24,11 @@ def _kubectl(kubeconfig: Path, *args: str) -> str:
 
 def test_the_quick_demo_tells_the_whole_story_and_leaves_a_cluster_to_explore(tmp_path: Path) -> None:
     state = tmp_path / "demo"
-    run = subprocess.run([*NODEGATE, "demo", "--quick", "--keep", "--state-dir", str(state)],
-                         capture_output=True, text=True, timeout=600)
-    out = run.stdout
     try:
+        with group_process([*NODEGATE, "demo", "--quick", "--keep", "--state-dir", str(state)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as demo:
+            out, err = demo.communicate(timeout=540)  # a hang guard under pytest's 600 s
+        run = subprocess.CompletedProcess(demo.args, demo.returncode, out, err)
         assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
         assert [line for line in out.splitlines() if line.startswith("== Step")] == [
             "== Step 1/6: A real control plane with 12 simulated nodes",
@@ -70,27 +73,47 @@ def test_the_quick_demo_tells_the_whole_story_and_leaves_a_cluster_to_explore(tm
     assert not DevCluster(state).processes()
 
 
-def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:
+def _processes_in(state: Path) -> list[int]:
+    """Every process whose working directory or argv is under the demo's state directory: each one the
+    demo starts runs there (gate.devcluster.cluster), so none can hide from this."""
+    found = []
+    root = str(state.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cwd == root or cwd.startswith(root + "/") or root in argv:
+            found.append(int(entry.name))
+    return found
+
+
+# Ctrl-C at three moments of the story: while the control plane starts (subprocesses, sleeps), while
+# the demo talks to the API server (an event loop per step), and while it follows the rollout live
+# (watch caches being started and stopped).
+MOMENTS = {"starting": "== Step 1/6", "applying": "== Step 3/6", "following": "  Live status until"}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path, moment: str) -> None:
     state = tmp_path / "demo"
-    demo = subprocess.Popen([*NODEGATE, "demo", "--quick", "--state-dir", str(state)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    seen = []
     try:
-        assert demo.stdout is not None
-        for line in demo.stdout:
-            seen.append(line)
-            if line.startswith("== Step 3/6"):
-                break
-        started = DevCluster(state).processes()
-        assert {"etcd", "kube-apiserver", "kwok", "webhook", "operator"} <= set(started), "".join(seen)
-        demo.send_signal(signal.SIGINT)
-        rest, _ = demo.communicate(timeout=120)
+        with group_process([*NODEGATE, "demo", "--quick", "--state-dir", str(state)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT) as demo:
+            seen = read_until(demo, lambda line: line.startswith(MOMENTS[moment]))
+            started = DevCluster(state).processes()
+            ctrl_c(demo.pid)
+            rest, _ = demo.communicate(timeout=HANG_GUARD)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            DevCluster(state).down(quiet=True)
+        DevCluster(state).down(quiet=True)  # whatever the demo left, should it have left anything
     assert demo.returncode == 130, "".join(seen) + rest
     assert "Interrupted: stopping the demo's control plane" in rest
     assert "Traceback" not in rest
+    if moment != "starting":
+        assert {"etcd", "kube-apiserver", "kwok", "webhook", "operator"} <= set(started), "".join(seen)
     assert not [p for p in started.values() if p.alive()]
     assert not os.path.exists(state / "processes.json")
+    assert _processes_in(state) == []

@@ -11,9 +11,11 @@ from gate.kube.client import CONFIGMAPS, KubeClient
 from gate.kube.errors import Conflict, NotFound
 from gate.kube.lease import LeaderElector
 from tests.conftest import unique
+from tests.processes import HANG_GUARD
 
 
-async def _eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def _eventually(check, timeout: float = HANG_GUARD) -> None:  # type: ignore[no-untyped-def]
+    # The default is a hang guard: how long a busy machine takes is no failure.
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         if asyncio.get_running_loop().time() > deadline:
@@ -76,9 +78,14 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
         return LeaderElector(kube, lease, "default", identity, lease_seconds=LONG_LEASE, renew_seconds=0.5,
                              renew_deadline=20, retry_seconds=0.2)
 
+    ended: list[str] = []
+
     async def work(identity: str) -> None:
         leading.append(identity)
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(identity)
 
     a, b = elector("a"), elector("b")
     task_a = asyncio.create_task(a.run(lambda: work("a"), lambda: None))
@@ -89,8 +96,29 @@ async def test_only_one_candidate_leads_and_a_standby_takes_over_on_release(kube
     task_a.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task_a
+    # A cancelled elector's work (and its renewals, which would take the released lease back) ended
+    # with it: they once ran on, and the standby waited for the lease to expire.
+    assert ended == ["a"]
     await _eventually(lambda: b.is_leader, timeout=LONG_LEASE / 2)  # released: the lease need not run out
     assert leading == ["a", "b"]
     task_b.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task_b
+
+
+async def test_stopping_a_watch_cache_keeps_a_cancellation_of_the_caller(kube: KubeClient) -> None:
+    """Ctrl-C in `asyncio.run` is a cancellation of the main task; one that arrives while the task stops
+    a cache must still end the task (it was once swallowed there, and the demo carried on)."""
+    cache = WatchCache(kube, CONFIGMAPS, namespace="default", label_selector=f"test={unique('stop')}")
+    await cache.start()
+
+    async def stopper() -> str:
+        await cache.stop()
+        return "carried on"
+
+    task = asyncio.create_task(stopper())
+    await asyncio.sleep(0)  # the stopper is inside stop(), waiting for the watch to end
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await cache.stop()  # idempotent: the watch is gone either way

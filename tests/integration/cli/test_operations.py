@@ -96,7 +96,7 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
             comps = ((await scenario.gate()).get("status") or {}).get("compartments") or []
             return any(c["name"] == "main" and c.get("state") == "stopped" for c in comps)
 
-        await wait_for(stopped, timeout=60, what="compartment main stopped")
+        await wait_for(stopped, what="compartment main stopped")
         await scenario.wait_node(good, "complete")
 
         # package logs --tail: the failed stage's Job and the agent's summary, as without it.

@@ -23,6 +23,7 @@ from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import NotFound
+from tests.processes import HANG_GUARD
 
 Obj = dict[str, Any]
 NAMESPACE = "nodegate-system"
@@ -128,8 +129,10 @@ async def job_log(cluster: DevCluster) -> AsyncIterator[JobLog]:
     await client.close()
 
 
-async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float = 60.0, what: str = "condition",
+async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float = HANG_GUARD, what: str = "condition",
                    interval: float = 0.25) -> None:
+    """Until `check()` holds. `timeout` is a hang guard, not a measure: a busy machine is slow, and a
+    test passes however long the condition takes below it."""
     deadline = time.monotonic() + timeout
     while True:
         if await check():
@@ -186,7 +189,7 @@ class Scenario:
         raw = ((await self.node(name))["metadata"].get("annotations") or {}).get(keys.state_annotation(self.name))
         return json.loads(raw) if raw else {}
 
-    async def wait_ready(self, timeout: float = 90.0) -> Obj:
+    async def wait_ready(self, timeout: float = HANG_GUARD) -> Obj:
         async def ready() -> bool:
             status = (await self.gate()).get("status") or {}
             gen = (await self.gate())["metadata"]["generation"]
@@ -196,7 +199,7 @@ class Scenario:
         await wait_for(ready, timeout=timeout, what=f"gate {self.name} Ready")
         return await self.gate()
 
-    async def wait_condition(self, type_: str, status: str = "True", timeout: float = 60.0) -> Obj:
+    async def wait_condition(self, type_: str, status: str = "True", timeout: float = HANG_GUARD) -> Obj:
         async def reached() -> bool:
             conds = {c["type"]: c for c in ((await self.gate()).get("status") or {}).get("conditions") or []}
             return bool(conds.get(type_, {}).get("status") == status)
@@ -204,7 +207,7 @@ class Scenario:
         await wait_for(reached, timeout=timeout, what=f"gate {self.name} {type_}={status}")
         return await self.gate()
 
-    async def wait_node(self, node: str, status: str, timeout: float = 60.0) -> None:
+    async def wait_node(self, node: str, status: str, timeout: float = HANG_GUARD) -> None:
         async def reached() -> bool:
             return await self.node_status(node) == status
 
@@ -222,7 +225,7 @@ class Scenario:
         self.nodes.append(name)
         return created
 
-    async def delete_gate(self, name: str | None = None, *, timeout: float = 60) -> None:
+    async def delete_gate(self, name: str | None = None, *, timeout: float = HANG_GUARD) -> None:
         """Delete a gate (this scenario's by default) and wait until the operator released it."""
         gate = name or self.name
         await self.kube.delete(NODEGATES, gate)

@@ -110,3 +110,32 @@ def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:
     assert "No Events of the Job controller about stage Jobs were found: no count of stages run." in lines
     assert "The planted failure on pool-b-0: 0 CompartmentStopped and 0 Resumed Events; pool-b-0 is complete." \
         in lines
+
+
+def test_inside_the_demo_ctrl_c_is_heard_even_when_inherited_ignored_and_sigterm_counts_as_one() -> None:
+    import signal
+
+    from gate.cli.demo import interruptible
+
+    term = signal.getsignal(signal.SIGTERM)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a `&` job of a script starts
+    try:
+        with interruptible():
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # given back as it was
+        assert signal.getsignal(signal.SIGTERM) == term
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_command_the_demo_runs_that_met_ctrl_c_stops_the_demo_rather_than_failing_it() -> None:
+    from gate.cli.demo import DemoError, Narrator, _run_command
+
+    say = Narrator(quick=True)
+    with pytest.raises(KeyboardInterrupt):
+        _run_command(lambda argv: 130, ["rerun", "g"], say)
+    with pytest.raises(DemoError, match="exited 2"):
+        _run_command(lambda argv: 2, ["rerun", "g"], say)

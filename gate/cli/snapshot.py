@@ -1,0 +1,78 @@
+"""What the cluster commands read: the snapshot a status is computed from, one gate, one node.
+
+Shared by the commands of `gate.cli.status`, `plan`, `pause`, `delete`, `node_list`, `rerun`, `reset`,
+`disable`, `nodes` and `logs`, and by the demo. Reads only: the operator is the only writer of node
+state and gate status (see `gate.cli.fleet`). A missing gate or node is a `CliError` naming it; a
+missing API (the CRDs not installed) is left to `gate.cli.kubectx.api_errors` to explain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from gate.api import keys
+from gate.cli.errors import CliError
+from gate.cli.kubectx import missing_api
+from gate.cli.report import GateReport, Snapshot, build_reports
+from gate.kube.client import JOBS, NODEGATES, NODES, POLICIES, KubeClient, Resource
+from gate.kube.errors import Forbidden, NotFound
+
+Obj = dict[str, Any]
+
+
+async def _items(client: KubeClient, res: Resource, namespace: str | None = None,
+                 label_selector: str | None = None) -> list[Obj]:
+    items, _ = await client.list(res, namespace, label_selector=label_selector)
+    return items
+
+
+async def fetch_snapshot(client: KubeClient, namespace: str, gate: str | None = None) -> Snapshot:
+    """One consistent-enough read of everything the status needs (four lists, in parallel)."""
+
+    async def jobs() -> list[Obj] | None:
+        try:
+            return await _items(client, JOBS, namespace, f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
+        except Forbidden:
+            return None  # the status still works, without the names of running stages
+
+    gates, policies, nodes, job_items = await asyncio.gather(
+        _items(client, NODEGATES), _items(client, POLICIES), _items(client, NODES), jobs())
+    if gate is not None and not any(g["metadata"]["name"] == gate for g in gates):
+        raise CliError(f"no NodeGate named {gate} (`kubectl get ng` lists them)")
+    return Snapshot(gates=gates, policies={p["metadata"]["name"]: p for p in policies}, nodes=nodes,
+                    jobs=job_items or [], jobs_visible=job_items is not None)
+
+
+def reports_of(snapshot: Snapshot, gate: str | None) -> list[GateReport]:
+    """The reports of every gate in `snapshot` (or only `gate`), as of now."""
+    return build_reports(snapshot, datetime.now(UTC), [gate] if gate else None)
+
+
+async def get_gate(client: KubeClient, name: str) -> Obj:
+    return await _get_named(client, NODEGATES, name, f"no NodeGate named {name} (`kubectl get ng` lists them)")
+
+
+async def get_node(client: KubeClient, name: str) -> Obj:
+    return await _get_named(client, NODES, name, f"no node named {name}")
+
+
+async def _get_named(client: KubeClient, res: Resource, name: str, missing: str) -> Obj:
+    """The object, or CliError(`missing`) when there is no such object (a missing API is raised as is)."""
+    try:
+        return await client.get(res, name)
+    except NotFound as exc:
+        if missing_api(exc):
+            raise
+        raise CliError(missing) from None
+
+
+def states_on(node: Obj) -> dict[str, str]:
+    """gate name -> raw state annotation, for every gate that recorded progress on the node."""
+    out = {}
+    for key, value in (node["metadata"].get("annotations") or {}).items():
+        gate = keys.gate_of_state_annotation(key)
+        if gate is not None:
+            out[gate] = value
+    return out
