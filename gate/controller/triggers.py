@@ -17,7 +17,7 @@ Three kinds of keys:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from gate.api import keys
@@ -28,33 +28,33 @@ Obj = dict[str, Any]
 EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
 
 
+class _Key:
+    """A work key reads as a path in logs (`node/GATE/NODE`); its kind labels the metrics."""
+
+    kind = ""
+
+    def __str__(self) -> str:
+        return "/".join((self.kind, *(str(v) for v in astuple(self))))  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class GateKey:
+class GateKey(_Key):
     gate: str
     kind = "gate"
 
-    def __str__(self) -> str:
-        return f"gate/{self.gate}"
-
 
 @dataclass(frozen=True)
-class NodeKey:
+class NodeKey(_Key):
     gate: str
     node: str
     kind = "node"
 
-    def __str__(self) -> str:
-        return f"node/{self.gate}/{self.node}"
-
 
 @dataclass(frozen=True)
-class JoinKey:
+class JoinKey(_Key):
     gate: str
     node: str
     kind = "join"
-
-    def __str__(self) -> str:
-        return f"join/{self.gate}/{self.node}"
 
 
 WorkKey = GateKey | NodeKey | JoinKey

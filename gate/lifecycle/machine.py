@@ -19,7 +19,7 @@ deterministic name, so running `decide` again after a crash at any point does th
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -266,43 +266,51 @@ def decide(ctx: NodeContext) -> Decision:
     needs_interrupt = required.type != "none"
     paused = ctx.gate.spec.paused
 
-    if s.phase == "idle":
-        r.set_phase("cordon" if needs_interrupt else "stages")
     if s.phase in ("cordon", "wait-pods", "drain") and not needs_interrupt:
         r.set_phase("stages")
-
-    if s.phase in ("cordon", "wait-pods", "drain"):
-        outcome = _prepare(r, required, paused)
-        if outcome is not None:
-            return outcome
-
-    if s.phase == "stages":
-        outcome = _stages(r, work, paused)
-        if outcome is not None:
-            return outcome
-        if needs_interrupt:
-            s.boot_id = ctx.node.boot_id
-            r.set_phase("interrupt")
-        else:
-            r.set_phase("finish")
-
-    if s.phase == "interrupt":
-        outcome = _interrupt(r, required, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("post-interrupt")
-
-    if s.phase == "post-interrupt":
-        outcome = _post_interrupt(r, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("finish")
+    outcome = _phases(r, required, paused, lambda: _stages(r, work, paused))
+    if outcome is not None:
+        return outcome
 
     if s.phase == "finish":
         if _unsettled(r):
             return r.finish_decision()
         _finish(r)
     return r.finish_decision()
+
+
+def _phases(r: _Round, required: Interrupt, paused: bool, stages: Callable[[], Decision | None]) -> Decision | None:
+    """The phases of a round up to its finish, for an install round (`stages` runs the package stages)
+    and a removal round (the uninstalls) alike. Returns a decision while the round is under way, None
+    once it reached `finish`."""
+    s = r.state
+    needs_interrupt = required.type != "none"
+    if s.phase == "idle":
+        r.set_phase("cordon" if needs_interrupt else "stages")
+    if s.phase in ("cordon", "wait-pods", "drain"):
+        outcome = _prepare(r, required, paused)
+        if outcome is not None:
+            return outcome
+    if s.phase == "stages":
+        outcome = stages()
+        if outcome is not None:
+            return outcome
+        if needs_interrupt:
+            s.boot_id = r.ctx.node.boot_id
+            r.set_phase("interrupt")
+        else:
+            r.set_phase("finish")
+    if s.phase == "interrupt":
+        outcome = _interrupt(r, required, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("post-interrupt")
+    if s.phase == "post-interrupt":
+        outcome = _post_interrupt(r, paused)
+        if outcome is not None:
+            return outcome
+        r.set_phase("finish")
+    return None
 
 
 def _prepare(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
@@ -727,32 +735,9 @@ def _removal_round(r: _Round) -> Decision | None:
         asking = {n for n in todo if packages[n].uninstall_interrupt().type != "none"}
         s.interrupted = sorted(set(s.interrupted) | asking)
         r.changed = True
-    needs_interrupt = required.type != "none"
-    if s.phase == "idle":
-        r.set_phase("cordon" if needs_interrupt else "stages")
-    if s.phase in ("cordon", "wait-pods", "drain"):
-        outcome = _prepare(r, required, paused)
-        if outcome is not None:
-            return outcome
-    if s.phase == "stages":
-        outcome = _uninstalls(r, todo, paused)
-        if outcome is not None:
-            return outcome
-        if needs_interrupt:
-            s.boot_id = ctx.node.boot_id
-            r.set_phase("interrupt")
-        else:
-            r.set_phase("finish")
-    if s.phase == "interrupt":
-        outcome = _interrupt(r, required, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("post-interrupt")
-    if s.phase == "post-interrupt":
-        outcome = _post_interrupt(r, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("finish")
+    outcome = _phases(r, required, paused, lambda: _uninstalls(r, todo, paused))
+    if outcome is not None:
+        return outcome
     if _unsettled(r):
         return r.finish_decision()
     s.status = "complete"
