@@ -37,6 +37,7 @@ from gate.controller import triggers
 from gate.controller.events import EventRecorder
 from gate.controller.jobs import config_map, facts_of, job_view, stage_job
 from gate.controller.metrics import OperatorMetrics
+from gate.controller.patches import node_patch
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, Triggered, WorkKey
@@ -710,57 +711,16 @@ class Operator:
         obj = base or self.nodes.get(node)
         if obj is None:
             return {}
-        meta = obj["metadata"]
-        annotations: dict[str, Any] = {}
-        labels: dict[str, Any] = {}
-        spec: dict[str, Any] = {}
-        change = update.change
-        state_key, label_key = keys.state_annotation(gate.name), keys.status_label(gate.name)
-        for key in update.remove_annotations:
-            annotations[key] = None
-        if update.remove_state:
-            annotations[state_key] = None
-            labels[label_key] = None
-            for request in (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name)):
-                annotations[request] = None  # requests for a gate that is gone
-        elif update.state is not None:
-            annotations[state_key] = update.state.dump()
-            labels[label_key] = update.state.status
-        if change.status is not None and not update.remove_state:
-            labels[label_key] = change.status
-        if change.cordoned_by is not None:
-            annotations[keys.CORDONED_BY] = change.cordoned_by
-        if change.clear_cordoned_by and (meta.get("annotations") or {}).get(keys.CORDONED_BY):
-            annotations[keys.CORDONED_BY] = None
-        if change.unschedulable is not None:
-            spec["unschedulable"] = change.unschedulable
-        taints = list((obj.get("spec") or {}).get("taints") or [])
-        has_taint = any(t.get("key") == keys.READINESS_TAINT_KEY for t in taints)
-        if change.add_readiness_taint and not has_taint:
-            spec["taints"] = [*taints, {"key": keys.READINESS_TAINT_KEY, "effect": keys.READINESS_TAINT_EFFECT}]
-            self.metrics.taints_added.labels(gate.name).inc()
-        elif change.remove_readiness_taint and has_taint:
-            spec["taints"] = [t for t in taints if t.get("key") != keys.READINESS_TAINT_KEY]
-            self.metrics.taint_removals.labels(gate.name).inc()
-        current_ann = meta.get("annotations") or {}
-        current_lab = meta.get("labels") or {}
-        annotations = {k: v for k, v in annotations.items() if current_ann.get(k) != v}
-        labels = {k: v for k, v in labels.items() if current_lab.get(k) != v}
-        if (obj.get("spec") or {}).get("unschedulable", False) == spec.get("unschedulable", None):
-            spec.pop("unschedulable")
-        if not annotations and not labels and not spec:
-            events = update.events
-            for event in events:
+        built = node_patch(gate.name, obj, update)
+        if built.body is None:
+            for event in update.events:
                 await self.recorder.emit(obj, event.type, event.reason, event.message)
             return obj
-        patch: Obj = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
-        if annotations:
-            patch["metadata"]["annotations"] = annotations
-        if labels:
-            patch["metadata"]["labels"] = labels
-        if spec:
-            patch["spec"] = spec
-        result = await self.client.patch(NODES, node, patch)
+        if built.taint_added:
+            self.metrics.taints_added.labels(gate.name).inc()
+        if built.taint_removed:
+            self.metrics.taint_removals.labels(gate.name).inc()
+        result = await self.client.patch(NODES, node, built.body)
         self.nodes.observe(result)
         self._fleet_memo.pop(node, None)
         for event in update.events:
