@@ -35,6 +35,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller import triggers
 from gate.controller.events import EventRecorder
+from gate.controller.index import StageIndex
 from gate.controller.jobs import config_map, facts_of, job_view, stage_job
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
@@ -93,12 +94,11 @@ class Operator:
         self.ready = False
         self._fleet_memo: dict[str, tuple[str, FleetNode]] = {}
         self._gate_memo: dict[str, tuple[str, NodeGate]] = {}
-        self._jobs_by_node: dict[tuple[str, str], set[str]] = {}
+        self.index = StageIndex()
         self._gate_seen: dict[str, tuple[Any, bool]] = {}
         self._gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self._removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
         self._requests_reported: dict[tuple[str, str], int] = {}  # what api_requests_by counted so far
-        self._pods_by_job: dict[str, set[str]] = {}
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
                                      renew_deadline=settings.renew_deadline,
@@ -129,9 +129,9 @@ class Operator:
         try:
             await self._start_caches(caches)
             for job in self.jobs.items():
-                self._index_job("ADDED", job)
+                self.index.job_event("ADDED", job)
             for pod in self.pods.items():
-                self._index_pod("ADDED", pod)
+                self.index.pod_event("ADDED", pod)
             self.ready = True
             log.info("Caches synced; gates=%d nodes=%d", len(self.gates), len(self.nodes))
             for gate in self.gates.items():  # everything, as on a spec change of every gate
@@ -231,36 +231,12 @@ class Operator:
             self._fleet_memo.pop(obj["metadata"]["name"], None)
         self._queue(triggers.on_node(kind, obj, self.gates.items()))
 
-    def _index_job(self, kind: str, job: Obj) -> tuple[str, str] | None:
-        owner = triggers.job_owner(job)
-        if owner is None:
-            return None
-        names = self._jobs_by_node.setdefault(owner, set())
-        if kind == "DELETED":
-            names.discard(job["metadata"]["name"])
-        else:
-            names.add(job["metadata"]["name"])
-        return owner
-
     def _on_job(self, kind: str, job: Obj) -> None:
-        self._index_job(kind, job)
+        self.index.job_event(kind, job)
         self._queue(triggers.on_job(kind, job))
 
-    def _index_pod(self, kind: str, pod: Obj) -> str | None:
-        job: str | None = (pod["metadata"].get("labels") or {}).get("job-name")
-        if not job:
-            return None
-        names = self._pods_by_job.setdefault(job, set())
-        if kind == "DELETED":
-            names.discard(pod["metadata"]["name"])
-            if not names:
-                self._pods_by_job.pop(job, None)
-        else:
-            names.add(pod["metadata"]["name"])
-        return job
-
     def _on_pod(self, kind: str, pod: Obj) -> None:
-        self._index_pod(kind, pod)
+        self.index.pod_event(kind, pod)
         self._queue(triggers.on_pod(pod))
 
     # -- reading ----------------------------------------------------------------------------------
@@ -304,9 +280,7 @@ class Operator:
     def _busy_nodes(self, gate: str) -> set[str]:
         """Nodes where a stage Job of `gate` has not ended."""
         busy = set()
-        for (g, node), names in self._jobs_by_node.items():
-            if g != gate:
-                continue
+        for node, names in self.index.nodes_with_jobs(gate):
             for name in names:
                 job = self.jobs.get(name, self.settings.namespace)
                 if job is not None and not job_finished(job):
@@ -316,12 +290,12 @@ class Operator:
 
     def _jobs_of(self, gate: str, node: str) -> dict[str, Any]:
         views = {}
-        for name in list(self._jobs_by_node.get((gate, node), ())):
+        for name in self.index.jobs_of(gate, node):
             job = self.jobs.get(name, self.settings.namespace)
             if job is None:
                 continue
             pods = [p for p in (self.pods.get(n, self.settings.namespace)
-                                for n in self._pods_by_job.get(name, ())) if p is not None]
+                                for n in self.index.pods_of(name)) if p is not None]
             views[name] = job_view(job, pods)
         return views
 
@@ -625,14 +599,14 @@ class Operator:
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
                 self.jobs.observe(created)
-                self._index_job("ADDED", created)
+                self.index.job_event("ADDED", created)
                 log.info("Started stage; gate=%s node=%s package=%s stage=%s job=%s", gate.name, node,
                          request.package or "-", request.stage, request.name)
         for name in decision.delete_jobs:
             job = self.jobs.get(name, self.settings.namespace)
             if job is not None:
                 self._stage_metrics(job)
-                self._index_job("DELETED", job)
+                self.index.job_event("DELETED", job)
             await self.client.delete(JOBS, name, self.settings.namespace, body={"propagationPolicy": "Background"})
         blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
         if blocked:
