@@ -384,6 +384,23 @@ class ConfigSpec(PackageModel):
                      and fnmatch.fnmatchcase(name, pattern)), None)
 
 
+TestTier = Literal["realnode", "chroot", "unit"]
+
+
+class TestedOn(PackageModel):
+    """An operating system the package is proven on, and how: the catalog prints these."""
+
+    os: str = Field(pattern=r"^[a-z][-a-z0-9.]{0,62}$", description="The OS and release, e.g. debian-12.")
+    tier: TestTier = Field(
+        description=(
+            "realnode: stages run by the operator on real nodes (tests/realnode); chroot: every stage run by "
+            "`nodegate package test` against a root filesystem (tests/agent); unit: the OS's os-release and "
+            "command outputs in unit tests."
+        )
+    )
+    note: str = Field(default="", max_length=1024, description="What is and is not proven there.")
+
+
 class PackageManifest(PackageModel):
     """package.yaml: what a NodeGate package is and what each of its stages runs."""
 
@@ -420,6 +437,10 @@ class PackageManifest(PackageModel):
         ),
     )
     stages: Stages = Field(default_factory=Stages, description="Steps per stage.")
+    tested_on: list[TestedOn] = Field(
+        default_factory=list, max_length=64,
+        description="Where the package is proven, for the catalog (docs/catalog.md); a test checks each claim.",
+    )
 
     @field_validator("root")
     @classmethod
