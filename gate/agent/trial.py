@@ -81,7 +81,7 @@ def run_trial(
         at = pending.index("post-interrupt") if "post-interrupt" in pending else min(len(pending), 2)
         pending.insert(at, "interrupt")
     for name in pending:
-        if rows and rows[-1].ok is False:
+        if any(row.ok is False for row in rows):
             rows.append(TrialStep(name, None, "not run: an earlier stage failed"))
             continue
         if name == "post-interrupt" and interrupt is None:

@@ -14,6 +14,11 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `update-grub` renders `/boot/grub/grub.cfg` from `/etc/default/grub` and `/etc/default/grub.d/*.cfg`;
 * a reboot (`reboot` or `systemctl reboot`) "boots" the root: `/proc/cmdline` becomes grub.cfg's
   kernel line and blocklisted modules disappear from `/proc/modules`;
+* `systemctl daemon-reload` notes each unit's drop-ins in /etc/systemd/system/<unit>.d, which
+  `systemctl show -p DropInPaths --value UNIT` then reports (a drop-in written after the last reload
+  is not loaded, as with systemd);
+* `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
+  /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
 * `systemctl` restarts units listed in `/etc/fake-systemd/running`, and fails on request: a file
   `/etc/fake-systemd/fail-<what>` makes that operation fail; `shutdown-kills-caller` makes a reboot
   send SIGTERM to its caller, as systemd stopping the agent's pod would.
@@ -49,7 +54,18 @@ case "$1" in
     reboot)
         exec /usr/libexec/nodegate-fakes/fake-reboot --from-systemctl ;;
     daemon-reload)
-        if [ -e "$state/fail-daemon-reload" ]; then echo "Failed to reload daemon: fake failure" >&2; exit 1; fi ;;
+        if [ -e "$state/fail-daemon-reload" ]; then echo "Failed to reload daemon: fake failure" >&2; exit 1; fi
+        # What systemd would load now: every unit's drop-ins, as `show -p DropInPaths` reports them.
+        rm -rf "$state/loaded"; mkdir -p "$state/loaded"
+        for dir in /etc/systemd/system/*.d; do
+            [ -d "$dir" ] || continue
+            unit=${dir##*/}; unit=${unit%.d}
+            for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
+        done ;;
+    show)
+        # Only `show -p DropInPaths --value UNIT`: the drop-ins loaded at the last daemon-reload.
+        [ "$2" = -p ] && [ "$3" = DropInPaths ] && [ "$4" = --value ] || { echo "fake systemctl: show $*" >&2; exit 1; }
+        cat "$state/loaded/$5" 2>/dev/null | sed 's/ $//'; echo ;;
     restart)
         shift
         for unit in "$@"; do
@@ -85,6 +101,13 @@ for module in $(cat /etc/modprobe.d/*.conf 2>/dev/null | sed -n 's/^blacklist[[:
     mv /proc/modules.new /proc/modules
 done
 echo "fake-boot-$$" > /proc/sys/kernel/random/boot_id
+# A booting systemd loads every unit's drop-ins (what the fake `systemctl show -p DropInPaths` reports).
+rm -rf "$state/loaded"; mkdir -p "$state/loaded"
+for dir in /etc/systemd/system/*.d; do
+    [ -d "$dir" ] || continue
+    unit=${dir##*/}; unit=${unit%.d}
+    for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
+done
 if [ -e "$state/shutdown-kills-caller" ]; then kill -TERM "$PPID"; fi
 if [ -e "$state/shutdown-kills-self" ]; then kill -TERM "$$"; fi
 exit 0
@@ -123,6 +146,32 @@ case "$1" in
     *=*) set_kv "${1%%=*}" "${1#*=}" ;;
     *) echo "$1 = $(cat "$(path "$1")")" ;;
 esac
+"""
+
+FAKE_RUNUSER = r"""#!/bin/sh
+# FAKE runuser for NodeGate's agent tests: `runuser -u USER -- CMD...` with the limits pam_limits would
+# set for USER's session from /etc/security/limits.conf and limits.d (items with a sh ulimit flag;
+# `*` lines apply to every user but root, as with pam_limits).
+echo "runuser $*" >> /var/log/fake-calls.log
+[ "$1" = -u ] && [ "$3" = -- ] || { echo "fake runuser: only -u USER -- CMD" >&2; exit 1; }
+user=$2; shift 3
+grep -q "^$user:" /etc/passwd || { echo "runuser: user $user does not exist" >&2; exit 1; }
+for f in /etc/security/limits.conf /etc/security/limits.d/*.conf; do
+    [ -f "$f" ] || continue
+    sed -e 's/#.*//' "$f" | while read -r domain type item value; do
+        [ -n "$value" ] || continue
+        { [ "$domain" = "$user" ] || { [ "$domain" = '*' ] && [ "$user" != root ]; }; } || continue
+        case "$item" in nofile) flag=n ;; nproc) flag=p ;; memlock) flag=l ;; stack) flag=s ;; *) continue ;; esac
+        case "$value" in -1|infinity) value=unlimited ;; esac
+        case "$type" in soft) echo "ulimit -S$flag $value" ;; hard) echo "ulimit -H$flag $value" ;;
+            -) echo "ulimit -$flag $value" ;; esac   # both at once (sh sets soft and hard)
+    done
+done > /tmp/.fake-runuser-limits.$$
+# Hard limits first (raising a soft limit may need the hard one raised before it).
+limits=$(grep -- ' -H' /tmp/.fake-runuser-limits.$$; grep -v -- ' -H' /tmp/.fake-runuser-limits.$$)
+rm -f /tmp/.fake-runuser-limits.$$
+eval "$limits" || { echo "runuser: cannot open session: Operation not permitted" >&2; exit 1; }
+exec "$@"
 """
 
 FAKE_UPDATE_INITRAMFS = r"""#!/bin/sh
@@ -174,11 +223,12 @@ FAKES: Final = {
     "update-initramfs": ("usr/sbin", FAKE_UPDATE_INITRAMFS),
     "lsinitramfs": ("usr/bin", FAKE_LSINITRAMFS),
     "update-grub": ("usr/sbin", FAKE_UPDATE_GRUB),
+    "runuser": ("usr/sbin", FAKE_RUNUSER),
 }
 
 FILES: Final = {
-    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
-    "etc/group": "root:x:0:\n",
+    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "etc/group": "root:x:0:\nnogroup:x:65534:\n",
     "etc/hostname": "fake-node\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
@@ -197,6 +247,7 @@ FILES: Final = {
         "ext4 1007616 1 - Live 0x0000000000000000\n"
     ),
     "proc/sys/net/core/somaxconn": "4096\n",
+    "proc/sys/net/ipv4/tcp_keepalive_time": "7200\n",
     "proc/sys/vm/swappiness": "60\n",
     "proc/sys/vm/max_map_count": "65530\n",
     "proc/sys/vm/nr_hugepages": "0\n",

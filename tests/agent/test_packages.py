@@ -23,6 +23,7 @@ INTERRUPTS = {
     "module-blocklist": ["--interrupt", "reboot"],
     "grub-cmdline": ["--interrupt", "reboot"],
     "chrony-conf": ["--interrupt", "service", "--service", "chrony.service"],
+    "tuning": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
 }
 
 
