@@ -23,7 +23,8 @@ INTERRUPTS = {
     "module-blocklist": ["--interrupt", "reboot"],
     "grub-cmdline": ["--interrupt", "reboot"],
     "chrony-conf": ["--interrupt", "service", "--service", "chrony.service"],
-    "tuning": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
+    "tuning": ["--interrupt", "reboot"],
+    "shellscript": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
 }
 
 

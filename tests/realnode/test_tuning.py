@@ -1,0 +1,110 @@
+"""packages/tuning rolled by the operator over real nodes: install, a config change, uninstall.
+
+Each effect is checked from outside, in the node's own root and namespaces: the node's own `net.*`
+sysctls (its network namespace, never this machine's), the GRUB drop-in, grub.cfg written by
+Debian's update-grub and the kernel command line the node booted with, and the limits a new PAM
+session gets from Debian's runuser and pam_limits. Only namespaced sysctls are used: the kernel is
+shared with this machine.
+
+`service_<unit>.conf` is not rolled here: the dev nodes run no systemd (a systemctl stand-in), so
+there is no drop-in loading to prove; the chroot tier covers it (tests/agent/test_tuning.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.realnode.conftest import POOL_LABEL, RealCluster
+
+pytestmark = pytest.mark.timeout(1800)
+
+KERNEL_ARG = "nodegate.tuning=1"
+SOMAXCONN, KEEPALIVE, KEEPALIVE_CHANGED, NOFILE = "3333", "555", "444", "1234"
+SESSION_NOFILE = "runuser -u root -- /bin/sh -c 'ulimit -Sn'"
+
+
+def tuning_gate(name: str, image: str, config: dict[str, str]) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {POOL_LABEL: "real"}},
+            "interruptionBudget": {"count": 1},
+            "packages": {"tuning": {
+                "version": "1.0.0", "image": image, "interrupt": {"type": "reboot"}, "config": config,
+                "configInterrupts": {"grub.conf": {"type": "reboot"}}, "uninstall": {"enabled": True}}},
+        },
+    })
+
+
+def node_state(real: RealCluster, node: str) -> dict[str, str]:
+    sh = real.node_sh
+    return {"somaxconn": sh(node, "sysctl -n net.core.somaxconn").stdout.strip(),
+            "keepalive": sh(node, "sysctl -n net.ipv4.tcp_keepalive_time").stdout.strip(),
+            "nofile": sh(node, SESSION_NOFILE).stdout.strip(), "boot_id": real.boot_id(node)}
+
+
+def wait_rolled(real: RealCluster, name: str, ready: Any, what: str) -> None:
+    """The gate's current generation complete on every node, and the effect seen on the nodes."""
+    def done() -> bool:
+        out = yaml.safe_load(real.kubectl.run("get", "nodegates.nodegate.io", name, "-o", "yaml").stdout)
+        status, generation = out.get("status") or {}, out["metadata"]["generation"]
+        nodes = status.get("nodes") or {}
+        return (status.get("observedGeneration") == generation and bool(nodes.get("matched"))
+                and nodes.get("complete") == nodes.get("matched") and all(ready(node) for node in real.nodes))
+
+    real.wait(what, done, 900.0, every=3.0)
+
+
+def test_tuning_installs_follows_a_config_change_and_uninstall_restores_each_node(
+        real: RealCluster, gate_name: str) -> None:
+    before = {node: node_state(real, node) for node in real.nodes}
+    for state in before.values():
+        assert (state["somaxconn"], state["keepalive"], state["nofile"]) != (SOMAXCONN, KEEPALIVE, NOFILE)
+    tag = f"85-nodegate-tuning-{gate_name}"
+    config = {"sysctl.conf": f"net.core.somaxconn = {SOMAXCONN}\nnet.ipv4.tcp_keepalive_time = {KEEPALIVE}\n",
+              "grub.conf": f"{KERNEL_ARG}\n", "ulimit.conf": f"root soft nofile {NOFILE}\n"}
+    image = real.images["tuning"]
+    try:
+        # Install: every key live on each node, the kernel argument booted (one node rebooted at a time).
+        real.kubectl.apply(tuning_gate(gate_name, image, config))
+        wait_rolled(real, gate_name, lambda node: KERNEL_ARG in (real.node_file(node, "/proc/cmdline") or ""),
+                    "tuning installed and every node rebooted into the kernel argument")
+        for node in real.nodes:
+            now = node_state(real, node)
+            assert (now["somaxconn"], now["keepalive"], now["nofile"]) == (SOMAXCONN, KEEPALIVE, NOFILE), node
+            assert now["boot_id"] != before[node]["boot_id"], f"{node} did not reboot"
+            assert f"net.core.somaxconn = {SOMAXCONN}" in (real.node_file(node, f"/etc/sysctl.d/{tag}.conf") or "")
+            assert KERNEL_ARG in (real.node_file(node, f"/etc/default/grub.d/{tag}.cfg") or "")
+            assert KERNEL_ARG in (real.node_file(node, "/boot/grub/grub.cfg") or "")
+        # The kernel is shared, but these sysctls are each node's own: this machine kept its values.
+        assert open("/proc/sys/net/core/somaxconn").read().strip() != SOMAXCONN
+
+        # A config change: somaxconn and the limits leave the config, keepalive moves; grub.conf is
+        # unchanged, so no reboot.
+        changed = {"sysctl.conf": f"net.ipv4.tcp_keepalive_time = {KEEPALIVE_CHANGED}\n",
+                   "grub.conf": config["grub.conf"]}
+        booted = {node: real.boot_id(node) for node in real.nodes}
+        real.kubectl.apply(tuning_gate(gate_name, image, changed))
+        wait_rolled(real, gate_name, lambda node: node_state(real, node)["keepalive"] == KEEPALIVE_CHANGED,
+                    "the config change on every node")
+        for node in real.nodes:
+            now = node_state(real, node)
+            assert now["somaxconn"] == before[node]["somaxconn"], f"{node}: somaxconn not put back"
+            assert now["nofile"] == before[node]["nofile"], f"{node}: the session limit not put back"
+            assert real.node_file(node, f"/etc/security/limits.d/{tag}.conf") is None
+            assert real.boot_id(node) == booted[node], f"{node} rebooted for a change that needs none"
+
+        # Uninstall: every original back, the drop-in gone and grub.cfg without the argument.
+        real.delete_gate(gate_name, 900.0)
+        for node in real.nodes:
+            now = node_state(real, node)
+            assert (now["somaxconn"], now["keepalive"], now["nofile"]) == (
+                before[node]["somaxconn"], before[node]["keepalive"], before[node]["nofile"]), node
+            for gone in (f"/etc/sysctl.d/{tag}.conf", f"/etc/default/grub.d/{tag}.cfg"):
+                assert real.node_file(node, gone) is None, f"{node}: {gone} left behind"
+            assert KERNEL_ARG not in (real.node_file(node, "/boot/grub/grub.cfg") or "")
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
