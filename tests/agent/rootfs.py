@@ -17,6 +17,7 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `systemctl daemon-reload` notes each unit's drop-ins in /etc/systemd/system/<unit>.d, which
   `systemctl show -p DropInPaths --value UNIT` then reports (a drop-in written after the last reload
   is not loaded, as with systemd);
+* `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
 * `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
   /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
 * `systemctl` restarts units listed in `/etc/fake-systemd/running`, and fails on request: a file
@@ -38,7 +39,7 @@ REQUIRED: Final = ("sh", "cat", "grep", "sed", "mkdir", "rm", "cp", "mv", "tr", 
 OPTIONAL: Final = (
     "echo", "printf", "rmdir", "ls", "chmod", "touch", "date", "head", "tail", "wc", "env", "sleep", "ln",
     "readlink", "basename", "dirname", "id", "true", "false", "stat", "sort", "uniq", "mktemp", "tee", "awk",
-    "diff", "find", "uname", "xargs", "[",
+    "diff", "find", "uname", "xargs", "[", "mount", "umount",
 )
 FAKE_DIR: Final = "usr/libexec/nodegate-fakes"
 CALLS: Final = "var/log/fake-calls.log"
@@ -174,6 +175,16 @@ eval "$limits" || { echo "runuser: cannot open session: Operation not permitted"
 exec "$@"
 """
 
+FAKE_NSENTER = r"""#!/bin/sh
+# FAKE nsenter for NodeGate's agent tests: the test root has no host PID 1 whose namespaces a step
+# could enter, so `nsenter [options] -- CMD` runs CMD where it is (run the agent in a private mount
+# namespace, tests.agent.conftest.in_private_mounts, to let mounts really happen).
+echo "nsenter $*" >> /var/log/fake-calls.log
+while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done
+[ "${1:-}" = -- ] && shift
+exec "$@"
+"""
+
 FAKE_UPDATE_INITRAMFS = r"""#!/bin/sh
 # FAKE update-initramfs for NodeGate's agent tests: records its calls; an "initramfs" is the list
 # of files it would contain (what the fake lsinitramfs prints).
@@ -224,6 +235,7 @@ FAKES: Final = {
     "lsinitramfs": ("usr/bin", FAKE_LSINITRAMFS),
     "update-grub": ("usr/sbin", FAKE_UPDATE_GRUB),
     "runuser": ("usr/sbin", FAKE_RUNUSER),
+    "nsenter": ("usr/bin", FAKE_NSENTER),
 }
 
 FILES: Final = {

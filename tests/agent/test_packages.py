@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import yaml
 from gate.agent.package import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
-from tests.agent.conftest import PACKAGES, Agent
+from tests.agent.conftest import PACKAGES, Agent, in_private_mounts
 from tests.agent.packaging import configmap
 from tests.agent.rootfs import fake_calls, restarted_units
 
@@ -23,9 +24,12 @@ INTERRUPTS = {
     "module-blocklist": ["--interrupt", "reboot"],
     "grub-cmdline": ["--interrupt", "reboot"],
     "chrony-conf": ["--interrupt", "service", "--service", "chrony.service"],
-    "tuning": ["--interrupt", "reboot"],
-    "shellscript": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
+    "tuning": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
+    "shellscript": ["--interrupt", "reboot"],
+    "bind-mount": [],
 }
+# Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
+REAL_MOUNTS = {"bind-mount"}
 
 
 def test_every_example_has_an_interrupt_plan_here() -> None:
@@ -42,8 +46,13 @@ def test_package_lint_passes_on_every_example(name: str, capsys: pytest.CaptureF
 def test_package_test_runs_every_stage_of_every_example(
     name: str, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["package", "test", str(PACKAGES / name), "--root", str(root), *INTERRUPTS[name]])
-    out = capsys.readouterr().out
+    argv = ["package", "test", str(PACKAGES / name), "--root", str(root), *INTERRUPTS[name]]
+    if name in REAL_MOUNTS:
+        done = in_private_mounts(root, sys.executable, "-m", "gate.cli.main", *argv)
+        code, out = done.returncode, done.stdout + done.stderr
+    else:
+        code = main(argv)
+        out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[-1] == "passed"
     assert re.search(r"^PASS  apply ", out, re.M) and re.search(r"^PASS  uninstall ", out, re.M)
