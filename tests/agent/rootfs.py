@@ -17,6 +17,9 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `systemctl daemon-reload` notes each unit's drop-ins in /etc/systemd/system/<unit>.d, which
   `systemctl show -p DropInPaths --value UNIT` then reports (a drop-in written after the last reload
   is not loaded, as with systemd);
+* the real `dpkg-query` and `dpkg` read a small `/var/lib/dpkg/status`; the fake `apt-get install
+  --only-upgrade PKG` moves PKG to its candidate in `/etc/fake-apt/candidates`;
+* `modprobe -r M` drops M from `/proc/modules` (unless `/etc/fake-modules/in-use-M`);
 * `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
 * `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
   /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
@@ -39,7 +42,7 @@ REQUIRED: Final = ("sh", "cat", "grep", "sed", "mkdir", "rm", "cp", "mv", "tr", 
 OPTIONAL: Final = (
     "echo", "printf", "rmdir", "ls", "chmod", "touch", "date", "head", "tail", "wc", "env", "sleep", "ln",
     "readlink", "basename", "dirname", "id", "true", "false", "stat", "sort", "uniq", "mktemp", "tee", "awk",
-    "diff", "find", "uname", "xargs", "[", "mount", "umount",
+    "diff", "find", "uname", "xargs", "[", "mount", "umount", "dpkg", "dpkg-query",
 )
 FAKE_DIR: Final = "usr/libexec/nodegate-fakes"
 CALLS: Final = "var/log/fake-calls.log"
@@ -185,6 +188,35 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done
 exec "$@"
 """
 
+FAKE_APT_GET = r"""#!/bin/sh
+# FAKE apt-get for NodeGate's agent tests: `install --only-upgrade PKG` moves PKG's Version in the real
+# dpkg status file (/var/lib/dpkg/status, which the real dpkg-query reads) to its candidate in
+# /etc/fake-apt/candidates ("PKG VERSION" lines); `update` does nothing.
+echo "apt-get $*" >> /var/log/fake-calls.log
+[ "$1" = update ] && exit 0
+for package; do case "$package" in -*|install) continue ;; esac; done
+candidate=$(awk -v p="$package" '$1 == p { print $2 }' /etc/fake-apt/candidates 2>/dev/null)
+[ -n "$candidate" ] || { echo "E: Unable to locate package $package" >&2; exit 100; }
+awk -v p="$package" -v v="$candidate" '/^Package: / { here = ($2 == p) } here && /^Version: / { $0 = "Version: " v } { print }' \
+    /var/lib/dpkg/status > /var/lib/dpkg/status.new && mv /var/lib/dpkg/status.new /var/lib/dpkg/status
+echo "Setting up $package ($candidate) ..."
+"""
+
+FAKE_MODPROBE = r"""#!/bin/sh
+# FAKE modprobe for NodeGate's agent tests: loaded modules are the lines of /proc/modules.
+# `-r M` fails while /etc/fake-modules/in-use-M exists; loading honours `install M /bin/false`.
+echo "modprobe $*" >> /var/log/fake-calls.log
+if [ "$1" = -r ]; then
+    module=$2
+    [ ! -e "/etc/fake-modules/in-use-$module" ] || { echo "modprobe: FATAL: Module $module is in use." >&2; exit 1; }
+    grep -v "^$module " /proc/modules > /proc/modules.new || true; mv /proc/modules.new /proc/modules
+    exit 0
+fi
+module=$1
+if grep -qx "install $module /bin/false" /etc/modprobe.d/*.conf 2>/dev/null; then exit 1; fi
+grep -q "^$module " /proc/modules || echo "$module 16384 0 - Live 0x0000000000000000" >> /proc/modules
+"""
+
 FAKE_UPDATE_INITRAMFS = r"""#!/bin/sh
 # FAKE update-initramfs for NodeGate's agent tests: records its calls; an "initramfs" is the list
 # of files it would contain (what the fake lsinitramfs prints).
@@ -236,12 +268,20 @@ FAKES: Final = {
     "update-grub": ("usr/sbin", FAKE_UPDATE_GRUB),
     "runuser": ("usr/sbin", FAKE_RUNUSER),
     "nsenter": ("usr/bin", FAKE_NSENTER),
+    "apt-get": ("usr/bin", FAKE_APT_GET),
+    "modprobe": ("usr/sbin", FAKE_MODPROBE),
 }
 
 FILES: Final = {
     "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     "etc/group": "root:x:0:\nnogroup:x:65534:\n",
     "etc/hostname": "fake-node\n",
+    "etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
+    "var/lib/dpkg/status": (
+        "Package: openssh-server\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1:9.2p1-2+deb12u2\n\n"
+        "Package: libfoo1\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1.0-1\n\n"
+    ),
+    "etc/fake-apt/candidates": "openssh-server 1:9.2p1-2+deb12u3\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
     "etc/fake-systemd/running": (

@@ -27,6 +27,7 @@ INTERRUPTS = {
     "tuning": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
     "shellscript": ["--interrupt", "reboot"],
     "bind-mount": [],
+    "cve-fix": ["--interrupt", "reboot"],
 }
 # Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
 REAL_MOUNTS = {"bind-mount"}
