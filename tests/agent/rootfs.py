@@ -19,6 +19,9 @@ The fakes keep just enough state to make the example packages' checks meaningful
   is not loaded, as with systemd);
 * the real `dpkg-query` and `dpkg` read a small `/var/lib/dpkg/status`; the fake `apt-get install
   --only-upgrade PKG` moves PKG to its candidate in `/etc/fake-apt/candidates`;
+* `apt-get install PKG=VERSION` and `purge PKG` edit that status file (a package with a unit in
+  `/etc/fake-apt/unit-PKG` starts and stops it, as its maintainer scripts would); `apt-mark` keeps
+  holds in a file; `augenrules --load` "loads" /etc/audit/rules.d into a file `auditctl -l` lists;
 * `modprobe -r M` drops M from `/proc/modules` (unless `/etc/fake-modules/in-use-M`);
 * `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
 * `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
@@ -189,17 +192,68 @@ exec "$@"
 """
 
 FAKE_APT_GET = r"""#!/bin/sh
-# FAKE apt-get for NodeGate's agent tests: `install --only-upgrade PKG` moves PKG's Version in the real
-# dpkg status file (/var/lib/dpkg/status, which the real dpkg-query reads) to its candidate in
-# /etc/fake-apt/candidates ("PKG VERSION" lines); `update` does nothing.
+# FAKE apt-get for NodeGate's agent tests, over the real dpkg status file (/var/lib/dpkg/status, which
+# the real dpkg-query reads):
+#   install [--only-upgrade] PKG     PKG to its candidate in /etc/fake-apt/candidates ("PKG VERSION")
+#   install PKG=VERSION              PKG at VERSION, which /etc/fake-apt/available must list ("PKG VERSION")
+#   purge PKG                        PKG gone
+# A package with a unit in /etc/fake-apt/unit-PKG starts it on install and stops it on purge, as a
+# Debian postinst and prerm do; `update` does nothing.
 echo "apt-get $*" >> /var/log/fake-calls.log
-[ "$1" = update ] && exit 0
-for package; do case "$package" in -*|install) continue ;; esac; done
-candidate=$(awk -v p="$package" '$1 == p { print $2 }' /etc/fake-apt/candidates 2>/dev/null)
-[ -n "$candidate" ] || { echo "E: Unable to locate package $package" >&2; exit 100; }
-awk -v p="$package" -v v="$candidate" '/^Package: / { here = ($2 == p) } here && /^Version: / { $0 = "Version: " v } { print }' \
-    /var/lib/dpkg/status > /var/lib/dpkg/status.new && mv /var/lib/dpkg/status.new /var/lib/dpkg/status
-echo "Setting up $package ($candidate) ..."
+status=/var/lib/dpkg/status
+verb=""
+for arg; do case "$arg" in -*) ;; update|install|purge) verb=$arg ;; *) target=$arg ;; esac; done
+[ "$verb" = update ] && exit 0
+package=${target%%=*}
+unit=$(cat "/etc/fake-apt/unit-$package" 2>/dev/null || true)
+running=/etc/fake-systemd/running
+drop() { awk -v p="$package" '/^Package: / { here = ($2 == p) } !here { print }' "$status" > "$status.new"; mv "$status.new" "$status"; }
+if [ "$verb" = purge ]; then
+    drop
+    [ -z "$unit" ] || { grep -v "^$unit " "$running" > "$running.new" || true; mv "$running.new" "$running"; }
+    echo "Removing $package ..."; exit 0
+fi
+case "$target" in
+    *=*) version=${target#*=}
+         grep -qx "$package $version" /etc/fake-apt/available 2>/dev/null || {
+             echo "E: Version '$version' for '$package' was not found" >&2; exit 100; } ;;
+    *) version=$(awk -v p="$package" '$1 == p { print $2 }' /etc/fake-apt/candidates 2>/dev/null)
+       [ -n "$version" ] || { echo "E: Unable to locate package $package" >&2; exit 100; } ;;
+esac
+drop
+printf 'Package: %s\nStatus: install ok installed\nArchitecture: amd64\nVersion: %s\n\n' "$package" "$version" >> "$status"
+[ -z "$unit" ] || grep -q "^$unit " "$running" || echo "$unit loaded active running $package" >> "$running"
+echo "Setting up $package ($version) ..."
+"""
+
+FAKE_APT_MARK = r"""#!/bin/sh
+# FAKE apt-mark for NodeGate's agent tests: holds are the lines of /var/lib/fake-apt/holds.
+echo "apt-mark $*" >> /var/log/fake-calls.log
+holds=/var/lib/fake-apt/holds
+mkdir -p "${holds%/*}"; touch "$holds"
+case "$1" in
+    showhold) cat "$holds" ;;
+    hold) grep -qx "$2" "$holds" || echo "$2" >> "$holds"; echo "$2 set on hold." ;;
+    unhold) grep -vx "$2" "$holds" > "$holds.new" || true; mv "$holds.new" "$holds"; echo "Canceled hold on $2." ;;
+    *) echo "fake apt-mark: $1" >&2; exit 1 ;;
+esac
+"""
+
+FAKE_AUGENRULES = r"""#!/bin/sh
+# FAKE augenrules for NodeGate's agent tests: `--load` "loads" /etc/audit/rules.d/*.rules into the
+# fake kernel (/run/fake-audit/loaded), replacing what was loaded.
+echo "augenrules $*" >> /var/log/fake-calls.log
+mkdir -p /run/fake-audit
+cat /etc/audit/rules.d/*.rules 2>/dev/null | sed -e 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$' > /run/fake-audit/loaded || true
+"""
+
+FAKE_AUDITCTL = r"""#!/bin/sh
+# FAKE auditctl for NodeGate's agent tests: `-l` lists what the fake augenrules loaded, keys spelled
+# the way the kernel reports them (-F key=KEY for syscall rules).
+echo "auditctl $*" >> /var/log/fake-calls.log
+[ "$1" = -l ] || { echo "fake auditctl: $*" >&2; exit 1; }
+[ -s /run/fake-audit/loaded ] || { echo "No rules"; exit 0; }
+sed -e '/^-a/s/-k \([^ ]*\)/-F key=\1/' /run/fake-audit/loaded
 """
 
 FAKE_MODPROBE = r"""#!/bin/sh
@@ -269,6 +323,9 @@ FAKES: Final = {
     "runuser": ("usr/sbin", FAKE_RUNUSER),
     "nsenter": ("usr/bin", FAKE_NSENTER),
     "apt-get": ("usr/bin", FAKE_APT_GET),
+    "apt-mark": ("usr/bin", FAKE_APT_MARK),
+    "augenrules": ("usr/sbin", FAKE_AUGENRULES),
+    "auditctl": ("usr/sbin", FAKE_AUDITCTL),
     "modprobe": ("usr/sbin", FAKE_MODPROBE),
 }
 
@@ -282,6 +339,8 @@ FILES: Final = {
         "Package: libfoo1\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1.0-1\n\n"
     ),
     "etc/fake-apt/candidates": "openssh-server 1:9.2p1-2+deb12u3\n",
+    "etc/fake-apt/available": "auditd 1:3.0.9-1\nauditd 1:3.1.2-2\n",
+    "etc/fake-apt/unit-auditd": "auditd.service",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
     "etc/fake-systemd/running": (

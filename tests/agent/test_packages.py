@@ -28,6 +28,7 @@ INTERRUPTS = {
     "shellscript": ["--interrupt", "reboot"],
     "bind-mount": [],
     "cve-fix": ["--interrupt", "reboot"],
+    "security-agent": ["--interrupt", "service", "--service", "auditd.service"],
 }
 # Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
 REAL_MOUNTS = {"bind-mount"}
