@@ -207,7 +207,10 @@ for arg; do case "$arg" in -*) ;; update|install|purge) verb=$arg ;; *) target=$
 package=${target%%=*}
 unit=$(cat "/etc/fake-apt/unit-$package" 2>/dev/null || true)
 running=/etc/fake-systemd/running
-drop() { awk -v p="$package" '/^Package: / { here = ($2 == p) } !here { print }' "$status" > "$status.new"; mv "$status.new" "$status"; }
+drop() {
+    awk -v p="$package" '/^Package: / { here = ($2 == p) } !here { print }' "$status" > "$status.new"
+    mv "$status.new" "$status"
+}
 if [ "$verb" = purge ]; then
     drop
     [ -z "$unit" ] || { grep -v "^$unit " "$running" > "$running.new" || true; mv "$running.new" "$running"; }
@@ -221,7 +224,8 @@ case "$target" in
        [ -n "$version" ] || { echo "E: Unable to locate package $package" >&2; exit 100; } ;;
 esac
 drop
-printf 'Package: %s\nStatus: install ok installed\nArchitecture: amd64\nVersion: %s\n\n' "$package" "$version" >> "$status"
+printf 'Package: %s\nStatus: install ok installed\nArchitecture: amd64\nVersion: %s\n\n' \
+    "$package" "$version" >> "$status"
 [ -z "$unit" ] || grep -q "^$unit " "$running" || echo "$unit loaded active running $package" >> "$running"
 echo "Setting up $package ($version) ..."
 """
@@ -244,7 +248,8 @@ FAKE_AUGENRULES = r"""#!/bin/sh
 # fake kernel (/run/fake-audit/loaded), replacing what was loaded.
 echo "augenrules $*" >> /var/log/fake-calls.log
 mkdir -p /run/fake-audit
-cat /etc/audit/rules.d/*.rules 2>/dev/null | sed -e 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$' > /run/fake-audit/loaded || true
+cat /etc/audit/rules.d/*.rules 2>/dev/null | sed -e 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$' \
+    > /run/fake-audit/loaded || true
 """
 
 FAKE_AUDITCTL = r"""#!/bin/sh

@@ -1,4 +1,4 @@
-"""packages/security-agent on the test root: auditd pinned and held, rules loaded, an upgrade path, the host restored."""
+"""packages/security-agent on the test root: auditd pinned and held, rules loaded, upgraded, the host restored."""
 
 from __future__ import annotations
 
