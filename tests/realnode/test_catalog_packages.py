@@ -1,4 +1,6 @@
-"""packages/tuning rolled by the operator over real nodes: install, a config change, uninstall.
+"""The catalog's packages rolled by the operator over real nodes: install, a config change, uninstall.
+
+tuning:
 
 Each effect is checked from outside, in the node's own root and namespaces: the node's own `net.*`
 sysctls (its network namespace, never this machine's), the GRUB drop-in, grub.cfg written by
@@ -8,6 +10,9 @@ shared with this machine.
 
 `service_<unit>.conf` is not rolled here: the dev nodes run no systemd (a systemctl stand-in), so
 there is no drop-in loading to prove; the chroot tier covers it (tests/agent/test_tuning.py).
+
+bind-mount and shellscript, in one gate without an interrupt: the bind mount must land in the node's
+own mount namespace (the stage pod's would vanish with it), and the gate's scripts run on the node.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.realnode.conftest import POOL_LABEL, RealCluster
+from tests.realnode.conftest import RealCluster, real_pool_gate
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -27,16 +32,9 @@ SESSION_NOFILE = "runuser -u root -- /bin/sh -c 'ulimit -Sn'"
 
 
 def tuning_gate(name: str, image: str, config: dict[str, str]) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {POOL_LABEL: "real"}},
-            "interruptionBudget": {"count": 1},
-            "packages": {"tuning": {
-                "version": "1.0.0", "image": image, "interrupt": {"type": "reboot"}, "config": config,
-                "configInterrupts": {"grub.conf": {"type": "reboot"}}, "uninstall": {"enabled": True}}},
-        },
-    })
+    return real_pool_gate(name, {"tuning": {
+        "version": "1.0.0", "image": image, "interrupt": {"type": "reboot"}, "config": config,
+        "configInterrupts": {"grub.conf": {"type": "reboot"}}, "uninstall": {"enabled": True}}})
 
 
 def node_state(real: RealCluster, node: str) -> dict[str, str]:
@@ -108,3 +106,45 @@ def test_tuning_installs_follows_a_config_change_and_uninstall_restores_each_nod
             assert KERNEL_ARG not in (real.node_file(node, "/boot/grub/grub.cfg") or "")
     finally:
         real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+
+
+def two_packages_gate(name: str, images: dict[str, str], shell: dict[str, str], mounts: str) -> str:
+    return real_pool_gate(name, {
+        "shellscript": {"version": "1.0.0", "image": images["shellscript"], "interrupt": {"type": "none"},
+                        "config": shell, "uninstall": {"enabled": True}},
+        "bind-mount": {"version": "1.0.0", "image": images["bind-mount"], "interrupt": {"type": "none"},
+                       "config": {"mounts": mounts}, "uninstall": {"enabled": True}},
+    })
+
+
+def test_bind_mount_lands_in_the_nodes_mount_namespace_and_shellscript_runs_the_gates_scripts(
+        real: RealCluster, gate_name: str) -> None:
+    shell = {"apply.sh": f"echo {gate_name} > /etc/nodegate-shellscript-{gate_name}\n",
+             "apply-check.sh": f"grep -qx {gate_name} /etc/nodegate-shellscript-{gate_name}\n",
+             "uninstall.sh": f"rm -f /etc/nodegate-shellscript-{gate_name}\n",
+             "uninstall-check.sh": f"test ! -e /etc/nodegate-shellscript-{gate_name}\n"}
+    source, target = f"/srv/{gate_name}-src", f"/mnt/{gate_name}"
+    for node in real.nodes:
+        real.node_sh(node, f"mkdir -p {source} && echo from-{node} > {source}/hello")
+    try:
+        real.kubectl.apply(two_packages_gate(gate_name, real.images, shell, f"{source} {target} ro\n"))
+        real.wait_complete(gate_name, 600.0)
+        for node in real.nodes:
+            assert real.node_file(node, f"/etc/nodegate-shellscript-{gate_name}") == f"{gate_name}\n"
+            # Seen from a shell in the node's own namespaces, not from any pod.
+            assert real.node_file(node, f"{target}/hello") == f"from-{node}\n"
+            mountinfo = real.node_sh(node, "cat /proc/self/mountinfo").stdout
+            fields = [line.split() for line in mountinfo.splitlines()]
+            assert any(f[4] == target and f[5].split(",")[0] == "ro" for f in fields), f"{node}: {target} not ro"
+            assert f"{source} {target} none bind,ro 0 0" in (real.node_file(node, "/etc/fstab") or "")
+        real.delete_gate(gate_name, 600.0)
+        for node in real.nodes:
+            assert real.node_file(node, f"/etc/nodegate-shellscript-{gate_name}") is None
+            mountinfo = real.node_sh(node, "cat /proc/self/mountinfo").stdout
+            assert not any(line.split()[4] == target for line in mountinfo.splitlines()), f"{node}: still mounted"
+            assert real.node_sh(node, f"test ! -e {target}", check=False).returncode == 0, f"{node}: {target} left"
+            assert "NodeGate bind-mount" not in (real.node_file(node, "/etc/fstab") or "")
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+        for node in real.nodes:
+            real.node_sh(node, f"umount {target} 2>/dev/null; rm -rf {source}", check=False)
