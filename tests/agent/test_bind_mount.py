@@ -26,6 +26,8 @@ look() {
     (echo x > "$ROOT/mnt/data/write-test") 2>/dev/null && echo writable > "$OUT/$1.rw" || echo read-only > "$OUT/$1.rw"
     cp "$ROOT/etc/fstab" "$OUT/$1.fstab" 2>/dev/null || true
 }
+"""
+FULL_STORY = STORY + r"""
 step apply apply "$CM1" 1; look apply
 umount "$ROOT/mnt/data"; step drifted post-interrupt "$CM1" 1
 step again config "$CM1" 2; look again
@@ -34,7 +36,7 @@ step uninstall uninstall "$CM2" 3; look uninstall
 """
 
 
-def story(root: Path, tmp_path: Path) -> dict[str, str]:
+def story(root: Path, tmp_path: Path, steps: str = FULL_STORY) -> dict[str, str]:
     (root / "srv/data").mkdir(parents=True)
     (root / "srv/data/hello").write_text("from the source\n")
     (root / "srv/other").mkdir()
@@ -43,7 +45,7 @@ def story(root: Path, tmp_path: Path) -> dict[str, str]:
     cm2 = configmap(tmp_path / "cm2", {"mounts": "/srv/other /mnt/other  # moved\n"})
     out = tmp_path / "out"
     out.mkdir()
-    script = (f"ROOT={root}; PKG={PKG}; PY={sys.executable}; OUT={out}; CM1={cm1}; CM2={cm2}\n" + STORY)
+    script = (f"ROOT={root}; PKG={PKG}; PY={sys.executable}; OUT={out}; CM1={cm1}; CM2={cm2}\n" + steps)
     done = in_private_mounts(root, "/bin/sh", "-c", script)
     assert done.returncode == 0, done.stderr
     return {p.name: p.read_text() for p in out.iterdir()}
@@ -72,6 +74,18 @@ def test_mounts_are_made_read_only_proven_followed_and_removed_cleanly(root: Pat
     assert seen["uninstall.mounts"] == ""
     assert seen["uninstall.fstab"] == "UUID=1234 / ext4 defaults 0 1\n"
     assert not (root / "mnt/other").exists()
+
+
+def test_a_target_made_for_the_mount_that_cannot_be_removed_fails_the_uninstall_check(
+        root: Path, tmp_path: Path) -> None:
+    seen = story(root, tmp_path, STORY + r"""
+step apply apply "$CM1" 1
+umount "$ROOT/mnt/data"; echo stray > "$ROOT/mnt/data/stray"
+step uninstall uninstall "$CM1" 1
+""")
+    assert seen["apply.code"] == "0\n"
+    assert seen["uninstall.code"] == "1\n"
+    assert "/mnt/data, created for the mount, is left behind" in seen["uninstall.summary"]
 
 
 def test_a_missing_mounts_key_is_refused_before_any_step(agent: Agent, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ else
     [ -e "$managed" ] && while read -r source target options; do
         ! is_mounted "$source" "$target" || bad "$target is still mounted"
         ! grep -qF " $target none " "$fstab" || bad "$fstab still has an entry for $target"
-        ! grep -qxF "$target" "$created" 2>/dev/null || ! [ -e "$target" ] || bad "$target, created for the mount, is left behind"
+        ! grep -qxF "$target" "$created" 2>/dev/null || ! host test -e "$target" || bad "$target, created for the mount, is left behind"
     done < "$managed"
     ! grep -qxF "$begin" "$fstab" || bad "$fstab still holds NodeGate's block"
 fi

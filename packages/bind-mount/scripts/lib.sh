@@ -49,8 +49,13 @@ write_fstab() {
 
 unmount() {   # SOURCE TARGET
     if is_mounted "$1" "$2"; then host umount "$2"; echo "unmounted $2"; fi
+    # A target made for the mount goes with it, removed where it was made (the host's namespace). It
+    # stays on the list until it is gone, so the uninstall check can see one left behind.
     if grep -qxF "$2" "$created" 2>/dev/null; then
-        rmdir "$2" 2>/dev/null && echo "removed $2 (created for the mount)" || true
-        grep -vxF "$2" "$created" > "$created.tmp" || true; mv "$created.tmp" "$created"
+        if [ -d "$2" ]; then host rmdir "$2" || echo "could not remove $2"; else host rm -f "$2"; fi
+        if ! host test -e "$2"; then
+            echo "removed $2 (created for the mount)"
+            grep -vxF "$2" "$created" > "$created.tmp" || true; mv "$created.tmp" "$created"
+        fi
     fi
 }

@@ -14,9 +14,9 @@ done < "$managed"
 
 while read -r source target options; do
     [ -d "$source" ] || [ -f "$source" ] || { echo "mounts: source $source does not exist on the host"; exit 1; }
-    if [ ! -e "$target" ]; then
-        if [ -d "$source" ]; then mkdir -p "$target"; else mkdir -p "$(dirname "$target")"; : > "$target"; fi
-        echo "$target" >> "$created"
+    if ! host test -e "$target"; then
+        echo "$target" >> "$created"   # recorded first: a crash right after must not leave it unowned
+        if [ -d "$source" ]; then host mkdir -p "$target"; else host mkdir -p "$(dirname "$target")"; host touch "$target"; fi
     fi
     if ! is_mounted "$source" "$target"; then
         host mount --bind "$source" "$target"
