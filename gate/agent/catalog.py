@@ -13,11 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
+from gate.agent.package import (
+    EXAMPLE_GATE,
+    STAGES,
+    ConfigKey,
+    Package,
+    Stage,
+    Step,
+    example_entries,
+    load_package,
+)
 
-from gate.agent.package import STAGES, ConfigKey, Package, Stage, Step, load_package
-
-EXAMPLE_GATE: Final = "nodegate.yaml"
 TIER_NAMES: Final = {"realnode": "real nodes, by the operator", "chroot": "`nodegate package test` (chroot)",
                      "unit": "unit tests"}
 HEADER: Final = """# The package catalog
@@ -47,21 +53,9 @@ class Entry:
         return self.package.name
 
 
-def _gate_entry(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / EXAMPLE_GATE
-    if not path.is_file():
-        return {}
-    for document in yaml.safe_load_all(path.read_text()):
-        packages = document.get("spec", {}).get("packages", {}) if isinstance(document, dict) else {}
-        entry = packages.get(name) if isinstance(packages, dict) else None
-        if isinstance(entry, dict):
-            return entry
-    return {}
-
-
 def load_entries(packages_dir: Path) -> list[Entry]:
     """Every package directory under `packages_dir`, by name; a broken package raises PackageError."""
-    return [Entry(package, _gate_entry(package.directory, package.name))
+    return [Entry(package, next(iter(example_entries(package.directory / EXAMPLE_GATE, package.name)), {}))
             for package in (load_package(d) for d in sorted(p.parent for p in packages_dir.glob("*/package.yaml")))]
 
 

@@ -17,15 +17,16 @@ from gate.agent.config import config_problems
 from gate.agent.package import (
     CHANGING_STAGES,
     CHECK_OF,
+    EXAMPLE_GATE,
     MANIFEST,
     PackageManifest,
+    example_entries,
     file_problems,
     validation_problems,
 )
 
 Level = Literal["error", "warning"]
 SAMPLE_CONFIG = "sample-config"
-EXAMPLE_GATE = "nodegate.yaml"
 EXAMPLES = "examples"
 
 
@@ -90,16 +91,9 @@ def _example_configs(manifest: PackageManifest, directory: Path) -> list[tuple[s
     sample = directory / SAMPLE_CONFIG
     if sample.is_dir():
         out.append((f"{SAMPLE_CONFIG}/", {e.name: e.read_bytes() for e in sorted(sample.iterdir()) if e.is_file()}))
-    gates = [directory / EXAMPLE_GATE, *sorted((directory / EXAMPLES).glob("*.yaml"))]
-    for example in (path for path in gates if path.is_file()):
-        try:
-            documents = list(yaml.safe_load_all(example.read_text(errors="replace")))
-        except yaml.YAMLError:
-            continue  # an example that is not YAML is the docs tests' business
-        for document in documents:
-            packages = (document or {}).get("spec", {}).get("packages", {}) if isinstance(document, dict) else {}
-            entry = packages.get(manifest.name) if isinstance(packages, dict) else None
-            config = entry.get("config") if isinstance(entry, dict) else None
+    for example in [directory / EXAMPLE_GATE, *sorted((directory / EXAMPLES).glob("*.yaml"))]:
+        for entry in example_entries(example, manifest.name):
+            config = entry.get("config")
             if isinstance(config, dict):
                 where = f"{example.relative_to(directory)}: spec.packages.{manifest.name}.config"
                 out.append((where, {str(k): str(v).encode() for k, v in config.items()}))

@@ -31,6 +31,7 @@ from gate.api.nodegate import PACKAGE_NAME_PATTERN
 API_VERSION: Final = "nodegate.io/v1alpha1"
 KIND: Final = "Package"
 MANIFEST: Final = "package.yaml"
+EXAMPLE_GATE: Final = "nodegate.yaml"  # a package's example NodeGate, next to package.yaml
 SCHEMA_ID: Final = "https://nodegate.io/schemas/package-v1alpha1.json"
 
 # Semantic versions as semver.org defines them, written out here so the agent needs no semver library.
@@ -585,6 +586,26 @@ def load_package(directory: Path) -> Package:
     if problems:
         raise PackageError("; ".join(problems))
     return Package(manifest, directory)
+
+
+def example_entries(path: Path, name: str) -> list[dict[str, Any]]:
+    """Package `name`'s entries under spec.packages in the NodeGate documents of an example gate file.
+
+    Empty when the file is missing or not YAML: an example that does not parse is the docs tests' business."""
+    if not path.is_file():
+        return []
+    try:
+        documents = list(yaml.safe_load_all(path.read_text(errors="replace")))
+    except yaml.YAMLError:
+        return []
+    entries = []
+    for document in documents:
+        spec = document.get("spec") if isinstance(document, dict) else None
+        packages = spec.get("packages") if isinstance(spec, dict) else None
+        entry = packages.get(name) if isinstance(packages, dict) else None
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
 
 
 def package_schema() -> dict[str, Any]:
