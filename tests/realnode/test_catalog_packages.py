@@ -1,4 +1,4 @@
-"""The catalog's packages rolled by the operator over real nodes: install, a config change, uninstall.
+"""The catalog's packages rolled by the operator over real nodes: install, a config change, an upgrade, uninstall.
 
 tuning:
 
@@ -17,6 +17,9 @@ own mount namespace (the stage pod's would vanish with it), and the gate's scrip
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,15 +29,30 @@ from tests.realnode.conftest import RealCluster, real_pool_gate
 
 pytestmark = pytest.mark.timeout(1800)
 
+REPO = Path(__file__).resolve().parents[2]
 KERNEL_ARG = "nodegate.tuning=1"
 SOMAXCONN, KEEPALIVE, KEEPALIVE_CHANGED, NOFILE = "3333", "555", "444", "1234"
 SESSION_NOFILE = "runuser -u root -- /bin/sh -c 'ulimit -Sn'"
 
 
-def tuning_gate(name: str, image: str, config: dict[str, str]) -> str:
+def tuning_gate(name: str, image: str, config: dict[str, str], version: str = "1.0.0",
+                interrupt: str = "reboot") -> str:
     return real_pool_gate(name, {"tuning": {
-        "version": "1.0.0", "image": image, "interrupt": {"type": "reboot"}, "config": config,
+        "version": version, "image": image, "interrupt": {"type": interrupt}, "config": config,
         "configInterrupts": {"grub.conf": {"type": "reboot"}}, "uninstall": {"enabled": True}}})
+
+
+def installed_version(real: RealCluster, node: str, gate: str) -> str | None:
+    text = real.node_file(node, f"/var/lib/nodegate/{gate}/tuning/history.json")
+    return None if text is None else json.loads(text).get("installed")
+
+
+def next_version(directory: Path, version: str) -> Path:
+    """A copy of packages/tuning under another version: the image an upgrade rolls to."""
+    shutil.copytree(REPO / "packages" / "tuning", directory)
+    manifest = directory / "package.yaml"
+    manifest.write_text(manifest.read_text().replace("version: 1.0.0", f"version: {version}", 1))
+    return directory
 
 
 def node_state(real: RealCluster, node: str) -> dict[str, str]:
@@ -56,8 +74,8 @@ def wait_rolled(real: RealCluster, name: str, ready: Any, what: str) -> None:
     real.wait(what, done, 900.0, every=3.0)
 
 
-def test_tuning_installs_follows_a_config_change_and_uninstall_restores_each_node(
-        real: RealCluster, gate_name: str) -> None:
+def test_tuning_installs_follows_a_config_change_upgrades_and_uninstall_restores_each_node(
+        real: RealCluster, gate_name: str, tmp_path: Path) -> None:
     before = {node: node_state(real, node) for node in real.nodes}
     for state in before.values():
         assert (state["somaxconn"], state["keepalive"], state["nofile"]) != (SOMAXCONN, KEEPALIVE, NOFILE)
@@ -94,6 +112,21 @@ def test_tuning_installs_follows_a_config_change_and_uninstall_restores_each_nod
             assert now["nofile"] == before[node]["nofile"], f"{node}: the session limit not put back"
             assert real.node_file(node, f"/etc/security/limits.d/{tag}.conf") is None
             assert real.boot_id(node) == booted[node], f"{node} rebooted for a change that needs none"
+
+        # An upgrade to 1.0.1, built and pushed by `package build`'s code; grub.conf is unchanged, so the
+        # gate asks for no reboot. The upgrade stage re-syncs, and its check proves every key again.
+        from gate.devcluster.images import build_package
+
+        upgraded = build_package(next_version(tmp_path / "tuning", "1.0.1"), real.progress, cluster=real.dev,
+                                 host=real.dev.network.gateway)
+        assert upgraded.reference is not None
+        real.kubectl.apply(tuning_gate(gate_name, upgraded.reference, changed, version="1.0.1", interrupt="none"))
+        wait_rolled(real, gate_name, lambda node: installed_version(real, node, gate_name) == "1.0.1",
+                    "the upgrade to 1.0.1 on every node")
+        for node in real.nodes:
+            now = node_state(real, node)
+            assert (now["keepalive"], now["somaxconn"]) == (KEEPALIVE_CHANGED, before[node]["somaxconn"]), node
+            assert KERNEL_ARG in (real.node_file(node, f"/etc/default/grub.d/{tag}.cfg") or "")
 
         # Uninstall: every original back, the drop-in gone and grub.cfg without the argument.
         real.delete_gate(gate_name, 900.0)
