@@ -17,15 +17,17 @@ from gate.agent.config import config_problems
 from gate.agent.package import (
     CHANGING_STAGES,
     CHECK_OF,
+    EXAMPLE_GATE,
     MANIFEST,
     PackageManifest,
+    example_entries,
     file_problems,
     validation_problems,
 )
 
 Level = Literal["error", "warning"]
 SAMPLE_CONFIG = "sample-config"
-EXAMPLE_GATE = "nodegate.yaml"
+EXAMPLES = "examples"
 
 
 @dataclass(frozen=True)
@@ -83,23 +85,17 @@ def lint_package(directory: Path) -> list[Finding]:
 
 
 def _example_configs(manifest: PackageManifest, directory: Path) -> list[tuple[str, dict[str, bytes]]]:
-    """The configs the package shows its users: sample-config/ and its entry in nodegate.yaml."""
+    """The configs the package shows its users: sample-config/, and its entry in nodegate.yaml and in
+    the example gates of examples/*.yaml."""
     out = []
     sample = directory / SAMPLE_CONFIG
     if sample.is_dir():
         out.append((f"{SAMPLE_CONFIG}/", {e.name: e.read_bytes() for e in sorted(sample.iterdir()) if e.is_file()}))
-    example = directory / EXAMPLE_GATE
-    if example.is_file():
-        try:
-            documents = list(yaml.safe_load_all(example.read_text(errors="replace")))
-        except yaml.YAMLError:
-            return out  # an example that is not YAML is the docs tests' business
-        for document in documents:
-            packages = (document or {}).get("spec", {}).get("packages", {}) if isinstance(document, dict) else {}
-            entry = packages.get(manifest.name) if isinstance(packages, dict) else None
-            config = entry.get("config") if isinstance(entry, dict) else None
+    for example in [directory / EXAMPLE_GATE, *sorted((directory / EXAMPLES).glob("*.yaml"))]:
+        for entry in example_entries(example, manifest.name):
+            config = entry.get("config")
             if isinstance(config, dict):
-                where = f"{EXAMPLE_GATE}: spec.packages.{manifest.name}.config"
+                where = f"{example.relative_to(directory)}: spec.packages.{manifest.name}.config"
                 out.append((where, {str(k): str(v).encode() for k, v in config.items()}))
     return out
 

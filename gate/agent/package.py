@@ -31,6 +31,7 @@ from gate.api.nodegate import PACKAGE_NAME_PATTERN
 API_VERSION: Final = "nodegate.io/v1alpha1"
 KIND: Final = "Package"
 MANIFEST: Final = "package.yaml"
+EXAMPLE_GATE: Final = "nodegate.yaml"  # a package's example NodeGate, next to package.yaml
 SCHEMA_ID: Final = "https://nodegate.io/schemas/package-v1alpha1.json"
 
 # Semantic versions as semver.org defines them, written out here so the agent needs no semver library.
@@ -421,6 +422,23 @@ class ExplainEntry(PackageModel):
         return _check_relative(value, "explain.script")
 
 
+TestTier = Literal["realnode", "chroot", "unit"]
+
+
+class TestedOn(PackageModel):
+    """An operating system the package is proven on, and how: the catalog prints these."""
+
+    os: str = Field(pattern=r"^[a-z][-a-z0-9.]{0,62}$", description="The OS and release, e.g. debian-12.")
+    tier: TestTier = Field(
+        description=(
+            "realnode: stages run by the operator on real nodes (tests/realnode); chroot: every stage run by "
+            "`nodegate package test` against a root filesystem (tests/agent); unit: the OS's os-release and "
+            "command outputs in unit tests."
+        )
+    )
+    note: str = Field(default="", max_length=1024, description="What is and is not proven there.")
+
+
 class PackageManifest(PackageModel):
     """package.yaml: what a NodeGate package is and what each of its stages runs."""
 
@@ -461,6 +479,10 @@ class PackageManifest(PackageModel):
         default=None,
         description="Optional: a script that prints what the package would do for a config, for "
         "`nodegate package explain`.",
+    )
+    tested_on: list[TestedOn] = Field(
+        default_factory=list, max_length=64,
+        description="Where the package is proven, for the catalog (docs/catalog.md); a test checks each claim.",
     )
 
     @field_validator("root")
@@ -613,6 +635,26 @@ def load_package(directory: Path) -> Package:
     if problems:
         raise PackageError("; ".join(problems))
     return Package(manifest, directory)
+
+
+def example_entries(path: Path, name: str) -> list[dict[str, Any]]:
+    """Package `name`'s entries under spec.packages in the NodeGate documents of an example gate file.
+
+    Empty when the file is missing or not YAML: an example that does not parse is the docs tests' business."""
+    if not path.is_file():
+        return []
+    try:
+        documents = list(yaml.safe_load_all(path.read_text(errors="replace")))
+    except yaml.YAMLError:
+        return []
+    entries = []
+    for document in documents:
+        spec = document.get("spec") if isinstance(document, dict) else None
+        packages = spec.get("packages") if isinstance(spec, dict) else None
+        entry = packages.get(name) if isinstance(packages, dict) else None
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
 
 
 def package_schema() -> dict[str, Any]:

@@ -85,7 +85,7 @@ def run_trial(
             # As when the gate is deleted: the uninstall's interrupt, then the check that it is gone.
             pending += ["interrupt", "post-uninstall"]
     for name in pending:
-        if rows and rows[-1].ok is False:
+        if any(row.ok is False for row in rows):
             rows.append(TrialStep(name, None, "not run: an earlier stage failed"))
             continue
         if name == "post-interrupt" and interrupt is None:

@@ -265,7 +265,8 @@ def register(subparsers: Any) -> None:
                            help="after requesting a reboot, how long to wait to be stopped by it (default 600)")
     interrupt.set_defaults(func=cmd_agent_interrupt)
 
-    package = subparsers.add_parser("package", help="tools for package authors: lint, test, explain, schema")
+    package = subparsers.add_parser("package", help="tools for package authors: lint, test, explain, build, catalog, "
+                                    "schema")
     package_sub = package.add_subparsers(dest="package_command", required=True, metavar="ACTION")
     lint = package_sub.add_parser("lint", help="check package directories without running them")
     lint.add_argument("directories", nargs="+", metavar="DIR")
@@ -291,3 +292,7 @@ def register(subparsers: Any) -> None:
     schema.add_argument("--check", action="store_true",
                         help=f"exit 1 when the file (--output, default {PUBLISHED_SCHEMA}) is stale")
     schema.set_defaults(func=cmd_package_schema)
+
+    from gate.cli import packages
+
+    packages.register(package_sub)

@@ -80,9 +80,17 @@ def targets(source: Path = SOURCE_ROOT) -> list[ImageTarget]:
     found = [ImageTarget(NODEGATE, source, source / "Dockerfile", gate.__version__)]
     for package_dir in sorted((source / "packages").iterdir()):
         if (package_dir / "Dockerfile").is_file() and (package_dir / "package.yaml").is_file():
-            name, version = package_identity(package_dir / "package.yaml")
-            found.append(ImageTarget(name, package_dir, package_dir / "Dockerfile", version))
+            found.append(package_target(package_dir))
     return found
+
+
+def package_target(directory: Path) -> ImageTarget:
+    """A package directory as an image: built from its own Dockerfile, tagged with its version."""
+    for needed in ("package.yaml", "Dockerfile"):
+        if not (directory / needed).is_file():
+            raise BuildError(f"{directory}: no {needed}, so there is no package image to build")
+    name, version = package_identity(directory / "package.yaml")
+    return ImageTarget(name, directory, directory / "Dockerfile", version)
 
 
 def package_identity(path: Path) -> tuple[str, str]:
@@ -244,3 +252,29 @@ def ensure_images(cluster: DevCluster, *, host: str, progress: Progress = print,
             built = _build_one(target, from_map(), base_ids, progress)
             refs[target.name] = reference(host, port, target.repository, push(built, port, progress))
     return refs
+
+
+@dataclass(frozen=True)
+class PackageImage:
+    """What `nodegate package build` made: the local image, and the reference when it was pushed."""
+
+    target: ImageTarget
+    local: str
+    reference: str | None = None
+
+
+def build_package(directory: Path, progress: Progress = print, *, cluster: DevCluster | None = None,
+                  host: str | None = None) -> PackageImage:
+    """Build one package directory's image exactly as `ensure_images` builds those of packages/ (same
+    bases, same inputs digest, so an unchanged package is not built again); with `cluster`, push it
+    to that cluster's registry and return its reference by digest as nodes reach it at `host`."""
+    target = package_target(directory)
+    if cluster is not None and host is None:
+        raise ValueError("pushing needs the host the nodes reach the registry at")
+    port = registry.start_registry(cluster, progress) if cluster is not None else None
+    base_ids = ensure_bases(progress)
+    with locked(progress):
+        built = _build_one(target, from_map(), base_ids, progress)
+        if cluster is None or port is None or host is None:
+            return PackageImage(target, built.local)
+        return PackageImage(target, built.local, reference(host, port, target.repository, push(built, port, progress)))

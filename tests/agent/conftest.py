@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,3 +78,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith("NODEGATE_"):
             monkeypatch.delenv(name)
     yield
+
+
+def in_private_mounts(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`nodegate ARGV...` in a mount namespace of its own, with a real /proc over the test root's fake one.
+
+    For packages that really mount (bind-mount): their mounts land in a throwaway namespace, never on
+    this machine, and `/proc/self/mountinfo` inside the chroot shows them. One call is one namespace:
+    run every stage that must see the same mounts in one call (`package test`, or a shell script)."""
+    script = 'root=$1; shift; mount -t proc proc "$root/proc" && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
+                           str(root), *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})

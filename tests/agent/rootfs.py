@@ -14,6 +14,18 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `update-grub` renders `/boot/grub/grub.cfg` from `/etc/default/grub` and `/etc/default/grub.d/*.cfg`;
 * a reboot (`reboot` or `systemctl reboot`) "boots" the root: `/proc/cmdline` becomes grub.cfg's
   kernel line and blocklisted modules disappear from `/proc/modules`;
+* `systemctl daemon-reload` notes each unit's drop-ins in /etc/systemd/system/<unit>.d, which
+  `systemctl show -p DropInPaths --value UNIT` then reports (a drop-in written after the last reload
+  is not loaded, as with systemd);
+* the real `dpkg-query` and `dpkg` read a small `/var/lib/dpkg/status`; the fake `apt-get install
+  --only-upgrade PKG` moves PKG to its candidate in `/etc/fake-apt/candidates`;
+* `apt-get install PKG=VERSION` and `purge PKG` edit that status file (a package with a unit in
+  `/etc/fake-apt/unit-PKG` starts and stops it, as its maintainer scripts would); `apt-mark` keeps
+  holds in a file; `augenrules --load` "loads" /etc/audit/rules.d into a file `auditctl -l` lists;
+* `modprobe -r M` drops M from `/proc/modules` (unless `/etc/fake-modules/in-use-M`);
+* `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
+* `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
+  /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
 * `systemctl` restarts units listed in `/etc/fake-systemd/running` (a restart loads the unit's
   drop-ins, which `systemctl show UNIT -p PROP --value` then reports), enables and disables units
   (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
@@ -35,7 +47,7 @@ REQUIRED: Final = ("sh", "cat", "grep", "sed", "mkdir", "rm", "cp", "mv", "tr", 
 OPTIONAL: Final = (
     "echo", "printf", "rmdir", "ls", "chmod", "touch", "date", "head", "tail", "wc", "env", "sleep", "ln",
     "readlink", "basename", "dirname", "id", "true", "false", "stat", "sort", "uniq", "mktemp", "tee", "awk",
-    "diff", "find", "uname", "xargs", "[",
+    "diff", "find", "uname", "xargs", "[", "mount", "umount", "dpkg", "dpkg-query",
 )
 FAKE_DIR: Final = "usr/libexec/nodegate-fakes"
 CALLS: Final = "var/log/fake-calls.log"
@@ -51,7 +63,18 @@ case "$1" in
     reboot)
         exec /usr/libexec/nodegate-fakes/fake-reboot --from-systemctl ;;
     daemon-reload)
-        if [ -e "$state/fail-daemon-reload" ]; then echo "Failed to reload daemon: fake failure" >&2; exit 1; fi ;;
+        if [ -e "$state/fail-daemon-reload" ]; then echo "Failed to reload daemon: fake failure" >&2; exit 1; fi
+        # What systemd would load now: every unit's drop-ins, as `show -p DropInPaths` reports them.
+        rm -rf "$state/loaded"; mkdir -p "$state/loaded"
+        for dir in /etc/systemd/system/*.d; do
+            [ -d "$dir" ] || continue
+            unit=${dir##*/}; unit=${unit%.d}
+            for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
+        done ;;
+    show)
+        # Only `show -p DropInPaths --value UNIT`: the drop-ins loaded at the last daemon-reload.
+        [ "$2" = -p ] && [ "$3" = DropInPaths ] && [ "$4" = --value ] || { echo "fake systemctl: show $*" >&2; exit 1; }
+        cat "$state/loaded/$5" 2>/dev/null | sed 's/ $//'; echo ;;
     restart)
         shift
         for unit in "$@"; do
@@ -103,6 +126,13 @@ for module in $(cat /etc/modprobe.d/*.conf 2>/dev/null | sed -n 's/^blacklist[[:
     mv /proc/modules.new /proc/modules
 done
 echo "fake-boot-$$" > /proc/sys/kernel/random/boot_id
+# A booting systemd loads every unit's drop-ins (what the fake `systemctl show -p DropInPaths` reports).
+rm -rf "$state/loaded"; mkdir -p "$state/loaded"
+for dir in /etc/systemd/system/*.d; do
+    [ -d "$dir" ] || continue
+    unit=${dir##*/}; unit=${unit%.d}
+    for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
+done
 if [ -e "$state/shutdown-kills-caller" ]; then kill -TERM "$PPID"; fi
 if [ -e "$state/shutdown-kills-self" ]; then kill -TERM "$$"; fi
 exit 0
@@ -141,6 +171,127 @@ case "$1" in
     *=*) set_kv "${1%%=*}" "${1#*=}" ;;
     *) echo "$1 = $(cat "$(path "$1")")" ;;
 esac
+"""
+
+FAKE_RUNUSER = r"""#!/bin/sh
+# FAKE runuser for NodeGate's agent tests: `runuser -u USER -- CMD...` with the limits pam_limits would
+# set for USER's session from /etc/security/limits.conf and limits.d (items with a sh ulimit flag;
+# `*` lines apply to every user but root, as with pam_limits).
+echo "runuser $*" >> /var/log/fake-calls.log
+[ "$1" = -u ] && [ "$3" = -- ] || { echo "fake runuser: only -u USER -- CMD" >&2; exit 1; }
+user=$2; shift 3
+grep -q "^$user:" /etc/passwd || { echo "runuser: user $user does not exist" >&2; exit 1; }
+for f in /etc/security/limits.conf /etc/security/limits.d/*.conf; do
+    [ -f "$f" ] || continue
+    sed -e 's/#.*//' "$f" | while read -r domain type item value; do
+        [ -n "$value" ] || continue
+        { [ "$domain" = "$user" ] || { [ "$domain" = '*' ] && [ "$user" != root ]; }; } || continue
+        case "$item" in nofile) flag=n ;; nproc) flag=p ;; memlock) flag=l ;; stack) flag=s ;; *) continue ;; esac
+        case "$value" in -1|infinity) value=unlimited ;; esac
+        case "$type" in soft) echo "ulimit -S$flag $value" ;; hard) echo "ulimit -H$flag $value" ;;
+            -) echo "ulimit -$flag $value" ;; esac   # both at once (sh sets soft and hard)
+    done
+done > /tmp/.fake-runuser-limits.$$
+# Hard limits first (raising a soft limit may need the hard one raised before it).
+limits=$(grep -- ' -H' /tmp/.fake-runuser-limits.$$; grep -v -- ' -H' /tmp/.fake-runuser-limits.$$)
+rm -f /tmp/.fake-runuser-limits.$$
+eval "$limits" || { echo "runuser: cannot open session: Operation not permitted" >&2; exit 1; }
+exec "$@"
+"""
+
+FAKE_NSENTER = r"""#!/bin/sh
+# FAKE nsenter for NodeGate's agent tests: the test root has no host PID 1 whose namespaces a step
+# could enter, so `nsenter [options] -- CMD` runs CMD where it is (run the agent in a private mount
+# namespace, tests.agent.conftest.in_private_mounts, to let mounts really happen).
+echo "nsenter $*" >> /var/log/fake-calls.log
+while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done
+[ "${1:-}" = -- ] && shift
+exec "$@"
+"""
+
+FAKE_APT_GET = r"""#!/bin/sh
+# FAKE apt-get for NodeGate's agent tests, over the real dpkg status file (/var/lib/dpkg/status, which
+# the real dpkg-query reads):
+#   install [--only-upgrade] PKG     PKG to its candidate in /etc/fake-apt/candidates ("PKG VERSION")
+#   install PKG=VERSION              PKG at VERSION, which /etc/fake-apt/available must list ("PKG VERSION")
+#   purge PKG                        PKG gone
+# A package with a unit in /etc/fake-apt/unit-PKG starts it on install and stops it on purge, as a
+# Debian postinst and prerm do; `update` does nothing.
+echo "apt-get $*" >> /var/log/fake-calls.log
+status=/var/lib/dpkg/status
+verb=""
+for arg; do case "$arg" in -*) ;; update|install|purge) verb=$arg ;; *) target=$arg ;; esac; done
+[ "$verb" = update ] && exit 0
+package=${target%%=*}
+unit=$(cat "/etc/fake-apt/unit-$package" 2>/dev/null || true)
+running=/etc/fake-systemd/running
+drop() {
+    awk -v p="$package" '/^Package: / { here = ($2 == p) } !here { print }' "$status" > "$status.new"
+    mv "$status.new" "$status"
+}
+if [ "$verb" = purge ]; then
+    drop
+    [ -z "$unit" ] || { grep -v "^$unit " "$running" > "$running.new" || true; mv "$running.new" "$running"; }
+    echo "Removing $package ..."; exit 0
+fi
+case "$target" in
+    *=*) version=${target#*=}
+         grep -qx "$package $version" /etc/fake-apt/available 2>/dev/null || {
+             echo "E: Version '$version' for '$package' was not found" >&2; exit 100; } ;;
+    *) version=$(awk -v p="$package" '$1 == p { print $2 }' /etc/fake-apt/candidates 2>/dev/null)
+       [ -n "$version" ] || { echo "E: Unable to locate package $package" >&2; exit 100; } ;;
+esac
+drop
+printf 'Package: %s\nStatus: install ok installed\nArchitecture: amd64\nVersion: %s\n\n' \
+    "$package" "$version" >> "$status"
+[ -z "$unit" ] || grep -q "^$unit " "$running" || echo "$unit loaded active running $package" >> "$running"
+echo "Setting up $package ($version) ..."
+"""
+
+FAKE_APT_MARK = r"""#!/bin/sh
+# FAKE apt-mark for NodeGate's agent tests: holds are the lines of /var/lib/fake-apt/holds.
+echo "apt-mark $*" >> /var/log/fake-calls.log
+holds=/var/lib/fake-apt/holds
+mkdir -p "${holds%/*}"; touch "$holds"
+case "$1" in
+    showhold) cat "$holds" ;;
+    hold) grep -qx "$2" "$holds" || echo "$2" >> "$holds"; echo "$2 set on hold." ;;
+    unhold) grep -vx "$2" "$holds" > "$holds.new" || true; mv "$holds.new" "$holds"; echo "Canceled hold on $2." ;;
+    *) echo "fake apt-mark: $1" >&2; exit 1 ;;
+esac
+"""
+
+FAKE_AUGENRULES = r"""#!/bin/sh
+# FAKE augenrules for NodeGate's agent tests: `--load` "loads" /etc/audit/rules.d/*.rules into the
+# fake kernel (/run/fake-audit/loaded), replacing what was loaded.
+echo "augenrules $*" >> /var/log/fake-calls.log
+mkdir -p /run/fake-audit
+cat /etc/audit/rules.d/*.rules 2>/dev/null | sed -e 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$' \
+    > /run/fake-audit/loaded || true
+"""
+
+FAKE_AUDITCTL = r"""#!/bin/sh
+# FAKE auditctl for NodeGate's agent tests: `-l` lists what the fake augenrules loaded, keys spelled
+# the way the kernel reports them (-F key=KEY for syscall rules).
+echo "auditctl $*" >> /var/log/fake-calls.log
+[ "$1" = -l ] || { echo "fake auditctl: $*" >&2; exit 1; }
+[ -s /run/fake-audit/loaded ] || { echo "No rules"; exit 0; }
+sed -e '/^-a/s/-k \([^ ]*\)/-F key=\1/' /run/fake-audit/loaded
+"""
+
+FAKE_MODPROBE = r"""#!/bin/sh
+# FAKE modprobe for NodeGate's agent tests: loaded modules are the lines of /proc/modules.
+# `-r M` fails while /etc/fake-modules/in-use-M exists; loading honours `install M /bin/false`.
+echo "modprobe $*" >> /var/log/fake-calls.log
+if [ "$1" = -r ]; then
+    module=$2
+    [ ! -e "/etc/fake-modules/in-use-$module" ] || { echo "modprobe: FATAL: Module $module is in use." >&2; exit 1; }
+    grep -v "^$module " /proc/modules > /proc/modules.new || true; mv /proc/modules.new /proc/modules
+    exit 0
+fi
+module=$1
+if grep -qx "install $module /bin/false" /etc/modprobe.d/*.conf 2>/dev/null; then exit 1; fi
+grep -q "^$module " /proc/modules || echo "$module 16384 0 - Live 0x0000000000000000" >> /proc/modules
 """
 
 FAKE_UPDATE_INITRAMFS = r"""#!/bin/sh
@@ -192,14 +343,28 @@ FAKES: Final = {
     "update-initramfs": ("usr/sbin", FAKE_UPDATE_INITRAMFS),
     "lsinitramfs": ("usr/bin", FAKE_LSINITRAMFS),
     "update-grub": ("usr/sbin", FAKE_UPDATE_GRUB),
+    "runuser": ("usr/sbin", FAKE_RUNUSER),
+    "nsenter": ("usr/bin", FAKE_NSENTER),
+    "apt-get": ("usr/bin", FAKE_APT_GET),
+    "apt-mark": ("usr/bin", FAKE_APT_MARK),
+    "augenrules": ("usr/sbin", FAKE_AUGENRULES),
+    "auditctl": ("usr/sbin", FAKE_AUDITCTL),
+    "modprobe": ("usr/sbin", FAKE_MODPROBE),
 }
 
 FILES: Final = {
-    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
-    "etc/group": "root:x:0:\n",
+    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "etc/group": "root:x:0:\nnogroup:x:65534:\n",
     "etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\n'
                       'VERSION_CODENAME=bookworm\nID=debian\n',
     "etc/hostname": "fake-node\n",
+    "var/lib/dpkg/status": (
+        "Package: openssh-server\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1:9.2p1-2+deb12u2\n\n"
+        "Package: libfoo1\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1.0-1\n\n"
+    ),
+    "etc/fake-apt/candidates": "openssh-server 1:9.2p1-2+deb12u3\n",
+    "etc/fake-apt/available": "auditd 1:3.0.9-1\nauditd 1:3.1.2-2\n",
+    "etc/fake-apt/unit-auditd": "auditd.service",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
     "etc/fake-systemd/running": (
@@ -217,6 +382,7 @@ FILES: Final = {
         "ext4 1007616 1 - Live 0x0000000000000000\n"
     ),
     "proc/sys/net/core/somaxconn": "4096\n",
+    "proc/sys/net/ipv4/tcp_keepalive_time": "7200\n",
     "proc/sys/vm/swappiness": "60\n",
     "proc/sys/vm/max_map_count": "65530\n",
     "proc/sys/vm/nr_hugepages": "0\n",

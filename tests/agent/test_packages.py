@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from gate.agent.host import STATE_BASE
 from gate.agent.package import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
-from tests.agent.conftest import PACKAGES, Agent
+from tests.agent.conftest import PACKAGES, Agent, in_private_mounts
 from tests.agent.packaging import configmap
 from tests.agent.rootfs import fake_calls, restarted_units
 
@@ -26,7 +27,14 @@ INTERRUPTS = {
     "grub-cmdline": ["--interrupt", "reboot"],
     "chrony-conf": ["--interrupt", "service", "--service", "chrony.service"],
     "gpu-tuning": ["--interrupt", "reboot"],
+    "tuning": ["--interrupt", "reboot"],  # sample-config has grub.conf: only a boot makes it live
+    "shellscript": ["--interrupt", "reboot"],
+    "bind-mount": [],
+    "cve-fix": ["--interrupt", "reboot"],
+    "security-agent": ["--interrupt", "service", "--service", "auditd.service"],
 }
+# Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
+REAL_MOUNTS = {"bind-mount"}
 
 
 def test_every_example_has_an_interrupt_plan_here() -> None:
@@ -43,8 +51,13 @@ def test_package_lint_passes_on_every_example(name: str, capsys: pytest.CaptureF
 def test_package_test_runs_every_stage_of_every_example(
     name: str, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["package", "test", str(PACKAGES / name), "--root", str(root), *INTERRUPTS[name]])
-    out = capsys.readouterr().out
+    argv = ["package", "test", str(PACKAGES / name), "--root", str(root), *INTERRUPTS[name]]
+    if name in REAL_MOUNTS:
+        done = in_private_mounts(root, sys.executable, "-m", "gate.cli.main", *argv)
+        code, out = done.returncode, done.stdout + done.stderr
+    else:
+        code = main(argv)
+        out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[-1] == "passed"
     assert re.search(r"^PASS  apply ", out, re.M) and re.search(r"^PASS  uninstall ", out, re.M)

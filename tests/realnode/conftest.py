@@ -111,6 +111,15 @@ class RealCluster:
                   timeout, every=2.0)
 
 
+def real_pool_gate(name: str, packages: dict[str, Any]) -> str:
+    """A NodeGate of `packages` over the real nodes, one node disrupted at a time, as YAML."""
+    return yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {POOL_LABEL: "real"}}, "interruptionBudget": {"count": 1},
+                 "packages": packages},
+    })
+
+
 def _skip_reason() -> str | None:
     from gate.devcluster import realnode
 

@@ -164,3 +164,32 @@ def test_dev_images_prints_a_reference_for_nodegate_and_every_package(pushed: Pu
     assert set(printed) == {"nodegate", *packages}
     assert cli.stdout.splitlines()[0].startswith("nodegate=")
     assert {name: printed[name] for name in ONLY} == pushed.refs
+
+
+def test_package_build_push_hands_out_the_image_dev_images_pushed(
+        pushed: Pushed, cluster: DevCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    from gate.cli.main import main
+
+    assert main(["package", "build", str(REPO / "packages" / PACKAGE), "--push", "--state-dir", str(cluster.dir)]) == 0
+    assert capsys.readouterr().out == f"{PACKAGE}={pushed.refs[PACKAGE]}\n"  # same inputs: the same image
+
+
+def test_package_build_builds_and_pushes_a_package_from_any_directory(
+        pushed: Pushed, cluster: DevCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gate.cli.main import main
+    from gate.devcluster.images import parse_references
+
+    directory = tmp_path / "my-package"
+    shutil.copytree(REPO / "packages" / PACKAGE, directory)
+    manifest = directory / "package.yaml"
+    manifest.write_text(manifest.read_text().replace("name: sysctl-tuning", "name: built-by-hand")
+                        .replace("version: 1.0.0", "version: 0.0.1"))
+    assert main(["package", "build", str(directory)]) == 0
+    assert capsys.readouterr().out.startswith("localhost/nodegate/built-by-hand:")
+    assert main(["package", "build", str(directory), "--push", "--state-dir", str(cluster.dir)]) == 0
+    ref = parse_references(capsys.readouterr().out)["built-by-hand"]
+    assert ref.startswith(f"{pushed.host}:{pushed.port}/nodegate/built-by-hand@sha256:")
+    _, served = _manifest(pushed.port, "nodegate/built-by-hand", "0.0.1")
+    assert served == _digest(ref)
+    root = _pull_and_unpack(pushed.port, "nodegate/built-by-hand", served, tmp_path / "image")
+    assert (root / "nodegate-package/package.yaml").read_bytes() == manifest.read_bytes()

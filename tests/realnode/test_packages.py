@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gate.testing.watcher import InvariantWatcher, WatchReport
-from tests.realnode.conftest import POOL_LABEL, RealCluster
+from tests.realnode.conftest import POOL_LABEL, RealCluster, real_pool_gate
 
 # The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
 pytestmark = pytest.mark.timeout(1800)
@@ -31,26 +31,19 @@ KERNEL_ARG = "nodegate.realnode=1"
 
 
 def four_packages_gate(name: str, images: dict[str, str]) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {POOL_LABEL: "real"}},
-            "interruptionBudget": {"count": 1},
-            "packages": {
-                "sysctl-tuning": {"version": "1.0.0", "image": images["sysctl-tuning"], "interrupt": {"type": "none"},
-                                  "uninstall": {"enabled": True}},
-                "chrony-conf": {"version": "1.0.0", "image": images["chrony-conf"],
-                                "interrupt": {"type": "service", "services": ["chrony.service"]},
-                                "config": {"pool.conf": CHRONY_CONFIG}, "uninstall": {"enabled": True}},
-                "grub-cmdline": {"version": "1.0.0", "image": images["grub-cmdline"], "interrupt": {"type": "reboot"},
-                                 "env": [{"name": "KERNEL_ARGS", "value": KERNEL_ARG}],
-                                 "uninstall": {"enabled": True}},
-                "module-blocklist": {"version": "1.0.0", "image": images["module-blocklist"],
-                                     "interrupt": {"type": "reboot"},
-                                     "env": [{"name": "MODULES", "value": "nodegate_no_such_module"}],
-                                     "uninstall": {"enabled": True}},
-            },
-        },
+    return real_pool_gate(name, {
+        "sysctl-tuning": {"version": "1.0.0", "image": images["sysctl-tuning"], "interrupt": {"type": "none"},
+                          "uninstall": {"enabled": True}},
+        "chrony-conf": {"version": "1.0.0", "image": images["chrony-conf"],
+                        "interrupt": {"type": "service", "services": ["chrony.service"]},
+                        "config": {"pool.conf": CHRONY_CONFIG}, "uninstall": {"enabled": True}},
+        "grub-cmdline": {"version": "1.0.0", "image": images["grub-cmdline"], "interrupt": {"type": "reboot"},
+                         "env": [{"name": "KERNEL_ARGS", "value": KERNEL_ARG}],
+                         "uninstall": {"enabled": True}},
+        "module-blocklist": {"version": "1.0.0", "image": images["module-blocklist"],
+                             "interrupt": {"type": "reboot"},
+                             "env": [{"name": "MODULES", "value": "nodegate_no_such_module"}],
+                             "uninstall": {"enabled": True}},
     })
 
 

@@ -31,7 +31,7 @@ def messages(directory: Path) -> list[str]:
 
 def test_the_example_packages_are_all_here() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"chrony-conf", "gpu-tuning", "grub-cmdline", "module-blocklist", "sysctl-tuning"} <= names
+    assert {"chrony-conf", "gpu-tuning", "grub-cmdline", "module-blocklist", "sysctl-tuning", "tuning"} <= names
 
 
 @pytest.mark.parametrize("package", EXAMPLES, ids=lambda p: p.name)

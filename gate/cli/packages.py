@@ -1,0 +1,91 @@
+"""`nodegate package build` and `nodegate package catalog`: a package's image, and the catalog page.
+
+`build` builds the image of one package directory the way `nodegate dev images` builds those of
+packages/ (buildah, the local bases, the inputs digest; gate.devcluster.images), after the package
+lints clean: an image of a package the agent would refuse is of no use. `--push` pushes it to the
+dev cluster's registry and prints `NAME=REFERENCE` by digest, as `dev images` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gate.cli.errors import CliError
+
+CATALOG = "docs/catalog.md"
+PACKAGES = "packages"
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_package_build(args: argparse.Namespace) -> int:
+    from gate.agent.lint import has_errors, lint_package
+    from gate.devcluster.images import build_package
+
+    directory = Path(args.directory)
+    findings = lint_package(directory)
+    for finding in findings:
+        _err(f"{directory}: {finding}")
+    if has_errors(findings):
+        raise CliError(f"{directory} does not lint clean; not building its image")
+    cluster = None
+    host = None
+    if args.push:
+        from gate.devcluster.cluster import DevCluster
+        from gate.devcluster.network import gateway_ip
+
+        cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
+        if not cluster.running():
+            raise CliError("--push needs the dev cluster's control plane (its registry); start it with "
+                           "`nodegate dev up`")
+        host = gateway_ip(cluster.dir)
+    image = build_package(directory, _err, cluster=cluster, host=host)
+    print(f"{image.target.name}={image.reference}" if image.reference else image.local)
+    return 0
+
+
+def cmd_package_catalog(args: argparse.Namespace) -> int:
+    from gate.agent.catalog import render_catalog
+    from gate.agent.errors import PackageError
+
+    output = Path(args.output)
+    relative = os.path.relpath(Path(args.packages).resolve(), output.resolve().parent)
+    try:
+        text = render_catalog(Path(args.packages), relative)
+    except PackageError as exc:
+        raise CliError(str(exc)) from None
+    if args.check:
+        if not output.is_file() or output.read_text() != text:
+            print(f"{output} is stale; run `nodegate package catalog --output {output}`", file=sys.stderr)
+            return 1
+        return 0
+    if args.stdout:
+        sys.stdout.write(text)
+        return 0
+    output.write_text(text)
+    print(output)
+    return 0
+
+
+def register(package_sub: Any) -> None:
+    """Add `build` and `catalog` to the `nodegate package` group (created by gate.cli.agent)."""
+    build = package_sub.add_parser("build", help="build a package's image (as `dev images` does); --push it")
+    build.add_argument("directory", metavar="DIR")
+    build.add_argument("--push", action="store_true",
+                       help="push it to the dev cluster's registry and print NAME=REFERENCE by digest")
+    build.add_argument("--state-dir", help="the dev cluster's state directory (for --push; default: `nodegate dev`'s)")
+    build.set_defaults(func=cmd_package_build)
+
+    catalog = package_sub.add_parser("catalog", help="write docs/catalog.md from the packages' own files")
+    catalog.add_argument("--packages", default=PACKAGES, metavar="DIR",
+                         help=f"the directory of package directories (default {PACKAGES})")
+    catalog.add_argument("--output", "-o", default=CATALOG, help=f"the page to write (default {CATALOG})")
+    catalog.add_argument("--check", action="store_true", help="exit 1 when the page is stale, write nothing")
+    catalog.add_argument("--stdout", action="store_true", help="print the page instead of writing it")
+    catalog.set_defaults(func=cmd_package_catalog)

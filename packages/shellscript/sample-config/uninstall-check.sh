@@ -1,0 +1,1 @@
+test ! -e /etc/motd.d/50-nodegate

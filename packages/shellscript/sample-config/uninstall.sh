@@ -1,0 +1,1 @@
+rm -f /etc/motd.d/50-nodegate

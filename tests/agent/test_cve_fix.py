@@ -1,0 +1,111 @@
+"""packages/cve-fix on the test root: remediation, and a check that names the node and the CVE while it is open."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import PACKAGES, Agent
+from tests.agent.packaging import configmap
+from tests.agent.rootfs import fake_calls
+
+PKG = PACKAGES / "cve-fix"
+CVE = "CVE-2024-6387"
+FIX = f"{CVE} openssh-server 1:9.2p1-2+deb12u3\n"
+
+
+@pytest.fixture(autouse=True)
+def node_name(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODEGATE_NODE", "gpu-node-7")
+
+
+def run(agent: Agent, stage: str, mount: Path) -> tuple[int, str]:
+    result = agent.run(stage, PKG, package="cve-fix", config_dir=mount)
+    return result.code, str(result.summary.get("message", ""))
+
+
+def installed(root: Path, package: str) -> str:
+    out = subprocess.run(["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f", "${Version}", package],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_a_vulnerable_package_fails_the_check_naming_node_and_cve_until_apply_upgrades_it(
+        agent: Agent, tmp_path: Path) -> None:
+    mount = configmap(tmp_path / "cm", {"packages.conf": FIX})
+    code, message = run(agent, "post-interrupt", mount)  # the check alone, before any remediation
+    assert code == 1
+    assert message.endswith(f"node gpu-node-7 is vulnerable to {CVE}: openssh-server 1:9.2p1-2+deb12u2 is below "
+                            "the fixed 1:9.2p1-2+deb12u3")
+    assert run(agent, "apply", mount) == (0, "2 steps passed")
+    assert installed(agent.root, "openssh-server") == "1:9.2p1-2+deb12u3"
+    assert "apt-get install -y -q --only-upgrade openssh-server" in fake_calls(agent.root)
+
+
+def test_when_the_archive_has_no_fixed_version_yet_the_node_stays_failed(agent: Agent, tmp_path: Path) -> None:
+    (agent.root / "etc/fake-apt/candidates").write_text("openssh-server 1:9.2p1-2+deb12u2\n")  # no fix published
+    code, message = run(agent, "apply", configmap(tmp_path / "cm", {"packages.conf": FIX}))
+    assert code == 1 and f"node gpu-node-7 is vulnerable to {CVE}" in message
+
+
+def test_a_package_at_or_above_the_fix_or_not_installed_is_left_alone(agent: Agent, tmp_path: Path) -> None:
+    config = {"packages.conf": f"{CVE} openssh-server 1:9.2p1-2\nCVE-2023-0001 libfoo1 2.0-1  # only config files\n"}
+    assert run(agent, "apply", configmap(tmp_path / "cm", config))[0] == 0
+    assert not any(call.startswith("apt-get") for call in fake_calls(agent.root))
+
+
+def test_a_loaded_module_is_blocked_and_unloaded_or_failed_until_the_reboot(agent: Agent, tmp_path: Path) -> None:
+    (agent.root / "etc/fake-modules").mkdir()
+    (agent.root / "etc/fake-modules/in-use-nouveau").write_text("")
+    mount = configmap(tmp_path / "cm", {"modules.conf": "CVE-2024-1086 nouveau\nCVE-2024-0002 drm_kms_helper\n"})
+    code, message = run(agent, "apply", mount)
+    assert code == 1
+    assert message.endswith("node gpu-node-7 is vulnerable to CVE-2024-1086: module nouveau is loaded")
+    assert "drm_kms_helper" not in (agent.root / "proc/modules").read_text()  # not in use: unloaded at once
+    blocklist = (agent.root / "etc/modprobe.d/85-nodegate-cve-fix-test-gate.conf").read_text()
+    assert "install nouveau /bin/false" in blocklist and "# CVE-2024-1086" in blocklist
+    assert agent.interrupt("reboot", "--reboot-wait", "0").code == 0
+    assert run(agent, "post-interrupt", mount)[0] == 0
+    assert run(agent, "uninstall", mount)[0] == 0
+    assert not (agent.root / "etc/modprobe.d/85-nodegate-cve-fix-test-gate.conf").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "failure"),
+    [
+        ({}, "the config has neither packages.conf nor modules.conf lines: nothing to fix"),
+        ({"packages.conf": "CVE-24-1 openssh-server 1.0\n"}, "packages.conf: 'CVE-24-1' is not a CVE id"),
+        ({"packages.conf": f"{CVE} openssh-server\n"}, "is not 'CVE PACKAGE FIXED_VERSION'"),
+        ({"modules.conf": "CVE-2024-1086 nf/tables\n"}, "modules.conf: 'nf/tables' is not a module name"),
+    ],
+)
+def test_a_bad_config_fails_saying_why(agent: Agent, tmp_path: Path, config: dict[str, str], failure: str) -> None:
+    code, message = run(agent, "apply", configmap(tmp_path / "cm", config))
+    assert code == 1 and failure in message, message
+
+
+OS_RELEASES = {
+    "debian-12": ('ID=debian\nVERSION_ID="12"\n', "apt"),
+    "debian-13": ('ID=debian\nVERSION_ID="13"\n', "apt"),
+    "ubuntu-24.04": ('ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n', "apt"),
+    "rhel-9": ('ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n', "dnf"),
+    "rocky-9": ('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n', "dnf"),
+    "amzn-2023": ('ID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n', "dnf"),
+    "cos-113": ("ID=cos\nVERSION_ID=113\n", "unsupported OS 'cos ' (os-release ID and ID_LIKE)"),
+    "sles-15": ('ID="sles"\nID_LIKE="suse"\n', "unsupported OS 'sles suse'"),
+}
+
+
+@pytest.mark.parametrize("system", OS_RELEASES)
+def test_the_package_manager_is_read_from_os_release(system: str, tmp_path: Path) -> None:
+    text, expected = OS_RELEASES[system]
+    (tmp_path / "os-release").write_text(text)
+    done = subprocess.run(["/bin/sh", "-c", f". {PKG}/scripts/lib.sh; package_manager"], capture_output=True,
+                          text=True, env={"OS_RELEASE": str(tmp_path / "os-release"), "NODEGATE_GATE": "g",
+                                          "NODEGATE_CONFIG_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    if expected in ("apt", "dnf"):
+        assert (done.returncode, done.stdout) == (0, f"{expected}\n")
+    else:
+        assert done.returncode == 1 and expected in done.stderr
