@@ -70,11 +70,17 @@ case "$1" in
             [ -d "$dir" ] || continue
             unit=${dir##*/}; unit=${unit%.d}
             for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
-        done ;;
+        done
+        true ;;  # a unit's drop-in directory may be empty: that is no failure
     show)
-        # Only `show -p DropInPaths --value UNIT`: the drop-ins loaded at the last daemon-reload.
-        [ "$2" = -p ] && [ "$3" = DropInPaths ] && [ "$4" = --value ] || { echo "fake systemctl: show $*" >&2; exit 1; }
-        cat "$state/loaded/$5" 2>/dev/null | sed 's/ $//'; echo ;;
+        if [ "$2" = -p ]; then
+            # show -p DropInPaths --value UNIT: the drop-ins loaded at the last daemon-reload.
+            [ "$3" = DropInPaths ] && [ "$4" = --value ] || { echo "fake systemctl: show $*" >&2; exit 1; }
+            cat "$state/loaded/$5" 2>/dev/null | sed 's/ $//'; echo
+        else
+            # show UNIT -p PROPERTY --value: the property as the unit's drop-ins set it at its last restart
+            sed -n "s/^$4=//p" "$state/loaded-$2" 2>/dev/null | tail -n 1
+        fi ;;
     restart)
         shift
         for unit in "$@"; do
@@ -97,9 +103,6 @@ case "$1" in
         done ;;
     is-enabled)
         if grep -qxF "$2" "$state/enabled" 2>/dev/null; then echo enabled; else echo disabled; exit 1; fi ;;
-    show)
-        # show UNIT -p PROPERTY --value: the property as the unit's drop-ins set it at its last restart
-        sed -n "s/^$4=//p" "$state/loaded-$2" 2>/dev/null | tail -n 1 ;;
     list-units)
         if [ -e "$state/fail-list-units" ]; then echo "Failed to list units: fake failure" >&2; exit 1; fi
         cat "$state/running" ;;
