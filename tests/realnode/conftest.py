@@ -12,8 +12,10 @@ tier is skipped with the reason in one line; it never passes without running.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -139,7 +141,7 @@ def _progress(log: Path) -> Callable[[str], None]:
 
 
 @pytest.fixture(scope="session")
-def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+def real_nodes() -> Iterator[RealCluster]:
     """The control plane, its real nodes and the images in its registry; no NodeGate processes."""
     if reason := _skip_reason():
         pytest.skip(f"real nodes cannot run on this machine: {reason}")
@@ -147,7 +149,9 @@ def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster
     from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
     from gate.devcluster.images import ensure_images
 
-    state = Path(tmp_path_factory.mktemp("realcluster"))
+    # Not under pytest's basetemp: a pytest run of another session on this machine prunes all but
+    # its three newest basetemps, and would take the nodes' roots away under them.
+    state = Path(tempfile.mkdtemp(prefix="nodegate-realcluster-", dir="/var/tmp"))
     dev = DevCluster(state)
     progress = _progress(state / "progress.log")
     try:
@@ -160,6 +164,9 @@ def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster
                           progress)
     finally:
         dev.down(quiet=True)
+        # The nodes' mounts lived in their own mount namespaces, gone with them; never delete through one.
+        if not any(line.split()[1].startswith(str(state)) for line in Path("/proc/mounts").read_text().splitlines()):
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
