@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from gate import __version__
 from gate.api import keys
+from gate.api.common import Condition
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
@@ -52,6 +53,7 @@ from gate.lifecycle.fleet import (
     selects,
     taint_reason,
 )
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, policy_status
 from gate.lifecycle.machine import (
     Decision,
     EventRequest,
@@ -133,6 +135,8 @@ class Operator:
             for gate in self.gates.items():
                 self.queue.add(("gate", gate["metadata"]["name"]))
                 self._enqueue_gate_nodes(gate["metadata"]["name"])
+            for policy in self.policies.items():
+                self.queue.add(("policy", policy["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
             await asyncio.gather(*workers)
@@ -180,6 +184,8 @@ class Operator:
                 if key[0] == "gate":
                     await self.reconcile_gate(key[1])
                     self._gate_cost[key[1]] = time.monotonic() - started
+                elif key[0] == "policy":
+                    await self.reconcile_policy(key[1])
                 elif key[0] == "join":
                     await self.reconcile_join(key[1], key[2])
                 else:
@@ -213,6 +219,10 @@ class Operator:
         meta = obj["metadata"]
         name = meta["name"]
         self.queue.add(("gate", name))
+        # A policy's usedBy follows the gates; a gate that left a policy no longer names it, so every
+        # policy is looked at (there are few, and an unchanged status is not written).
+        for policy in self.policies.items():
+            self.queue.add(("policy", policy["metadata"]["name"]))
         # Nodes care about the spec (generation) and deletion, not about the status we keep writing.
         seen = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
         if self._gate_seen.get(name) != seen:
@@ -227,6 +237,8 @@ class Operator:
 
     def _on_policy(self, kind: str, obj: Obj) -> None:
         name = obj["metadata"]["name"]
+        if kind != "DELETED":
+            self.queue.add(("policy", name))
         for gate in self.gates.items():
             if (gate.get("spec") or {}).get("deploymentPolicy") == name:
                 self.queue.add(("gate", gate["metadata"]["name"]))
@@ -462,14 +474,46 @@ class Operator:
             await self._gate_problem(obj, gate, "PolicyNotFound",
                                      f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
             return False, None
-        return True, DeploymentPolicy.model_validate(raw_policy)
+        try:
+            return True, DeploymentPolicy.model_validate(raw_policy)
+        except ValidationError as exc:
+            await self._gate_problem(obj, gate, "PolicyInvalid",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: "
+                                     f"{_first_error(exc)}")
+            return False, None
+
+    async def reconcile_policy(self, name: str) -> None:
+        """A DeploymentPolicy's status: which spec the operator read, whether it can use it, who uses it."""
+        obj = self.policies.get(name)
+        if obj is None:
+            return
+        problem = None
+        try:
+            DeploymentPolicy.model_validate(obj)
+        except ValidationError as exc:
+            problem = _first_error(exc)
+        used_by = sorted(g["metadata"]["name"] for g in self.gates.items()
+                         if (g.get("spec") or {}).get("deploymentPolicy") == name)
+        meta = obj["metadata"]
+        previous = [Condition.model_validate(c) for c in (obj.get("status") or {}).get("conditions") or []]
+        status = policy_status(meta.get("generation") or 0, used_by, problem, previous, datetime.now(UTC)).to_wire()
+        if _same_status(obj.get("status") or {}, status):
+            return
+        try:
+            patched = await self.client.patch(POLICIES, name, {"status": status, "metadata": {
+                "resourceVersion": meta["resourceVersion"]}}, subresource="status")
+        except NotFound:
+            return
+        self.policies.observe(patched)
 
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
         status = dict(obj.get("status") or {})
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Degraded"]
-        conditions.append({"type": "Degraded", "status": "True", "reason": reason, "message": message,
-                           "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
+        # Degraded, and Stalled for kstatus: the gate cannot go on until a person fixes what it names.
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Degraded", *KSTATUS_TYPES)]
+        for type_ in ("Degraded", STALLED):
+            conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
+                               "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
         status.update({"conditions": conditions, "status": "Degraded",
                        "observedGeneration": gate.metadata.generation or 0})
         await self._write_status(obj, status)
@@ -553,7 +597,9 @@ class Operator:
         status = dict(obj.get("status") or {})
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         previous = {c.get("type"): c for c in status.get("conditions") or []}
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Disabled", "Progressing")]
+        # Neither Reconciling nor Stalled: the gate does nothing, and Ready decides (gate.lifecycle.health).
+        conditions = [c for c in status.get("conditions") or []
+                      if c.get("type") not in ("Disabled", "Progressing", *KSTATUS_TYPES)]
         for type_, value, reason, message in (
                 ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
                 ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
@@ -888,6 +934,13 @@ def _parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first problem pydantic found, with the field it is about."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
 def _same_status(current: Obj, new: Obj) -> bool:
