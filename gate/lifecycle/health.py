@@ -82,25 +82,25 @@ def rollout_verdict(gate: str, counts: NodeCounts, compartments: Sequence[Compar
     stopped = [c.name for c in compartments if c.state == "stopped"]
     if stopped:
         return Verdict(STALLED, "CompartmentStopped",
-                       f"Compartments stopped after failed batches: {', '.join(stopped)} ({counts.failed} nodes "
-                       f"failed); fix the package, then `nodegate resume {gate}` continues them")
+                       f"Compartments stopped after failed batches: {', '.join(stopped)} (failed nodes: "
+                       f"{counts.failed}); fix the package, then `nodegate resume {gate}` continues them")
     left = counts.in_progress + counts.waiting + counts.blocked
     if counts.failed and not left:
         return Verdict(STALLED, "NodesFailed",
-                       f"{counts.failed} nodes failed and no other node has work left; fix them, then "
+                       f"Failed nodes: {counts.failed}, and no other node has work left; fix them, then "
                        f"`nodegate node reset NODE --gate {gate}` (or change the spec) gives them another round")
     if not left:
         return None
     if paused:
         return Verdict(RECONCILING, "Paused",
-                       f"spec.paused is true: {counts.waiting + counts.blocked} nodes wait until the gate is "
-                       f"resumed; {counts.in_progress} running stages finish")
+                       f"spec.paused is true: no new work starts until the gate is resumed (nodes waiting: "
+                       f"{counts.waiting + counts.blocked}, still finishing: {counts.in_progress})")
     rolling = [c for c in compartments if c.state not in ("complete",)]
     if rolling and all(c.state == "outside-window" for c in rolling):
         return Verdict(RECONCILING, "OutsideWindow",
-                       f"{counts.waiting} nodes wait for the next maintenance window of the DeploymentPolicy")
+                       f"Nodes waiting for the next maintenance window of the DeploymentPolicy: {counts.waiting}")
     if counts.in_progress == 0 and counts.waiting == 0:
-        return Verdict(RECONCILING, "Blocked", f"{counts.blocked} nodes wait for higher-priority gates")
+        return Verdict(RECONCILING, "Blocked", f"Nodes waiting for higher-priority gates: {counts.blocked}")
     return Verdict(RECONCILING, "RollingOut",
                    f"{counts.complete} of {counts.matched} nodes complete, {counts.in_progress} in progress, "
                    f"{counts.waiting + counts.blocked} waiting")
