@@ -54,12 +54,12 @@ class Component:
 
     @property
     def fingerprint(self) -> str:
-        code = {name: hashlib.sha256((VERSIONS_FILE.parent / rel).read_bytes()).hexdigest()
-                for name, rel in self.sources.items()}
-        blob = json.dumps(
-            [self.module, self.version, self.binaries, self.replaces, list(self.ldflags), self.assets, code],
-            sort_keys=True,
-        )
+        fields: list[object] = [self.module, self.version, self.binaries, self.replaces, list(self.ldflags),
+                                self.assets]
+        if self.sources:  # only then: every other component keeps the stamp it was built with
+            fields.append({name: hashlib.sha256((VERSIONS_FILE.parent / rel).read_bytes()).hexdigest()
+                           for name, rel in self.sources.items()})
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -73,3 +73,16 @@ def test_the_kstatus_probe_is_built_from_its_own_source_on_cli_utils() -> None:
     assert tools == ""  # main.go is the command; a tools.go beside it would be a second package
     source = Path(__file__).resolve().parents[2] / "gate" / "devcluster" / probe.sources["main.go"]
     assert '"sigs.k8s.io/cli-utils/pkg/kstatus/status"' in source.read_text()
+
+
+def test_a_component_without_own_sources_keeps_the_fingerprint_its_binaries_were_stamped_with() -> None:
+    # The cache is shared by every checkout on the machine: a fingerprint that changed shape would
+    # make each of them rebuild (and re-stamp) every component in turn.
+    import hashlib
+
+    for name, comp in load_components(environ={}).items():
+        if comp.sources:
+            continue
+        blob = json.dumps([comp.module, comp.version, comp.binaries, comp.replaces, list(comp.ldflags), comp.assets],
+                          sort_keys=True)
+        assert comp.fingerprint == hashlib.sha256(blob.encode()).hexdigest()[:16], name
