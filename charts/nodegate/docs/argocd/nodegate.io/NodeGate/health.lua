@@ -7,6 +7,12 @@
 -- and Progressing while the operator has not yet observed the latest spec (observedGeneration).
 local hs = {}
 
+local function verdict(status, message)
+  hs.status = status
+  hs.message = message
+  return hs
+end
+
 local function conditions_of(o)
   local found = {}
   if o.status ~= nil and o.status.conditions ~= nil then
@@ -29,54 +35,35 @@ local function say(c, fallback)
 end
 
 if obj.status == nil or obj.status.conditions == nil then
-  hs.status = "Progressing"
-  hs.message = "Waiting for the NodeGate operator to report a status"
-  return hs
+  return verdict("Progressing", "Waiting for the NodeGate operator to report a status")
 end
-
 local generation = obj.metadata.generation
 local observed = obj.status.observedGeneration
 if generation ~= nil and (observed == nil or observed < generation) then
-  hs.status = "Progressing"
-  hs.message = "Waiting for the NodeGate operator to act on generation " .. tostring(generation)
-  return hs
+  return verdict("Progressing", "Waiting for the NodeGate operator to act on generation " .. tostring(generation))
 end
 
 local c = conditions_of(obj)
 if is_true(c.Stalled) then
-  hs.status = "Degraded"
-  hs.message = say(c.Stalled, "The rollout needs a person")
-  return hs
+  return verdict("Degraded", say(c.Stalled, "The rollout needs a person"))
 end
 if obj.metadata.deletionTimestamp ~= nil then
-  hs.status = "Progressing"
-  hs.message = say(c.Deleting, "The gate is being deleted")
-  return hs
+  return verdict("Progressing", say(c.Deleting, "The gate is being deleted"))
 end
 if is_true(c.Disabled) then
-  hs.status = "Suspended"
-  hs.message = say(c.Disabled, "The gate is disabled")
-  return hs
+  return verdict("Suspended", say(c.Disabled, "The gate is disabled"))
 end
 if is_true(c.Paused) then
-  hs.status = "Suspended"
   local progress = ""
   if obj.status.progress ~= nil then
     progress = " (" .. obj.status.progress .. " nodes complete)"
   end
-  hs.message = "spec.paused is true: no new work starts" .. progress
-  return hs
+  return verdict("Suspended", "spec.paused is true: no new work starts" .. progress)
 end
 if is_true(c.Reconciling) then
-  hs.status = "Progressing"
-  hs.message = say(c.Reconciling, "The rollout is in progress")
-  return hs
+  return verdict("Progressing", say(c.Reconciling, "The rollout is in progress"))
 end
 if is_true(c.Ready) then
-  hs.status = "Healthy"
-  hs.message = say(c.Ready, "Every matched node is complete")
-  return hs
+  return verdict("Healthy", say(c.Ready, "Every matched node is complete"))
 end
-hs.status = "Progressing"
-hs.message = say(c.Ready, "The rollout is not complete")
-return hs
+return verdict("Progressing", say(c.Ready, "The rollout is not complete"))
