@@ -3,7 +3,7 @@ status.Compute, what Flux and kpt wait on) and Argo CD's health scripts (on a re
 
 Each phase is reached on the cluster, the object is read back from the API server, and both
 evaluators must agree with what a person sees: rolling is InProgress/Progressing, done is
-Current/Healthy, a stopped compartment is Failed/Degraded, paused is InProgress/Suspended
+Current/Healthy, a stopped compartment or failed nodes with nothing left to do Failed/Degraded, paused is InProgress/Suspended
 (gate.lifecycle.health says why). With NODEGATE_RECORD_GITOPS=1 the objects are stored as the Argo
 CD script tests' testdata (tests/gitops.py).
 """
@@ -125,12 +125,16 @@ async def test_a_stopped_compartment_reads_failed_and_degraded_and_its_policy_cu
     _judge(accepted, "accepted", "Current", "Healthy")
 
 
-async def test_a_gate_naming_a_missing_policy_reads_failed_and_degraded(scenario: Scenario) -> None:
-    await scenario.add_nodes(1)
-    missing = f"{scenario.name}-none"
-    await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=missing)
+async def test_failed_nodes_with_nothing_left_to_do_read_failed_and_degraded(scenario: Scenario) -> None:
+    """Below the failure threshold nothing stops, but once every other node is done the failed one
+    waits for a person: Stalled (NodesFailed), not Reconciling forever."""
+    good, bad = await scenario.add_nodes(2)
+    await scenario.inject(failing_stage("fail", nodes=[bad], package="tuning"))
+    await scenario.apply_gate({"tuning": {**PKG, "retries": 0}}, interruptionBudget={"count": 2})
     gate = await _until(scenario, "the gate stalled", lambda g: _conditions(g).get("Stalled", {}).get("status")
-                        == "True")
-    assert _conditions(gate)["Stalled"]["reason"] == "PolicyNotFound"
-    message, health = _judge(gate, "policy-missing", "Failed", "Degraded")
-    assert missing in message and missing in health.message
+                        == "True", timeout=90)
+    assert _conditions(gate)["Stalled"]["reason"] == "NodesFailed"
+    assert gate["status"]["nodes"]["complete"] == 1 and gate["status"]["nodes"]["failed"] == 1
+    assert await scenario.node_status(good) == "complete"
+    message, health = _judge(gate, "nodes-failed", "Failed", "Degraded")
+    assert "nodegate node reset" in message and message == health.message
