@@ -4,8 +4,8 @@ status.Compute, what Flux and kpt wait on) and Argo CD's health scripts (on a re
 Each phase is reached on the cluster, the object is read back from the API server, and both
 evaluators must agree with what a person sees: rolling is InProgress/Progressing, done is
 Current/Healthy, a stopped compartment or failed nodes with nothing else left is Failed/Degraded,
-paused is InProgress/Suspended (gate.lifecycle.health says why). With NODEGATE_RECORD_GITOPS=1 the objects are stored as the Argo
-CD script tests' testdata (tests/gitops.py).
+paused is InProgress/Suspended (gate.lifecycle.health says why). With NODEGATE_RECORD_GITOPS=1 the
+objects are stored as the Argo CD script tests' testdata (tests/gitops.py).
 """
 
 from __future__ import annotations
