@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: all demo test check unit integration realnode realnode-deps binaries crds generate manifests chart clean-venv
+.PHONY: all demo test test-matrix check unit integration realnode realnode-deps binaries crds generate manifests chart clean-venv
 
 all: test
 
@@ -45,6 +45,12 @@ realnode: binaries realnode-deps
 
 test: check binaries realnode-deps
 	$(PY) -m pytest tests -q --durations=15
+
+# Not part of `make test` or CI: the integration core once per Kubernetes release of versions.toml's
+# [matrix] (each control plane built once per machine, several CPU-minutes each), then a table of
+# release x passed/failed/time. KUBE_VERSIONS="v1.33.13" runs a subset (gate/devcluster/matrix.py).
+test-matrix: binaries
+	$(PY) -m gate.devcluster.matrix --report $(VENV)/test-matrix.txt
 
 crds: $(STAMP)
 	$(VENV)/bin/nodegate crds --output crds

@@ -162,6 +162,7 @@ class Condition(Model):
     """A standard metav1.Condition."""
 
     type: str = Field(max_length=316, description="Condition type: Ready, Progressing, Degraded, Paused; "
+                      "Reconciling and Stalled (kstatus, present only while True); "
                       "Deleting on a NodeGate being deleted, Disabled on a disabled one.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(

@@ -91,6 +91,12 @@ def openapi_schema(model: type[Any]) -> Schema:
     props = schema["properties"]
     # The API server owns metadata's schema; a CRD may only say it is an object.
     props["metadata"] = {"type": "object"}
+    # kstatus (Flux, kpt, cli-utils) reads an object without conditions as Current: a gate applied a
+    # moment ago, before the operator wrote its first status, would look done. The API server fills
+    # this default whenever it reads the object, so until the operator has written a status the
+    # object says observedGeneration 0 < generation, which kstatus reads as InProgress
+    # (LatestGenerationNotObserved) and Argo CD's script as Progressing (gate.lifecycle.health).
+    props["status"]["default"] = {"observedGeneration": 0}
     schema.pop("required", None)
     schema["required"] = ["spec"]
     return schema

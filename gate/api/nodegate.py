@@ -324,7 +324,9 @@ class NodeGateStatus(Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and Paused; Deleting while the gate is being deleted (its reason "
+        description="Ready, Progressing, Degraded and Paused; Reconciling while nodes have work left and Stalled "
+        "when the rollout needs a person (kstatus' abnormal-true conditions: present only while True); "
+        "Deleting while the gate is being deleted (its reason "
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
         "(annotation nodegate.io/disabled=true).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

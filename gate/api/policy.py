@@ -161,10 +161,11 @@ class DeploymentPolicySpec(Model):
 
 
 class DeploymentPolicyStatus(Model):
-    observed_generation: int | None = Field(default=None, description="The generation last seen.")
+    observed_generation: int | None = Field(default=None, description="The generation the operator last read.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Standard conditions.",
+        description="Ready once the operator read the spec; Stalled (kstatus, present only while True) while the "
+        "spec cannot be used.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     used_by: list[str] = Field(default_factory=list, description="NodeGates that reference this policy.")

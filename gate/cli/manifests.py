@@ -10,6 +10,8 @@ One source each, written out by one command (`make manifests`), checked by a tes
   self-managed certificates; the webhook with cert-manager (apply `webhooks/` or `certs/`, not both).
   Helm hooks are left out, and so are Helm's own labels.
 * `config/rbac/webhook.yaml`: the webhook's ServiceAccount and RBAC, as rendered.
+* `charts/nodegate/docs/argocd/argocd-cm.yaml`: the Argo CD health scripts of both kinds, as an
+  `argocd-cm` snippet.
 
 `nodegate pre-delete` is what the chart's pre-delete hook runs.
 """
@@ -30,11 +32,15 @@ from typing import Any
 
 import yaml
 
+from gate.api import keys
+
 CHART = Path("charts/nodegate")
 NAMESPACE = "nodegate-system"
 RULES_TEMPLATE = CHART / "templates" / "_rules.tpl"
 PLAIN_DIRS = ("operator", "webhooks", "certs")
 WEBHOOK_RBAC_EXAMPLE = Path("config/rbac/webhook.yaml")
+ARGOCD_DIR = CHART / "docs" / "argocd"
+ARGOCD_KINDS = ("NodeGate", "DeploymentPolicy")
 HOOK_ANNOTATION = "helm.sh/hook"
 _HELM_LABEL = re.compile(r"^\s+(helm\.sh/chart: .*|app\.kubernetes\.io/managed-by: Helm)\n", re.MULTILINE)
 
@@ -215,10 +221,29 @@ def plain_manifests(chart: Path, helm: str | None = None) -> dict[Path, str]:
 
 # -- all of it ------------------------------------------------------------------------------------------
 
+def argocd_cm(root: Path) -> str:
+    """The `argocd-cm` snippet that installs the Argo CD health scripts of both kinds (their source:
+    charts/nodegate/docs/argocd/nodegate.io/<Kind>/health.lua, laid out as Argo CD keeps its own)."""
+    lines = [
+        f"# {_GENERATED.replace('Rendered from charts/nodegate', 'Written from the health.lua files beside it')}",
+        "# Argo CD health checks for NodeGate and DeploymentPolicy. Merge into Argo CD's argocd-cm, e.g.",
+        "#   kubectl -n argocd patch configmap argocd-cm --type merge --patch-file argocd-cm.yaml",
+        "# (or the configs.cm values of Argo CD's Helm chart). docs/operations.md says what each status means.",
+        "apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: argocd-cm", "  namespace: argocd",
+        "  labels:", "    app.kubernetes.io/name: argocd-cm", "    app.kubernetes.io/part-of: argocd", "data:",
+    ]
+    for kind in ARGOCD_KINDS:
+        script = (root / ARGOCD_DIR / keys.GROUP / kind / "health.lua").read_text()
+        lines.append(f"  resource.customizations.health.{keys.GROUP}_{kind}: |")
+        lines += [f"    {line}" if line else "" for line in script.rstrip("\n").split("\n")]
+    return "\n".join(lines) + "\n"
+
+
 def generated_chart_files(root: Path) -> dict[Path, bytes]:
-    """The chart's generated files: CRD copies and the RBAC rules."""
+    """The chart's generated files: CRD copies, the RBAC rules, the Argo CD snippet."""
     files = {CHART / "crds" / crd.name: crd.read_bytes() for crd in sorted((root / "crds").glob("*.yaml"))}
     files[RULES_TEMPLATE] = rules_template().encode()
+    files[ARGOCD_DIR / "argocd-cm.yaml"] = argocd_cm(root).encode()
     return files
 
 

@@ -176,7 +176,7 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
     observed = gate.status.observed_generation if gate.status is not None else None
     if gate.metadata.deletion_timestamp:
         notes.append("being deleted: the operator uninstalls what it can and removes its keys from the nodes")
-    if gate.status is None or observed is None:
+    if gate.status is None or not observed:  # 0: the CRD's default, before the operator's first status
         notes.append("the operator has not reported on this gate yet (is it running?)")
     elif observed < generation:
         notes.append(f"the operator has not acted on generation {generation} yet (last seen: {observed})")

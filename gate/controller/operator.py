@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from gate import __version__
 from gate.api import keys
+from gate.api.common import Condition
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
@@ -41,7 +42,7 @@ from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import GateKey, JoinKey, NodeKey, Triggered, WorkKey
+from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, Triggered, WorkKey
 from gate.controller.views import fleet_node, node_view, pod_view
 from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
@@ -58,6 +59,7 @@ from gate.lifecycle.fleet import (
     selects,
     taint_reason,
 )
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, policy_status
 from gate.lifecycle.machine import (
     Decision,
     EventRequest,
@@ -136,6 +138,8 @@ class Operator:
             log.info("Caches synced; gates=%d nodes=%d", len(self.gates), len(self.nodes))
             for gate in self.gates.items():  # everything, as on a spec change of every gate
                 self._queue(triggers.on_gate(gate, None, self.nodes.items()))
+            for policy in self.policies.items():
+                self.queue.add(PolicyKey(policy["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
             await asyncio.gather(*workers)
@@ -183,6 +187,8 @@ class Operator:
                     case GateKey(gate):
                         await self.reconcile_gate(gate)
                         self._gate_cost[gate] = time.monotonic() - started
+                    case PolicyKey(policy):
+                        await self.reconcile_policy(policy)
                     case JoinKey(gate, node):
                         await self.reconcile_join(gate, node)
                     case NodeKey(gate, node):
@@ -220,11 +226,11 @@ class Operator:
 
     def _on_gate(self, kind: str, obj: Obj) -> None:
         name = obj["metadata"]["name"]
-        self._queue(triggers.on_gate(obj, self._gate_seen.get(name), self.nodes.items()))
+        self._queue(triggers.on_gate(obj, self._gate_seen.get(name), self.nodes.items(), self.policies.items()))
         self._gate_seen[name] = triggers.gate_seen(obj)
 
     def _on_policy(self, kind: str, obj: Obj) -> None:
-        self._queue(triggers.on_policy(obj, self.gates.items()))
+        self._queue(triggers.on_policy(kind, obj, self.gates.items()))
 
     def _on_node(self, kind: str, obj: Obj) -> None:
         if kind == "DELETED":
@@ -407,14 +413,46 @@ class Operator:
             await self._gate_problem(obj, gate, "PolicyNotFound",
                                      f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
             return False, None
-        return True, DeploymentPolicy.model_validate(raw_policy)
+        try:
+            return True, DeploymentPolicy.model_validate(raw_policy)
+        except ValidationError as exc:
+            await self._gate_problem(obj, gate, "PolicyInvalid",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: "
+                                     f"{_first_error(exc)}")
+            return False, None
+
+    async def reconcile_policy(self, name: str) -> None:
+        """A DeploymentPolicy's status: which spec the operator read, whether it can use it, who uses it."""
+        obj = self.policies.get(name)
+        if obj is None:
+            return
+        problem = None
+        try:
+            DeploymentPolicy.model_validate(obj)
+        except ValidationError as exc:
+            problem = _first_error(exc)
+        used_by = sorted(g["metadata"]["name"] for g in self.gates.items()
+                         if (g.get("spec") or {}).get("deploymentPolicy") == name)
+        meta = obj["metadata"]
+        previous = [Condition.model_validate(c) for c in (obj.get("status") or {}).get("conditions") or []]
+        status = policy_status(meta.get("generation") or 0, used_by, problem, previous, datetime.now(UTC)).to_wire()
+        if _same_status(obj.get("status") or {}, status):
+            return
+        try:
+            patched = await self.client.patch(POLICIES, name, {"status": status, "metadata": {
+                "resourceVersion": meta["resourceVersion"]}}, subresource="status")
+        except NotFound:
+            return
+        self.policies.observe(patched)
 
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
         status = dict(obj.get("status") or {})
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Degraded"]
-        conditions.append({"type": "Degraded", "status": "True", "reason": reason, "message": message,
-                           "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
+        # Degraded, and Stalled for kstatus: the gate cannot go on until a person fixes what it names.
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Degraded", *KSTATUS_TYPES)]
+        for type_ in ("Degraded", STALLED):
+            conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
+                               "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
         status.update({"conditions": conditions, "status": "Degraded",
                        "observedGeneration": gate.metadata.generation or 0})
         await self._write_status(obj, status)
@@ -498,7 +536,9 @@ class Operator:
         status = dict(obj.get("status") or {})
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         previous = {c.get("type"): c for c in status.get("conditions") or []}
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Disabled", "Progressing")]
+        # Neither Reconciling nor Stalled: the gate does nothing, and Ready decides (gate.lifecycle.health).
+        conditions = [c for c in status.get("conditions") or []
+                      if c.get("type") not in ("Disabled", "Progressing", *KSTATUS_TYPES)]
         for type_, value, reason, message in (
                 ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
                 ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
@@ -760,6 +800,13 @@ def _parsed_or_none(raw: str | None) -> NodeGateState | None:
         return load_state(raw) if raw else None
     except StateParseError:
         return None
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first problem pydantic found, with the field it is about."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
 def _same_status(current: Obj, new: Obj) -> bool:

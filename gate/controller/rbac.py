@@ -58,6 +58,8 @@ CLUSTER_RULES: list[Rule] = [
     Rule([keys.GROUP], ["nodegates/status"], ["patch"], "write conditions, node counts and compartments"),
     Rule([keys.GROUP], ["deploymentpolicies"], ["list", "watch"],
          "the operator's cache of compartments, budgets and windows"),
+    Rule([keys.GROUP], ["deploymentpolicies/status"], ["patch"],
+         "write a policy's Ready/Stalled conditions, observedGeneration and usedBy"),
     Rule([""], ["nodes"], ["list", "watch"], "the operator's cache of the fleet"),
     Rule([""], ["nodes"], ["patch"],
          "one write per step: state annotation, status label, cordon and the readiness taint"),

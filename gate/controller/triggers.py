@@ -12,6 +12,7 @@ Three kinds of keys:
 * `GateKey(gate)`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`), or its removal.
 * `NodeKey(gate, node)`: one step of that node's state machine (`gate.lifecycle.machine`).
 * `JoinKey(gate, node)`: a node that joined after the gate, which may need the readiness taint now.
+* `PolicyKey(policy)`: a DeploymentPolicy's own status (accepted, the gates that use it).
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ class JoinKey(_Key):
     kind = "join"
 
 
-WorkKey = GateKey | NodeKey | JoinKey
+@dataclass(frozen=True)
+class PolicyKey(_Key):
+    policy: str
+    kind = "policy"
+
+
+WorkKey = GateKey | NodeKey | JoinKey | PolicyKey
 
 
 @dataclass(frozen=True)
@@ -78,10 +85,12 @@ def gate_seen(obj: Obj) -> GateSeen:
     return meta.get("generation"), bool(meta.get("deletionTimestamp"))
 
 
-def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj]) -> Triggered:
-    """A gate changed: plan it; when its spec or deletion changed, step every node holding its state."""
+def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], policies: Iterable[Obj] = ()) -> Triggered:
+    """A gate changed: plan it; when its spec or deletion changed, step every node holding its state.
+    A policy's status names the gates that use it, and a gate that left a policy no longer names it,
+    so every policy is looked at (there are few, and an unchanged status is not written)."""
     name = obj["metadata"]["name"]
-    now: list[WorkKey] = [GateKey(name)]
+    now: list[WorkKey] = [GateKey(name), *(PolicyKey(p["metadata"]["name"]) for p in policies)]
     if gate_seen(obj) != seen_before:
         annotation = keys.state_annotation(name)
         now += [NodeKey(name, n["metadata"]["name"]) for n in nodes
@@ -89,11 +98,12 @@ def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj]) -> Tri
     return Triggered(now=tuple(now))
 
 
-def on_policy(obj: Obj, gates: Iterable[Obj]) -> Triggered:
-    """A DeploymentPolicy changed: plan every gate that uses it."""
+def on_policy(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
+    """A DeploymentPolicy changed: its own status, and a plan of every gate that uses it."""
     name = obj["metadata"]["name"]
-    return Triggered(now=tuple(GateKey(g["metadata"]["name"]) for g in gates
-                               if (g.get("spec") or {}).get("deploymentPolicy") == name))
+    own: tuple[WorkKey, ...] = () if kind == "DELETED" else (PolicyKey(name),)
+    return Triggered(now=own + tuple(GateKey(g["metadata"]["name"]) for g in gates
+                                     if (g.get("spec") or {}).get("deploymentPolicy") == name))
 
 
 def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
@@ -166,6 +176,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 
 __all__ = [
-    "GateKey", "GateSeen", "JoinKey", "NodeKey", "Triggered", "WorkKey", "gate_seen", "job_owner", "joined_after",
-    "on_gate", "on_job", "on_node", "on_pod", "on_policy", "pod_may_be_stuck",
+    "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "Triggered", "WorkKey", "gate_seen", "job_owner",
+    "joined_after", "on_gate", "on_job", "on_node", "on_pod", "on_policy", "pod_may_be_stuck",
 ]

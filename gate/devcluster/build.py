@@ -11,18 +11,25 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).with_name("versions.toml")
-ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry")
+ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe")
+# Runs the control plane on another Kubernetes release than the pinned one (`make test-matrix`):
+# `NODEGATE_KUBE_VERSION=v1.33.13`. Unset, CI and `nodegate dev up` use versions.toml's pin.
+KUBE_VERSION_ENV = "NODEGATE_KUBE_VERSION"
+# What an overridden release builds: the control plane and kubectl. The kubelet is left out (only the
+# real-node tier runs one, and it stays on the pinned release), which saves a third of the build.
+OVERRIDE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
 Progress = Callable[[str], None]
 
@@ -41,13 +48,18 @@ class Component:
     ldflags: tuple[str, ...] = ()
     # Files copied from the module's source next to the binaries (name -> path inside the module).
     assets: dict[str, str] = field(default_factory=dict)
+    # Go source of NodeGate's own, written into the wrapper module (name -> path beside this file): the
+    # command is the wrapper itself, and `module` the library it is built on.
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
-        blob = json.dumps(
-            [self.module, self.version, self.binaries, self.replaces, list(self.ldflags), self.assets],
-            sort_keys=True,
-        )
+        fields: list[object] = [self.module, self.version, self.binaries, self.replaces, list(self.ldflags),
+                                self.assets]
+        if self.sources:  # only then: every other component keeps the stamp it was built with
+            fields.append({name: hashlib.sha256((VERSIONS_FILE.parent / rel).read_bytes()).hexdigest()
+                           for name, rel in self.sources.items()})
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -55,10 +67,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("NODEGATE_CACHE", Path.home() / ".cache" / "nodegate"))
 
 
-def load_components(path: Path = VERSIONS_FILE) -> dict[str, Component]:
+def kube_version_override(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """(k8s.io/kubernetes version, staging version) asked for by NODEGATE_KUBE_VERSION, or None."""
+    raw = environ.get(KUBE_VERSION_ENV, "").strip()
+    if not raw:
+        return None
+    match = re.fullmatch(r"v?1\.(\d+)\.(\d+)", raw)
+    if match is None:
+        raise BuildError(
+            f"{KUBE_VERSION_ENV}={raw!r} is not a Kubernetes release: give one like v1.33.13 "
+            "(`go list -m -versions k8s.io/kubernetes` lists what the Go module proxy serves)"
+        )
+    minor, patch = match.groups()
+    return f"v1.{minor}.{patch}", f"v0.{minor}.{patch}"
+
+
+def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.environ) -> dict[str, Component]:
     data = tomllib.loads(path.read_text())
     k8s = data["kubernetes"]
-    gitv = k8s["version"]
+    gitv, staging_version = k8s["version"], k8s["staging_version"]
+    k8s_binaries = dict(k8s["binaries"])
+    override = kube_version_override(environ)
+    if override is not None and override[0] != gitv:
+        # The staging module list is the same from 1.32 to 1.35 (checked against each release's go.mod).
+        gitv, staging_version = override
+        k8s_binaries = {name: k8s_binaries[name] for name in OVERRIDE_BINARIES}
     major, minor = gitv.lstrip("v").split(".")[:2]
     k8s_ldflags = []
     # Both packages carry version variables: component-base for the servers, client-go for kubectl.
@@ -75,13 +108,14 @@ def load_components(path: Path = VERSIONS_FILE) -> dict[str, Component]:
     kwok = data["kwok"]
     helm = data["helm"]
     registry = data["registry"]
+    probe = data["kstatus-probe"]
     return {
         "kubernetes": Component(
             "kubernetes",
             k8s["module"],
             gitv,
-            dict(k8s["binaries"]),
-            {f"k8s.io/{m}": k8s["staging_version"] for m in k8s["staging"]},
+            k8s_binaries,
+            {f"k8s.io/{m}": staging_version for m in k8s["staging"]},
             tuple(k8s_ldflags),
         ),
         "etcd": Component(
@@ -116,6 +150,13 @@ def load_components(path: Path = VERSIONS_FILE) -> dict[str, Component]:
             dict(registry["binaries"]),
             {},
             (f"-X {registry['module']}/version.version={registry['version']}",),
+        ),
+        "kstatus-probe": Component(
+            "kstatus-probe",
+            probe["module"],
+            probe["version"],
+            dict(probe["binaries"]),
+            sources=dict(probe["sources"]),
         ),
     }
 
@@ -161,6 +202,8 @@ def _wrapper(component: Component) -> tuple[str, str]:
         lines += [f"\t{mod} => {mod} {ver}" for mod, ver in sorted(component.replaces.items())]
         lines.append(")")
     gomod = "\n".join(lines) + "\n"
+    if component.sources:
+        return gomod, ""  # the command's own source imports what it needs
     imports = "\n".join(f'\t_ "{pkg}"' for pkg in sorted(set(component.binaries.values())))
     tools = (
         "//go:build tools\n\n// Keeps the built commands in go.mod for `go mod tidy`.\n"
@@ -170,9 +213,11 @@ def _wrapper(component: Component) -> tuple[str, str]:
 
 
 @contextmanager
-def _locked() -> Iterator[None]:
+def _locked(component: Component) -> Iterator[None]:
+    """One build of a component at a time on this machine; different components (or releases) build
+    side by side, each in its own work directory (Go's module and build caches are safe to share)."""
     cache_root().mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / ".build.lock", "w") as lock:
+    with open(cache_root() / f".build-{component.name}-{component.version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -208,7 +253,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, progress: Pr
 
 def build(component: Component, progress: Progress = print) -> Path:
     """Build one component into its cache directory (no-op when already built)."""
-    with _locked():
+    with _locked(component):
         if is_built(component):
             return bin_dir(component)
         go = _go()
@@ -216,7 +261,10 @@ def build(component: Component, progress: Progress = print) -> Path:
         work.mkdir(parents=True, exist_ok=True)
         gomod, tools = _wrapper(component)
         (work / "go.mod").write_text(gomod)
-        (work / "tools.go").write_text(tools)
+        if tools:
+            (work / "tools.go").write_text(tools)
+        for name, rel in component.sources.items():
+            shutil.copyfile(VERSIONS_FILE.parent / rel, work / name)
         log = work / "build.log"
         log.write_text("")
         env = dict(os.environ, CGO_ENABLED="0")

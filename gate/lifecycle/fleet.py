@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from gate.api import keys
-from gate.api.common import Condition
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
+from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
 
@@ -340,15 +341,8 @@ def fresh_rollout(gate: NodeGate) -> NodeGate:
     return gate.model_copy(update={"status": gate.status.model_copy(update={"compartments": restarted})})
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str, previous: Sequence[Condition], now: datetime,
-               generation: int) -> Condition:
-    status = "True" if ok else "False"
-    since = now.isoformat(timespec="seconds").replace("+00:00", "Z")
-    for old in previous:
-        if old.type == type_ and old.status == status:
-            since = old.last_transition_time or since
-    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
-                     observed_generation=generation)
+def _word(value: bool) -> Literal["True", "False"]:
+    return "True" if value else "False"
 
 
 def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
@@ -382,12 +376,14 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
     else:
         prog_reason, prog_msg = "Idle", "Nothing to do"
     conditions = [
-        _condition("Ready", done, ready_reason, ready_msg, previous, now, generation),
-        _condition("Progressing", progressing and not paused, prog_reason, prog_msg, previous, now, generation),
-        _condition("Degraded", degraded, deg_reason, deg_msg, previous, now, generation),
-        _condition("Paused", paused, "Paused" if paused else "NotPaused",
-                   "spec.paused is true" if paused else "spec.paused is false", previous, now, generation),
+        condition("Ready", _word(done), ready_reason, ready_msg, previous, now, generation),
+        condition("Progressing", _word(progressing and not paused), prog_reason, prog_msg, previous, now, generation),
+        condition("Degraded", _word(degraded), deg_reason, deg_msg, previous, now, generation),
+        condition("Paused", _word(paused), "Paused" if paused else "NotPaused",
+                  "spec.paused is true" if paused else "spec.paused is false", previous, now, generation),
     ]
+    verdict = rollout_verdict(gate.name, counts, compartments, paused)
+    conditions = with_verdict(conditions, verdict, previous, now, generation)
     summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"
     return NodeGateStatus(
         observed_generation=generation, rollout_hash=spec_hash, conditions=conditions, status=summary,

@@ -32,6 +32,7 @@ from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateS
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, rollout_hash
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, fresh_rollout, gate_status, resumed_gate, rollout_events
+from gate.lifecycle.health import RECONCILING, STALLED, Verdict, with_verdict
 from gate.lifecycle.machine import EventRequest
 from gate.rollout import GateProgress, NodeSnapshot, Start, plan
 
@@ -179,6 +180,12 @@ def _status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentSt
                          observed_generation=gate.metadata.generation or 0,
                          last_transition_time=_since(previous, now))
     conditions = [c for c in base.conditions if c.type != "Deleting"] + [deleting]
+    # The removal's own kstatus verdict: what blocks it for good needs a person (Stalled); the rest
+    # is uninstalls running or waiting, a pause included (Reconciling). Nothing left: neither.
+    left = counts.in_progress + waiting + counts.failed
+    verdict = (Verdict(STALLED, reason, message) if reason in ("CompartmentStopped", "UninstallFailed")
+               else Verdict(RECONCILING, reason, message) if left else None)
+    conditions = with_verdict(conditions, verdict, previous, now, gate.metadata.generation or 0)
     return base.model_copy(update={"conditions": conditions, "status": "Deleting"}), events
 
 

@@ -139,6 +139,9 @@ PROBES: dict[tuple[str, str, str], Call] = {
         op(i).patch(NODEGATES, MISSING, {"metadata": {"finalizers": [], "resourceVersion": "1"}})),
     ("operator-cluster", "nodegates/status", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"status": {}}, subresource="status")),
+    # Operator.reconcile_policy
+    ("operator-cluster", "deploymentpolicies/status", "patch"): lambda i: _absent_ok(
+        op(i).patch(POLICIES, MISSING, {"status": {}}, subresource="status")),
     ("operator-cluster", "nodes", "patch"): lambda i: _absent_ok(
         op(i).patch(NODES, MISSING, {"spec": {"unschedulable": True}})),
     ("operator-cluster", "nodes/status", "patch"): lambda i: _absent_ok(op(i).patch(

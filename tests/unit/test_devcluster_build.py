@@ -43,3 +43,46 @@ def test_a_missing_go_toolchain_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(BuildError, match="Go toolchain was not found on PATH"):
         _go()
+
+
+def test_kube_version_override_builds_the_control_plane_of_another_release_into_its_own_directory() -> None:
+    from gate.devcluster.build import OVERRIDE_BINARIES, bin_dir
+
+    pinned = load_components(environ={})["kubernetes"]
+    other = load_components(environ={"NODEGATE_KUBE_VERSION": "v1.33.13"})["kubernetes"]
+    assert other.version == "v1.33.13" and set(other.replaces.values()) == {"v0.33.13"}
+    assert set(other.replaces) == set(pinned.replaces)
+    assert tuple(other.binaries) == OVERRIDE_BINARIES and "kubelet" in pinned.binaries
+    assert "-X k8s.io/component-base/version.gitVersion=v1.33.13" in other.ldflags
+    assert "-X k8s.io/component-base/version.gitMinor=33" in other.ldflags
+    assert bin_dir(other) != bin_dir(pinned) and other.fingerprint != pinned.fingerprint
+    # The pinned release asked for by name is the pinned build, kubelet and all.
+    assert load_components(environ={"NODEGATE_KUBE_VERSION": pinned.version})["kubernetes"] == pinned
+
+
+@pytest.mark.parametrize("value", ["1.33", "v2.0.0", "latest", "v1.33.13-rc.0"])
+def test_a_kube_version_override_that_is_no_release_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(BuildError, match=r"NODEGATE_KUBE_VERSION=.*v1\.33\.13"):
+        load_components(environ={"NODEGATE_KUBE_VERSION": value})
+
+
+def test_the_kstatus_probe_is_built_from_its_own_source_on_cli_utils() -> None:
+    probe = load_components()["kstatus-probe"]
+    gomod, tools = _wrapper(probe)
+    assert f"require sigs.k8s.io/cli-utils {probe.version}" in gomod
+    assert tools == ""  # main.go is the command; a tools.go beside it would be a second package
+    source = Path(__file__).resolve().parents[2] / "gate" / "devcluster" / probe.sources["main.go"]
+    assert '"sigs.k8s.io/cli-utils/pkg/kstatus/status"' in source.read_text()
+
+
+def test_a_component_without_own_sources_keeps_the_fingerprint_its_binaries_were_stamped_with() -> None:
+    # The cache is shared by every checkout on the machine: a fingerprint that changed shape would
+    # make each of them rebuild (and re-stamp) every component in turn.
+    import hashlib
+
+    for name, comp in load_components(environ={}).items():
+        if comp.sources:
+            continue
+        blob = json.dumps([comp.module, comp.version, comp.binaries, comp.replaces, list(comp.ldflags), comp.assets],
+                          sort_keys=True)
+        assert comp.fingerprint == hashlib.sha256(blob.encode()).hexdigest()[:16], name

@@ -20,6 +20,10 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: ["nodegate.io"]
   resources: ["deploymentpolicies"]
   verbs: ["list", "watch"]
+# write a policy's Ready/Stalled conditions, observedGeneration and usedBy
+- apiGroups: ["nodegate.io"]
+  resources: ["deploymentpolicies/status"]
+  verbs: ["patch"]
 # the operator's cache of the fleet
 - apiGroups: [""]
   resources: ["nodes"]

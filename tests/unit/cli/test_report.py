@@ -120,6 +120,11 @@ def test_nodes_the_operator_is_about_to_start_count_as_in_progress_and_say_which
     assert report.notes == ("the operator has not reported on this gate yet (is it running?)",)
 
 
+def test_the_status_the_crd_defaults_before_the_operator_writes_one_reads_as_not_reported() -> None:
+    report = _one(Snapshot([gate(status={"observedGeneration": 0})], {}, [node("n1")]))
+    assert report.notes == ("the operator has not reported on this gate yet (is it running?)",)
+
+
 def test_a_higher_priority_gate_that_is_not_complete_blocks_the_node_and_is_named() -> None:
     first = gate("first", priority=100)
     nodes = [node("n1", states={"first": running()})]

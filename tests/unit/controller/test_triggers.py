@@ -11,6 +11,7 @@ from gate.controller.triggers import (
     GateKey,
     JoinKey,
     NodeKey,
+    PolicyKey,
     Triggered,
     gate_seen,
     on_gate,
@@ -58,7 +59,12 @@ def test_a_gate_event_plans_the_gate_and_steps_its_nodes_only_when_its_spec_or_d
 
 def test_a_policy_event_plans_the_gates_that_use_it() -> None:
     gates = [gate("a", deploymentPolicy="p"), gate("b", deploymentPolicy="q"), gate("c")]
-    assert on_policy({"metadata": {"name": "p"}}, gates) == Triggered(now=(GateKey("a"),))
+    assert on_policy("MODIFIED", {"metadata": {"name": "p"}}, gates) == Triggered(now=(PolicyKey("p"), GateKey("a")))
+    assert on_policy("DELETED", {"metadata": {"name": "p"}}, gates) == Triggered(now=(GateKey("a"),))
+    # A gate event looks at every policy: the one it left no longer lists it.
+    policies = [{"metadata": {"name": "p"}}, {"metadata": {"name": "q"}}]
+    assert on_gate(gate("g"), gate_seen(gate("g")), [], policies).now == (GateKey("g"), PolicyKey("p"),
+                                                                           PolicyKey("q"))
 
 
 def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the_debounce() -> None:
