@@ -47,7 +47,8 @@ def shell_commands(text: str) -> list[list[str]]:
     """Every command line of the ```sh blocks in `text`, split like a shell would (comments dropped)."""
     commands = []
     for block in _SHELL.findall(text):
-        for line in block.splitlines():
+        # A line ending in a backslash goes on on the next one, as in a shell.
+        for line in block.replace("\\\n", " ").splitlines():
             argv = shlex.split(line, comments=True)
             if argv:
                 commands.append(argv)

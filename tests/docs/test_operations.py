@@ -58,6 +58,8 @@ PARSED_ONLY = {
                          "its operator and webhook are local processes, not the chart's pods",
     ("helm",): "needs the Helm release `nodegate`: the dev cluster runs NodeGate without Helm "
                "(tests/chart/test_install.py installs the chart elsewhere)",
+    ("kubectl", "patch", "configmap", "argocd-cm"): "needs Argo CD installed; the snippet it applies is "
+                                                    "tested with a Lua runtime (tests/unit/test_argocd_health.py)",
 }
 # The lines checked by parsing only, as the runbook writes them: a new one must be added on purpose.
 EXPECTED_PARSED_ONLY = [
@@ -67,6 +69,8 @@ EXPECTED_PARSED_ONLY = [
     "kubectl -n nodegate-system logs deploy/nodegate-webhook | grep -i certificate",
     "helm -n nodegate-system get values nodegate",
     "helm -n nodegate-system upgrade nodegate charts/nodegate --reuse-values",
+    "helm pull oci://REGISTRY/charts/nodegate --version X --untar",
+    "kubectl -n argocd patch configmap argocd-cm --type merge --patch-file nodegate/docs/argocd/argocd-cm.yaml",
 ]
 
 
