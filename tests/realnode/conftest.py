@@ -62,6 +62,17 @@ class RealCluster:
         for name in ("operator", "webhook"):
             self.dev.stop_process(name)
         asyncio.run(remove_webhook_configurations(WEBHOOK_CONFIGURATION, str(self.dev.kubeconfig)))
+        # Their RBAC too (start_services puts it back): a Helm release of the chart names its own
+        # objects the same (cluster roles, roles in other namespaces) and refuses to take over
+        # objects it did not create.
+        from gate.controller.rbac import operator_rbac, webhook_rbac
+        from gate.devcluster.services import NAMESPACE, WEBHOOK_SECRET
+
+        for obj in [*operator_rbac(NAMESPACE), *webhook_rbac(NAMESPACE, configuration_name=WEBHOOK_CONFIGURATION,
+                                                              secret_name=WEBHOOK_SECRET)]:
+            meta = obj["metadata"]
+            where = ["-n", meta["namespace"]] if meta.get("namespace") else []
+            self.kubectl.run("delete", obj["kind"].lower(), meta["name"], *where, "--ignore-not-found")
 
     def config(self, node: str) -> Any:
         from gate.devcluster import realnode
