@@ -258,11 +258,7 @@ def decide(ctx: NodeContext) -> Decision:
     if s.status != "in-progress":
         return r.finish_decision()
     work = round_work(ctx.gate, s)
-    required = merge([s.interrupt, *(w.interrupt for w in work.values() if not w.done)])
-    if required != (s.interrupt or Interrupt()):
-        s.interrupt = required if required.type != "none" else None
-        s.interrupted = sorted(set(s.interrupted) | {n for n, w in work.items() if w.interrupt.type != "none"})
-        r.changed = True
+    required = _require(r, {n: w.interrupt for n, w in work.items() if not w.done})
     needs_interrupt = required.type != "none"
     paused = ctx.gate.spec.paused
 
@@ -277,6 +273,18 @@ def decide(ctx: NodeContext) -> Decision:
             return r.finish_decision()
         _finish(r)
     return r.finish_decision()
+
+
+def _require(r: _Round, asked: Mapping[str, Interrupt]) -> Interrupt:
+    """The round's interrupt: the strongest of what it already needs and what the packages with work
+    left ask for; those asking for one are recorded, for their checks after it."""
+    s = r.state
+    required = merge([s.interrupt, *asked.values()])
+    if required != (s.interrupt or Interrupt()):
+        s.interrupt = required if required.type != "none" else None
+        s.interrupted = sorted(set(s.interrupted) | {n for n, i in asked.items() if i.type != "none"})
+        r.changed = True
+    return required
 
 
 def _phases(r: _Round, required: Interrupt, paused: bool, stages: Callable[[], Decision | None]) -> Decision | None:
@@ -606,25 +614,32 @@ def _finish(r: _Round) -> None:
         # again for a fresh round.
         s.generation = ctx.gate.metadata.generation or s.generation
         s.rollout_hash = rollout_hash(ctx.gate)
-    s.status = "complete"
     s.passed = True
+    s.failure = None
+    s.reruns = {}
+    _complete_round(r)
+    change = r.decision.node
+    if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
+        change.remove_readiness_taint = True
+        r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
+    r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
+
+
+def _complete_round(r: _Round) -> None:
+    """The end of a round that went through, install or removal: the node complete, the round's
+    interrupt bookkeeping cleared, this round's cordon undone."""
+    ctx, s = r.ctx, r.state
+    s.status = "complete"
     s.phase = "idle"
     s.phase_since = _iso(ctx.now)
     s.interrupt = None
     s.interrupted = []
     s.post_checked = []
-    s.failure = None
     s.drain_blocked_by = None
     s.boot_id = ctx.node.boot_id
-    s.reruns = {}
     r.changed = True
-    change = r.decision.node
-    change.status = "complete"
+    r.decision.node.status = "complete"
     _uncordon(r)
-    if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
-        change.remove_readiness_taint = True
-        r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
-    r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
 
 
 def _uncordon(r: _Round) -> None:
@@ -723,34 +738,19 @@ def _removal_jobs(r: _Round) -> set[str]:
 
 def _removal_round(r: _Round) -> Decision | None:
     """A picked node's removal round; None once it completed (uncordoned, its status complete)."""
-    ctx, s, gate = r.ctx, r.state, r.gate
+    s, gate = r.state, r.gate
     paused = gate.spec.paused
     if paused and s.phase == "idle":
         return r.finish_decision()  # nothing started: the unpause (a spec change) brings the node back
     packages = gate.spec.packages
     todo = _to_uninstall(gate, s)
-    required = merge([s.interrupt, *(packages[n].uninstall_interrupt() for n in todo)])
-    if required != (s.interrupt or Interrupt()):
-        s.interrupt = required if required.type != "none" else None
-        asking = {n for n in todo if packages[n].uninstall_interrupt().type != "none"}
-        s.interrupted = sorted(set(s.interrupted) | asking)
-        r.changed = True
+    required = _require(r, {n: packages[n].uninstall_interrupt() for n in todo})
     outcome = _phases(r, required, paused, lambda: _uninstalls(r, todo, paused))
     if outcome is not None:
         return outcome
     if _unsettled(r):
         return r.finish_decision()
-    s.status = "complete"
-    s.phase = "idle"
-    s.phase_since = _iso(ctx.now)
-    s.interrupt = None
-    s.interrupted = []
-    s.post_checked = []
-    s.drain_blocked_by = None
-    s.boot_id = ctx.node.boot_id
-    r.changed = True
-    r.decision.node.status = "complete"
-    _uncordon(r)
+    _complete_round(r)
     r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
     return None
 
