@@ -34,9 +34,9 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
 * `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
   /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
-* `systemctl` restarts units listed in `/etc/fake-systemd/running` (a restart loads the unit's
-  drop-ins, which `systemctl show UNIT -p PROP --value` then reports), enables and disables units
-  (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
+* `systemctl` starts units (adding them to `/etc/fake-systemd/running`), restarts units listed there
+  (a restart loads the unit's drop-ins, which `systemctl show UNIT -p PROP --value` then reports),
+  enables and disables units (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
   `/etc/fake-systemd/fail-<what>` makes that operation fail; `shutdown-kills-caller` makes a reboot
   send SIGTERM to its caller, as systemd stopping the agent's pod would.
 """
@@ -99,6 +99,11 @@ case "$1" in
             echo "$unit" >> /var/log/fake-restarts.log
             # what the unit runs with from now on: its drop-ins as they are at this restart
             cat /etc/systemd/system/"$unit".d/*.conf > "$state/loaded-$unit" 2>/dev/null || true
+        done ;;
+    start)
+        shift
+        for unit in "$@"; do
+            grep -q "^$unit " "$state/running" || echo "$unit loaded active running $unit" >> "$state/running"
         done ;;
     enable|disable)
         verb=$1
@@ -312,12 +317,12 @@ daemon() {
     echo "Cannot talk to TuneD daemon via DBus. Is TuneD daemon running?" >&2; exit 1
 }
 profile_file() { for d in /etc/tuned /usr/lib/tuned; do [ -f "$d/$1/tuned.conf" ] && { echo "$d/$1/tuned.conf"; return 0; }; done; return 1; }
-sysctls() {   # key=value lines of a profile, included profiles first
-    file=$(profile_file "$1") || return 0
+sysctls() (   # key=value lines of a profile, included profiles first (a subshell: it recurses)
+    file=$(profile_file "$1") || exit 0
     inc=$(sed -n 's/^include[[:space:]]*=[[:space:]]*//p' "$file")
     for i in $inc; do sysctls "$i"; done
     awk '/^\[/ { s = ($0 == "[sysctl]") ; next } s && /=/ { k = $0; sub(/[[:space:]]*=.*/, "", k); v = $0; sub(/^[^=]*=[[:space:]]*/, "", v); print k "=" v }' "$file"
-}
+)
 path() { echo "/proc/sys/$(echo "$1" | tr . /)"; }
 revert() {
     [ -f "$saved" ] && while IFS='=' read -r k v; do echo "$v" > "$(path "$k")"; done < "$saved"
@@ -346,7 +351,8 @@ case "$1" in
             p=$(path "$k"); [ -e "$p" ] || continue
             [ "$(cat "$p")" = "$v" ] || { echo "$k: $(cat "$p"), profile $v" >> /var/log/fake-tuned-verify.log; exit 1; }
         done || status=1
-        if [ $status = 0 ]; then echo "Verification succeeded, current system settings match the preset profile."
+        # (sic: tuned 2.20, Debian 12's, spells it so)
+        if [ $status = 0 ]; then echo "Verfication succeeded, current system settings match the preset profile."
         else echo "Verification failed, current system settings differ from the preset profile."; fi
         echo "See TuneD log file ('/var/log/tuned/tuned.log') for details."
         exit $status ;;
@@ -446,7 +452,7 @@ FILES: Final = {
     # Debian's kdump-tools ships these two (the GRUB drop-in sets Debian's default crashkernel=).
     "etc/fake-apt/files-kdump-tools/etc/default/kdump-tools": "USE_KDUMP=1\nKDUMP_COREDIR=\"/var/crash\"\n",
     "etc/fake-apt/files-kdump-tools/etc/default/grub.d/kdump-tools.cfg":
-        'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT crashkernel=384M-:512M"\n',
+        'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT crashkernel=384M-:128M"\n',
     "etc/fake-apt/files-tuned/usr/lib/tuned/balanced/tuned.conf": "[main]\nsummary=General non-specialized tuned profile\n",
     "sys/kernel/kexec_crash_loaded": "0\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',

@@ -32,6 +32,8 @@ INTERRUPTS = {
     "bind-mount": [],
     "cve-fix": ["--interrupt", "reboot"],
     "security-agent": ["--interrupt", "service", "--service", "auditd.service"],
+    "kdump": ["--interrupt", "reboot"],  # crashkernel= reserves memory only at boot
+    "tuned": [],
 }
 # Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
 REAL_MOUNTS = {"bind-mount"}

@@ -181,3 +181,103 @@ def test_bind_mount_lands_in_the_nodes_mount_namespace_and_shellscript_runs_the_
         real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
         for node in real.nodes:
             real.node_sh(node, f"umount {target} 2>/dev/null; rm -rf {source}", check=False)
+
+
+# --- kdump
+# The nodes reach no Debian mirror, so the test gives one node a mirror of its own: the packages apt
+# on this machine says the node's root lacks for kdump-tools, downloaded here and served to the node
+# as a file: repository, the node's only apt source for the test. Everything after that is the
+# package's own: Debian's apt, dpkg and kdump-tools maintainer scripts, update-grub, the reboot.
+KDUMP_CONF = 'USE_KDUMP=1\nKDUMP_COREDIR="/var/crash/nodegate"\n'
+MIRROR = "/srv/nodegate-test-apt"
+SOURCES_SAVED = "/etc/apt/sources.list.nodegate-test"
+
+
+def mirror_for(real: RealCluster, node: str, package: str, where: Path) -> None:
+    """A file: apt repository in `node` holding `package` and what the node's root lacks for it."""
+    import subprocess
+    import tarfile
+
+    from gate.devcluster import realnode
+
+    status = where / "status"
+    status.write_text(real.node_file(node, "/var/lib/dpkg/status") or "")
+    debs = where / "debs"
+    (debs / "partial").mkdir(parents=True)
+    subprocess.run(["apt-get", "install", "--download-only", "-y", "-q", "-o", f"Dir::State::status={status}",
+                    "-o", f"Dir::Cache::archives={debs}", package], check=True, capture_output=True, timeout=300)
+    index = []
+    for deb in sorted(debs.glob("*.deb")):
+        control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
+        import hashlib
+
+        digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+        index.append(f"{control.rstrip()}\nFilename: ./{deb.name}\nSize: {deb.stat().st_size}\nSHA256: {digest}\n")
+    (debs / "Packages").write_text("\n".join(index))
+    archive = where / "mirror.tar"
+    with tarfile.open(archive, "w") as tar:
+        for path in [debs / "Packages", *sorted(debs.glob("*.deb"))]:
+            tar.add(path, arcname=path.name)
+    subprocess.run(realnode.in_node(real.config(node), "/bin/sh", "-c", f"mkdir -p {MIRROR} && tar -x -C {MIRROR}"),
+                   input=archive.read_bytes(), check=True, capture_output=True, timeout=120)
+    real.node_sh(node, f"mv /etc/apt/sources.list {SOURCES_SAVED} && "
+                       f"echo 'deb [trusted=yes] file:{MIRROR} ./' > /etc/apt/sources.list.d/nodegate-test.list")
+
+
+def drop_mirror(real: RealCluster, node: str) -> None:
+    real.node_sh(node, f"rm -rf {MIRROR} /etc/apt/sources.list.d/nodegate-test.list; "
+                       f"[ ! -e {SOURCES_SAVED} ] || mv {SOURCES_SAVED} /etc/apt/sources.list", check=False)
+
+
+def crashkernels(text: str | None) -> list[str]:
+    return [word for word in (text or "").split() if word.startswith("crashkernel=")]
+
+
+def dpkg_installed(real: RealCluster, node: str, package: str) -> bool:
+    out = real.node_sh(node, f"dpkg-query -W -f '${{db:Status-Abbrev}}' {package}", check=False).stdout
+    return out.startswith("ii")
+
+
+def test_kdump_reboots_a_node_into_crashkernel_and_the_check_names_what_a_shared_kernel_cannot_give(
+        real: RealCluster, gate_name: str, tmp_path: Path) -> None:
+    """Install by the operator on one node: real apt installs kdump-tools, our drop-in wins over Debian's
+    own kdump-tools.cfg in grub.cfg, the node reboots and boots with crashkernel=. The post-interrupt
+    check then fails, as it must here, naming the two things no dev node can have: the kdump service
+    (the nodes run no systemd, and starting kdump-config there would try to load a crash kernel into
+    this machine's kernel) and a loaded crash kernel (the kernel is this machine's)."""
+    from tests.realnode.test_failures import failed_message
+
+    node = real.nodes[0]
+    assert crashkernels(real.node_file(node, "/proc/cmdline")) == []
+    assert not dpkg_installed(real, node, "kdump-tools")
+    booted = real.boot_id(node)
+    mirror_for(real, node, "kdump-tools", tmp_path)
+    gate = yaml.safe_dump({
+        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": gate_name},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+                 "packages": {"kdump": {
+                     "version": "1.0.0", "image": real.images["kdump"], "interrupt": {"type": "reboot"},
+                     "config": {"crashkernel": "256M", "kdump.conf": KDUMP_CONF},
+                     "uninstall": {"enabled": True}}}}})
+    try:
+        real.kubectl.apply(gate)
+        real.wait(f"gate {gate_name} to report the node failed",
+                  lambda: (real.gate_status(gate_name).get("nodes") or {}).get("failed") == 1, 600.0, every=3.0)
+        message = failed_message(real, gate_name, node)
+        assert "post-interrupt" in message, message
+        assert "kdump-tools.service is not active" in message, message
+        assert "/sys/kernel/kexec_crash_loaded is missing" in message or "no crash kernel is loaded" in message, message
+        assert "booted with" not in message and "boot loader" not in message, message
+        # What is the node's own was done and is proven from outside it.
+        assert real.boot_id(node) != booted, "the node did not reboot"
+        assert crashkernels(real.node_file(node, "/proc/cmdline")) == ["crashkernel=256M"]
+        assert crashkernels(real.node_sh(node, "grep -m1 '^[[:space:]]*linux' /boot/grub/grub.cfg").stdout) == [
+            "crashkernel=256M"]
+        assert "crashkernel=384M-:128M" in (real.node_file(node, "/etc/default/grub.d/kdump-tools.cfg") or "")
+        assert dpkg_installed(real, node, "kdump-tools") and dpkg_installed(real, node, "kexec-tools")
+        assert real.node_file(node, "/etc/default/kdump-tools") == KDUMP_CONF
+        log = real.node_sh(node, f"cat /var/log/nodegate/{gate_name}/kdump/1.0.0/*-post-interrupt.log").stdout
+        assert "ok: the running kernel booted with crashkernel=256M" in log, log
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+        drop_mirror(real, node)

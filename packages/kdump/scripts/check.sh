@@ -1,9 +1,9 @@
 #!/bin/sh
 # Prove what the package claims, and say everything that is wrong (last).
 #   config   (apply, config, upgrade checks): the tools installed, the config file as the config
-#            says, the boot loader's default entry with our crashkernel= last, the service enabled.
+#            says, the boot loader's default entry with our crashkernel= last.
 #   boot     (post-interrupt-check): all of that, and the running kernel booted with it, the
-#            service active and the crash kernel loaded (/sys/kernel/kexec_crash_loaded is 1).
+#            service enabled and active, and the crash kernel loaded (/sys/kernel/kexec_crash_loaded is 1).
 #   removed  (uninstall-check): the drop-in gone, the host's files and tools back, the boot
 #            loader's entry with the host's crashkernel= (none when it had none).
 #   removed-boot (post-uninstall-check): the running kernel booted with the host's crashkernel=.
@@ -27,9 +27,9 @@ if [ "$mode" = config ] || [ "$mode" = boot ]; then
     next=$(next_cmdline | last_crashkernel)
     if [ "$next" = "$crash" ]; then ok "the boot loader's default entry has $crash"
     else bad "the boot loader's default entry has ${next:-no crashkernel=}, want $crash"; fi
-    if [ "$(systemctl is-enabled "$unit" 2>/dev/null)" = enabled ]; then
-        ok "$unit enabled"; else bad "$unit is not enabled"; fi
     if [ "$mode" = boot ]; then
+        if [ "$(systemctl is-enabled "$unit" 2>/dev/null)" = enabled ]; then
+            ok "$unit enabled"; else bad "$unit is not enabled"; fi
         booted=$(last_crashkernel < /proc/cmdline)
         if [ "$booted" = "$crash" ]; then ok "the running kernel booted with $crash"
         else bad "the running kernel booted with ${booted:-no crashkernel=} (/proc/cmdline), want $crash"; fi
@@ -40,11 +40,13 @@ if [ "$mode" = config ] || [ "$mode" = boot ]; then
         else bad "no crash kernel is loaded ($loaded is $(cat "$loaded"))"; fi
     fi
 else
-    before=$(words < "$boot_crashkernel" 2>/dev/null || true)
     if [ "$mode" = removed-boot ]; then
+        # The agent has forgotten the package's state by now; uninstall-check proved the boot loader's
+        # default entry is the host's again, so the proof is that the running kernel booted from it.
         now=$(crashkernels < /proc/cmdline | words)
-        if [ "$now" = "$before" ]; then ok "the running kernel booted with the host's crashkernel= (${before:-none})"
-        else bad "the running kernel booted with '${now:-no crashkernel=}' (/proc/cmdline), the host had '${before:-none}'"; fi
+        host=$(next_cmdline | crashkernels | words)
+        if [ "$now" = "$host" ]; then ok "the running kernel booted with the host's crashkernel= (${host:-none})"
+        else bad "the running kernel booted with '${now:-no crashkernel=}' (/proc/cmdline), the host's boot entry has '${host:-none}'"; fi
     else
         [ ! -e "$drop_in" ] || bad "$drop_in is left behind"
         [ ! -e "$saved_conf" ] || bad "$saved_conf was not put back to $conf"

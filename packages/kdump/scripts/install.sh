@@ -20,9 +20,13 @@ fi
 if [ -z "$(installed_version "$tools")" ]; then
     echo "installing $tools"
     case "$fam" in
-        debian) apt-get update -q
-                DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$tools" ;;
-        rhel) dnf install -y -q "$tools" ;;
+        debian) dpkg_installed > "$state/packages.before"
+                apt-get update -q
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$tools"
+                # What this install added (the tools and their dependencies): uninstall purges exactly these.
+                dpkg_installed | grep -vxF -f "$state/packages.before" > "$state/packages.added" || true
+                echo "apt added: $(tr '\n' ' ' < "$state/packages.added")" ;;
+        rhel) dnf install -y -q "$tools" ;;   # dnf remove takes the dependencies it added away again
     esac
 fi
 echo "$tools $(installed_version "$tools")"

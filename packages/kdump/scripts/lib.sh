@@ -25,13 +25,14 @@ family() {
 
 # What each family calls things.
 setup() {
-    fam=$(family)
+    fam=$(family) || return 1
     case "$fam" in
         debian) tools=kdump-tools; unit=kdump-tools.service; conf=/etc/default/kdump-tools ;;
         rhel) tools=kexec-tools; unit=kdump.service; conf=/etc/kdump.conf ;;
     esac
 }
 
+dpkg_installed() { dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n' | awk '$1 ~ /^.i/ { print $2 }' | sort; }
 installed_version() {
     case "$fam" in
         debian) dpkg-query -W -f '${db:Status-Abbrev} ${Version}\n' "$1" 2>/dev/null | awk '$1 ~ /^.i/ { print $2 }' ;;

@@ -13,7 +13,8 @@ elif [ -e "$saved_conf.absent" ]; then rm -f "$conf" "$saved_conf.absent"; fi
 if [ "$was" = absent ]; then
     systemctl disable "$unit" || true
     case "$fam" in
-        debian) DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "$tools" ;;
+        debian) # shellcheck disable=SC2046  # one package a word
+                DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $(cat "$state/packages.added" 2>/dev/null || echo "$tools") ;;
         rhel) dnf remove -y -q "$tools" ;;
     esac
     echo "$tools removed: the host had none"

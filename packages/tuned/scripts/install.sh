@@ -23,7 +23,7 @@ if [ -z "$(installed_version)" ]; then
     esac
 fi
 systemctl enable "$unit"
-systemctl is-active --quiet "$unit" || systemctl restart "$unit"
+systemctl is-active --quiet "$unit" || systemctl start "$unit"
 echo "tuned $(installed_version), $unit active"
 
 # The config's profiles; a file we did not write at one of their paths is saved once, put back later.
