@@ -151,7 +151,8 @@ for dir in /etc/systemd/system/*.d; do
 done
 # A booting kdump service loads the crash kernel when the kernel reserved memory for it.
 loaded=0
-if grep -q 'crashkernel=' /proc/cmdline 2>/dev/null && grep -qxE 'kdump(-tools)?\.service' "$state/enabled" 2>/dev/null; then
+if grep -q 'crashkernel=' /proc/cmdline 2>/dev/null &&
+        grep -qxE 'kdump(-tools)?\.service' "$state/enabled" 2>/dev/null; then
     loaded=1
 fi
 [ ! -d /sys/kernel ] || echo "$loaded" > /sys/kernel/kexec_crash_loaded
@@ -316,12 +317,17 @@ daemon() {
     grep -q '^tuned.service ' /etc/fake-systemd/running 2>/dev/null && return 0
     echo "Cannot talk to TuneD daemon via DBus. Is TuneD daemon running?" >&2; exit 1
 }
-profile_file() { for d in /etc/tuned /usr/lib/tuned; do [ -f "$d/$1/tuned.conf" ] && { echo "$d/$1/tuned.conf"; return 0; }; done; return 1; }
+profile_file() {
+    for d in /etc/tuned /usr/lib/tuned; do [ -f "$d/$1/tuned.conf" ] && { echo "$d/$1/tuned.conf"; return 0; }; done
+    return 1
+}
 sysctls() (   # key=value lines of a profile, included profiles first (a subshell: it recurses)
     file=$(profile_file "$1") || exit 0
     inc=$(sed -n 's/^include[[:space:]]*=[[:space:]]*//p' "$file")
     for i in $inc; do sysctls "$i"; done
-    awk '/^\[/ { s = ($0 == "[sysctl]") ; next } s && /=/ { k = $0; sub(/[[:space:]]*=.*/, "", k); v = $0; sub(/^[^=]*=[[:space:]]*/, "", v); print k "=" v }' "$file"
+    awk '/^\[/ { s = ($0 == "[sysctl]"); next }
+         s && /=/ { k = $0; sub(/[[:space:]]*=.*/, "", k); v = $0; sub(/^[^=]*=[[:space:]]*/, "", v)
+                    print k "=" v }' "$file"
 )
 path() { echo "/proc/sys/$(echo "$1" | tr . /)"; }
 revert() {
@@ -332,7 +338,8 @@ case "$1" in
     profile)
         daemon
         [ -n "${2:-}" ] || { echo "usage: tuned-adm profile PROFILE" >&2; exit 1; }
-        profile_file "$2" >/dev/null || { echo "Unable to switch profile: Requested profile '$2' doesn't exist." >&2; exit 1; }
+        profile_file "$2" >/dev/null || {
+            echo "Unable to switch profile: Requested profile '$2' doesn't exist." >&2; exit 1; }
         revert
         sysctls "$2" | while IFS='=' read -r k v; do
             p=$(path "$k"); [ -e "$p" ] || continue
@@ -343,13 +350,14 @@ case "$1" in
     off) daemon; revert; : > "$active" ;;
     active)
         daemon
-        if [ -s "$active" ]; then echo "Current active profile: $(cat "$active")"; else echo "No current active profile."; fi ;;
+        if [ -s "$active" ]; then echo "Current active profile: $(cat "$active")"
+        else echo "No current active profile."; fi ;;
     verify)
         daemon
         status=0
         [ -s "$active" ] && sysctls "$(cat "$active")" | while IFS='=' read -r k v; do
             p=$(path "$k"); [ -e "$p" ] || continue
-            [ "$(cat "$p")" = "$v" ] || { echo "$k: $(cat "$p"), profile $v" >> /var/log/fake-tuned-verify.log; exit 1; }
+            [ "$(cat "$p")" = "$v" ] || { echo "$k: $(cat "$p"), profile $v" >> /var/log/fake-tuned.log; exit 1; }
         done || status=1
         # (sic: tuned 2.20, Debian 12's, spells it so)
         if [ $status = 0 ]; then echo "Verfication succeeded, current system settings match the preset profile."
@@ -453,7 +461,8 @@ FILES: Final = {
     "etc/fake-apt/files-kdump-tools/etc/default/kdump-tools": "USE_KDUMP=1\nKDUMP_COREDIR=\"/var/crash\"\n",
     "etc/fake-apt/files-kdump-tools/etc/default/grub.d/kdump-tools.cfg":
         'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT crashkernel=384M-:128M"\n',
-    "etc/fake-apt/files-tuned/usr/lib/tuned/balanced/tuned.conf": "[main]\nsummary=General non-specialized tuned profile\n",
+    "etc/fake-apt/files-tuned/usr/lib/tuned/balanced/tuned.conf":
+        "[main]\nsummary=General non-specialized tuned profile\n",
     "sys/kernel/kexec_crash_loaded": "0\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",

@@ -157,7 +157,8 @@ for name; do :; done
 grep -v "^$name " "$db" > "$db.new" 2>/dev/null || true; mv "$db.new" "$db"
 grep -v "^kdump.service " "$running" > "$running.new" || true; mv "$running.new" "$running"
 case "$1" in
-    install) echo "$name 0:2.0.27-8.el9" >> "$db"; echo "kdump.service loaded active exited Crash recovery kernel arming" >> "$running" ;;
+    install) echo "$name 0:2.0.27-8.el9" >> "$db"
+             echo "kdump.service loaded active exited Crash recovery kernel arming" >> "$running" ;;
 esac
 """
 FAKE_GRUBBY = r"""#!/bin/sh
@@ -198,10 +199,12 @@ def rhel_host(root: Path) -> None:
 def test_the_rhel_family_installs_kexec_tools_with_dnf_and_sets_crashkernel_with_grubby(
         agent: Agent, tmp_path: Path) -> None:
     rhel_host(agent.root)
-    mount = configmap(tmp_path / "cm", {"crashkernel": "2G-:448M", "kdump.conf": "path /var/crash\ncore_collector makedumpfile -l -d 31\n"})
+    conf = "path /var/crash\ncore_collector makedumpfile -l -d 31\n"
+    mount = configmap(tmp_path / "cm", {"crashkernel": "2G-:448M", "kdump.conf": conf})
     assert run(agent, "apply", mount)[0] == 0
     calls = fake_calls(agent.root)
-    assert "dnf install -y -q kexec-tools" in calls and "grubby --update-kernel=ALL --args=crashkernel=2G-:448M" in calls
+    assert "dnf install -y -q kexec-tools" in calls
+    assert "grubby --update-kernel=ALL --args=crashkernel=2G-:448M" in calls
     assert not any(call.startswith(("apt-get", "update-grub")) for call in calls)
     assert (agent.root / "etc/kdump.conf").read_text().startswith("path /var/crash\n")
     assert "systemctl enable kdump.service" in calls
