@@ -565,3 +565,10 @@ def restarted_units(root: Path) -> list[str]:
 def make_fail(root: Path, what: str) -> None:
     """Make one fake operation fail from now on, e.g. "restart-chrony.service" or "reboot"."""
     (root / "etc/fake-systemd" / f"fail-{what}").write_text("")
+
+
+def installed_version(root: Path, package: str) -> str:
+    """The version of `package` installed in the test root (the real dpkg-query on its status file); "" if none."""
+    out = subprocess.run(["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f",
+                          "${db:Status-Abbrev} ${Version}", package], capture_output=True, text=True)
+    return out.stdout.split()[-1] if out.returncode == 0 and out.stdout.startswith("ii") else ""

@@ -15,7 +15,7 @@ from gate.agent.package import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
 from tests.agent.conftest import PACKAGES, Agent, in_private_mounts
-from tests.agent.packaging import configmap
+from tests.agent.packaging import OS_RELEASES, configmap, with_os_release
 from tests.agent.rootfs import fake_calls, restarted_units
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -84,6 +84,21 @@ def test_each_dockerfile_copies_what_the_package_needs_into_nodegate_package(nam
     needed |= {manifest.root} if manifest.root else set()
     assert needed <= sources
     assert (directory / "README.md").is_file()
+
+
+MANAGERS = {"debian-12": "apt", "debian-13": "apt", "ubuntu-24.04": "apt", "rhel-9": "dnf", "rocky-9": "dnf",
+            "amzn-2023": "dnf"}
+REFUSALS = {"cos-113": "unsupported OS 'cos ' (os-release ID and ID_LIKE)", "sles-15": "unsupported OS 'sles suse'"}
+
+
+@pytest.mark.parametrize("system", OS_RELEASES)
+@pytest.mark.parametrize("name", ["cve-fix", "tuned"])
+def test_apt_or_dnf_is_read_from_os_release(name: str, system: str, tmp_path: Path) -> None:
+    done = with_os_release(PACKAGES / name, "package_manager", system, tmp_path)
+    if system in MANAGERS:
+        assert (done.returncode, done.stdout) == (0, f"{MANAGERS[system]}\n")
+    else:
+        assert done.returncode == 1 and REFUSALS[system] in done.stderr
 
 
 def sysctl(root: Path, key: str) -> str:

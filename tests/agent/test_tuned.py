@@ -13,7 +13,7 @@ import pytest
 
 from tests.agent.conftest import PACKAGES, Agent
 from tests.agent.packaging import configmap
-from tests.agent.rootfs import fake_calls
+from tests.agent.rootfs import fake_calls, installed_version
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -32,9 +32,7 @@ def sysctl(root: Path, key: str) -> str:
 
 
 def installed(root: Path) -> str:
-    out = subprocess.run(["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f",
-                          "${db:Status-Abbrev} ${Version}", "tuned"], capture_output=True, text=True)
-    return out.stdout.split()[-1] if out.returncode == 0 and out.stdout.startswith("ii") else ""
+    return installed_version(root, "tuned")
 
 
 def active(root: Path) -> str:
@@ -116,26 +114,3 @@ def test_a_bad_config_is_refused_saying_why(
     got, message = run(agent, "apply", configmap(tmp_path / "cm", config))
     assert got == code and failure in message, message
     assert active(agent.root) == ""
-
-
-OS_RELEASES = {
-    "debian-12": ('ID=debian\nVERSION_ID="12"\n', "apt"),
-    "ubuntu-24.04": ('ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n', "apt"),
-    "rhel-9": ('ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n', "dnf"),
-    "rocky-9": ('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n', "dnf"),
-    "amzn-2023": ('ID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n', "dnf"),
-    "cos-113": ("ID=cos\nVERSION_ID=113\n", "unsupported OS 'cos ' (os-release ID and ID_LIKE)"),
-}
-
-
-@pytest.mark.parametrize("system", OS_RELEASES)
-def test_the_package_manager_is_read_from_os_release(system: str, tmp_path: Path) -> None:
-    text, expected = OS_RELEASES[system]
-    (tmp_path / "os-release").write_text(text)
-    done = subprocess.run(["/bin/sh", "-c", f". {PKG}/scripts/lib.sh; package_manager"], capture_output=True,
-                          text=True, env={"OS_RELEASE": str(tmp_path / "os-release"), "NODEGATE_GATE": "g",
-                                          "NODEGATE_CONFIG_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    if expected in ("apt", "dnf"):
-        assert (done.returncode, done.stdout) == (0, f"{expected}\n")
-    else:
-        assert done.returncode == 1 and expected in done.stderr
