@@ -237,14 +237,15 @@ FAKE_APT_GET = r"""#!/bin/sh
 # the real dpkg-query reads):
 #   install [--only-upgrade] PKG     PKG to its candidate in /etc/fake-apt/candidates ("PKG VERSION")
 #   install PKG=VERSION              PKG at VERSION, which /etc/fake-apt/available must list ("PKG VERSION")
-#   purge PKG                        PKG gone
+#   purge PKG                        PKG gone (`autoremove` removes nothing)
 # A package with a unit in /etc/fake-apt/unit-PKG starts it on install and stops it on purge, as a
 # Debian postinst and prerm do; `update` does nothing.
 echo "apt-get $*" >> /var/log/fake-calls.log
 status=/var/lib/dpkg/status
 verb=""
-for arg; do case "$arg" in -*) ;; update|install|purge) verb=$arg ;; *) target=$arg ;; esac; done
+for arg; do case "$arg" in -*) ;; update|install|purge|autoremove) verb=$arg ;; *) target=$arg ;; esac; done
 [ "$verb" = update ] && exit 0
+[ "$verb" = autoremove ] && exit 0   # no package here was installed as a dependency
 package=${target%%=*}
 unit=$(cat "/etc/fake-apt/unit-$package" 2>/dev/null || true)
 running=/etc/fake-systemd/running

@@ -13,8 +13,13 @@ elif [ -e "$saved_conf.absent" ]; then rm -f "$conf" "$saved_conf.absent"; fi
 if [ "$was" = absent ]; then
     systemctl disable "$unit" || true
     case "$fam" in
-        debian) # shellcheck disable=SC2046  # one package a word
-                DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $(cat "$state/packages.added" 2>/dev/null || echo "$tools") ;;
+        debian) DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "$tools"
+                # Of what the install added, what nothing needs any more (apt's own autoremove answer):
+                # a dependency that something installed since relies on stays.
+                leftover=$(apt-get -s autoremove 2>/dev/null | awk '/^Remv / { print $2 }' |
+                           grep -xF -f "$state/packages.added" 2>/dev/null | tr '\n' ' ' || true)
+                # shellcheck disable=SC2086  # one package a word
+                [ -z "$leftover" ] || DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $leftover ;;
         rhel) dnf remove -y -q "$tools" ;;
     esac
     echo "$tools removed: the host had none"
