@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.agent.rootfs import FAKE_DIR, KERNEL
 
-NEW_KERNEL = "6.1.0-99-fake"
+NEW_KERNEL = "6.2.0-1-fake"  # newer than the root's: the top entry boots it
 
 FAKE_UPDATE_GRUB = r"""#!/bin/sh
 # FAKE update-grub (tests/agent/fake_kernels.py): Debian's menu layout for every /boot/vmlinuz-*.
@@ -42,9 +42,10 @@ mkdir -p /boot/grub
     printf '\tlinux\t/boot/vmlinuz-%s root=/dev/sda1 ro quiet\n}\n' "$newest"
     echo "submenu 'Advanced options for Debian GNU/Linux' \$menuentry_id_option 'gnulinux-advanced-$uuid' {"
     for k in $kernels; do
-        printf "\tmenuentry 'Debian GNU/Linux, with Linux %s' \$menuentry_id_option 'gnulinux-%s-advanced-%s' {\n" "$k" "$k" "$uuid"
+        entry="\tmenuentry 'Debian GNU/Linux, with Linux %s%s' \$menuentry_id_option 'gnulinux-%s-%s-%s' {\n"
+        printf "$entry" "$k" "" "$k" advanced "$uuid"
         printf '\t\tlinux\t/boot/vmlinuz-%s root=/dev/sda1 ro quiet\n\t}\n' "$k"
-        printf "\tmenuentry 'Debian GNU/Linux, with Linux %s (recovery mode)' \$menuentry_id_option 'gnulinux-%s-recovery-%s' {\n" "$k" "$k" "$uuid"
+        printf "$entry" "$k" " (recovery mode)" "$k" recovery "$uuid"
         printf '\t\tlinux\t/boot/vmlinuz-%s root=/dev/sda1 ro single\n\t}\n' "$k"
     done
     echo "}"

@@ -45,7 +45,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 set -- $names
-bytes() { n=${1%?}; case "$1" in *K) echo $((n * 1024)) ;; *M) echo $((n * 1048576)) ;; *G) echo $((n * 1073741824)) ;; esac; }
+bytes() { n=${1%?}; case "$1" in *K) echo $((n * 1024)) ;; *M) echo $((n * 1048576)) ;;
+    *G) echo $((n * 1073741824)) ;; esac; }
 has_vg() { awk -v v="$1" '$2 == v { f = 1 } END { exit !f }' "$db/pvs"; }
 case "$cmd" in
     pvs)
@@ -61,10 +62,14 @@ case "$cmd" in
                  set -- $line; case "$fields" in lv_size) echo "  $3" ;; *) echo "  $2" ;; esac ;;
             *) awk -v v="$1" '$1 == v { print "  " $2 }' "$db/lvs" ;;
         esac ;;
-    pvcreate) grep -q "^$1 " "$db/pvs" || echo "$1 -" >> "$db/pvs"; echo "  Physical volume \"$1\" successfully created." ;;
+    pvcreate) grep -q "^$1 " "$db/pvs" || echo "$1 -" >> "$db/pvs"
+              echo "  Physical volume \"$1\" successfully created." ;;
     vgcreate|vgextend)
         vg=$1; shift
-        for d in "$@"; do awk -v d="$d" -v v="$vg" '$1 == d { $2 = v } { print }' "$db/pvs" > "$db/pvs.new"; mv "$db/pvs.new" "$db/pvs"; done
+        for d in "$@"; do
+            awk -v d="$d" -v v="$vg" '$1 == d { $2 = v } { print }' "$db/pvs" > "$db/pvs.new"
+            mv "$db/pvs.new" "$db/pvs"
+        done
         echo "  Volume group \"$vg\" successfully ${cmd#vg}ed" ;;
     lvcreate)
         vg=$1
@@ -74,7 +79,8 @@ case "$cmd" in
         mkdir -p "/dev/$vg"; mknod "/dev/$vg/$lvname" b $(printf '%d %d' 0x${numbers% *} 0x${numbers#* })
         echo "  Logical volume \"$lvname\" created." ;;
     lvextend)
-        b=$(bytes "$size"); awk -v v="${1%/*}" -v l="${1#*/}" -v b="$b" '$1 == v && $2 == l { $3 = b } { print }' "$db/lvs" > "$db/lvs.new"
+        b=$(bytes "$size")
+        awk -v v="${1%/*}" -v l="${1#*/}" -v b="$b" '$1 == v && $2 == l { $3 = b } { print }' "$db/lvs" > "$db/lvs.new"
         mv "$db/lvs.new" "$db/lvs" ;;
     lvremove)
         awk -v v="${1%/*}" -v l="${1#*/}" '!($1 == v && $2 == l)' "$db/lvs" > "$db/lvs.new"; mv "$db/lvs.new" "$db/lvs"

@@ -6,8 +6,10 @@ never land on this machine."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +50,7 @@ def story(root: Path, tmp_path: Path, steps: str, configs: dict[str, dict[str, s
 
 
 @pytest.fixture
-def disks(root: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+def disks(root: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
     fake_lvm.install(root)
     with fake_lvm.loop_disks(root, tmp_path, ("vdb", "vdc")) as devices:
         yield devices
@@ -72,7 +74,8 @@ step uninstall uninstall "$MOVED" 3; look uninstall
 """, {"CM": CONFIG, "MOVED": moved})
     assert seen["apply.code"] == "0\n", seen["apply.log"]
     assert "made an ext4 filesystem on /dev/scratch/data" in seen["apply.log"]
-    number = "{}:{}".format(*divmod_device(disks["fake-lv"]))
+    rdev = os.stat(disks["fake-lv"]).st_rdev
+    number = f"{os.major(rdev)}:{os.minor(rdev)}"
     assert seen["apply.mounts"] == f"{number} /mnt/scratch\n"
     assert seen["apply.fstab"] == (
         "UUID=1234 / ext4 defaults 0 1\n"
@@ -92,13 +95,6 @@ step uninstall uninstall "$MOVED" 3; look uninstall
     assert not (root / "mnt/moved").exists() and not (root / "dev/scratch").exists()
     assert (root / "etc/fake-lvm/pvs").read_text() == "" and (root / "etc/fake-lvm/lvs").read_text() == ""
     assert blkid_type(disks["fake-lv"]) == ""  # the filesystem went with the logical volume
-
-
-def divmod_device(device: str) -> tuple[int, int]:
-    import os
-
-    rdev = os.stat(device).st_rdev
-    return os.major(rdev), os.minor(rdev)
 
 
 def test_a_disk_holding_a_filesystem_is_refused_naming_it_until_the_config_says_wipe(

@@ -121,7 +121,8 @@ def lib(tmp_path: Path, script: str, os_release: str, path: str = "/usr/bin:/bin
         kernel: str = "6.8.0-45-generic") -> subprocess.CompletedProcess[str]:
     (tmp_path / "os-release").write_text(os_release)
     configmap(tmp_path / "cfg", {"kernel": kernel + "\n", "hold": "true"})
-    return subprocess.run(["/bin/sh", "-c", f"set -eu; . {PKG}/scripts/lib.sh; {script}"], capture_output=True, text=True,
+    return subprocess.run(["/bin/sh", "-c", f"set -eu; . {PKG}/scripts/lib.sh; {script}"],
+                          capture_output=True, text=True,
                           env={"OS_RELEASE": str(tmp_path / "os-release"), "NODEGATE_GATE": "g",
                                "NODEGATE_CONFIG_DIR": str(tmp_path / "cfg"), "NODEGATE_STATE_DIR": str(tmp_path),
                                "NODEGATE_NODE": "n1", "PATH": path})
@@ -143,7 +144,8 @@ RHEL_FAKES = {
     "rpm": '[ "$1" = -q ] && grep -qx "$2" "$FAKE/installed"',
     "dnf": 'case "$*" in *"versionlock list"*) cat "$FAKE/locks" 2>/dev/null ;;\n'
            '  *"versionlock add"*) echo "kernel-0:${4#kernel-}" | sed "s/\\.x86_64$/.*/" >> "$FAKE/locks" ;; esac',
-    "grubby": 'case "$1" in --default-kernel) cat "$FAKE/default" ;; --set-default) echo "$2" > "$FAKE/default" ;; esac',
+    "grubby": 'case "$1" in --default-kernel) cat "$FAKE/default" ;;\n'
+              '  --set-default) echo "$2" > "$FAKE/default" ;; esac',
 }
 RHEL = 'ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n'
 RHEL_KERNEL = "5.14.0-427.13.1.el9_4.x86_64"
@@ -154,7 +156,8 @@ def rhel(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in RHEL_FAKES.items():
-        (bin_dir / name).write_text(f"#!/bin/sh\n# FAKE {name} of a RHEL 9 host (tests/agent/test_node_setup.py)\n{body}\n")
+        (bin_dir / name).write_text(f"#!/bin/sh\n# FAKE {name} of a RHEL 9 host (tests/agent/test_node_setup.py)\n"
+                                    f"{body}\n")
         os.chmod(bin_dir / name, 0o755)
     (tmp_path / "installed").write_text(f"kernel-{RHEL_KERNEL}\n")
     (tmp_path / "default").write_text("/boot/vmlinuz-5.14.0-362.8.1.el9_3.x86_64\n")
@@ -163,9 +166,9 @@ def rhel(tmp_path: Path) -> Path:
 
 def test_on_rhel_the_hold_is_a_versionlock_and_the_default_is_grubbys(tmp_path: Path, rhel: Path) -> None:
     path = f"{rhel}:/usr/bin:/bin"
-    script = ('export FAKE={0}; is_installed && echo installed; is_held || echo not-held; hold_kernel; '
+    script = (f'export FAKE={tmp_path}; is_installed && echo installed; is_held || echo not-held; hold_kernel; '
               'is_held && echo held; echo "default $(default_kernel)"; grubby --set-default /boot/vmlinuz-$kernel; '
-              'echo "default $(default_kernel)"').format(tmp_path)
+              'echo "default $(default_kernel)"')
     done = lib(tmp_path, script, RHEL, path, kernel=RHEL_KERNEL)
     assert done.stdout.splitlines() == ["installed", "not-held", "held", "default 5.14.0-362.8.1.el9_3.x86_64",
                                         f"default {RHEL_KERNEL}"], done.stderr

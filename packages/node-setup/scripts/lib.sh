@@ -56,12 +56,15 @@ regenerate_grub() {
 }
 
 # Debian's grub.cfg: the menu path GRUB_DEFAULT takes to the entry that boots $kernel (not its
-# recovery entry): "SUBMENU_ID>ENTRY_ID", or "ENTRY_ID" at the top level. Empty when there is none.
+# recovery entry): "SUBMENU_ID>ENTRY_ID", or "ENTRY_ID" at the top level (GRUB_DISABLE_SUBMENU).
+# Never the top "gnulinux-simple-" entry: it boots whichever kernel is newest, and a later kernel
+# upgrade would take the boot over. Empty when there is none.
 menu_path() {
     awk -v k="$kernel" '
         function id_of(line) { n = split(line, q, "\047"); return q[n - 1] }
         /^[[:space:]]*submenu / { sub_id = id_of($0) }
-        /^[[:space:]]*menuentry / { entry = id_of($0); top = ($0 !~ /^[[:space:]]/) }
+        /^[[:space:]]*menuentry / { entry = id_of($0); top = ($0 !~ /^[[:space:]]/)
+                                    if (entry ~ /^gnulinux-simple-/) entry = "" }
         /^[[:space:]]*linux[[:space:]]/ && entry != "" && $0 !~ /[[:space:]]single([[:space:]]|$)/ {
             if ($2 ~ ("vmlinuz-" k "$")) { print (top || sub_id == "" ? entry : sub_id ">" entry); exit }
             entry = ""
