@@ -155,3 +155,15 @@ def test_a_mistyped_key_is_refused_by_the_agent_before_any_step(
     seen = story(root, tmp_path, 'step bad apply "$CM" 1\n', {"CM": {**CONFIG, key: value}})
     assert seen["bad.code"] == "2\n"
     assert f"config key '{key}'" in seen["bad.summary"] and why in seen["bad.summary"], seen["bad.summary"]
+
+
+def test_a_disk_named_by_a_link_is_used_and_checked_by_its_device_name(
+        root: Path, tmp_path: Path, disks: dict[str, str]) -> None:
+    (root / "dev/disk/by-id").mkdir(parents=True)
+    (root / "dev/disk/by-id/nvme-Example_SSD_1234").symlink_to("../../vdb")
+    config = {**CONFIG, "disks": "/dev/disk/by-id/nvme-Example_SSD_1234 /dev/vdc"}
+    seen = story(root, tmp_path, 'step apply apply "$CM" 1; step uninstall uninstall "$CM" 1\n', {"CM": config})
+    assert seen["apply.code"] == "0\n", seen["apply.log"]
+    assert "scratch/data (ext4, 33554432 bytes) on /dev/vdb /dev/vdc, mounted at /mnt/scratch" in seen["apply.log"], \
+        seen["apply.log"]
+    assert seen["uninstall.code"] == "0\n", seen["uninstall.log"]

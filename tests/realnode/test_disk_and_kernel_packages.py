@@ -59,7 +59,7 @@ def test_lvm_refuses_a_loop_disk_holding_ext4_on_a_real_node_naming_node_disk_an
     try:
         real.node_sh(node, f"test -b {disk}")  # the node sees the kernel's loop device
         real.kubectl.apply(one_node_gate(gate_name, node, "lvm", {
-            "version": "1.0.0", "image": real.images["lvm"], "interrupt": {"type": "none"},
+            "version": "1.0.0", "image": real.images["lvm"], "interrupt": {"type": "none"}, "retries": 0,
             "config": {"disks": disk, "vg_name": gate_name, "mount_point": mount_point},
             "uninstall": {"enabled": True}}))
         message = failed_message(real, gate_name, node)
@@ -135,7 +135,8 @@ def test_node_setup_after_a_real_reboot_fails_naming_the_node_and_both_kernels_a
     drop_in = f"/etc/default/grub.d/86-nodegate-node-setup-{gate_name}.cfg"
     try:
         real.kubectl.apply(one_node_gate(gate_name, node, "node-setup", {
-            "version": "1.0.0", "image": real.images["node-setup"], "interrupt": {"type": "reboot"},
+            # No retries: the failure is the point, and a retry would only repeat it.
+            "version": "1.0.0", "image": real.images["node-setup"], "interrupt": {"type": "reboot"}, "retries": 0,
             "config": {"kernel": kernel}, "uninstall": {"enabled": True}}))
         message = failed_message(real, gate_name, node)
         assert real.boot_id(node) != booted, f"{node} did not reboot"

@@ -13,7 +13,8 @@ created=$state/created           # the mount point, when the package created it
 value() { tr -d '[:space:]' < "$cfg/$1"; }
 vg=$(value vg_name); lv=$(value lv_name); size=$(value size); fs=$(value fs_type)
 mount_point=$(value mount_point); options=$(value mount_options); wipe=$(value wipe)
-disks=$(tr -s '[:space:]' ' ' < "$cfg/disks" | sed -e 's/^ //' -e 's/ $//')
+# Disks by their device names, as LVM reports them (a /dev/disk/by-id/ link is followed).
+disks=$(for disk in $(cat "$cfg/disks"); do readlink -f "$disk" 2>/dev/null || echo "$disk"; done | paste -sd' ' -)
 device=/dev/$vg/$lv
 
 # Mounts made in the stage pod's mount namespace would vanish with it: mount, umount and the
