@@ -546,6 +546,18 @@ def build(root: Path) -> Path:
     return root
 
 
+def copy_host_tools(root: Path, *names: str) -> None:
+    """This machine's NAMES (and their shared libraries) into a built root, for a test that needs more
+    real tools than the base root carries (packages/lvm: wipefs, blkid, mkfs.ext4)."""
+    for name in names:
+        found = shutil.which(name)
+        if found is None:
+            raise RuntimeError(f"the test needs `{name}` from this machine, and it has none")
+        _copy_into(root, found, f"/usr/bin/{name}")
+        for library in _shared_libraries(found):
+            _copy_into(root, library)
+
+
 def clone(base: Path, dest: Path) -> Path:
     """A private copy of a built root (device nodes included, hence cp -a)."""
     subprocess.run(["cp", "-a", str(base), str(dest)], check=True)
