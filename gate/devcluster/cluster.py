@@ -125,6 +125,9 @@ class RealNodeSpec:
     taints: list[str] = field(default_factory=list)  # kubelet --register-with-taints, key=value:Effect
     suites: list[str] = field(default_factory=lambda: [realnode.DEFAULT_SUITE])
 
+    def __post_init__(self) -> None:
+        realnode.check_suites(self.suites)
+
     def suite_of(self, index: int) -> str:
         return self.suites[index % len(self.suites)]
 

@@ -519,12 +519,13 @@ def _join_cgroups(name: str) -> None:
 
 def check_suites(suites: Sequence[str]) -> None:
     """Refuse a release no node root is defined for, naming it and the known ones."""
+    known = ", ".join(NODE_ROOTS)
     if not suites:
-        raise RealNodeError(f"real nodes need at least one Debian release (known: {', '.join(NODE_ROOTS)})")
+        raise RealNodeError(f"--real-node-os: real nodes need at least one Debian release ({known})")
     for suite in suites:
         if suite not in NODE_ROOTS:
-            raise RealNodeError(f"real-node OS {suite!r}: no node root for that Debian release "
-                                f"(known: {', '.join(NODE_ROOTS)})")
+            raise RealNodeError(f"--real-node-os: {suite!r} is not a Debian release a node root is defined for "
+                                f"(known: {known})")
 
 
 def prepare(suites: Sequence[str] = (DEFAULT_SUITE,), progress: Progress = print) -> tuple[dict[str, Path], Path]:
