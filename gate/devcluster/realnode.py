@@ -1,11 +1,12 @@
 """Real nodes next to the kwok ones: a kubelet, containerd and runc per node, each node its own machine.
 
 A real node is a process tree in its own mount, UTS, PID and network namespaces (`unshare`), booted
-into its own root: an overlay of a cached Debian root (bookworm or trixie: containerd, runc, CNI plugins,
-a kernel package, GRUB's tools, chrony; see `NODE_ROOTS`) and a writable layer of its own, which is the node's
-disk and survives its reboots. Its eth0 is one end of a veth whose other end is on the cluster's
-bridge (gate/devcluster/network.py); its containerd pulls images from the cluster's registry, and its
-kubelet registers with the dev control plane under a `system:node:<name>` certificate.
+into its own root: an overlay of a cached Debian root (bookworm or trixie, see `NODE_ROOTS`:
+containerd, runc, CNI plugins, a kernel package, GRUB's tools, chrony) and a writable layer of its
+own, which is the node's disk and survives its reboots. Its eth0 is one end of a veth whose other
+end is on the cluster's bridge (gate/devcluster/network.py); its containerd pulls images from the
+cluster's registry, and its kubelet registers with the dev control plane under a
+`system:node:<name>` certificate.
 
 What systemd and the boot loader do on a host is played by small stand-ins, each named as such in
 its file (gate/devcluster/node_files): an init that reaps, a boot script that is the service manager
