@@ -82,3 +82,31 @@ def test_kwok_nodes_next_to_real_ones_stay_ready_with_the_node_lifecycle_control
     renewed = real_nodes.kubectl.run("get", "lease", "-n", "kube-node-lease", "kwok-node-0", "-o",
                                      "jsonpath={.spec.renewTime}").stdout
     assert renewed, "kwok renews the lease of its node"
+
+
+def test_a_kubelet_that_exits_is_started_again_without_a_reboot(real_nodes: RealCluster) -> None:
+    """As kubelet.service's Restart=always does: a kubelet whose first start meets containerd's socket
+    before the CRI answers exits, and the node must not stop for it (the boot stand-in starts it again)."""
+    node = real_nodes.nodes[-1]
+    boot_id = real_nodes.boot_id(node)
+    first = real_nodes.node_sh(node, "pgrep -x kubelet").stdout.split()
+    assert len(first) == 1, first
+    real_nodes.node_sh(node, f"kill -9 {first[0]}")
+
+    def running_again() -> bool:
+        now = real_nodes.node_sh(node, "pgrep -x kubelet", check=False).stdout.split()
+        return len(now) == 1 and now != first
+
+    def renewed() -> str:
+        return real_nodes.kubectl.run("get", "lease", "-n", "kube-node-lease", node, "-o",
+                                      "jsonpath={.spec.renewTime}").stdout
+
+    real_nodes.wait(f"a new kubelet on {node}", running_again, timeout=60.0)
+    # The new kubelet works: it renews the node's lease again (every 10 s here).
+    before = renewed()
+    real_nodes.wait(f"the new kubelet of {node} renewing its lease", lambda: renewed() != before, timeout=60.0)
+    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+    assert real_nodes.kubectl.run("get", "node", node, "-o", ready).stdout == "True"
+    assert real_nodes.boot_id(node) == boot_id, f"{node} rebooted"
+    console = (real_nodes.dev.dir / "realnodes" / node / "console.log").read_text()
+    assert "boot: the kubelet exited; starting it again" in console
