@@ -70,8 +70,10 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
         from gate.devcluster import realnode
         from gate.devcluster.images import build_images
 
-        root, tools = realnode.prepare(_err)
-        print(f"node-root\t{root}\nnode-tools\t{tools}")
+        roots, tools = realnode.prepare(list(realnode.NODE_ROOTS), _err)
+        for suite, root in roots.items():
+            print(f"node-root:{suite}\t{root}")
+        print(f"node-tools\t{tools}")
         for name, image in build_images(_err).items():
             print(f"image:{name}\t{image}")
     return 0
@@ -82,7 +84,8 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 
     cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
-    real = RealNodeSpec(args.real_nodes, _labels(args.label)) if args.real_nodes else None
+    suites = [s.strip() for s in args.real_node_os.split(",") if s.strip()]
+    real = RealNodeSpec(args.real_nodes, _labels(args.label), suites=suites) if args.real_nodes else None
     cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err,
                real_nodes=real)
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
@@ -177,6 +180,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--real-nodes", type=int, default=0, metavar="N",
                     help="real nodes to start next to the simulated ones: a kubelet, containerd and runc each, "
                          "in namespaces of their own (root only; at most 4; see docs/realnodes.md)")
+    up.add_argument("--real-node-os", default="bookworm", metavar="SUITES",
+                    help="Debian releases of the real nodes' roots, comma-separated, taken in turn "
+                         "(bookworm, trixie; default bookworm): bookworm,trixie makes real-node-1 Debian 13")
     up.add_argument("--label", action="append", default=[], metavar="K=V", help="label for the nodes (repeatable)")
     up.add_argument("--job-seconds", type=float, default=1.0,
                     help="how long a Job's pod runs on a simulated node before it succeeds (default 1)")
@@ -197,7 +203,8 @@ def parser() -> argparse.ArgumentParser:
     im.set_defaults(func=cmd_dev_images)
     bd = dev_sub.add_parser("build", help="build the control plane binaries (once per machine)")
     bd.add_argument("--real-nodes", action="store_true",
-                    help="also build what real nodes need: their Debian root, init and pause, and the images")
+                    help="also build what real nodes need: their Debian roots (every release), init and pause, "
+                         "and the images")
     bd.set_defaults(func=cmd_dev_build)
 
     demo = sub.add_parser("demo", help="a live rollout on a local control plane with simulated nodes")

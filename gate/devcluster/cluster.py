@@ -113,11 +113,26 @@ class NodeSpec:
 
 @dataclass
 class RealNodeSpec:
-    """Real nodes to start (gate/devcluster/realnode.py): `count` nodes named `real-node-<index>`."""
+    """Real nodes to start (gate/devcluster/realnode.py): `count` nodes named `real-node-<index>`.
+
+    `suites` are the Debian releases of their roots (realnode.NODE_ROOTS), taken in turn: node `i`
+    runs `suites[i % len(suites)]`, so ["bookworm", "trixie"] makes real-node-0 Debian 12 and
+    real-node-1 Debian 13. Each node carries its OS as the label `nodegate.dev/os` (debian-12, debian-13).
+    """
 
     count: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)  # kubelet --register-with-taints, key=value:Effect
+    suites: list[str] = field(default_factory=lambda: [realnode.DEFAULT_SUITE])
+
+    def __post_init__(self) -> None:
+        realnode.check_suites(self.suites)
+
+    def suite_of(self, index: int) -> str:
+        return self.suites[index % len(self.suites)]
+
+    def used_suites(self) -> list[str]:
+        return list(dict.fromkeys(self.suite_of(i) for i in range(self.count)))
 
 
 def node_manifest(name: str, labels: dict[str, str], taints: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
@@ -213,7 +228,8 @@ class DevCluster:
         bins = build.ensure_built(progress=progress)
         want_real = real_nodes is not None and real_nodes.count > 0
         if want_real:
-            realnode.prepare(progress)
+            assert real_nodes is not None
+            realnode.prepare(real_nodes.used_suites(), progress)
         if self.running():
             if want_real and not self.real_nodes_enabled():
                 raise ClusterError(f"the control plane in {self.dir} was started without real nodes; "
@@ -407,16 +423,19 @@ class DevCluster:
         """
         from gate.devcluster.registry import start_registry
 
-        root, tools = realnode.prepare(progress)
+        roots, tools = realnode.prepare(spec.used_suites(), progress)
         registry = f"{self.network.gateway}:{start_registry(self, progress=progress)}"
         realnode.push_pause_image(registry, progress)
         kubelet = build.binary_paths(("kubernetes",))["kubelet"]
         names = realnode.node_names(spec.count)
         for index, name in enumerate(names):
+            suite = spec.suite_of(index)
             config = realnode.NodeConfig(
-                name=name, index=index, cluster_dir=str(self.dir), lower=str(root), kubelet=str(kubelet),
+                name=name, index=index, cluster_dir=str(self.dir), lower=str(roots[suite]), kubelet=str(kubelet),
                 tools=str(tools), apiserver_port=self.ports()["apiserver"], registry=registry,
-                labels={realnode.REAL_NODE_LABEL: "true", **spec.labels}, taints=list(spec.taints),
+                labels={realnode.REAL_NODE_LABEL: "true", realnode.REAL_NODE_OS_LABEL: realnode.NODE_OS[suite],
+                        **spec.labels},
+                taints=list(spec.taints),
             )
             if not (config.dir / "node.json").exists():
                 config.save()

@@ -1,11 +1,12 @@
 """Real nodes next to the kwok ones: a kubelet, containerd and runc per node, each node its own machine.
 
 A real node is a process tree in its own mount, UTS, PID and network namespaces (`unshare`), booted
-into its own root: an overlay of a cached Debian root (containerd, runc, CNI plugins, a kernel
-package, GRUB's tools, chrony; see `NODE_ROOT`) and a writable layer of its own, which is the node's
-disk and survives its reboots. Its eth0 is one end of a veth whose other end is on the cluster's
-bridge (gate/devcluster/network.py); its containerd pulls images from the cluster's registry, and its
-kubelet registers with the dev control plane under a `system:node:<name>` certificate.
+into its own root: an overlay of a cached Debian root (bookworm or trixie, see `NODE_ROOTS`:
+containerd, runc, CNI plugins, a kernel package, GRUB's tools, chrony) and a writable layer of its
+own, which is the node's disk and survives its reboots. Its eth0 is one end of a veth whose other
+end is on the cluster's bridge (gate/devcluster/network.py); its containerd pulls images from the
+cluster's registry, and its kubelet registers with the dev control plane under a
+`system:node:<name>` certificate.
 
 What systemd and the boot loader do on a host is played by small stand-ins, each named as such in
 its file (gate/devcluster/node_files): an init that reaps, a boot script that is the service manager
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -51,13 +52,22 @@ from gate.devcluster.rootfs import RootSpec, ensure_root
 Progress = Callable[[str], None]
 
 NODE_FILES = Path(__file__).with_name("node_files")
-NODE_ROOT = RootSpec("node", "bookworm", (
+# What a node root holds on top of debootstrap's minbase: the same package names in every release.
+NODE_PACKAGES = (
     "containerd", "runc", "containernetworking-plugins", "iptables", "iproute2", "procps", "kmod",
     "busybox-static", "chrony", "grub2-common", "initramfs-tools", "linux-image-cloud-amd64",
     "ca-certificates", "util-linux", "mount",
-))
+)
+# The Debian releases a real node can run (`RealNodeSpec.suites`), each a root built once per machine
+# from the same package names, and the OS each is, spelled as a package's `testedOn` spells it.
+NODE_OS = {"bookworm": "debian-12", "trixie": "debian-13"}
+NODE_ROOTS = {suite: RootSpec("node", suite, NODE_PACKAGES) for suite in NODE_OS}
+DEFAULT_SUITE = "bookworm"
+NODE_ROOT = NODE_ROOTS[DEFAULT_SUITE]
 REAL_NODE_PREFIX = "real-node-"
 REAL_NODE_LABEL = "nodegate.dev/real"
+# The node's OS (`NODE_OS`), so that a gate or a test can pick the nodes of one release.
+REAL_NODE_OS_LABEL = "nodegate.dev/os"
 PAUSE_IMAGE = "nodegate/pause:3.10"
 # Debian packages this machine needs to run real nodes (the nodes carry their own copies).
 HOST_PACKAGES = ("debootstrap", "iproute2", "iptables", "util-linux", "umoci", "skopeo")
@@ -508,12 +518,25 @@ def _join_cgroups(name: str) -> None:
 # -- what DevCluster calls --------------------------------------------------------------------------------
 
 
-def prepare(progress: Progress = print) -> tuple[Path, Path]:
-    """Build what real nodes need once per machine: their root and their tools."""
+def check_suites(suites: Sequence[str]) -> None:
+    """Refuse a release no node root is defined for, naming it and the known ones."""
+    known = ", ".join(NODE_ROOTS)
+    if not suites:
+        raise RealNodeError(f"--real-node-os: real nodes need at least one Debian release ({known})")
+    for suite in suites:
+        if suite not in NODE_ROOTS:
+            raise RealNodeError(f"--real-node-os: {suite!r} is not a Debian release a node root is defined for "
+                                f"(known: {known})")
+
+
+def prepare(suites: Sequence[str] = (DEFAULT_SUITE,), progress: Progress = print) -> tuple[dict[str, Path], Path]:
+    """Build what real nodes need once per machine: the root of each Debian release in `suites`
+    (bookworm, trixie) and their tools."""
+    check_suites(suites)
     if reason := unsupported_reason():
         raise RealNodeError(reason)
-    root = ensure_root(NODE_ROOT, progress)
-    return root, ensure_tools(progress)
+    roots = {suite: ensure_root(NODE_ROOTS[suite], progress) for suite in dict.fromkeys(suites)}
+    return roots, ensure_tools(progress)
 
 
 def node_names(count: int) -> list[str]:

@@ -1,6 +1,7 @@
 """The real-node tier: a control plane of its own with two real nodes (gate/devcluster/realnode.py).
 
-Each node is a kubelet, containerd and runc in namespaces of its own, booted into its own Debian root;
+Each node is a kubelet, containerd and runc in namespaces of its own, booted into its own Debian root
+(real-node-0 Debian 12 bookworm, real-node-1 Debian 13 trixie);
 NodeGate's image and the packages' images are built from their Dockerfiles and pulled by the nodes from
 the cluster's registry. Effects are checked from outside the node, in its own root and namespaces
 (`RealCluster.node_sh`), never through the API alone.
@@ -28,6 +29,9 @@ import yaml
 from tests.conftest import Kubectl, unique
 
 REAL_NODES = 2
+# The Debian releases of the nodes' roots, in turn: real-node-0 runs Debian 12, real-node-1 Debian 13.
+# Every test that rolls a package over all real nodes proves it on both (the packages' `testedOn`).
+REAL_NODE_SUITES = ("bookworm", "trixie")
 POOL_LABEL = "nodegate.dev/pool"
 SIMULATED_TAINT = {"key": "nodegate.dev/simulated", "value": "true", "effect": "NoSchedule"}
 
@@ -78,6 +82,12 @@ class RealCluster:
         from gate.devcluster import realnode
 
         return realnode.NodeConfig.load(self.dev.dir / "realnodes" / node)
+
+    def os_of(self, node: str) -> str:
+        """The node's OS as its `nodegate.dev/os` label says (debian-12, debian-13)."""
+        from gate.devcluster import realnode
+
+        return self.config(node).labels[realnode.REAL_NODE_OS_LABEL]
 
     def node_sh(self, node: str, script: str, *, namespaces: str = "--mount --uts --pid --net",
                 check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -168,7 +178,8 @@ def real_nodes() -> Iterator[RealCluster]:
     try:
         # One kwok node next to the real ones, tainted so that no pod of a test lands on it by chance.
         simulated = NodeSpec(1, {POOL_LABEL: "kwok"}, taints=[SIMULATED_TAINT])
-        dev.up(simulated, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}), progress=progress)
+        dev.up(simulated, real_nodes=RealNodeSpec(REAL_NODES, {POOL_LABEL: "real"}, suites=list(REAL_NODE_SUITES)),
+               progress=progress)
         images = ensure_images(dev, host=dev.network.gateway, progress=progress)
         asyncio.run(services.install_crds(dev))
         yield RealCluster(dev, images, Kubectl(dev.kubeconfig), [f"real-node-{i}" for i in range(REAL_NODES)],

@@ -1,5 +1,6 @@
-"""gpu-tuning rolled by the operator onto a real Debian 12 node: the profile assembled in the real agent
-image from the node's own /etc/os-release, its network sysctls live in the node's network namespace,
+"""gpu-tuning rolled by the operator over the real nodes (Debian 12 and Debian 13): the profile
+assembled in the real agent image from the node's own /etc/os-release, its network sysctls live in
+the node's network namespace,
 the stage log showing each setting's layer, and uninstall giving the originals back.
 
 Real nodes share this machine's kernel, so the test keeps the profile to namespaced sysctls: the gate's
@@ -11,9 +12,8 @@ limit settings (no cpufreq here, no GPU units, containerd is not a systemd unit 
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from tests.realnode.conftest import POOL_LABEL, RealCluster
+from tests.realnode.conftest import RealCluster, real_pool_gate
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -28,31 +28,29 @@ def values(real: RealCluster, node: str) -> dict[str, str]:
     return {key: " ".join(line.split()) for key, line in zip(KEYS, out, strict=True)}
 
 
-def test_gpu_tuning_applies_a_training_profile_on_a_real_debian_node_and_uninstall_restores_it(
+def test_gpu_tuning_applies_a_training_profile_on_real_debian_nodes_and_uninstall_restores_it(
         real: RealCluster, gate_name: str) -> None:
-    node = real.nodes[0]
-    before = values(real, node)
-    assert before["net.ipv4.tcp_rmem"] != WANT["net.ipv4.tcp_rmem"]
-    real.kubectl.apply(yaml.safe_dump({
-        "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": gate_name},
-        "spec": {"nodeSelector": {"matchLabels": {POOL_LABEL: "real", "kubernetes.io/hostname": node}},
-                 "packages": {"gpu-tuning": {
-                     "version": "1.0.0", "image": real.images["gpu-tuning"], "interrupt": {"type": "none"},
-                     "config": {"accelerator": "any", "intent": "multiNodeTraining", "exclude": EXCLUDE},
-                     "uninstall": {"enabled": True}}}},
-    }))
+    before = {node: values(real, node) for node in real.nodes}
+    for node in real.nodes:
+        assert before[node]["net.ipv4.tcp_rmem"] != WANT["net.ipv4.tcp_rmem"], node
+    real.kubectl.apply(real_pool_gate(gate_name, {"gpu-tuning": {
+        "version": "1.0.0", "image": real.images["gpu-tuning"], "interrupt": {"type": "none"},
+        "config": {"accelerator": "any", "intent": "multiNodeTraining", "exclude": EXCLUDE},
+        "uninstall": {"enabled": True}}}))
     try:
         real.wait_complete(gate_name, 300.0)
-        assert values(real, node) == WANT
-        conf = real.node_file(node, "/etc/sysctl.d/90-nodegate-gpu-tuning.conf") or ""
-        assert "net.ipv4.tcp_rmem = 4096 87380 268435456" in conf and "vm." not in conf and "net.core" not in conf
-        log = real.node_sh(node, f"cat /var/log/nodegate/{gate_name}/gpu-tuning/1.0.0/*-apply.log").stdout
-        assert "accelerator=any intent=multiNodeTraining os=debian cloud=none" in log
-        assert "sysctl/net.ipv4.tcp_rmem" in log and "intent/multiNodeTraining" in log
-        assert "sysctl/vm.swappiness = 10 (base): excluded by config (sysctl/vm.*)" in log
+        for node in real.nodes:
+            assert values(real, node) == WANT, f"{node} ({real.os_of(node)})"
+            conf = real.node_file(node, "/etc/sysctl.d/90-nodegate-gpu-tuning.conf") or ""
+            assert "net.ipv4.tcp_rmem = 4096 87380 268435456" in conf and "vm." not in conf and "net.core" not in conf
+            log = real.node_sh(node, f"cat /var/log/nodegate/{gate_name}/gpu-tuning/1.0.0/*-apply.log").stdout
+            assert "accelerator=any intent=multiNodeTraining os=debian cloud=none" in log, node
+            assert "sysctl/net.ipv4.tcp_rmem" in log and "intent/multiNodeTraining" in log
+            assert "sysctl/vm.swappiness = 10 (base): excluded by config (sysctl/vm.*)" in log
         real.delete_gate(gate_name, 300.0)
-        assert values(real, node) == before
-        assert real.node_file(node, "/etc/sysctl.d/90-nodegate-gpu-tuning.conf") is None
-        assert real.node_file(node, "/etc/systemd/system/nodegate-gpu-tuning.service") is None
+        for node in real.nodes:
+            assert values(real, node) == before[node], f"{node} ({real.os_of(node)})"
+            assert real.node_file(node, "/etc/sysctl.d/90-nodegate-gpu-tuning.conf") is None
+            assert real.node_file(node, "/etc/systemd/system/nodegate-gpu-tuning.service") is None
     finally:
         real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.realnode.conftest import RealCluster
+from tests.realnode.conftest import REAL_NODE_SUITES, RealCluster
 
 # The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
 pytestmark = pytest.mark.timeout(1800)
@@ -29,6 +29,24 @@ def test_each_real_node_is_ready_with_its_own_identity_and_network(real_nodes: R
         seen_boot_ids.add(boot_id)
     machine_boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
     assert len(seen_boot_ids) == len(real_nodes.nodes) and machine_boot_id not in seen_boot_ids
+
+
+def test_the_nodes_run_the_debian_releases_the_tier_asks_for(real_nodes: RealCluster) -> None:
+    """real-node-0 boots Debian 12 and real-node-1 Debian 13: what a package's testedOn claims for the
+    tier rests on this. The node's own /etc/os-release, its label and what its kubelet reports agree."""
+    from gate.devcluster import realnode
+
+    wanted = [realnode.NODE_OS[REAL_NODE_SUITES[i % len(REAL_NODE_SUITES)]] for i in range(len(real_nodes.nodes))]
+    seen = []
+    for node in real_nodes.nodes:
+        lines = real_nodes.node_sh(node, "cat /etc/os-release").stdout.splitlines()
+        release = dict(line.split("=", 1) for line in lines if "=" in line)
+        os_name = f"{release['ID']}-{release['VERSION_ID'].strip(chr(34))}"
+        assert real_nodes.os_of(node) == os_name, node
+        image = real_nodes.kubectl.run("get", "node", node, "-o", "jsonpath={.status.nodeInfo.osImage}").stdout
+        assert image.startswith(f"Debian GNU/Linux {os_name.removeprefix('debian-')} "), f"{node}: {image}"
+        seen.append(os_name)
+    assert seen == wanted
 
 
 def test_a_file_written_on_one_node_is_only_on_that_node(real_nodes: RealCluster) -> None:
@@ -64,3 +82,31 @@ def test_kwok_nodes_next_to_real_ones_stay_ready_with_the_node_lifecycle_control
     renewed = real_nodes.kubectl.run("get", "lease", "-n", "kube-node-lease", "kwok-node-0", "-o",
                                      "jsonpath={.spec.renewTime}").stdout
     assert renewed, "kwok renews the lease of its node"
+
+
+def test_a_kubelet_that_exits_is_started_again_without_a_reboot(real_nodes: RealCluster) -> None:
+    """As kubelet.service's Restart=always does: a kubelet whose first start meets containerd's socket
+    before the CRI answers exits, and the node must not stop for it (the boot stand-in starts it again)."""
+    node = real_nodes.nodes[-1]
+    boot_id = real_nodes.boot_id(node)
+    first = real_nodes.node_sh(node, "pgrep -x kubelet").stdout.split()
+    assert len(first) == 1, first
+    real_nodes.node_sh(node, f"kill -9 {first[0]}")
+
+    def running_again() -> bool:
+        now = real_nodes.node_sh(node, "pgrep -x kubelet", check=False).stdout.split()
+        return len(now) == 1 and now != first
+
+    def renewed() -> str:
+        return real_nodes.kubectl.run("get", "lease", "-n", "kube-node-lease", node, "-o",
+                                      "jsonpath={.spec.renewTime}").stdout
+
+    real_nodes.wait(f"a new kubelet on {node}", running_again, timeout=60.0)
+    # The new kubelet works: it renews the node's lease again (every 10 s here).
+    before = renewed()
+    real_nodes.wait(f"the new kubelet of {node} renewing its lease", lambda: renewed() != before, timeout=60.0)
+    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+    assert real_nodes.kubectl.run("get", "node", node, "-o", ready).stdout == "True"
+    assert real_nodes.boot_id(node) == boot_id, f"{node} rebooted"
+    console = (real_nodes.dev.dir / "realnodes" / node / "console.log").read_text()
+    assert "boot: the kubelet exited; starting it again" in console

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gate.cli.main import main
 from gate.devcluster import realnode
+from gate.devcluster.cluster import RealNodeSpec
 from gate.devcluster.network import MAX_REAL_NODES, ClusterNetwork
 
 
@@ -73,3 +75,38 @@ def test_the_node_stand_ins_say_what_they_stand_in_for() -> None:
     for name in ("systemctl", "grub-probe", "boot-cmdline"):
         head = (realnode.NODE_FILES / name).read_text().splitlines()[1]
         assert head.startswith("# STAND-IN for"), name
+
+
+def test_real_nodes_take_the_debian_releases_in_turn_and_build_only_the_roots_they_use() -> None:
+    spec = RealNodeSpec(3, suites=["bookworm", "trixie"])
+    assert [spec.suite_of(i) for i in range(3)] == ["bookworm", "trixie", "bookworm"]
+    assert spec.used_suites() == ["bookworm", "trixie"]
+    assert RealNodeSpec(2).used_suites() == ["bookworm"]
+    assert RealNodeSpec(1, suites=["bookworm", "trixie"]).used_suites() == ["bookworm"]
+    assert {realnode.NODE_OS[s] for s in realnode.NODE_ROOTS} == {"debian-12", "debian-13"}
+
+
+def test_each_release_has_a_root_of_its_own_from_the_same_package_list() -> None:
+    bookworm, trixie = realnode.NODE_ROOTS["bookworm"], realnode.NODE_ROOTS["trixie"]
+    assert (bookworm.suite, trixie.suite) == ("bookworm", "trixie")
+    assert bookworm.packages == trixie.packages == realnode.NODE_PACKAGES
+    assert bookworm.path != trixie.path and bookworm.fingerprint != trixie.fingerprint
+    assert realnode.NODE_ROOT is bookworm
+
+
+@pytest.mark.parametrize("suites", [["bookworm", "sid"], ["Trixie"], []])
+def test_an_unknown_or_missing_release_is_refused_naming_the_option_and_the_known_ones(suites: list[str]) -> None:
+    with pytest.raises(realnode.RealNodeError, match=r"^--real-node-os: .*bookworm, trixie") as caught:
+        RealNodeSpec(2, suites=suites)
+    if suites:
+        assert repr(suites[-1]) in str(caught.value)
+
+
+def test_dev_up_refuses_an_unknown_real_node_os_before_starting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "dev"
+    code = main(["dev", "up", "--state-dir", str(state), "--nodes", "0", "--real-nodes", "2",
+                 "--real-node-os", "bookworm,buster"])
+    assert code != 0
+    assert "--real-node-os: 'buster' is not a Debian release" in capsys.readouterr().err
+    assert not (state / "processes.json").exists()
