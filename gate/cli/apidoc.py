@@ -228,7 +228,7 @@ def _node_keys() -> list[str]:
          "again. Set by `nodegate reset`; the operator removes it."),
         (f"`{keys.FINALIZER}`", "finalizer", "NodeGate",
          "Held until every node is cleaned up (uninstall where enabled, uncordon, keys removed)."),
-        (f"`{keys.JOB_GATE_LABEL}`, `{keys.JOB_NODE_LABEL}`, `{keys.JOB_PACKAGE_LABEL}`, `{keys.JOB_STAGE_LABEL}`, "
+        (f"`{keys.STAGE_GATE_LABEL}`, `{keys.STAGE_NODE_LABEL}`, `{keys.STAGE_PACKAGE_LABEL}`, `{keys.STAGE_KIND_LABEL}`, "
          f"`{keys.INTERRUPT_LABEL}`", "labels", "Job, Pod, ConfigMap",
          "On the operator's stage Jobs in its namespace (values longer than 63 characters are hashed; the "
          "annotations `nodegate.io/gate-name` and `nodegate.io/node-name` keep the full names)."),

@@ -55,11 +55,11 @@ async def _package_logs(args: argparse.Namespace) -> int:
 
     async with connect(args) as client:
         node = await get_node(client, args.node)
-        selector = [f"{keys.JOB_NODE_LABEL}={label_value(args.node)}", f"{keys.JOB_PACKAGE_LABEL}={args.package}"]
+        selector = [f"{keys.STAGE_NODE_LABEL}={label_value(args.node)}", f"{keys.STAGE_PACKAGE_LABEL}={args.package}"]
         if args.stage:
-            selector.append(f"{keys.JOB_STAGE_LABEL}={args.stage}")
+            selector.append(f"{keys.STAGE_KIND_LABEL}={args.stage}")
         if args.gate:
-            selector.append(f"{keys.JOB_GATE_LABEL}={label_value(args.gate)}")
+            selector.append(f"{keys.STAGE_GATE_LABEL}={label_value(args.gate)}")
         jobs = await _items(client, JOBS, args.namespace, ",".join(selector))
         jobs = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(NODE_NAME_ANNOTATION) == args.node
                 and (not args.gate or j["metadata"]["annotations"].get(GATE_NAME_ANNOTATION) == args.gate)]
@@ -77,7 +77,7 @@ async def _package_logs(args: argparse.Namespace) -> int:
         job = max(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""))
         meta = job["metadata"]
         gate = meta.get("annotations", {}).get(GATE_NAME_ANNOTATION, "?")
-        stage = meta.get("labels", {}).get(keys.JOB_STAGE_LABEL, "?")
+        stage = meta.get("labels", {}).get(keys.STAGE_KIND_LABEL, "?")
         version = meta.get("annotations", {}).get(f"{keys.GROUP}/version")
         pods = await _items(client, PODS, args.namespace, f"job-name={meta['name']}")
         print(f"Job {args.namespace}/{meta['name']}: NodeGate {gate}, node {args.node}, package {args.package}, "

@@ -363,8 +363,8 @@ def _running_jobs(jobs: Sequence[Obj]) -> dict[tuple[str, str], tuple[str, ...]]
         if job_finished(job):
             continue
         labels = meta.get("labels") or {}
-        stage = labels.get(keys.JOB_STAGE_LABEL, "?")
-        package = labels.get(keys.JOB_PACKAGE_LABEL)
+        stage = labels.get(keys.STAGE_KIND_LABEL, "?")
+        package = labels.get(keys.STAGE_PACKAGE_LABEL)
         what = f"{package} {stage}" if package else labels.get(keys.INTERRUPT_LABEL) or stage
         out.setdefault((gate, node), []).append(what)
     return {k: tuple(sorted(set(v))) for k, v in out.items()}

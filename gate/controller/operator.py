@@ -37,7 +37,7 @@ from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller import triggers
 from gate.controller.events import EventRecorder
 from gate.controller.index import StageIndex
-from gate.controller.jobs import config_map, facts_of, job_view, stage_job
+from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
 from gate.controller.queue import WorkQueue
@@ -45,10 +45,10 @@ from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, Triggered, WorkKey
 from gate.controller.views import fleet_node, node_view, pod_view
 from gate.kube.cache import WatchCache
-from gate.kube.client import CONFIGMAPS, JOBS, NODEGATES, NODES, PODS, POLICIES, KubeClient
+from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.lease import LeaderElector
-from gate.kube.objects import created_at, job_ended_at, job_finished, job_outcome, parse_time, state_status
+from gate.kube.objects import created_at, parse_time, pod_ended, pod_ended_at, pod_outcome, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import (
     FleetNode,
@@ -91,7 +91,6 @@ class Operator:
         self.policies = WatchCache(client, POLICIES)
         self.nodes = WatchCache(client, NODES)
         selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
-        self.jobs = WatchCache(client, JOBS, namespace=settings.namespace, label_selector=selector)
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector)
         self.ready = False
         self._fleet_memo: dict[str, tuple[str, FleetNode]] = {}
@@ -120,18 +119,15 @@ class Operator:
     async def _lead(self) -> None:
         self.metrics.leader.set(1)
         self.queue = WorkQueue()
-        for cache in (self.gates, self.policies, self.nodes, self.jobs, self.pods):
+        for cache in (self.gates, self.policies, self.nodes, self.pods):
             cache.synced = False
-        self.jobs.subscribe(self._on_job)
         self.pods.subscribe(self._on_pod)
         self.nodes.subscribe(self._on_node)
         self.gates.subscribe(self._on_gate)
         self.policies.subscribe(self._on_policy)
-        caches = (self.gates, self.policies, self.nodes, self.jobs, self.pods)
+        caches = (self.gates, self.policies, self.nodes, self.pods)
         try:
             await self._start_caches(caches)
-            for job in self.jobs.items():
-                self.index.job_event("ADDED", job)
             for pod in self.pods.items():
                 self.index.pod_event("ADDED", pod)
             self.ready = True
@@ -148,7 +144,6 @@ class Operator:
             self.queue.close()
             for cache in caches:
                 await cache.stop()
-            self.jobs._listeners.clear()
             self.pods._listeners.clear()
             self.nodes._listeners.clear()
             self.gates._listeners.clear()
@@ -237,13 +232,9 @@ class Operator:
             self._fleet_memo.pop(obj["metadata"]["name"], None)
         self._queue(triggers.on_node(kind, obj, self.gates.items()))
 
-    def _on_job(self, kind: str, job: Obj) -> None:
-        self.index.job_event(kind, job)
-        self._queue(triggers.on_job(kind, job))
-
     def _on_pod(self, kind: str, pod: Obj) -> None:
         self.index.pod_event(kind, pod)
-        self._queue(triggers.on_pod(pod))
+        self._queue(triggers.on_pod(kind, pod))
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -284,25 +275,22 @@ class Operator:
         return out
 
     def _busy_nodes(self, gate: str) -> set[str]:
-        """Nodes where a stage Job of `gate` has not ended."""
+        """Nodes where a stage pod of `gate` has not ended."""
         busy = set()
-        for node, names in self.index.nodes_with_jobs(gate):
+        for node, names in self.index.nodes_with_pods(gate):
             for name in names:
-                job = self.jobs.get(name, self.settings.namespace)
-                if job is not None and not job_finished(job):
+                pod = self.pods.get(name, self.settings.namespace)
+                if pod is not None and not pod_ended(pod):
                     busy.add(node)
                     break
         return busy
 
-    def _jobs_of(self, gate: str, node: str) -> dict[str, Any]:
+    def _stage_pods_of(self, gate: str, node: str) -> dict[str, Any]:
         views = {}
-        for name in self.index.jobs_of(gate, node):
-            job = self.jobs.get(name, self.settings.namespace)
-            if job is None:
-                continue
-            pods = [p for p in (self.pods.get(n, self.settings.namespace)
-                                for n in self.index.pods_of(name)) if p is not None]
-            views[name] = job_view(job, pods)
+        for name in self.index.pods_of(gate, node):
+            pod = self.pods.get(name, self.settings.namespace)
+            if pod is not None:
+                views[name] = stage_pod_view(pod)
         return views
 
     # -- gate reconcile ---------------------------------------------------------------------------
@@ -615,7 +603,7 @@ class Operator:
             pods = await self._pods_on(node_name)
         fleet = self._fleet_memo.get(node_name)
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
-        ctx = NodeContext(gate=gate, node=view, state=state, jobs=self._jobs_of(gate_name, node_name), pods=pods,
+        ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self._stage_pods_of(gate_name, node_name), pods=pods,
                           now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
                           timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
@@ -631,23 +619,25 @@ class Operator:
         if decision.writes_node or decision.remove_state:
             update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
             node_obj = await self._write_node_update(gate, node, update, base=node_obj)
-        for request in decision.create_jobs:
-            if request.package is not None and gate.spec.packages[request.package].config:
-                await self._ensure(CONFIGMAPS, config_map(gate, request.package, self.settings))
+        for name in decision.delete_pods:
+            pod = self.pods.get(name, self.settings.namespace)
+            if pod is not None:
+                self._stage_metrics(pod)
+                self.index.pod_event("DELETED", pod)
+            await self.client.delete(PODS, name, self.settings.namespace)
+        for request in decision.create_pods:
+            for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
+                if gate.spec.packages[package].config:
+                    await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
-            created = await self._ensure(JOBS, stage_job(gate, node, request, self.settings, facts))
+            created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
-                self.jobs.observe(created)
-                self.index.job_event("ADDED", created)
-                log.info("Started stage; gate=%s node=%s package=%s stage=%s job=%s", gate.name, node,
-                         request.package or "-", request.stage, request.name)
-        for name in decision.delete_jobs:
-            job = self.jobs.get(name, self.settings.namespace)
-            if job is not None:
-                self._stage_metrics(job)
-                self.index.job_event("DELETED", job)
-            await self.client.delete(JOBS, name, self.settings.namespace, body={"propagationPolicy": "Background"})
+                self.pods.observe(created)
+                self.index.pod_event("ADDED", created)
+                log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
+                         request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps),
+                         request.name)
         blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
         if blocked:
             state = decision.state or load_state(old_state)
@@ -672,18 +662,24 @@ class Operator:
                                      and state_status(old_state) != new_status):
             self._gate_later(gate.name)
 
-    def _stage_metrics(self, job: Obj) -> None:
-        """A stage Job about to be deleted: its duration by outcome (succeeded, failed, or abandoned when
-        a reset or a gate deletion cut it off), from its creation to the condition that ended it."""
-        labels = job["metadata"].get("labels") or {}
-        created = created_at(job)
-        if created is None:
-            return
-        outcome: str = job_outcome(job) or "abandoned"
-        ended = (job_ended_at(job) if outcome != "abandoned" else None) or datetime.now(UTC)
-        self.metrics.stage_duration.labels(labels.get(keys.JOB_PACKAGE_LABEL, "-"),
-                                           labels.get(keys.JOB_STAGE_LABEL, "-"), outcome).observe(
-            max(0.0, (ended - created).total_seconds()))
+    def _stage_metrics(self, pod: Obj) -> None:
+        """A stage pod about to be deleted: the duration of each of its steps by outcome (succeeded,
+        failed, or abandoned when a reset or a gate deletion cut it off), from the container's start
+        to its end."""
+        view = stage_pod_view(pod)
+        status = pod.get("status") or {}
+        states = {cs.get("name"): cs.get("state") or {} for cs in
+                  [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
+        for i, step in enumerate(view.steps):
+            state = states.get(container_name(step), {})
+            timing = state.get("terminated") or state.get("running")
+            started = parse_time((timing or {}).get("startedAt"))
+            if started is None:
+                continue
+            outcome = "succeeded" if i < view.done else ("failed" if "terminated" in state else "abandoned")
+            ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
+            self.metrics.stage_duration.labels(step.package or "-", step.stage, outcome).observe(
+                max(0.0, (ended - started).total_seconds()))
 
     async def _ensure(self, resource: Any, obj: Obj) -> Obj | None:
         """Create; an object that already exists is fine (None): names are deterministic."""

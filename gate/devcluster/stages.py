@@ -252,7 +252,7 @@ status:
         "nodegate-reboot",
         "Pod",
         [*_running(),
-         {"key": f'.metadata.labels["{keys.JOB_STAGE_LABEL}"]', "operator": "In", "values": ["interrupt"]},
+         {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": ["interrupt"]},
          {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}],
         steps=[
             {"apply": {"template": node_patch, "subresource": "status", "type": "merge"}},
@@ -268,9 +268,9 @@ def _package_pods(nodes: list[str], package: str | None, stage: str | None) -> l
     """Selector of the running stage-Job pods on `nodes`, of one package and one stage when given."""
     exprs: list[dict[str, Any]] = [*_running(), {"key": ".spec.nodeName", "operator": "In", "values": nodes}]
     if package:
-        exprs.append({"key": f'.metadata.labels["{keys.JOB_PACKAGE_LABEL}"]', "operator": "In", "values": [package]})
+        exprs.append({"key": f'.metadata.labels["{keys.STAGE_PACKAGE_LABEL}"]', "operator": "In", "values": [package]})
     if stage:
-        exprs.append({"key": f'.metadata.labels["{keys.JOB_STAGE_LABEL}"]', "operator": "In", "values": [stage]})
+        exprs.append({"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": [stage]})
     return exprs
 
 

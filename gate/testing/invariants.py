@@ -278,7 +278,7 @@ class JobFacts:
         return cls(
             uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"), name=meta["name"],
             gate=ann.get(GATE_NAME_ANNOTATION, ""), node=ann.get(NODE_NAME_ANNOTATION, ""),
-            package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
+            package=labels.get(keys.STAGE_PACKAGE_LABEL), stage=labels.get(keys.STAGE_KIND_LABEL, ""),
             version=_arg(args, "--version"), generation=_arg(args, "--generation"),
             interrupt=labels.get(keys.INTERRUPT_LABEL), created_lo=created_lo, created_hi=created_hi,
         )

@@ -114,7 +114,7 @@ async def _end_slow_stage(kube: KubeClient, node: str) -> None:
 
     from gate.kube.client import PODS
 
-    pods, _ = await kube.list(PODS, "nodegate-system", label_selector=f"{keys.JOB_PACKAGE_LABEL}=slow",
+    pods, _ = await kube.list(PODS, "nodegate-system", label_selector=f"{keys.STAGE_PACKAGE_LABEL}=slow",
                               field_selector=f"spec.nodeName={node}")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for pod in pods:

@@ -77,7 +77,7 @@ class JobLog:
             container = pod_spec["containers"][0]
             self.records[name] = JobRecord(
                 name=name, gate=ann.get("nodegate.io/gate-name", ""), node=ann.get("nodegate.io/node-name", ""),
-                package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
+                package=labels.get(keys.STAGE_PACKAGE_LABEL), stage=labels.get(keys.STAGE_KIND_LABEL, ""),
                 interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(container.get("args", [])),
                 created=time.monotonic(), resource_version=int(meta.get("resourceVersion", "0")),
                 grace_period=pod_spec.get("terminationGracePeriodSeconds"),

@@ -81,9 +81,9 @@ def agent_summary(step: str, code: int, message: str) -> str:
 
 def job(gate_name: str, node_name: str, stage: str, *, package: str | None = "pkg", interrupt: str | None = None,
         finished: str | None = None) -> Obj:
-    labels = {keys.JOB_STAGE_LABEL: stage}
+    labels = {keys.STAGE_KIND_LABEL: stage}
     if package:
-        labels[keys.JOB_PACKAGE_LABEL] = package
+        labels[keys.STAGE_PACKAGE_LABEL] = package
     if interrupt:
         labels[keys.INTERRUPT_LABEL] = interrupt
     conditions = [{"type": finished, "status": "True"}] if finished else []

@@ -113,9 +113,9 @@ class Cluster:
     def job(self, name: str, *, gate: str, node: str, stage: str = "apply", package: str | None = "pkg",
             version: str = "1.0.0", generation: int = 1, interrupt: str | None = None, emit: bool = True) -> Obj:
         rv = self.next_rv()
-        labels = {keys.JOB_STAGE_LABEL: stage}
+        labels = {keys.STAGE_KIND_LABEL: stage}
         if package is not None:
-            labels[keys.JOB_PACKAGE_LABEL] = package
+            labels[keys.STAGE_PACKAGE_LABEL] = package
             args = ["agent", "run", "--stage", stage, "--package", package, "--version", version, "--gate", gate,
                     "--generation", str(generation)]
         else:

@@ -106,7 +106,7 @@ def test_a_recorded_rollout_disturbed_by_frozen_leaders_and_restarts_is_legal_ac
 def test_a_stage_job_planted_again_in_the_recording_is_a_duplicate() -> None:
     events = recording("rollout-30-nodes")
     i = first(events, lambda e: isinstance(e, Change) and e.resource == "jobs" and e.type == "ADDED"
-              and keys.JOB_PACKAGE_LABEL in e.obj["metadata"]["labels"])
+              and keys.STAGE_PACKAGE_LABEL in e.obj["metadata"]["labels"])
     job = events[i]
     assert isinstance(job, Change)
     again = copy.deepcopy(job.obj)
@@ -121,7 +121,7 @@ def test_a_stage_job_planted_again_in_the_recording_is_a_duplicate() -> None:
 def test_a_recording_whose_post_interrupt_checks_never_end_shows_the_uncordon_under_them() -> None:
     events = recording("rollout-30-nodes")
     i = first(events, lambda e: isinstance(e, Change) and e.resource == "jobs" and e.type == "ADDED"
-              and e.obj["metadata"]["labels"].get(keys.JOB_STAGE_LABEL) == "post-interrupt")
+              and e.obj["metadata"]["labels"].get(keys.STAGE_KIND_LABEL) == "post-interrupt")
     post = events[i]
     assert isinstance(post, Change)
     uid, node = post.obj["metadata"]["uid"], post.obj["metadata"]["annotations"]["nodegate.io/node-name"]

@@ -100,7 +100,7 @@ def test_the_package_image_is_tagged_with_its_version_once(image: str, version: 
 
 def _job(conditions: list[dict[str, str]] | None = None, active: int = 1) -> dict[str, Any]:
     return {"metadata": {"name": "j", "creationTimestamp": "2026-11-30T10:00:00Z",
-                         "labels": {keys.JOB_PACKAGE_LABEL: "tuned", keys.JOB_STAGE_LABEL: "apply"}},
+                         "labels": {keys.STAGE_PACKAGE_LABEL: "tuned", keys.STAGE_KIND_LABEL: "apply"}},
             "status": {"active": active, "conditions": conditions or []}}
 
 
