@@ -37,9 +37,9 @@ from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller import triggers
 from gate.controller.events import EventRecorder
 from gate.controller.index import StageIndex
-from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
+from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, Triggered, WorkKey
@@ -48,7 +48,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.lease import LeaderElector
-from gate.kube.objects import created_at, parse_time, pod_ended, pod_ended_at, pod_outcome, state_status
+from gate.kube.objects import parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import (
     FleetNode,
@@ -603,8 +603,8 @@ class Operator:
             pods = await self._pods_on(node_name)
         fleet = self._fleet_memo.get(node_name)
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
-        ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self._stage_pods_of(gate_name, node_name), pods=pods,
-                          now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
+        ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self._stage_pods_of(gate_name, node_name),
+                          pods=pods, now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
                           timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self._execute(gate, node_obj, decision)

@@ -36,9 +36,7 @@ from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.state import (
-    PACKAGE_STAGES,
     Failure,
-    Installed,
     NodeGateState,
     Phase,
     Stage,

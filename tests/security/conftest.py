@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import webhook
-from tests.integration.operator.conftest import job_log, operator, scenario
+from tests.integration.operator.conftest import step_log, operator, scenario
 
-__all__ = ["job_log", "operator", "scenario", "webhook"]
+__all__ = ["step_log", "operator", "scenario", "webhook"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, Kubectl, unique
-from tests.integration.operator.conftest import JobLog, Scenario
+from tests.integration.operator.conftest import StepLog, Scenario
 
 NS = "nodegate-system"
 OPERATOR = f"system:serviceaccount:{NS}:nodegate-operator"
@@ -262,14 +262,14 @@ def test_metadata_writes_and_foreground_deletion_of_stage_jobs_still_work(
     assert kubectl.run("get", "job", job, "-n", NS, check=False).returncode != 0
 
 
-async def test_the_operators_stage_jobs_run_under_the_policy(scenario: Scenario, job_log: JobLog,
+async def test_the_operators_stage_jobs_run_under_the_policy(scenario: Scenario, step_log: StepLog,
                                                              host_access_policy: None) -> None:
     nodes = await scenario.add_nodes(2)
     await scenario.apply_gate({"tool": {"version": "1.0.0", "image": "registry.example.com/tool",
                                         "interrupt": {"type": "reboot"}}}, interruptionBudget={"percent": 100})
     gate = await scenario.wait_ready()
     assert gate["status"]["nodes"]["complete"] == 2
-    records = job_log.of(scenario.name)
+    records = step_log.of(scenario.name)
     assert {r.node for r in records} == set(nodes)
     assert {(r.stage, r.interrupt) for r in records} == {("apply", None), ("interrupt", "reboot"),
                                                          ("post-interrupt", None)}

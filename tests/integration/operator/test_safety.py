@@ -8,7 +8,7 @@ from typing import Any
 
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import PDBS, PODS
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import StepLog, Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 SERVICE = {"type": "service", "services": ["tuned"]}
@@ -144,7 +144,7 @@ async def test_drain_timeout_fails_the_node_naming_the_blocking_pdb(scenario: Sc
 
 
 async def test_failing_stage_is_retried_then_fails_the_node_with_the_agent_summary(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     good, bad = await scenario.add_nodes(2)
     summary = '{"package":"tuning","stage":"apply","ok":false,"failedStep":"set-sysctl","exitCode":3}'
     await scenario.inject(failing_stage("fail", nodes=[bad], package="tuning", stage="apply", message=summary,
@@ -155,7 +155,7 @@ async def test_failing_stage_is_retried_then_fails_the_node_with_the_agent_summa
     failure = (await scenario.state(bad))["failure"]
     assert failure["reason"] == "StageFailed" and failure["package"] == "tuning" and failure["stage"] == "apply"
     assert "set-sysctl" in failure["message"]
-    [job] = [r for r in job_log.of(scenario.name, bad)]
+    [job] = [r for r in step_log.of(scenario.name, bad)]
     from gate.kube.client import JOBS
 
     pods, _ = await scenario.kube.list(PODS, "nodegate-system", label_selector=f"job-name={job.name}")
