@@ -265,7 +265,9 @@ class NodeGateSpec(Memoized):
             "node: wait for higher-priority gates on this node; all: wait until they are complete everywhere."
         ),
     )
-    serial: bool = Field(default=False, description="Run one package at a time on a node.")
+    serial: bool = Field(default=False, description="Run one package at a time on a node. Since the stages "
+                         "of a round run as the steps of one stage pod, one after another, every gate runs so; "
+                         "the field is kept for manifests that set it.")
     paused: bool = Field(default=False, description="Start no new work; running stages finish.")
     interruption_budget: Budget | None = Field(
         default=None,

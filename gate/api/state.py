@@ -67,6 +67,7 @@ class NodeGateState(Model):
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
                                      "step in this round (its retries are the package's `retries`).")
+    retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start (RFC 3339).")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
     removing: bool = Field(default=False, description="Picked into a batch of the removal of its deleted gate "

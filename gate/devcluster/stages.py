@@ -156,7 +156,7 @@ phase: {phase}
 _STAGE_POD_STEP_TEMPLATE = """\
 {{ $now := Now }}
 {{ $root := . }}
-{{ $n := len .spec.initContainers }}
+{{ $n := 0 }}{{ with .spec.initContainers }}{{ $n = len . }}{{ end }}
 {{ $cur := -1 }}
 {{ with .status }}{{ range $i, $s := .initContainerStatuses }}{{ if and (lt $cur 0) $s.state.running }}{{ $cur = $i }}{{ end }}{{ end }}{{ end }}
 {{ $next := $n }}

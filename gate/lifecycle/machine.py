@@ -529,6 +529,7 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
             attempts = (pod.attempt if pod.steps[0] == failed else 0) + 1
             if attempts > s.attempts.get(failed.key, 0):
                 s.attempts = {**s.attempts, failed.key: attempts}
+                s.retry_at = _iso(ctx.now + timedelta(seconds=retry_backoff(attempts)))
                 r.changed = True
             if s.attempts[failed.key] > _retries(r, failed):
                 r.decision.delete_pods.append(pod.name)
@@ -559,9 +560,19 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
         return r.finish_decision()
     if paused:
         return r.finish_decision()
+    wait = -_since(s.retry_at, ctx.now) if s.retry_at else 0.0
+    if wait > 0:  # the backoff after a failed attempt
+        r.decision.requeue_after = wait
+        return r.finish_decision()
     r.decision.create_pods.append(PodRequest(name, kind, tuple(steps), round=s.round,
                                              attempt=s.attempts.get(head.key, 0)))
     return r.finish_decision()
+
+
+def retry_backoff(attempts: int) -> float:
+    """Seconds before the next attempt of a step that failed `attempts` times: 10 s, doubled each time,
+    at most 5 minutes (the Job controller's backoff, which ran the retries until stage pods did)."""
+    return min(300.0, 10.0 * 2 ** (attempts - 1))
 
 
 def _retries(r: _Round, step: Step) -> int:
@@ -858,6 +869,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
         s.interrupted = []
     s.post_checked = []
     s.attempts = {}
+    s.retry_at = None
     s.drain_blocked_by = None
     s.boot_id = s.boot_id or boot_id
     return s

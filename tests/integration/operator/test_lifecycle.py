@@ -86,32 +86,29 @@ async def test_packages_run_in_dependency_order(scenario: Scenario, step_log: St
     records = step_log.of(scenario.name, node)
     order = [r.package for r in records]
     assert order == ["kernel", "driver", "tools"]
+    assert len({r.pod for r in records}) == 1, "the stages of one round run in one pod"
     by_pkg = {r.package: r for r in records}
     # each starts only after its dependency finished
     for first, then in (("kernel", "driver"), ("driver", "tools")):  # ordered by etcd revision
-        ended = by_pkg[first].finished_rv
-        assert ended is not None and ended < by_pkg[then].resource_version, f"{then} started before {first} ended"
+        ended, started = by_pkg[first].finished_rv, by_pkg[then].started_rv
+        assert ended is not None and started is not None and ended <= started, f"{then} started before {first} ended"
 
 
-async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scenario, step_log: StepLog) -> None:
+async def test_the_stages_of_a_round_run_one_after_another_in_one_pod(scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(2)
     packages = {name: PKG for name in ("alpha", "beta", "gamma")}
-    await scenario.apply_gate(packages, serial=True)
+    await scenario.apply_gate(packages)
+    await scenario.wait_ready()
+    await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages})
     await scenario.wait_ready()
     for node in nodes:
-        records = sorted(step_log.of(scenario.name, node), key=lambda r: r.resource_version)
-        assert len(records) == 3
-        for before, after in itertools.pairwise(records):
-            assert before.finished_rv is not None and before.finished_rv < after.resource_version, (
-                "serial stages overlapped")
-
-    await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages}, serial=False)
-    await scenario.wait_ready()
-    for node in nodes:
-        upgrades = [r for r in step_log.of(scenario.name, node) if r.stage == "upgrade"]
-        assert len(upgrades) == 3
-        first_end = min(r.finished_rv or 0 for r in upgrades)
-        assert all(r.resource_version < first_end for r in upgrades), "parallel stages were not started together"
+        for stage in ("apply", "upgrade"):
+            records = [r for r in step_log.of(scenario.name, node) if r.stage == stage]
+            assert len(records) == 3 and len({r.pod for r in records}) == 1, f"{stage}: one pod for the round"
+            assert all(r.succeeded for r in records)
+            for before, after in itertools.pairwise(records):
+                assert before.finished_rv is not None and after.started_rv is not None
+                assert before.finished_rv <= after.started_rv, "stages of one node overlapped"
 
 
 async def test_interrupts_merge_into_one_per_node(scenario: Scenario, step_log: StepLog) -> None:
