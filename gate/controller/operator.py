@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import replace
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -69,6 +70,7 @@ from gate.lifecycle.machine import (
     Timing,
     decide,
     decide_removal,
+    pod_refused,
 )
 from gate.lifecycle.removal import plan_removal
 
@@ -607,13 +609,13 @@ class Operator:
                           pods=pods, now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
                           timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
-        await self._execute(gate, node_obj, decision)
+        await self._execute(gate, node_obj, decision, ctx)
 
     async def _pods_on(self, node: str) -> list[Any]:
         items, _ = await self.client.list(PODS, field_selector=f"spec.nodeName={node}")
         return [pod_view(p, self.settings.namespace) for p in items]
 
-    async def _execute(self, gate: NodeGate, node_obj: Obj, decision: Decision) -> None:
+    async def _execute(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext) -> None:
         node = node_obj["metadata"]["name"]
         old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
         if decision.writes_node or decision.remove_state:
@@ -630,7 +632,16 @@ class Operator:
                 if gate.spec.packages[package].config:
                     await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
-            created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
+            try:
+                created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
+            except ApiError as exc:
+                if exc.status not in (400, 403, 422):
+                    raise
+                # Refused by admission (a LimitRange, a quota, a policy): trying again changes nothing.
+                log.warning("Stage pod refused; gate=%s node=%s pod=%s error=%s", gate.name, node, request.name, exc)
+                seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
+                await self._execute(gate, node_obj, pod_refused(seen, request, exc.message), seen)
+                return
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
                 self.pods.observe(created)

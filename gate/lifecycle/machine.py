@@ -569,10 +569,20 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
     return r.finish_decision()
 
 
+def pod_refused(ctx: NodeContext, request: PodRequest, message: str) -> Decision:
+    """The API server refused to create a stage pod (its admission: a LimitRange, a quota, a policy):
+    the node fails with the reason, in the step the pod would have started with; asking again would
+    be refused again."""
+    r = _Round(ctx)
+    first = request.steps[0]
+    return r.fail("PodRefused", f"the API server refused the stage pod {request.name}: {message}",
+                  package=first.package, stage=first.stage)
+
+
 def retry_backoff(attempts: int) -> float:
     """Seconds before the next attempt of a step that failed `attempts` times: 10 s, doubled each time,
     at most 5 minutes (the Job controller's backoff, which ran the retries until stage pods did)."""
-    return min(300.0, 10.0 * 2 ** (attempts - 1))
+    return float(min(300.0, 10.0 * 2.0 ** (attempts - 1)))
 
 
 def _retries(r: _Round, step: Step) -> int:
@@ -894,6 +904,7 @@ def rerun(state: NodeGateState, package: str, stage: str) -> NodeGateState:
 
 __all__ = [
     "Decision", "EventRequest", "NodeChange", "NodeContext", "NodeView", "PodKind", "PodRequest", "PodView",
-    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "rerun",
+    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "pod_refused",
+    "rerun",
     "start_round", "timedelta",
 ]

@@ -494,21 +494,22 @@ def test_steps_see_the_nodes_facts_from_the_operators_file_and_what_the_host_has
     from gate.api.facts import FACTS_ANNOTATION
     from gate.api.nodegate import NodeGate
     from gate.api.state import NodeGateState
-    from gate.controller.jobs import facts_of, stage_job
+    from gate.controller.pods import facts_of, stage_pod
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import JobRequest
+    from gate.lifecycle.machine import PodRequest, Step
 
     base = make_package(tmp_path / "base", "apply: [{name: s, command: 'true'}]", name="base-sysctl", version="1.2.0")
     assert agent.run("apply", base, package="base-sysctl", version="1.2.0", gate="base").code == 0
-    # The file as the kubelet projects it: the annotation of the pod the operator's Job makes.
+    # The file as the kubelet projects it: the annotation of the operator's stage pod.
     node = {"metadata": {"name": "gpu-node-3", "labels": {"pool": "gpu", "zone": "b"},
                          "annotations": {"team": "ml", "nodegate.io/state.test-gate": "{}"}}}
     gate = NodeGate.model_validate({"metadata": {"name": "test-gate"}, "spec": {"packages": {
         "demo-pkg": {"version": "1.0.0", "image": "example.com/demo"}}}})
-    job = stage_job(gate, "gpu-node-3", JobRequest(name="j", stage="apply", package="demo-pkg", version="1.0.0"),
-                    OperatorSettings(), facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
+    request = PodRequest(name="p", kind="stages", steps=(Step("demo-pkg", "apply", "1.0.0", version="1.0.0"),))
+    pod = stage_pod(gate, "gpu-node-3", request, OperatorSettings(),
+                    facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
     facts_file = tmp_path / "facts.json"
-    facts_file.write_text(job["spec"]["template"]["metadata"]["annotations"][FACTS_ANNOTATION])
+    facts_file.write_text(pod["metadata"]["annotations"][FACTS_ANNOTATION])
     pkg = make_package(tmp_path / "demo", """
         apply:
           - name: on-host
