@@ -755,11 +755,12 @@ class InvariantChecker:
         for steps in groups.values():
             steps.sort(key=lambda o: (o[0].created_lo, o[0].created_hi, o[1]))
             for (p1, _, s1), (p2, _, s2) in pairwise(steps):
+                asked = self._requests.get((p2.gate, p2.node), [])
                 if p1 is p2:
                     why = "twice in one pod"
                 elif p1.failed_lo is not None and p1.failed_lo <= p2.created_hi and s1.container not in p1.succeeded:
                     continue  # a retry of a step that failed, or never ran because an earlier one failed
-                elif any(lo <= p2.created_hi and hi >= p1.created_lo for lo, hi in self._requests.get((p2.gate, p2.node), [])):
+                elif any(lo <= p2.created_hi and hi >= p1.created_lo for lo, hi in asked):
                     continue  # a person asked for it
                 elif s1.container in p1.succeeded:
                     why = "after it succeeded there, without a rerun request"
