@@ -164,17 +164,27 @@ def slim(resource: Resource, obj: Obj) -> Obj:
     if resource == "pods":
         # Not the node facts: a copy of the node's labels and annotations on every pod.
         kept["annotations"] = {k: v for k, v in annotations.items() if k != FACTS_ANNOTATION}
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        return {"metadata": kept,
-                "spec": {key: [{"name": c.get("name"), "args": list(c.get("args") or [])} for c in spec.get(key) or []]
-                         for key in ("initContainers", "containers")},
-                "status": {"phase": status.get("phase"), **{key: [
-                    {"name": cs.get("name"), "state": {"terminated": {"exitCode": term.get("exitCode")}}}
-                    for cs in status.get(key) or [] if (term := (cs.get("state") or {}).get("terminated"))]
-                    for key in ("initContainerStatuses", "containerStatuses")}}}
+        return {"metadata": kept, **_slim_pod(obj)}
     kept["annotations"] = dict(annotations)
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept,
             "spec": obj.get("spec") or {}}
+
+
+def _slim_pod(obj: Obj) -> Obj:
+    """A stage pod's containers by name with their args, its phase, and how each container ended."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    slimmed: Obj = {"spec": {}, "status": {"phase": status.get("phase")}}
+    for key in ("initContainers", "containers"):
+        slimmed["spec"][key] = [{"name": c.get("name"), "args": list(c.get("args") or [])}
+                                for c in spec.get(key) or []]
+    for key in ("initContainerStatuses", "containerStatuses"):
+        ended = []
+        for cs in status.get(key) or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term is not None:
+                ended.append({"name": cs.get("name"), "state": {"terminated": {"exitCode": term.get("exitCode")}}})
+        slimmed["status"][key] = ended
+    return slimmed
 
 
 def dump_event(event: Event) -> str:

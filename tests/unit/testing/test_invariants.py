@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from gate.api import keys
+from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+from gate.api.nodegate import NodeGate
+from gate.controller.pods import stage_pod
+from gate.controller.settings import OperatorSettings
+from gate.lifecycle.machine import PodRequest, Step, pod_name
 from gate.testing.invariants import (
     Blind,
     Change,
@@ -13,6 +18,7 @@ from gate.testing.invariants import (
     load_event,
     replay,
     resource_version,
+    slim,
 )
 from tests.unit.testing.builders import Cluster, state
 
@@ -591,3 +597,29 @@ def test_a_journal_replays_to_the_same_verdict() -> None:
     lines = [dump_event(e) for e in c.events]
     assert [load_event(line) for line in lines] == c.events
     assert [v.kind for v in replay(lines).finish()] == ["over-ceiling"]
+
+
+def test_the_operators_own_stage_pod_slimmed_for_a_journal_keeps_its_steps_and_how_they_ended() -> None:
+    gate = NodeGate.model_validate({
+        "apiVersion": keys.API_VERSION, "kind": "NodeGate", "metadata": {"name": GATE, "generation": 3, "uid": "u"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "test"}}, "packages": {
+            "a": {"version": "1.2.0", "image": "registry.example.com/a"},
+            "b": {"version": "2.0.0", "image": "registry.example.com/b"}}}})
+    steps = (Step("a", "apply", "1.2.0/x", version="1.2.0"), Step("b", "config", "cfg", version="2.0.0"))
+    request = PodRequest(pod_name(GATE, "n", 1, "stages", steps[0]), "stages", steps, round=1)
+    pod = stage_pod(gate, "n", request, OperatorSettings(), OperatorFacts(node="n"))
+    pod["metadata"] |= {"uid": "p1", "resourceVersion": "7"}
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [
+        {"name": c["name"], "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+        for c in pod["spec"]["initContainers"]],
+        "containerStatuses": [{"name": "config-b", "state": {"terminated": {"exitCode": 1, "message": "{...}"}}}]}
+    slimmed = slim("pods", pod)
+    assert FACTS_ANNOTATION in pod["metadata"]["annotations"]
+    assert FACTS_ANNOTATION not in slimmed["metadata"]["annotations"]
+    checker = InvariantChecker().feed_all([load_event(dump_event(Change("pods", "ADDED", slimmed, 7)))])
+    [facts] = checker.pods.values()
+    assert (facts.gate, facts.node, facts.kind, facts.round) == (GATE, "n", "stages", "1")
+    assert [(s.package, s.stage, s.container, s.version, s.generation) for s in facts.steps] == [
+        ("a", "apply", "apply-a", "1.2.0", "3"), ("b", "config", "config-b", "2.0.0", "3")]
+    assert facts.succeeded == {"payload-a", "apply-a", "payload-b"}
+    assert facts.failed_lo == 7 and facts.ended_lo == 7
