@@ -76,7 +76,7 @@ async def _failed_node_with_a_stage_still_running(cluster: DevCluster, kube: Kub
         return labels.get(keys.status_label(name)) == "failed" and any(c.get("batch", 0) > 1 for c in comps)
 
     await _wait(failed_and_judged, "the node failed and its batch judged")
-    slow = [j for j in watcher.checker.jobs.values() if j.node == node and j.package == "slow"]
+    slow = [p for p in watcher.checker.pods.values() if p.node == node and any(s.package == "slow" for s in p.steps)]
     if not slow or slow[0].ended_lo is not None:
         raise RuntimeError(f"the slow stage must still run for this reproduction: {slow}")
     return node
@@ -84,7 +84,7 @@ async def _failed_node_with_a_stage_still_running(cluster: DevCluster, kube: Kub
 
 async def _cleanup(kube: KubeClient, name: str, node: str | None) -> None:
     # The node first: its slow stage never ends, so the gate would wait for it; without the node the
-    # gate's finalizer has nothing to release, and its Jobs go with it (owner references).
+    # gate's finalizer has nothing to release, and its pods go with it (owner references).
     for stage in (f"{name}-quick", f"{name}-slow"):
         await kube.delete(KWOK_STAGES, stage)
     if node:
@@ -109,21 +109,25 @@ async def _held(kube: KubeClient, node: str, still: Callable[[dict[str, str]], b
 
 
 async def _end_slow_stage(kube: KubeClient, node: str) -> None:
-    """Play the kubelet: the slow stage's container exits 0 (kwok would only do so after ten minutes)."""
+    """Play the kubelet: the slow stage's pod ends, its containers exiting 0 (kwok would only do so
+    after ten minutes)."""
     from datetime import UTC, datetime
 
     from gate.kube.client import PODS
 
-    pods, _ = await kube.list(PODS, "nodegate-system", label_selector=f"{keys.STAGE_PACKAGE_LABEL}=slow",
+    pods, _ = await kube.list(PODS, "nodegate-system", label_selector=f"{keys.POD_PACKAGE_PREFIX}slow",
                               field_selector=f"spec.nodeName={node}")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for pod in pods:
-        statuses = [{"name": c["name"], "image": c["image"], "ready": False, "restartCount": 0,
+        def done(containers: list[dict[str, str]]) -> list[dict[str, object]]:
+            return [{"name": c["name"], "image": c["image"], "ready": False, "restartCount": 0,
                      "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
-                                              "finishedAt": now}}} for c in pod["spec"]["containers"]]
-        await kube.patch(PODS, pod["metadata"]["name"], {"status": {"phase": "Succeeded",
-                                                                     "containerStatuses": statuses}},
-                         namespace="nodegate-system", subresource="status")
+                                              "finishedAt": now}}} for c in containers]
+
+        spec = pod["spec"]
+        await kube.patch(PODS, pod["metadata"]["name"], {"status": {
+            "phase": "Succeeded", "initContainerStatuses": done(spec.get("initContainers") or []),
+            "containerStatuses": done(spec["containers"])}}, namespace="nodegate-system", subresource="status")
 
 
 def _no_uncordon_during_stage(violations: list[Violation]) -> None:
