@@ -553,3 +553,16 @@ def test_the_checks_after_an_interrupt_share_one_pod() -> None:
     state, created, _ = run_until_quiet(g, started(g), timeline=timeline)
     assert state.status == "complete"
     assert created == ["a:apply", "b:apply", "-:interrupt", "a:post-interrupt", "b:post-interrupt"]
+
+
+def test_a_removal_waits_for_a_running_stage_pod_of_an_earlier_round() -> None:
+    """A host change is never cut off half way, and a node is not let go under one, failed or not."""
+    g = gate({"k": {**PKG, "uninstall": {"enabled": True}}})
+    state = NodeGateState(status="failed", installed={}, round=1)
+    leftover = StagePod("ng-apply-x", "stages", "running", (), round=1)
+    cordoned = node(unschedulable=True, annotations={keys.CORDONED_BY: "g"})
+    held = decide_removal(ctx(g, state, stage_pods={leftover.name: leftover}, n=cordoned))
+    assert not held.remove_state and not held.delete_pods and held.node.empty() and held.requeue_after
+    ended = StagePod("ng-apply-x", "stages", "failed", (), round=1)
+    released = decide_removal(ctx(g, state, stage_pods={ended.name: ended}, n=cordoned))
+    assert released.remove_state and released.delete_pods == [ended.name] and released.node.unschedulable is False
