@@ -173,8 +173,8 @@ class Package(Memoized):
     graceful_shutdown: Duration | None = Field(
         default=None,
         description=(
-            "How long a running step has to clean up when its stage pod is stopped (the stage's timeout, a deleted "
-            "Job): the agent passes SIGTERM on to the step, and what still runs after this long is killed. The "
+            "How long a running step has to clean up when its stage pod is stopped (past the steps' "
+            "deadline, say): the agent passes SIGTERM on to the step, and what still runs after this long is killed. The "
             "stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset."
         ),
     )

@@ -133,7 +133,8 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
             "--version", pkg.version, "--gate", gate.name,
             "--generation", str(gate.metadata.generation or 0),
             "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
-            "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG]
+            "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG,
+            "--timeout", str(_seconds(pkg.timeout))]
     env: list[Obj] = [
         {"name": "NODEGATE_GATE", "value": gate.name},
         {"name": "NODEGATE_STAGE", "value": step.stage},
@@ -245,7 +246,8 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         "initContainers": containers[:-1],
         "containers": containers[-1:],
         "volumes": volumes,
-        # The steps' timeouts together (each package's `timeout` per step it runs here).
+        # Each step is bounded by its package's `timeout` (the agent's --timeout); the pod by all of
+        # them together, for what the agent cannot bound (a payload copy, an image pull).
         "activeDeadlineSeconds": deadline,
     }
     if pull_secrets:

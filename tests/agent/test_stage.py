@@ -130,10 +130,26 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(agent: Agent, tmp_p
     assert processes_in(agent.root) == []  # the background sleep went too
 
 
+def test_past_the_stages_timeout_the_running_step_is_stopped_and_no_other_starts(agent: Agent, tmp_path: Path) -> None:
+    """One stage pod runs several stages one after another: each is bounded by its own timeout."""
+    pkg = make_package(tmp_path, """
+        apply:
+          - {name: slow, command: 'trap "echo cleaned > /tmp/cleaned; exit 0" TERM; while :; do sleep 0.1; done'}
+          - {name: after, command: 'touch /tmp/after'}
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    run = agent.run("apply", pkg, "--timeout", "1.5")
+    assert (run.code, run.summary["failedStep"]) == (1, "apply/slow")
+    assert "the stage timed out after 1.5s in apply/slow" in str(run.summary["message"])
+    assert (agent.root / "tmp/cleaned").read_text() == "cleaned\n"  # it got SIGTERM and cleaned up
+    assert not (agent.root / "tmp/after").exists()
+    assert processes_in(agent.root) == []
+
+
 def test_sigterm_to_the_agent_reaches_the_running_step_which_cleans_up_and_fails_the_stage(
     root: Path, tmp_path: Path
 ) -> None:
-    """Like the kubelet stopping the stage pod (its timeout, a deleted Job): SIGTERM to the agent process."""
+    """Like the kubelet stopping the stage pod (its deadline, a deletion): SIGTERM to the agent process."""
     pkg = make_package(tmp_path, """
         apply:
           - name: works
