@@ -333,4 +333,5 @@ def stage_pod_view(pod: Obj) -> StagePod:
         done=done, message=message[:2000], waiting_reason=waiting_reason,
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
+        deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
     )

@@ -88,6 +88,7 @@ class StagePod:
     created: datetime | None = None
     round: int = 0
     attempt: int = 0  # of its first step
+    deadline: float | None = None  # its activeDeadlineSeconds
 
     @property
     def ended(self) -> bool:
@@ -146,6 +147,9 @@ class Timing:
     image_pull_grace: float = 120.0  # ErrImagePull/ImagePullBackOff this long -> stage failed
     pending_timeout: float = 600.0  # a stage pod not running after this long -> stage failed
     reboot_timeout: float = 900.0  # no new bootID and Ready after a reboot interrupt -> failed
+    # A stage pod still not ended this long past its deadline fails its step: the kubelet ends it at the
+    # deadline, but not on a node that is gone or whose kubelet is down.
+    deadline_grace: float = 30.0
     poll: float = 5.0  # how often to look again while waiting on pods or drains
 
 
@@ -546,6 +550,13 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
     name = r.pod_name(kind, head, s.attempts.get(head.key, 0))
     current = ctx.stage_pods.get(name)
     if current is not None and not current.ended:
+        left = _past_deadline(current, ctx)
+        if left is not None and left <= 0:
+            where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
+            r.decision.delete_pods.append(current.name)
+            reason, message = failure(where, f"DeadlineExceeded: the stage pod {current.name} did not end within "
+                                      f"its deadline of {current.deadline:.0f}s")
+            return r.fail(reason, message, package=where.package, stage=where.stage)
         stuck = _stuck(current, ctx)
         if stuck:
             where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
@@ -590,6 +601,13 @@ def _retries(r: _Round, step: Step) -> int:
     return pkg.retries if pkg is not None else 0
 
 
+def _past_deadline(view: StagePod, ctx: NodeContext) -> float | None:
+    """Seconds until a pod counts as past its deadline (<= 0: it is), None when it has none."""
+    if view.deadline is None or view.created is None:
+        return None
+    return view.deadline + ctx.timing.deadline_grace - (ctx.now - view.created).total_seconds()
+
+
 def _stuck(view: StagePod, ctx: NodeContext) -> tuple[str, str] | None:
     if view.waiting_reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"):
         since = view.waiting_since or view.created
@@ -603,8 +621,14 @@ def _stuck(view: StagePod, ctx: NodeContext) -> tuple[str, str] | None:
 
 
 def _look_again_for(r: _Round, view: StagePod) -> None:
-    """A pod that may turn out stuck is looked at again when its grace runs out: no event may come."""
+    """A pod that may turn out stuck, or run past its deadline, is looked at again when its grace
+    runs out: no event may come."""
     timing = r.ctx.timing
+    left = _past_deadline(view, r.ctx)
+    if left is not None:
+        due = max(0.1, left + 0.05)
+        current = r.decision.requeue_after
+        r.decision.requeue_after = due if current is None else min(current, due)
     if view.waiting_reason:
         since = view.waiting_since or view.created or r.ctx.now
         due = timing.image_pull_grace - (r.ctx.now - since).total_seconds()
@@ -659,6 +683,11 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
         return None
     if view.phase == "failed":
         return r.fail("InterruptFailed", view.message or "the interrupt pod failed", stage="interrupt")
+    left = _past_deadline(view, ctx)
+    if left is not None and left <= 0:
+        r.decision.delete_pods.append(name)
+        return r.fail("InterruptFailed", f"DeadlineExceeded: the interrupt pod {name} did not end within its "
+                      f"deadline of {view.deadline:.0f}s", stage="interrupt")
     stuck = _stuck(view, ctx)
     if stuck:
         return r.fail(stuck[0], stuck[1], stage="interrupt")

@@ -176,8 +176,11 @@ async def test_stage_timeout_fails_the_stage(scenario: Scenario) -> None:
 async def test_image_pull_failure_fails_the_stage_instead_of_waiting_forever(scenario: Scenario) -> None:
     [node] = await scenario.add_nodes(1)
     stage = failing_stage("pull", nodes=[node], package="ghost")
+    # Its payload is never pulled, so no step ever runs: the pod is matched by its package's label.
     stage["spec"]["selector"]["matchExpressions"] = [
-        e for e in stage["spec"]["selector"]["matchExpressions"] if e["key"] != ".status.phase"]
+        {"key": ".spec.nodeName", "operator": "In", "values": [node]},
+        {"key": '.metadata.labels["package.nodegate.io/ghost"]', "operator": "Exists"},
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}]
     stage["spec"]["next"] = {"statusTemplate": _PULL_ERROR}
     await scenario.inject(stage)
     await scenario.apply_gate({"ghost": {**PKG, "image": "registry.invalid/ghost"}})

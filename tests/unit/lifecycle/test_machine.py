@@ -566,3 +566,18 @@ def test_a_removal_waits_for_a_running_stage_pod_of_an_earlier_round() -> None:
     ended = StagePod("ng-apply-x", "stages", "failed", (), round=1)
     released = decide_removal(ctx(g, state, stage_pods={ended.name: ended}, n=cordoned))
     assert released.remove_state and released.delete_pods == [ended.name] and released.node.unschedulable is False
+
+
+def test_a_stage_pod_past_its_deadline_fails_its_running_step_even_when_no_kubelet_says_so() -> None:
+    """The kubelet ends a pod at its activeDeadlineSeconds; on a node that is gone nothing would."""
+    g = gate({"a": PKG, "b": {**PKG, "retries": 0}})
+    first = decide(ctx(g, started(g)))
+    [req] = first.create_pods
+    state = first.state or started(g)
+    pod = ran(req, "running", done=1, deadline=120, created=NOW)
+    early = decide(ctx(g, state, stage_pods={req.name: pod}, now=NOW + timedelta(seconds=100)))
+    assert early.state is None and early.requeue_after == pytest.approx(50.05)  # 120 s + the 30 s grace
+    late = decide(ctx(g, state, stage_pods={req.name: pod}, now=NOW + timedelta(seconds=151)))
+    assert late.state is not None and late.state.failure is not None and late.delete_pods == [req.name]
+    assert (late.state.failure.package, late.state.failure.stage) == ("b", "apply")
+    assert late.state.failure.message.startswith("DeadlineExceeded")
