@@ -11,7 +11,7 @@ from gate.devcluster.stages import failing_stage
 from gate.kube.client import EVENTS, KWOK_STAGES, POLICIES
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
 SUMMARY = {"package": "tool", "version": "1.0.0", "stage": "apply", "ok": False, "failedStep": "install",

@@ -14,7 +14,7 @@ from gate.kube.client import EVENTS, KWOK_STAGES, NODES, PDBS, PODS, POLICIES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 from tests.processes import HANG_GUARD, async_group_process, ctrl_c
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
