@@ -134,7 +134,6 @@ async def _package_logs(args: argparse.Namespace) -> int:
 async def _show_step_log(client: KubeClient, namespace: str, pod: str, step: StepState, *, follow: bool,
                          tail: int | None) -> None:
     from gate.api.state import failure_message
-    from gate.cli.stagepods import step_states
     from gate.kube.client import PODS
     from gate.kube.errors import ApiError
 
@@ -144,9 +143,7 @@ async def _show_step_log(client: KubeClient, namespace: str, pod: str, step: Ste
             async for chunk in stream_text(client, path, log_params(step.container, follow=True, tail=tail)):
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
-            # The stream ends with the container: read how it ended.
-            step = next((s for s in step_states(await client.get(PODS, pod, namespace))
-                         if s.container == step.container), step)
+            step = await _ended(client, namespace, pod, step)
         else:
             text = await get_text(client, path, log_params(step.container, follow=False, tail=tail))
             sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
@@ -155,6 +152,20 @@ async def _show_step_log(client: KubeClient, namespace: str, pod: str, step: Ste
     if step.message:
         print(f"The agent's summary: {failure_message(step.message)}")
         print(f"  {step.message}")
+
+
+async def _ended(client: KubeClient, namespace: str, pod: str, step: StepState) -> StepState:
+    """The step once its log stream ended with its container: how it ended (as it was, when the pod is
+    gone already: the operator deletes it once the node's state records it)."""
+    from gate.cli.stagepods import step_states
+    from gate.kube.client import PODS
+    from gate.kube.errors import ApiError
+
+    try:
+        current = await client.get(PODS, pod, namespace)
+    except ApiError:
+        return step
+    return next((s for s in step_states(current) if s.container == step.container), step)
 
 
 def _print_recorded(node: Obj, package: str, stage: str | None, gate: str | None) -> None:
