@@ -8,7 +8,7 @@ from typing import Any
 from gate.api import keys
 from tests.integration.cli.conftest import Cli
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool"}
 

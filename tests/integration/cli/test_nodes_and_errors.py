@@ -12,7 +12,7 @@ from gate.devcluster.cluster import DevCluster
 from gate.kube.client import SERVICEACCOUNTS
 from tests.conftest import kubectl_path
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool"}
 

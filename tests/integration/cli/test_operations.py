@@ -7,11 +7,11 @@ import json
 
 from gate import __version__
 from gate.api import keys
-from gate.devcluster.stages import failing_stage
+from gate.devcluster.stages import failing_stage, slow_stage
 from gate.kube.client import EVENTS, KWOK_STAGES, POLICIES
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
 SUMMARY = {"package": "tool", "version": "1.0.0", "stage": "apply", "ok": False, "failedStep": "install",
@@ -164,3 +164,32 @@ async def test_version_names_the_cli_and_the_operator_that_leads(cli: Cli, opera
     assert elsewhere.code == 1 and elsewhere.lines == [
         f"nodegate {__version__}", "operator: not found (no Lease default/nodegate-operator; is the operator "
         "installed there? --namespace and --lease name another)"]
+
+
+async def test_status_and_package_logs_name_the_step_a_stage_pod_runs_now(scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    [node] = await scenario.add_nodes(1)
+    # Both packages' applies are steps of one stage pod, in dependency order (ties by name): first, second.
+    # The second runs long enough to be seen running (the gate's deletion at the end waits for it).
+    await scenario.inject(slow_stage("slow", nodes=[node], package="second", stage="apply", seconds=30))
+    await scenario.apply_gate({"first": PKG, "second": PKG})
+
+    async def second_running() -> bool:
+        return "running stages: second apply" in (await cli.ok("status", g)).out
+
+    await wait_for(second_running, what="the status naming the second step of the stage pod")
+    second = (await cli.ok("package", "logs", node, "second")).lines
+    assert second[0].startswith("Stage pod nodegate-system/ng-")
+    assert second[0].endswith(f": NodeGate {g}, node {node}, package second, stage apply: running")
+    assert second[1].startswith("The pod runs the stages of round ")
+    assert second[1].endswith("this is step 2 of 2, container apply-second.")
+    first = (await cli.ok("package", "logs", node, "first", "--gate", g)).lines
+    assert first[0] == second[0].replace("package second, stage apply: running", "package first, stage apply: "
+                                         "succeeded")
+    assert first[1].endswith("this is step 1 of 2, container apply-first.")
+    assert first[-1].startswith(f"The agent writes the full log of every run on the node itself, under "
+                                f"/var/log/nodegate/{g}/first/1.0.0/")
+    assert (await cli.ok("package", "logs", node, "first", "--stage", "config")).out.startswith(
+        f"No stage pod of first config is left on node {node}")
+    assert (await cli.ok("package", "logs", node, "second", "--gate", "another-gate")).out.startswith(
+        f"No stage pod of second is left on node {node}")

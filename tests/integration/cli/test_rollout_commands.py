@@ -14,7 +14,7 @@ from gate.kube.client import EVENTS, KWOK_STAGES, NODES, PDBS, PODS, POLICIES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 from tests.processes import HANG_GUARD, async_group_process, ctrl_c
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
@@ -67,8 +67,9 @@ async def test_a_failed_batch_is_explained_by_status_and_logs_and_cleared_by_rer
         followed = (await cli.ok("package", "logs", bad, "tool", "--follow")).out  # the pod ended: returns
         assert "The agent's summary: step install exited 3" in followed
         none = (await cli.ok("package", "logs", good, "tool")).out
-        assert none.startswith(f"No stage Job of tool is left on node {good}: the operator deletes the Job of every "
+        assert none.startswith(f"No stage pod of tool is left on node {good}: the operator deletes the pod of every "
                                "stage that succeeded")
+        assert "The node's state for NodeGate" not in none  # the good node recorded no failure
 
         dry = await cli.ok("resume", g, "--compartment", "main", "--dry-run")
         assert dry.out.rstrip().endswith("(server dry run: nothing was changed)")
