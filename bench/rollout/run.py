@@ -3,14 +3,15 @@
     python -m bench.rollout.run --nodes 1000                  # issue 5: 3 compartments, budget 10%
     python -m bench.rollout.run --nodes 100 --budget 100 --compartments 1   # issue 4: operator overhead
 
-One NodeGate with three packages and a service interrupt; every stage Job's pod runs for
-`--stage-seconds` on its simulated node, so a node takes three stage times (apply, the interrupt,
-the post-interrupt check). Figures printed:
+One NodeGate with three packages and a service interrupt; every step of a stage pod runs for
+`--stage-seconds` on its simulated node. A node runs three stage pods one after another: the three
+applies (steps of one pod), the interrupt, and the three post-interrupt checks (steps of one pod):
+seven stage times. Figures printed:
 
 * makespan: apply of the gate to its Ready condition;
 * lower bound: batches needed under each compartment's ceiling x the time one node takes alone,
   measured in the same run on a node of its own (the baseline), and the same with the bare simulated
-  stage time (3 x stage seconds) for reference;
+  stage time (7 x stage seconds) for reference;
 * the same lower bound with the time one *batch* takes alone (every compartment's first batch at once
   on nodes of their own, measured in the same run): on two cores the control plane's throughput,
   not NodeGate, sets how long a batch of a hundred nodes takes, and this ratio isolates what the
@@ -188,7 +189,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             batches = max(batches, need)
             per_pool[pool] = {"matched": comp["matched"], "ceiling": comp["ceiling"], "batches": need,
                               "peak_disrupted": watch.peak.get(pool, 0)}
-        simulated = 3 * args.stage_seconds
+        simulated = (2 * len(PACKAGES) + 1) * args.stage_seconds  # applies, the interrupt, the checks
         return {
             "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
             "stage_seconds": args.stage_seconds,

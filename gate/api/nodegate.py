@@ -174,7 +174,8 @@ class Package(Memoized):
         default=None,
         description=(
             "How long a running step has to clean up when its stage pod is stopped (past the steps' "
-            "deadline, say): the agent passes SIGTERM on to the step, and what still runs after this long is killed. The "
+            "deadline, say): the agent passes SIGTERM on to the step, and what still runs after this long is "
+            "killed. The "
             "stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset."
         ),
     )

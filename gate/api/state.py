@@ -52,7 +52,8 @@ class NodeGateState(Model):
     generation: int = Field(default=0, description="Gate generation of the current (or last) round.")
     rollout_hash: str = Field(default="", description="Hash of the gate's rollout spec (all of spec but paused) "
                               "the node last completed, or its current round started under.")
-    round: int = Field(default=0, description="Bumped by each new round (a pick, a reset, a rerun), so stage pods get new names.")
+    round: int = Field(default=0, description="Bumped by each new round (a pick, a reset, a rerun), so stage pods "
+                       "get new names.")
     batch: int = Field(default=0, description="Rollout batch the node was picked into (0: not picked).")
     compartment: str | None = Field(default=None, description="Compartment the node was picked in.")
     phase: Phase = Field(default="idle", description="Step of the current round: " + ", ".join(PHASES) + ".")
@@ -67,7 +68,8 @@ class NodeGateState(Model):
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
                                      "step in this round (its retries are the package's `retries`).")
-    retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start (RFC 3339).")
+    retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "
+                                 "(RFC 3339).")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
     removing: bool = Field(default=False, description="Picked into a batch of the removal of its deleted gate "

@@ -20,8 +20,8 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import replace
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -606,7 +606,8 @@ class Operator:
         fleet = self._fleet_memo.get(node_name)
         fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
         ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self._stage_pods_of(gate_name, node_name),
-                          pods=pods, now=datetime.now(UTC), readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
+                          pods=pods, now=datetime.now(UTC),
+                          readiness_clear=readiness_clear(gate_name, fnode, self._all_gates()),
                           timing=self.timing, release=node_name in self._removal_release.get(gate_name, ()))
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self._execute(gate, node_obj, decision, ctx)

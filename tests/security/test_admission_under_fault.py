@@ -38,7 +38,7 @@ from gate.kube.client import NAMESPACES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError
 from tests.conftest import unique
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/runtime"}
 # How long the simulated kubelet takes to report Ready. With 0 (Ready as soon as kwok sees the node)

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from gate.api import keys
+from gate.controller.pods import container_name, pod_steps
 from gate.devcluster.cluster import DevCluster, NodeSpec, node_manifest
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
-from gate.controller.pods import container_name, pod_steps
 from gate.kube.client import KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import NotFound
 from tests.processes import HANG_GUARD

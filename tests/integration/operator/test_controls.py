@@ -11,7 +11,7 @@ from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODES
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import OPERATOR_FLAGS, StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 

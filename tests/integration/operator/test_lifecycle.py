@@ -11,7 +11,7 @@ from gate.api import keys
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS
 from gate.kube.errors import NotFound
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 

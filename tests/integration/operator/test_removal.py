@@ -12,7 +12,7 @@ from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from gate.testing.watcher import InvariantWatcher
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 AGENT = {"version": "1.0.0", "image": "registry.example.com/agent", "retries": 0, "uninstall": {"enabled": True}}
 KEEP = {"version": "1.0.0", "image": "registry.example.com/keep"}

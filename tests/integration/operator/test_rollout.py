@@ -12,7 +12,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 

@@ -10,7 +10,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from tests.conftest import Kubectl
-from tests.integration.operator.conftest import StepLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg", "retries": 0}
 SUMMARY = {"package": "tool", "stage": "apply", "ok": False, "failedStep": "install", "exitCode": 3,

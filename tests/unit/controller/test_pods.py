@@ -196,5 +196,6 @@ def test_without_facts_a_stage_pod_still_gets_the_nodes_name_and_an_interrupt_po
     from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
 
     pod = stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)
-    assert OperatorFacts.model_validate_json(pod["metadata"]["annotations"][FACTS_ANNOTATION]) == OperatorFacts(node="n")
+    facts = pod["metadata"]["annotations"][FACTS_ANNOTATION]
+    assert OperatorFacts.model_validate_json(facts) == OperatorFacts(node="n")
     assert FACTS_ANNOTATION not in stage_pod(gate(), "n", INTERRUPT, SETTINGS)["metadata"]["annotations"]

@@ -130,8 +130,8 @@ def test_a_node_uninstalls_only_once_picked_and_is_released_only_once_its_batch_
     assert not decide_removal(ctx(g, waiting)).create_pods  # not picked yet
     picked = waiting.model_copy(update={"status": "in-progress", "removing": True, "batch": 2})
     [req] = decide_removal(ctx(g, picked)).create_pods
-    done = decide_removal(replace(ctx(g, picked, stage_pods={req.name: StagePod(req.name, req.kind, "succeeded", req.steps, done=len(req.steps),
-                                                                         round=req.round)}), release=False))
+    ended = StagePod(req.name, req.kind, "succeeded", req.steps, done=len(req.steps), round=req.round)
+    done = decide_removal(replace(ctx(g, picked, stage_pods={req.name: ended}), release=False))
     assert done.state is not None and done.state.status == "complete" and done.node.status == "complete"
     assert not done.remove_state  # held: its batch is not judged yet
     assert not decide_removal(replace(ctx(g, done.state), release=False)).remove_state
