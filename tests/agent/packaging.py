@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -58,3 +59,24 @@ def configmap(where: Path, files: dict[str, str]) -> Path:
     for key in files:
         (where / key).symlink_to(f"..data/{key}")
     return where
+
+
+# os-release files of the systems the packages name, for the tests of their detection.
+OS_RELEASES = {
+    "debian-12": 'ID=debian\nVERSION_ID="12"\n',
+    "debian-13": 'ID=debian\nVERSION_ID="13"\n',
+    "ubuntu-24.04": 'ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n',
+    "rhel-9": 'ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n',
+    "rocky-9": 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n',
+    "amzn-2023": 'ID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n',
+    "cos-113": "ID=cos\nVERSION_ID=113\n",
+    "sles-15": 'ID="sles"\nID_LIKE="suse"\n',
+}
+
+
+def with_os_release(package: Path, shell: str, system: str, where: Path) -> subprocess.CompletedProcess[str]:
+    """`shell` after sourcing the package's scripts/lib.sh, on this machine, with `system`'s os-release."""
+    (where / "os-release").write_text(OS_RELEASES[system])
+    return subprocess.run(["/bin/sh", "-c", f". {package}/scripts/lib.sh; {shell}"], capture_output=True, text=True,
+                          env={"OS_RELEASE": str(where / "os-release"), "NODEGATE_GATE": "g",
+                               "NODEGATE_CONFIG_DIR": str(where), "PATH": "/usr/bin:/bin"})

@@ -22,13 +22,21 @@ The fakes keep just enough state to make the example packages' checks meaningful
 * `apt-get install PKG=VERSION` and `purge PKG` edit that status file (a package with a unit in
   `/etc/fake-apt/unit-PKG` starts and stops it, as its maintainer scripts would); `apt-mark` keeps
   holds in a file; `augenrules --load` "loads" /etc/audit/rules.d into a file `auditctl -l` lists;
+* `apt-get install PKG` also copies the files under `/etc/fake-apt/files-PKG/` onto the root (the
+  package's own files, e.g. kdump-tools' GRUB drop-in), and `purge` removes them;
+* a boot with `crashkernel=` on its command line and an enabled kdump unit (`kdump-tools.service`,
+  `kdump.service`) "loads" a crash kernel: `/sys/kernel/kexec_crash_loaded` (a file here) becomes 1;
+* `tuned-adm profile|off|active|verify` keeps the active profile in /etc/tuned/active_profile (as
+  tuned does), applies a profile's `[sysctl]` section (and its `include=`) to the fake /proc/sys,
+  putting the values back when the profile goes, and `verify` compares them; it fails while
+  tuned.service is not running, as the real one does without its daemon;
 * `modprobe -r M` drops M from `/proc/modules` (unless `/etc/fake-modules/in-use-M`);
 * `nsenter ... -- CMD` runs CMD in place (there is no host PID 1 to enter);
 * `runuser -u USER -- CMD` runs CMD with the limits pam_limits would give USER's session from
   /etc/security/limits.conf and limits.d (nofile, nproc, memlock, stack);
-* `systemctl` restarts units listed in `/etc/fake-systemd/running` (a restart loads the unit's
-  drop-ins, which `systemctl show UNIT -p PROP --value` then reports), enables and disables units
-  (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
+* `systemctl` starts units (adding them to `/etc/fake-systemd/running`), restarts units listed there
+  (a restart loads the unit's drop-ins, which `systemctl show UNIT -p PROP --value` then reports),
+  enables and disables units (`is-enabled` answers from `/etc/fake-systemd/enabled`), and fails on request: a file
   `/etc/fake-systemd/fail-<what>` makes that operation fail; `shutdown-kills-caller` makes a reboot
   send SIGTERM to its caller, as systemd stopping the agent's pod would.
 """
@@ -92,6 +100,11 @@ case "$1" in
             # what the unit runs with from now on: its drop-ins as they are at this restart
             cat /etc/systemd/system/"$unit".d/*.conf > "$state/loaded-$unit" 2>/dev/null || true
         done ;;
+    start)
+        shift
+        for unit in "$@"; do
+            grep -q "^$unit " "$state/running" || echo "$unit loaded active running $unit" >> "$state/running"
+        done ;;
     enable|disable)
         verb=$1
         shift
@@ -136,6 +149,13 @@ for dir in /etc/systemd/system/*.d; do
     unit=${dir##*/}; unit=${unit%.d}
     for f in "$dir"/*.conf; do [ -e "$f" ] && printf '%s ' "$f"; done > "$state/loaded/$unit"
 done
+# A booting kdump service loads the crash kernel when the kernel reserved memory for it.
+loaded=0
+if grep -q 'crashkernel=' /proc/cmdline 2>/dev/null &&
+        grep -qxE 'kdump(-tools)?\.service' "$state/enabled" 2>/dev/null; then
+    loaded=1
+fi
+[ ! -d /sys/kernel ] || echo "$loaded" > /sys/kernel/kexec_crash_loaded
 if [ -e "$state/shutdown-kills-caller" ]; then kill -TERM "$PPID"; fi
 if [ -e "$state/shutdown-kills-self" ]; then kill -TERM "$$"; fi
 exit 0
@@ -217,14 +237,15 @@ FAKE_APT_GET = r"""#!/bin/sh
 # the real dpkg-query reads):
 #   install [--only-upgrade] PKG     PKG to its candidate in /etc/fake-apt/candidates ("PKG VERSION")
 #   install PKG=VERSION              PKG at VERSION, which /etc/fake-apt/available must list ("PKG VERSION")
-#   purge PKG                        PKG gone
+#   purge PKG                        PKG gone (`autoremove` removes nothing)
 # A package with a unit in /etc/fake-apt/unit-PKG starts it on install and stops it on purge, as a
 # Debian postinst and prerm do; `update` does nothing.
 echo "apt-get $*" >> /var/log/fake-calls.log
 status=/var/lib/dpkg/status
 verb=""
-for arg; do case "$arg" in -*) ;; update|install|purge) verb=$arg ;; *) target=$arg ;; esac; done
+for arg; do case "$arg" in -*) ;; update|install|purge|autoremove) verb=$arg ;; *) target=$arg ;; esac; done
 [ "$verb" = update ] && exit 0
+[ "$verb" = autoremove ] && exit 0   # no package here was installed as a dependency
 package=${target%%=*}
 unit=$(cat "/etc/fake-apt/unit-$package" 2>/dev/null || true)
 running=/etc/fake-systemd/running
@@ -232,8 +253,10 @@ drop() {
     awk -v p="$package" '/^Package: / { here = ($2 == p) } !here { print }' "$status" > "$status.new"
     mv "$status.new" "$status"
 }
+files=/etc/fake-apt/files-$package
 if [ "$verb" = purge ]; then
     drop
+    [ ! -d "$files" ] || (cd "$files" && find . -type f) | while read -r f; do rm -f "/${f#./}"; done
     [ -z "$unit" ] || { grep -v "^$unit " "$running" > "$running.new" || true; mv "$running.new" "$running"; }
     echo "Removing $package ..."; exit 0
 fi
@@ -245,6 +268,7 @@ case "$target" in
        [ -n "$version" ] || { echo "E: Unable to locate package $package" >&2; exit 100; } ;;
 esac
 drop
+[ ! -d "$files" ] || cp -R "$files/." /
 printf 'Package: %s\nStatus: install ok installed\nArchitecture: amd64\nVersion: %s\n\n' \
     "$package" "$version" >> "$status"
 [ -z "$unit" ] || grep -q "^$unit " "$running" || echo "$unit loaded active running $package" >> "$running"
@@ -280,6 +304,69 @@ echo "auditctl $*" >> /var/log/fake-calls.log
 [ "$1" = -l ] || { echo "fake auditctl: $*" >&2; exit 1; }
 [ -s /run/fake-audit/loaded ] || { echo "No rules"; exit 0; }
 sed -e '/^-a/s/-k \([^ ]*\)/-F key=\1/' /run/fake-audit/loaded
+"""
+
+FAKE_TUNED_ADM = r"""#!/bin/sh
+# FAKE tuned-adm for NodeGate's agent tests: the active profile in /etc/tuned/active_profile, a
+# profile's [sysctl] settings (and those of the profiles it includes) applied to the fake /proc/sys,
+# the values they replaced kept in /run/fake-tuned/saved and put back when the profile goes.
+echo "tuned-adm $*" >> /var/log/fake-calls.log
+active=/etc/tuned/active_profile
+saved=/run/fake-tuned/saved
+mkdir -p /run/fake-tuned /etc/tuned
+daemon() {
+    grep -q '^tuned.service ' /etc/fake-systemd/running 2>/dev/null && return 0
+    echo "Cannot talk to TuneD daemon via DBus. Is TuneD daemon running?" >&2; exit 1
+}
+profile_file() {
+    for d in /etc/tuned /usr/lib/tuned; do [ -f "$d/$1/tuned.conf" ] && { echo "$d/$1/tuned.conf"; return 0; }; done
+    return 1
+}
+sysctls() (   # key=value lines of a profile, included profiles first (a subshell: it recurses)
+    file=$(profile_file "$1") || exit 0
+    inc=$(sed -n 's/^include[[:space:]]*=[[:space:]]*//p' "$file")
+    for i in $inc; do sysctls "$i"; done
+    awk '/^\[/ { s = ($0 == "[sysctl]"); next }
+         s && /=/ { k = $0; sub(/[[:space:]]*=.*/, "", k); v = $0; sub(/^[^=]*=[[:space:]]*/, "", v)
+                    print k "=" v }' "$file"
+)
+path() { echo "/proc/sys/$(echo "$1" | tr . /)"; }
+revert() {
+    [ -f "$saved" ] && while IFS='=' read -r k v; do echo "$v" > "$(path "$k")"; done < "$saved"
+    rm -f "$saved"
+}
+case "$1" in
+    profile)
+        daemon
+        [ -n "${2:-}" ] || { echo "usage: tuned-adm profile PROFILE" >&2; exit 1; }
+        profile_file "$2" >/dev/null || {
+            echo "Unable to switch profile: Requested profile '$2' doesn't exist." >&2; exit 1; }
+        revert
+        sysctls "$2" | while IFS='=' read -r k v; do
+            p=$(path "$k"); [ -e "$p" ] || continue
+            grep -q "^$k=" "$saved" 2>/dev/null || echo "$k=$(cat "$p")" >> "$saved"
+            echo "$v" > "$p"
+        done
+        echo "$2" > "$active" ;;
+    off) daemon; revert; : > "$active" ;;
+    active)
+        daemon
+        if [ -s "$active" ]; then echo "Current active profile: $(cat "$active")"
+        else echo "No current active profile."; fi ;;
+    verify)
+        daemon
+        status=0
+        [ -s "$active" ] && sysctls "$(cat "$active")" | while IFS='=' read -r k v; do
+            p=$(path "$k"); [ -e "$p" ] || continue
+            [ "$(cat "$p")" = "$v" ] || { echo "$k: $(cat "$p"), profile $v" >> /var/log/fake-tuned.log; exit 1; }
+        done || status=1
+        # (sic: tuned 2.20, Debian 12's, spells it so)
+        if [ $status = 0 ]; then echo "Verfication succeeded, current system settings match the preset profile."
+        else echo "Verification failed, current system settings differ from the preset profile."; fi
+        echo "See TuneD log file ('/var/log/tuned/tuned.log') for details."
+        exit $status ;;
+    *) echo "fake tuned-adm: $*" >&2; exit 1 ;;
+esac
 """
 
 FAKE_MODPROBE = r"""#!/bin/sh
@@ -353,6 +440,7 @@ FAKES: Final = {
     "augenrules": ("usr/sbin", FAKE_AUGENRULES),
     "auditctl": ("usr/sbin", FAKE_AUDITCTL),
     "modprobe": ("usr/sbin", FAKE_MODPROBE),
+    "tuned-adm": ("usr/sbin", FAKE_TUNED_ADM),
 }
 
 FILES: Final = {
@@ -365,9 +453,18 @@ FILES: Final = {
         "Package: openssh-server\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1:9.2p1-2+deb12u2\n\n"
         "Package: libfoo1\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1.0-1\n\n"
     ),
-    "etc/fake-apt/candidates": "openssh-server 1:9.2p1-2+deb12u3\n",
+    "etc/fake-apt/candidates": "openssh-server 1:9.2p1-2+deb12u3\nkdump-tools 1:1.8.1\ntuned 2.19.0-2\n",
     "etc/fake-apt/available": "auditd 1:3.0.9-1\nauditd 1:3.1.2-2\n",
     "etc/fake-apt/unit-auditd": "auditd.service",
+    "etc/fake-apt/unit-kdump-tools": "kdump-tools.service",
+    "etc/fake-apt/unit-tuned": "tuned.service",
+    # Debian's kdump-tools ships these two (the GRUB drop-in sets Debian's default crashkernel=).
+    "etc/fake-apt/files-kdump-tools/etc/default/kdump-tools": "USE_KDUMP=1\nKDUMP_COREDIR=\"/var/crash\"\n",
+    "etc/fake-apt/files-kdump-tools/etc/default/grub.d/kdump-tools.cfg":
+        'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT crashkernel=384M-:128M"\n',
+    "etc/fake-apt/files-tuned/usr/lib/tuned/balanced/tuned.conf":
+        "[main]\nsummary=General non-specialized tuned profile\n",
+    "sys/kernel/kexec_crash_loaded": "0\n",
     "etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
     "etc/chrony/chrony.conf": "pool 2.debian.pool.ntp.org iburst\ndriftfile /var/lib/chrony/chrony.drift\n",
     "etc/fake-systemd/running": (
@@ -449,6 +546,18 @@ def build(root: Path) -> Path:
     return root
 
 
+def copy_host_tools(root: Path, *names: str) -> None:
+    """This machine's NAMES (and their shared libraries) into a built root, for a test that needs more
+    real tools than the base root carries (packages/lvm: wipefs, blkid, mkfs.ext4)."""
+    for name in names:
+        found = shutil.which(name)
+        if found is None:
+            raise RuntimeError(f"the test needs `{name}` from this machine, and it has none")
+        _copy_into(root, found, f"/usr/bin/{name}")
+        for library in _shared_libraries(found):
+            _copy_into(root, library)
+
+
 def clone(base: Path, dest: Path) -> Path:
     """A private copy of a built root (device nodes included, hence cp -a)."""
     subprocess.run(["cp", "-a", str(base), str(dest)], check=True)
@@ -469,3 +578,10 @@ def restarted_units(root: Path) -> list[str]:
 def make_fail(root: Path, what: str) -> None:
     """Make one fake operation fail from now on, e.g. "restart-chrony.service" or "reboot"."""
     (root / "etc/fake-systemd" / f"fail-{what}").write_text("")
+
+
+def installed_version(root: Path, package: str) -> str:
+    """The version of `package` installed in the test root (the real dpkg-query on its status file); "" if none."""
+    out = subprocess.run(["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f",
+                          "${db:Status-Abbrev} ${Version}", package], capture_output=True, text=True)
+    return out.stdout.split()[-1] if out.returncode == 0 and out.stdout.startswith("ii") else ""

@@ -84,28 +84,3 @@ def test_a_loaded_module_is_blocked_and_unloaded_or_failed_until_the_reboot(agen
 def test_a_bad_config_fails_saying_why(agent: Agent, tmp_path: Path, config: dict[str, str], failure: str) -> None:
     code, message = run(agent, "apply", configmap(tmp_path / "cm", config))
     assert code == 1 and failure in message, message
-
-
-OS_RELEASES = {
-    "debian-12": ('ID=debian\nVERSION_ID="12"\n', "apt"),
-    "debian-13": ('ID=debian\nVERSION_ID="13"\n', "apt"),
-    "ubuntu-24.04": ('ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n', "apt"),
-    "rhel-9": ('ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n', "dnf"),
-    "rocky-9": ('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n', "dnf"),
-    "amzn-2023": ('ID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n', "dnf"),
-    "cos-113": ("ID=cos\nVERSION_ID=113\n", "unsupported OS 'cos ' (os-release ID and ID_LIKE)"),
-    "sles-15": ('ID="sles"\nID_LIKE="suse"\n', "unsupported OS 'sles suse'"),
-}
-
-
-@pytest.mark.parametrize("system", OS_RELEASES)
-def test_the_package_manager_is_read_from_os_release(system: str, tmp_path: Path) -> None:
-    text, expected = OS_RELEASES[system]
-    (tmp_path / "os-release").write_text(text)
-    done = subprocess.run(["/bin/sh", "-c", f". {PKG}/scripts/lib.sh; package_manager"], capture_output=True,
-                          text=True, env={"OS_RELEASE": str(tmp_path / "os-release"), "NODEGATE_GATE": "g",
-                                          "NODEGATE_CONFIG_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    if expected in ("apt", "dnf"):
-        assert (done.returncode, done.stdout) == (0, f"{expected}\n")
-    else:
-        assert done.returncode == 1 and expected in done.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,9 @@ from gate.agent.host import STATE_BASE
 from gate.agent.package import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
+from tests.agent import fake_kernels, fake_lvm
 from tests.agent.conftest import PACKAGES, Agent, in_private_mounts
-from tests.agent.packaging import configmap
+from tests.agent.packaging import OS_RELEASES, configmap, with_os_release
 from tests.agent.rootfs import fake_calls, restarted_units
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -32,9 +35,27 @@ INTERRUPTS = {
     "bind-mount": [],
     "cve-fix": ["--interrupt", "reboot"],
     "security-agent": ["--interrupt", "service", "--service", "auditd.service"],
+    "kdump": ["--interrupt", "reboot"],  # crashkernel= reserves memory only at boot
+    "tuned": [],
+    "lvm": [],
+    "node-setup": ["--interrupt", "reboot"],
 }
 # Packages that really mount: their stages run in a private mount namespace (tests.agent.conftest).
-REAL_MOUNTS = {"bind-mount"}
+REAL_MOUNTS = {"bind-mount", "lvm"}
+
+
+@contextmanager
+def host_for(name: str, root: Path, tmp_path: Path) -> Iterator[None]:
+    """What a package's sample config needs of the host beyond the test root: lvm's disk /dev/vdb (a
+    loop device, detached after) and LVM fakes, node-setup's kernel fakes."""
+    if name == "lvm":
+        fake_lvm.install(root)
+        with fake_lvm.loop_disks(root, tmp_path, ("vdb",)):
+            yield
+        return
+    if name == "node-setup":
+        fake_kernels.install(root)
+    yield
 
 
 def test_every_example_has_an_interrupt_plan_here() -> None:
@@ -49,15 +70,16 @@ def test_package_lint_passes_on_every_example(name: str, capsys: pytest.CaptureF
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_package_test_runs_every_stage_of_every_example(
-    name: str, root: Path, capsys: pytest.CaptureFixture[str]
+    name: str, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["package", "test", str(PACKAGES / name), "--root", str(root), *INTERRUPTS[name]]
-    if name in REAL_MOUNTS:
-        done = in_private_mounts(root, sys.executable, "-m", "gate.cli.main", *argv)
-        code, out = done.returncode, done.stdout + done.stderr
-    else:
-        code = main(argv)
-        out = capsys.readouterr().out
+    with host_for(name, root, tmp_path):
+        if name in REAL_MOUNTS:
+            done = in_private_mounts(root, sys.executable, "-m", "gate.cli.main", *argv)
+            code, out = done.returncode, done.stdout + done.stderr
+        else:
+            code = main(argv)
+            out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[-1] == "passed"
     assert re.search(r"^PASS  apply ", out, re.M) and re.search(r"^PASS  uninstall ", out, re.M)
@@ -82,6 +104,21 @@ def test_each_dockerfile_copies_what_the_package_needs_into_nodegate_package(nam
     needed |= {manifest.root} if manifest.root else set()
     assert needed <= sources
     assert (directory / "README.md").is_file()
+
+
+MANAGERS = {"debian-12": "apt", "debian-13": "apt", "ubuntu-24.04": "apt", "rhel-9": "dnf", "rocky-9": "dnf",
+            "amzn-2023": "dnf"}
+REFUSALS = {"cos-113": "unsupported OS 'cos ' (os-release ID and ID_LIKE)", "sles-15": "unsupported OS 'sles suse'"}
+
+
+@pytest.mark.parametrize("system", OS_RELEASES)
+@pytest.mark.parametrize("name", ["cve-fix", "tuned"])
+def test_apt_or_dnf_is_read_from_os_release(name: str, system: str, tmp_path: Path) -> None:
+    done = with_os_release(PACKAGES / name, "package_manager", system, tmp_path)
+    if system in MANAGERS:
+        assert (done.returncode, done.stdout) == (0, f"{MANAGERS[system]}\n")
+    else:
+        assert done.returncode == 1 and REFUSALS[system] in done.stderr
 
 
 def sysctl(root: Path, key: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.agent.conftest import PACKAGES, Agent
 from tests.agent.packaging import configmap
+from tests.agent.rootfs import installed_version
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -23,9 +24,7 @@ def run(agent: Agent, stage: str, mount: Path, generation: int = 1) -> tuple[int
 
 
 def installed(root: Path) -> str:
-    out = subprocess.run(["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f",
-                          "${db:Status-Abbrev} ${Version}", "auditd"], capture_output=True, text=True)
-    return out.stdout.split()[-1] if out.returncode == 0 and out.stdout.startswith("ii") else ""
+    return installed_version(root, "auditd")
 
 
 def holds(root: Path) -> str:
