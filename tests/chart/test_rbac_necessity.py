@@ -143,13 +143,13 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "deploymentpolicies", "watch"): lambda i: _watch(op(i), POLICIES),
     ("operator-cluster", "nodes", "list"): lambda i: op(i).list(NODES),
     ("operator-cluster", "nodes", "watch"): lambda i: _watch(op(i), NODES),
-    # Operator.reconcile_gate (finalizer), _write_status, _write_node_update, _write_failure_condition,
-    # _pods_on, _evict
+    # GateReconciler.reconcile (finalizer), _write_status; Executor.write_node_update,
+    # write_failure_condition, _evict; NodeReconciler._pods_on
     ("operator-cluster", "nodegates", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"metadata": {"finalizers": [], "resourceVersion": "1"}})),
     ("operator-cluster", "nodegates/status", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"status": {}}, subresource="status")),
-    # Operator.reconcile_policy
+    # PolicyReconciler.reconcile
     ("operator-cluster", "deploymentpolicies/status", "patch"): lambda i: _absent_ok(
         op(i).patch(POLICIES, MISSING, {"status": {}}, subresource="status")),
     ("operator-cluster", "nodes", "patch"): lambda i: _absent_ok(
@@ -161,7 +161,7 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "pods/eviction", "create"): lambda i: _absent_ok(op(i).create(
         PODS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": MISSING, "namespace": "default"}},
         "default", subresource_of=MISSING, subresource="eviction")),
-    # stage pods and their config, the Lease (Operator._execute, _ensure; gate.kube.lease)
+    # stage pods and their config, the Lease (Executor.execute, _ensure; gate.kube.lease)
     ("operator-namespace", "pods", "watch"): lambda i: _watch(op(i), PODS, i.namespace),
     ("operator-namespace", "pods", "create"): lambda i: op(i).create(PODS, _stage_pod(i.namespace), dry_run=True),
     ("operator-namespace", "pods", "delete"): lambda i: _absent_ok(
