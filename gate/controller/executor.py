@@ -30,7 +30,7 @@ from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError, NotFound, TooManyRequests
-from gate.kube.objects import parse_time, state_status
+from gate.kube.objects import parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate
 from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
@@ -96,10 +96,15 @@ class Executor:
             node_obj = await self.write_node_update(gate, node, update, base=node_obj)
         for name in decision.delete_pods:
             pod = self.world.pods.get(name, self.settings.namespace)
+            body = None
             if pod is not None:
                 self._stage_metrics(pod)
                 self.world.index.pod_event("DELETED", pod)
-            await self.client.delete(PODS, name, self.settings.namespace)
+                if pod_ended(pod):
+                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
+                    # (one write, not two). One still running is stopped gracefully.
+                    body = {"gracePeriodSeconds": 0}
+            await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
             for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
                 if gate.spec.packages[package].config:

@@ -150,13 +150,15 @@ def pod_may_be_stuck(pod: Obj) -> bool:
 
 
 def on_pod(kind: EventKind, pod: Obj) -> Triggered:
-    """A stage pod moves its node on when it ended (or vanished), and matters before that only when
-    it may be stuck. The status updates of its steps in between do not: the node's state is written
+    """A stage pod moves its node on when it ended (or vanished before it did), and matters before
+    that only when it may be stuck. The status updates of its steps in between do not: the node's state is written
     once the pod ended, for all its steps. The gate is planned too when it ends, since a request held
     while the pod ran can be acted on now."""
     owner = stage_owner(pod)
     if owner is None:
         return Triggered()
+    if pod_ended(pod) and (pod["metadata"].get("deletionTimestamp") or kind == "DELETED"):
+        return Triggered()  # the operator deletes the pods it is done with: their going changes nothing
     if kind == "DELETED" or pod_ended(pod):
         return Triggered(now=(NodeKey(*owner),), later=(owner[0],))
     if pod_may_be_stuck(pod):

@@ -94,6 +94,11 @@ def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> 
     for phase in ("Succeeded", "Failed"):
         assert on_pod("MODIFIED", owned("Pod", phase=phase)) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
     assert on_pod("DELETED", owned("Pod", phase="Running")) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    # The operator deleting a pod it recorded: nothing to do again.
+    gone = owned("Pod", phase="Succeeded")
+    assert on_pod("DELETED", gone) == Triggered()
+    gone["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    assert on_pod("MODIFIED", gone) == Triggered()
     assert on_pod("MODIFIED", {"metadata": {"name": "someone-elses"}}) == Triggered()
 
 
