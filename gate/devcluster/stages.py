@@ -343,6 +343,14 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
             {"statusTemplate": _POD_RUNNING_TEMPLATE},
         ),
         _stage(
+            # Other Jobs' pods (a chart's hook, say) succeed as before.
+            "job-pod-succeeded",
+            "Pod",
+            [*_running(), {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}],
+            {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
+            delay_ms=job_ms,
+        ),
+        _stage(
             "stage-pod-start",
             "Pod",
             _stage_pod({"key": ".status.initContainerStatuses", "operator": "DoesNotExist"},

@@ -71,8 +71,8 @@ def slow_kubelet(node: str, seconds: float) -> Obj:
 
 
 def slow_stages(node: str, seconds: float) -> Obj:
-    """The dev cluster's job-pod-succeeded stage for stage pods on one node, taking `seconds`."""
-    [done] = [copy.deepcopy(s) for s in default_stages() if s["metadata"]["name"] == "job-pod-succeeded"]
+    """The dev cluster's stage-pod-succeeded stage (a stage pod's last step ends) on one node, taking `seconds`."""
+    [done] = [copy.deepcopy(s) for s in default_stages() if s["metadata"]["name"] == "stage-pod-succeeded"]
     done["metadata"] = {"name": "slow-stage", "labels": {"nodegate.dev/injected": "true"}}
     done["spec"]["weight"] = 1
     done["spec"]["delay"] = {"durationMilliseconds": int(seconds * 1000)}
