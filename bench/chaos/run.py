@@ -61,10 +61,11 @@ def figures(result: RunResult, baseline: RunResult | None) -> dict[str, Any]:
         "violations": [str(v) for v in result.report.violations],
         "watch_expiries_410": dict(result.report.expired), "watch_reconnects": dict(result.report.reconnects),
         "evictions": result.evictions, "error": result.error, "notes": result.notes,
-        "coverage": {"node_events": cov.node_events, "job_events": cov.job_events,
+        "coverage": {"node_events": cov.node_events, "pod_events": cov.pod_events,
                      "disruptions_judged": cov.disruptions_judged, "uncordons_judged": cov.uncordons_judged,
                      "interrupts_judged": cov.interrupts_judged, "taint_lifts_judged": cov.taint_lifts_judged,
-                     "jobs_seen": cov.jobs_seen, "unverified_in_blind_windows": cov.unverified,
+                     "pods_seen": cov.pods_seen, "steps_seen": cov.steps_seen,
+                     "unverified_in_blind_windows": cov.unverified,
                      "relists": dict(cov.relists),
                      "peaks": {f"{g}/{c}": asdict(p) for (g, c), p in cov.peaks.items()}},
     }

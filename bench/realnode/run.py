@@ -10,12 +10,13 @@ turn. Figures printed:
 
 * apply to complete on the real node and on the kwok node (the baseline, in the same run: kwok plays
   each stage pod for `--job-seconds`), and their ratio;
-* where the real node's time goes, from its stage pods (watched as they run, since the operator
-  deletes the pods of stages that succeeded) and the kubelet's Events: image pulls (the kubelet's own
-  measure), pod start (creation to the payload copy starting, pulls excluded), the payload copy, the
-  agent's steps (its container's run), the node's reboot (its boot ID changing to Ready again), and
-  what is left: the operator's and the control plane's share (watching, deciding, cordoning, Job
-  machinery);
+* where the real node's time goes, from its stage pods (one per phase of the round, watched as they
+  run, since the operator deletes the pods that ended) and the kubelet's Events: image pulls (the
+  kubelet's own measure), pod start (creation to its first container, and the gaps between its
+  containers: sandbox, image pulls and container creation), the payload copies (a `payload-<package>`
+  init container each), the agent's steps (one container per stage of a package), the node's reboot
+  (its boot ID changing to Ready again), and what is left: the operator's and the control plane's
+  share (watching, deciding, cordoning, creating and deleting pods);
 * the stage pods and images pulled.
 
 Nothing here asserts on time: it prints figures.
@@ -69,7 +70,8 @@ class PodTimes:
 
     def __init__(self, client: KubeClient, node: str) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
-        self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}")
+        self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}",
+                                label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
         self.cache.subscribe(self._on)
 
     def _on(self, kind: str, pod: dict[str, Any]) -> None:
@@ -82,25 +84,21 @@ class PodTimes:
         for pod in self.pods.values():
             if keys.INTERRUPT_LABEL in (pod["metadata"].get("labels") or {}):
                 continue  # the reboot: measured on its own, from this pod's start to the node's return
-            created = _t(pod["metadata"].get("creationTimestamp"))
             status = pod.get("status") or {}
-            init = {c["name"]: c for c in status.get("initContainerStatuses") or []}
-            main = {c["name"]: c for c in status.get("containerStatuses") or []}
-            payload = (init.get("payload") or {}).get("state", {}).get("terminated") or {}
-            run = (main.get("agent") or {}).get("state", {}).get("terminated") or {}
-            p_start, p_end = _t(payload.get("startedAt")), _t(payload.get("finishedAt"))
-            a_start, a_end = _t(run.get("startedAt")), _t(run.get("finishedAt"))
-            # Sandbox, CNI, image pulls and container creation: before the payload copy, and between it
-            # and the agent (whose image, NodeGate's, is pulled only then).
-            first = p_start if p_start is not None else a_start
-            if created is not None and first is not None:
-                out["pod start"].append((created, first))
-            if p_end is not None and a_start is not None:
-                out["pod start"].append((p_end, a_start))
-            if p_start is not None and p_end is not None:
-                out["payload copy"].append((p_start, p_end))
-            if a_start is not None and a_end is not None:
-                out["agent steps"].append((a_start, a_end))
+            # Its containers in the order they ran: the init containers (payload copies and every
+            # step but the last), then the last step.
+            previous = _t(pod["metadata"].get("creationTimestamp"))
+            for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+                run = (container.get("state") or {}).get("terminated") or {}
+                start, end = _t(run.get("startedAt")), _t(run.get("finishedAt"))
+                if start is None or end is None:
+                    continue
+                # Sandbox, image pulls and container creation: before the first container and between
+                # one and the next (a package's image, or NodeGate's, is pulled only when first needed).
+                if previous is not None:
+                    out["pod start"].append((previous, start))
+                out["payload copy" if container["name"].startswith("payload-") else "agent steps"].append((start, end))
+                previous = end
         return out
 
     def interrupt_started(self) -> float | None:

@@ -2,7 +2,7 @@
 
 It answers three questions the operator cannot answer from the API server alone: which version is
 installed (so upgrade knows where it comes from, even after the operator lost its state), which
-idempotent steps already succeeded for this version and gate generation (so a retried Job skips
+idempotent steps already succeeded for this version and gate generation (so a retried stage skips
 them), and which files the overlay put on the host (so uninstall removes exactly those).
 
 The transitions are pure functions from one History to the next; `load_history` and `save_history`

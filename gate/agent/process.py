@@ -6,7 +6,7 @@ waits for the process: a step that leaves a daemon behind holding the output pip
 agent after the step itself has exited.
 
 Its own session also means a signal to the agent never reaches the step. When Kubernetes stops a
-stage pod (the stage's timeout, a deleted Job) it sends SIGTERM to the agent and, after the pod's
+stage pod (the stage's timeout, a deleted pod) it sends SIGTERM to the agent and, after the pod's
 grace period (the package's `gracefulShutdown`), SIGKILL to whatever is left. `Termination` passes the
 SIGTERM on to the running step's process group, so the step can clean up within that grace period
 (a trap in a script), and tells the stage to start no further step. Without it the agent would die at
@@ -33,7 +33,7 @@ _DRAIN_SECONDS: Final = 5.0
 _TAIL_LINES: Final = 200
 
 
-# Passed on to the running step. SIGTERM is how the kubelet (and `kubectl delete`, the Job controller)
+# Passed on to the running step. SIGTERM is how the kubelet (and `kubectl delete`)
 # stops a pod; SIGINT is a person's Ctrl-C on `nodegate package test`.
 FORWARDED: Final = (signal.SIGTERM, signal.SIGINT)
 
@@ -62,6 +62,7 @@ class Termination:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.timed_out = False
         self._group: int | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -69,16 +70,27 @@ class Termination:
         if self._group is not None:
             _signal_group(self._group, signum)
 
+    def _timeout(self, signum: int, frame: FrameType | None) -> None:
+        self.timed_out = True
+        self._handle(signal.SIGTERM, frame)
+
     @contextmanager
-    def installed(self) -> Iterator[Termination]:
-        """Handle the forwarded signals for the duration (the main thread only can: elsewhere, a no-op)."""
+    def installed(self, timeout: float | None = None) -> Iterator[Termination]:
+        """Handle the forwarded signals for the duration (the main thread only can: elsewhere, a no-op);
+        with `timeout`, past it as if SIGTERM had come (a stage's own bound, inside a pod that runs
+        several stages one after another)."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
         previous = {sig: signal.signal(sig, self._handle) for sig in FORWARDED}
+        if timeout:
+            previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._timeout)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             yield self
         finally:
+            if timeout:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

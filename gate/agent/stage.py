@@ -56,6 +56,7 @@ class StageSettings:
     config_dir: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
+    timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _write_config(files: Mapping[str, bytes]) -> Callable[[Path], None]:
 
 @contextmanager
 def _locked(layout: PackageLayout) -> Iterator[None]:
-    # Two Jobs for the same package on one node (a retry while the old pod still terminates) must not
+    # Two stage pods for the same package on one node (a retry while the old pod still terminates) must not
     # interleave their steps; the second waits. The operator's stage timeout bounds the wait.
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     with open(layout.lock_file, "a") as lock:
@@ -264,7 +265,7 @@ def run_stage(
 
     # SIGTERM from here on (the pod is being stopped) goes to the running step, and no step starts
     # after it; what the agent does itself (the overlay, the history) is finished, never cut half way.
-    with termination.installed(), _locked(layout):
+    with termination.installed(settings.timeout), _locked(layout):
         history = load_history(layout.history_file, request.gate, request.package)
         warning = None
         if request.stage == "upgrade":
@@ -294,6 +295,8 @@ def run_stage(
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
             results, failed, outcome = _run_steps(run, package, settings, request, facts, termination)
+            if termination.timed_out:
+                log.line(f"The stage's timeout of {settings.timeout:g}s passed: the running step was stopped.")
             ok = failed is None
             run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
                                        ok, failed.label if failed else None, run.stamp()))
@@ -313,7 +316,8 @@ def run_stage(
         ok=ok,
         failed_step=failed.label if failed else None,
         exit_code=outcome.exit_code if outcome else 0,
-        message=_failure_message(failed, outcome) if failed else _success_message(results),
+        message=(_failure_message(failed, outcome, settings.timeout if termination.timed_out else None) if failed
+                 else _success_message(results)),
         duration_seconds=time.monotonic() - started,
     )
     return StageResult(summary=summary, steps=results, log_path=log_path)
@@ -325,9 +329,12 @@ def _success_message(results: list[StepResult]) -> str:
     return f"{ran} steps passed" + (f", {skipped} skipped (already done)" if skipped else "")
 
 
-def _failure_message(failed: Invocation, outcome: Outcome | None) -> str:
+def _failure_message(failed: Invocation, outcome: Outcome | None, stage_timeout: float | None = None) -> str:
     if outcome is None:
         return f"{failed.label} failed"
+    if stage_timeout is not None:
+        return f"the stage timed out after {stage_timeout:g}s in {failed.label}" + (
+            f"\n{tail(outcome.output_tail)}" if tail(outcome.output_tail) else "")
     if outcome.start_error:
         return outcome.start_error
     accepted = ", ".join(str(c) for c in failed.step.accepted_exit_codes)

@@ -4,7 +4,7 @@ A step may need to know where it runs: the node's name, its labels (its pool, zo
 its annotations, and its place in the rollout. The Downward API cannot read a Node's labels, so the
 operator writes these facts into the stage pod itself, as the JSON of the pod annotation
 `nodegate.io/node-facts`, and a downwardAPI volume projects that annotation into a file the agent
-reads (`gate.controller.jobs`). The agent adds what only the host knows (the packages NodeGate's
+reads (`gate.controller.pods`). The agent adds what only the host knows (the packages NodeGate's
 agent recorded there) and hands the whole to every step (`gate.agent.facts`).
 
 The facts are bounded: a pod's annotations may hold 256 KiB in all, a node's as much again. Labels

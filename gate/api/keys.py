@@ -27,12 +27,15 @@ FINALIZER: Final = f"{GROUP}/cleanup"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "nodegate"
 
-# Labels on the Jobs, Pods and ConfigMaps the operator creates.
-JOB_GATE_LABEL: Final = f"{GROUP}/gate"
-JOB_NODE_LABEL: Final = f"{GROUP}/node"
-JOB_PACKAGE_LABEL: Final = f"{GROUP}/package"
-JOB_STAGE_LABEL: Final = f"{GROUP}/stage"
-# On interrupt Jobs: service | restartAllServices | reboot (a drain has no Job).
+# Labels on the stage pods and ConfigMaps the operator creates.
+STAGE_GATE_LABEL: Final = f"{GROUP}/gate"
+STAGE_NODE_LABEL: Final = f"{GROUP}/node"
+STAGE_PACKAGE_LABEL: Final = f"{GROUP}/package"  # on a package's ConfigMap
+# The kind of a stage pod: stages | interrupt | post-interrupt | removal.
+STAGE_KIND_LABEL: Final = f"{GROUP}/stage"
+# On a stage pod, one label per package it runs steps of: `package.nodegate.io/<package>: apply.config`.
+POD_PACKAGE_PREFIX: Final = f"package.{GROUP}/"
+# On interrupt pods: service | restartAllServices | reboot (a drain has no pod).
 INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"
 
 NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]

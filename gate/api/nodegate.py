@@ -173,8 +173,9 @@ class Package(Memoized):
     graceful_shutdown: Duration | None = Field(
         default=None,
         description=(
-            "How long a running step has to clean up when its stage pod is stopped (the stage's timeout, a deleted "
-            "Job): the agent passes SIGTERM on to the step, and what still runs after this long is killed. The "
+            "How long a running step has to clean up when its stage pod is stopped (past the steps' "
+            "deadline, say): the agent passes SIGTERM on to the step, and what still runs after this long is "
+            "killed. The "
             "stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset."
         ),
     )
@@ -265,7 +266,9 @@ class NodeGateSpec(Memoized):
             "node: wait for higher-priority gates on this node; all: wait until they are complete everywhere."
         ),
     )
-    serial: bool = Field(default=False, description="Run one package at a time on a node.")
+    serial: bool = Field(default=False, description="Run one package at a time on a node. Since the stages "
+                         "of a round run as the steps of one stage pod, one after another, every gate runs so; "
+                         "the field is kept for manifests that set it.")
     paused: bool = Field(default=False, description="Start no new work; running stages finish.")
     interruption_budget: Budget | None = Field(
         default=None,

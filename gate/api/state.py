@@ -1,7 +1,7 @@
 """A node's progress for one gate: the `nodegate.io/state.<gate>` annotation, the operator's memory.
 
 Everything the operator must remember across a crash lives here (or is derivable from objects whose
-names are deterministic, such as the stage Jobs). The annotation is JSON; a hand-edited value that no
+names are deterministic, such as the stage pods). The annotation is JSON; a hand-edited value that no
 longer parses is reported as a failed node with the reason, never a crash, and never overwrites
 other gates' annotations.
 """
@@ -52,7 +52,8 @@ class NodeGateState(Model):
     generation: int = Field(default=0, description="Gate generation of the current (or last) round.")
     rollout_hash: str = Field(default="", description="Hash of the gate's rollout spec (all of spec but paused) "
                               "the node last completed, or its current round started under.")
-    round: int = Field(default=0, description="Bumped by a reset or rerun, so stage Jobs get new names.")
+    round: int = Field(default=0, description="Bumped by each new round (a pick, a reset, a rerun), so stage pods "
+                       "get new names.")
     batch: int = Field(default=0, description="Rollout batch the node was picked into (0: not picked).")
     compartment: str | None = Field(default=None, description="Compartment the node was picked in.")
     phase: Phase = Field(default="idle", description="Step of the current round: " + ", ".join(PHASES) + ".")
@@ -65,6 +66,10 @@ class NodeGateState(Model):
     post_checked: list[str] = Field(default_factory=list, description="Packages whose check after the interrupt "
                                     "passed (post-interrupt; post-uninstall for one this round uninstalled).")
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
+    attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
+                                     "step in this round (its retries are the package's `retries`).")
+    retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "
+                                 "(RFC 3339).")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
     removing: bool = Field(default=False, description="Picked into a batch of the removal of its deleted gate "

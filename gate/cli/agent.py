@@ -90,6 +90,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         config_dir=config_dir,
         environ=dict(environ),
         node_facts=facts,
+        timeout=args.timeout,
     )
 
 
@@ -254,6 +255,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--node-facts", metavar="FILE",
                      help=f"the node's facts as the operator wrote them (default {DEFAULT_NODE_FACTS} when present; "
                      "else only the node's name, env NODEGATE_NODE)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="the stage's timeout: past it the running step is stopped as by SIGTERM, and no other "
+                     "starts (the operator passes the package's `timeout`: one stage pod runs several stages)")
     run.set_defaults(func=cmd_agent_run)
 
     interrupt = agent_sub.add_parser("interrupt", parents=[summary],

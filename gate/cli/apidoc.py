@@ -228,10 +228,17 @@ def _node_keys() -> list[str]:
          "again. Set by `nodegate reset`; the operator removes it."),
         (f"`{keys.FINALIZER}`", "finalizer", "NodeGate",
          "Held until every node is cleaned up (uninstall where enabled, uncordon, keys removed)."),
-        (f"`{keys.JOB_GATE_LABEL}`, `{keys.JOB_NODE_LABEL}`, `{keys.JOB_PACKAGE_LABEL}`, `{keys.JOB_STAGE_LABEL}`, "
-         f"`{keys.INTERRUPT_LABEL}`", "labels", "Job, Pod, ConfigMap",
-         "On the operator's stage Jobs in its namespace (values longer than 63 characters are hashed; the "
-         "annotations `nodegate.io/gate-name` and `nodegate.io/node-name` keep the full names)."),
+        (f"`{keys.STAGE_GATE_LABEL}`, `{keys.STAGE_NODE_LABEL}`, `{keys.STAGE_KIND_LABEL}`, "
+         f"`{keys.INTERRUPT_LABEL}`", "labels", "Pod",
+         "On the operator's stage pods in its namespace: gate, node, the pod's kind (stages, interrupt, "
+         "post-interrupt, removal) and an interrupt pod's type (values longer than 63 characters are hashed; "
+         "the annotations `nodegate.io/gate-name` and `nodegate.io/node-name` keep the full names)."),
+        (f"`{keys.POD_PACKAGE_PREFIX}<package>`", "labels", "Pod",
+         "On a stage pod, one per package it runs steps of; the value is its stages joined by dots "
+         "(`apply.config`). The annotation `nodegate.io/steps` lists the steps and their containers "
+         "(`<stage>-<package>`)."),
+        (f"`{keys.STAGE_GATE_LABEL}`, `{keys.STAGE_PACKAGE_LABEL}`", "labels", "ConfigMap",
+         "On a package's config ConfigMap in the operator's namespace."),
         (f"`{FACTS_ANNOTATION}`", "annotation", "Pod",
          "On a package stage pod: the node's facts as JSON (name, labels, annotations, place in the rollout), "
          "projected into the agent's /nodegate-facts/facts.json; see [packages.md](packages.md#facts-about-the-node)."),

@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -249,7 +250,16 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> Non
     services.start_operator(cluster, say.progress, extra=OPERATOR_FLAGS)
     # Everything below talks to the demo cluster, as `export KUBECONFIG=...` would make it.
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    ledger = PodLedger()
+    ledger.start()
+    try:
+        _rollout(settings, say, cli, names, ledger)
+    finally:
+        ledger.stop()
 
+
+def _rollout(settings: DemoSettings, say: Narrator, cli: Cli, names: dict[str, list[str]], ledger: PodLedger
+             ) -> None:
     say.header("Admission: a bad spec is refused with its reason")
     asyncio.run(_apply(manifest("policy.yaml")))
     say.command("kubectl apply -f bad-gate.yaml   # sysctl-tuning 1.0.0 with the image tag :2.0.0")
@@ -292,7 +302,7 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> Non
     report = asyncio.run(_report())
     if not report.done:
         raise DemoError(f"the rollout ended with {report.complete} of {report.matched} nodes complete")
-    evidence = asyncio.run(_settled_evidence(sorted(n for pool in names.values() for n in pool)))
+    evidence = asyncio.run(_settled_evidence(sorted(n for pool in names.values() for n in pool), ledger))
     for line in summary_lines(report, evidence, bad_node):
         say.say(line)
 
@@ -442,9 +452,95 @@ def _one_line(report: Any) -> str:
 # The operator's Events on a node that mark the steps of a round with an interrupt, in order.
 NODE_STEPS = (("Cordoned", "cordoned"), ("Drained", "drained"), ("Rebooted", "rebooted (a new boot ID)"),
               ("Uncordoned", "uncordoned"))
-# Stage Job names are `ng-<stage>-<20 hex digits>` (gate.lifecycle.machine.job_name); how each reads.
-JOB_STAGES = {"uninstall": "uninstall", "upgrade": "upgrade", "apply": "apply", "config": "config",
-              "interrupt": "interrupt", "post": "post-interrupt check", "post-uninstall": "post-uninstall check"}
+# The steps of stage pods, in the order a round runs them, and how each reads.
+STEP_STAGES = {"uninstall": "uninstall", "upgrade": "upgrade", "apply": "apply", "config": "config",
+               "interrupt": "interrupt", "post-interrupt": "post-interrupt check",
+               "post-uninstall": "post-uninstall check"}
+
+
+class PodLedger:
+    """Every stage pod of the demo's gate as last seen, by a watch of the operator's namespace that runs
+    in a thread of its own for the whole rollout. The operator deletes each stage pod once the node's
+    state records its steps, so only a watch sees them all; a relist after a lost watch may miss a pod
+    created and deleted in between (the summary then counts fewer, never more)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def observe(self, kind: str, pod: dict[str, Any]) -> None:
+        """A watch event: keep the newest copy of each of the gate's pods (a DELETED event's is its last)."""
+        from gate.cli.stagepods import gate_of
+
+        if gate_of(pod) != GATE:
+            return
+        meta = pod.get("metadata") or {}
+        with self._lock:
+            old = self._pods.get(meta.get("name", ""))
+            if old is None or _resource_version(pod) >= _resource_version(old):
+                self._pods[meta.get("name", "")] = pod
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """Stage pods by kind, their steps that ran (whose container terminated) by stage, and how many
+        of those failed."""
+        from gate.cli.stagepods import kind_of, step_states
+
+        with self._lock:
+            pods = list(self._pods.values())
+        kinds: dict[str, int] = {}
+        steps: dict[str, int] = {}
+        failed = 0
+        for pod in pods:
+            kinds[kind_of(pod)] = kinds.get(kind_of(pod), 0) + 1
+            for step in step_states(pod):
+                if step.phase in ("succeeded", "failed"):
+                    steps[step.step.stage] = steps.get(step.step.stage, 0) + 1
+                    failed += step.phase == "failed"
+        return kinds, steps, failed
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._watch()), name="demo-stage-pods",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self.error is not None:
+            self.stop()
+            raise DemoError(f"could not watch the stage pods in nodegate-system: {self.error or 'no answer'}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    async def _watch(self) -> None:
+        from gate.cli.stagepods import SELECTOR
+        from gate.kube.cache import WatchCache
+        from gate.kube.client import PODS
+
+        try:
+            async with await _client() as kube:
+                cache = WatchCache(kube, PODS, namespace="nodegate-system", label_selector=SELECTOR)
+                cache.subscribe(self.observe)
+                await cache.start()
+                self._ready.set()
+                try:
+                    while not self._stop.is_set():
+                        await asyncio.sleep(0.1)
+                finally:
+                    await cache.stop()
+        except Exception as exc:  # said by start(), or the summary counts what was seen until then
+            self.error = exc
+            self._ready.set()
+
+
+def _resource_version(obj: dict[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -459,8 +555,9 @@ class Evidence:
     cordoned: tuple[str, ...]  # demo nodes unschedulable now
     gate_reasons: dict[str, int]  # reason -> how many of the operator's Events about the gate
     gate_warnings: tuple[tuple[str, str], ...]  # (reason, note) of the gate's Warning and Resumed Events
-    jobs: dict[str, int]  # stage -> stage Jobs the Job controller created a pod for
-    jobs_failed: int  # stage Jobs the Job controller reported failed
+    pods: dict[str, int]  # kind (stages, interrupt, post-interrupt, ...) -> stage pods the watch saw
+    steps: dict[str, int]  # stage -> steps of those pods whose container terminated
+    steps_failed: int  # of those, the ones that exited non-zero
     wanted: dict[str, str]  # package -> version the gate asks for
 
 
@@ -489,15 +586,17 @@ def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
     lines.append(f"{len(full)} of {total} nodes record all {len(ev.wanted)} packages installed at the gate's "
                  f"versions in their state annotation ({versions}).")
 
-    if ev.jobs:
-        ran = ", ".join(f"{ev.jobs[s]} {JOB_STAGES[s]}" for s in JOB_STAGES if s in ev.jobs)
-        lines.append(f"Stage Jobs the Job controller ran: {ran}; {ev.jobs_failed} failed.")
-        interrupts = ev.jobs.get("interrupt", 0)
+    if ev.pods:
+        ran = ", ".join(f"{ev.steps[s]} {STEP_STAGES[s]}" for s in STEP_STAGES if s in ev.steps)
+        pods, steps = sum(ev.pods.values()), sum(ev.steps.values())
+        lines.append(f"{pods} stage pods ran {steps} steps ({ran or 'none'}); {ev.steps_failed} failed "
+                     "(a watch of the stage pods).")
+        interrupts = ev.pods.get("interrupt", 0)
         if interrupts == total and len(seen["Rebooted"]) == total:
-            lines.append(f"{interrupts} interrupt Jobs for {total} nodes: the packages' interrupts were merged "
+            lines.append(f"{interrupts} interrupt pods for {total} nodes: the packages' interrupts were merged "
                          "into one reboot per node.")
     else:
-        lines.append("No Events of the Job controller about stage Jobs were found: no count of stages run.")
+        lines.append("The watch of the operator's namespace saw no stage pod: no count of steps run.")
 
     stopped = ev.gate_reasons.get("CompartmentStopped", 0)
     resumed = ev.gate_reasons.get("Resumed", 0)
@@ -519,7 +618,7 @@ def _series(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-async def _evidence(nodes: list[str]) -> Evidence:
+async def _evidence(nodes: list[str], ledger: PodLedger) -> Evidence:
     from gate.api import keys
     from gate.api.state import StateParseError, load_state
     from gate.controller.events import CLUSTER_EVENTS_NAMESPACE, CONTROLLER
@@ -527,9 +626,8 @@ async def _evidence(nodes: list[str]) -> Evidence:
 
     wanted = {name: pkg["version"] for name, pkg in manifest("gate.yaml")["spec"]["packages"].items()}
     async with await _client() as kube:
-        (node_items, _), (events, _), (job_events, _) = await asyncio.gather(
-            kube.list(NODES, label_selector=f"{DEMO_LABEL}=true"), kube.list(EVENTS, CLUSTER_EVENTS_NAMESPACE),
-            kube.list(EVENTS, "nodegate-system"))
+        (node_items, _), (events, _) = await asyncio.gather(
+            kube.list(NODES, label_selector=f"{DEMO_LABEL}=true"), kube.list(EVENTS, CLUSTER_EVENTS_NAMESPACE))
     installed: dict[str, dict[str, str]] = {}
     cordoned = []
     for node in node_items:
@@ -554,31 +652,20 @@ async def _evidence(nodes: list[str]) -> Evidence:
             gate_reasons[e.get("reason", "")] = gate_reasons.get(e.get("reason", ""), 0) + 1
             if e.get("type") == "Warning" or e.get("reason") == "Resumed":
                 warnings.append((e.get("reason", ""), e.get("note", "")))
-    created: dict[str, set[str]] = {}
-    failed = set()
-    for e in job_events:
-        regarding = e.get("regarding") or {}
-        job = regarding.get("name", "")
-        stage = job[3:-21] if regarding.get("kind") == "Job" and job.startswith("ng-") else ""
-        if stage not in JOB_STAGES:
-            continue
-        if e.get("reason") == "SuccessfulCreate":
-            created.setdefault(stage, set()).add(job)
-        elif e.get("type") == "Warning" and e.get("reason") != "FailedCreate":
-            failed.add(job)
+    pods, steps, steps_failed = ledger.counts()
     return Evidence(node_reasons={n: frozenset(r) for n, r in reasons.items()}, installed=installed,
                     cordoned=tuple(sorted(cordoned)), gate_reasons=gate_reasons, gate_warnings=tuple(warnings),
-                    jobs={s: len(j) for s, j in created.items()}, jobs_failed=len(failed), wanted=wanted)
+                    pods=pods, steps=steps, steps_failed=steps_failed, wanted=wanted)
 
 
-async def _settled_evidence(nodes: list[str], timeout: float = 10.0) -> Evidence:
+async def _settled_evidence(nodes: list[str], ledger: PodLedger, timeout: float = 10.0) -> Evidence:
     """The evidence once the operator's last Events are in: it sends a node's Complete Event after the
     node's write that the status reflects, so a summary read at once could miss the last few."""
     deadline = time.monotonic() + timeout
-    last = await _evidence(nodes)
+    last = await _evidence(nodes, ledger)
     while time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-        ev = await _evidence(nodes)
+        ev = await _evidence(nodes, ledger)
         if ev == last and all("Complete" in r for r in ev.node_reasons.values()):
             return ev
         last = ev

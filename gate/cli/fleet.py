@@ -81,7 +81,7 @@ def cluster_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]
     cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     cluster.add_argument("--context", help="kubeconfig context to use (default: the current one)")
     cluster.add_argument("--namespace", "-n", default=DEFAULT_NAMESPACE,
-                         help=f"the operator's namespace, where stage Jobs run (default {DEFAULT_NAMESPACE})")
+                         help=f"the operator's namespace, where stage pods run (default {DEFAULT_NAMESPACE})")
     dry = argparse.ArgumentParser(add_help=False)
     dry.add_argument("--dry-run", action="store_true",
                      help="send the change as a server-side dry run: checked, admitted, not stored")

@@ -1,9 +1,12 @@
 """`nodegate package logs NODE PACKAGE`: the log of a package's latest stage on a node, and where the rest is.
 
-The stage Job's pod log comes through the API server (`--tail N` keeps its last N lines, `--follow`
-streams it while the stage runs), followed by the agent's summary from the pod's termination
-message. The operator deletes the Job of every stage that succeeded, so the command also names the
-directory on the node where the agent keeps the full log of every run.
+A package's stage runs as a step of a stage pod: the container `<stage>-<package>` of the pod of its
+node's phase (`gate.controller.pods`). Its log comes through the API server (`--tail N` keeps its
+last N lines, `--follow` streams it while the step runs), followed by the agent's summary from the
+container's termination message. The operator deletes every stage pod once the node's state records
+its result, so the pod is usually gone: the command then says what the node's state recorded for the
+package (its failure, with the agent's summary), points at the operator's Events about the node, and
+names the directory on the node where the agent keeps the full log of every run.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gate.api import keys
 
 if TYPE_CHECKING:
+    from gate.cli.stagepods import StepState
     from gate.kube.client import KubeClient, Resource
 
 HOST_LOG_DIR = "/var/log/nodegate"
@@ -29,14 +33,47 @@ async def _items(client: KubeClient, res: Resource, namespace: str | None = None
     return found
 
 
-def log_params(*, follow: bool, tail: int | None) -> dict[str, str]:
-    """The query of the pod log request: the agent's container, streamed or not, the last `tail` lines."""
-    params = {"container": "agent"}
+def log_params(container: str, *, follow: bool, tail: int | None) -> dict[str, str]:
+    """The query of the pod log request: the step's container, streamed or not, the last `tail` lines."""
+    params = {"container": container}
     if follow:
         params["follow"] = "true"
     if tail is not None:
         params["tailLines"] = str(tail)
     return params
+
+
+def pick_step(pods: Sequence[Obj], package: str, stage: str | None = None) -> tuple[Obj, StepState] | None:
+    """The step to show of `pods` (newest first): of the newest pod with a step of `package` (of
+    `stage` when given), that step; without a stage, the package's last step in it that ran (its
+    first one while none has)."""
+    from gate.cli.stagepods import step_states
+
+    for pod in pods:
+        steps = [s for s in step_states(pod) if s.step.package == package and stage in (None, s.step.stage)]
+        if steps:
+            ran = [s for s in steps if s.ran]
+            return pod, (ran[-1] if ran else steps[0])
+    return None
+
+
+def step_text(step: StepState, pod_phase: str, pod_message: str) -> str:
+    """How a step ended, or that it has not: "succeeded", "failed (exit code 3)", "running", ..."""
+    if step.phase == "failed":
+        return f"failed (exit code {step.exit_code})"
+    if step.phase == "pending" and pod_phase == "failed":
+        return f"failed: it never ran, the pod failed ({pod_message or 'no reason given'})"
+    return step.phase
+
+
+def step_version(pod: Obj, container: str) -> str | None:
+    """The package version a step ran (its agent's `--version`)."""
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        args = c.get("args") or []
+        if c.get("name") == container and "--version" in args[:-1]:
+            return str(args[args.index("--version") + 1])
+    return None
 
 
 def cmd_package_logs(args: argparse.Namespace) -> int:
@@ -48,84 +85,108 @@ def cmd_package_logs(args: argparse.Namespace) -> int:
 
 
 async def _package_logs(args: argparse.Namespace) -> int:
+    from gate.cli import stagepods
     from gate.cli.kubectx import connect
     from gate.cli.snapshot import get_node
-    from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, label_value
-    from gate.kube.client import JOBS, NODEGATES, PODS
+    from gate.controller.pods import label_value, stage_pod_view
+    from gate.kube.client import NODEGATES, PODS
 
     async with connect(args) as client:
         node = await get_node(client, args.node)
-        selector = [f"{keys.JOB_NODE_LABEL}={label_value(args.node)}", f"{keys.JOB_PACKAGE_LABEL}={args.package}"]
-        if args.stage:
-            selector.append(f"{keys.JOB_STAGE_LABEL}={args.stage}")
+        selector = [stagepods.SELECTOR, f"{keys.STAGE_NODE_LABEL}={label_value(args.node)}",
+                    f"{keys.POD_PACKAGE_PREFIX}{args.package}"]
         if args.gate:
-            selector.append(f"{keys.JOB_GATE_LABEL}={label_value(args.gate)}")
-        jobs = await _items(client, JOBS, args.namespace, ",".join(selector))
-        jobs = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(NODE_NAME_ANNOTATION) == args.node
-                and (not args.gate or j["metadata"]["annotations"].get(GATE_NAME_ANNOTATION) == args.gate)]
+            selector.append(f"{keys.STAGE_GATE_LABEL}={label_value(args.gate)}")
+        pods = stagepods.of_node(await _items(client, PODS, args.namespace, ",".join(selector)), args.node, args.gate)
         versions = {}
         for g in await _items(client, NODEGATES):
             pkg = ((g.get("spec") or {}).get("packages") or {}).get(args.package)
             if pkg and (not args.gate or g["metadata"]["name"] == args.gate):
                 versions[g["metadata"]["name"]] = str(pkg.get("version", "<version>"))
-        if not jobs:
+        picked = pick_step(pods, args.package, args.stage)
+        if picked is None:
             what = f"{args.package} {args.stage}" if args.stage else args.package
-            print(f"No stage Job of {what} is left on node {args.node}: the operator deletes the Job of every "
-                  "stage that succeeded and keeps those that failed.")
+            print(f"No stage pod of {what} is left on node {args.node}: the operator deletes the pod of every "
+                  "stage that succeeded, and of one that failed once the node's state records the failure.")
+            _print_recorded(node, args.package, args.stage, args.gate)
+            print(f"The operator's Events about the node say what ran there: `kubectl events -n default "
+                  f"--for node/{args.node}`.")
             _print_host_dirs(_host_log_dirs(node, args.package, args.gate, versions))
             return 0
-        job = max(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""))
-        meta = job["metadata"]
-        gate = meta.get("annotations", {}).get(GATE_NAME_ANNOTATION, "?")
-        stage = meta.get("labels", {}).get(keys.JOB_STAGE_LABEL, "?")
-        version = meta.get("annotations", {}).get(f"{keys.GROUP}/version")
-        pods = await _items(client, PODS, args.namespace, f"job-name={meta['name']}")
-        print(f"Job {args.namespace}/{meta['name']}: NodeGate {gate}, node {args.node}, package {args.package}, "
-              f"stage {stage}: {_job_phase(job)}")
-        if not pods:
-            print("It has no pod (yet, or any more).")
+        pod, step = picked
+        view = stage_pod_view(pod)
+        gate = stagepods.gate_of(pod) or "?"
+        steps = stagepods.step_states(pod)
+        print(f"Stage pod {args.namespace}/{view.name}: NodeGate {gate}, node {args.node}, package {args.package}, "
+              f"stage {step.step.stage}: {step_text(step, view.phase, view.message)}")
+        print(f"The pod runs the {view.kind} of round {view.round} (attempt {view.attempt}): {view.phase}"
+              + (f" ({view.message})" if view.phase == "failed" and view.message else "")
+              + f"; this is step {steps.index(step) + 1} of {len(steps)}, container {step.container}.")
+        if step.ran or args.follow:
+            await _show_step_log(client, args.namespace, view.name, step, follow=args.follow, tail=args.tail)
         else:
-            pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
-            await _show_pod_log(client, args.namespace, pod, follow=args.follow, tail=args.tail)
-        _print_host_dirs([f"{HOST_LOG_DIR}/{gate}/{args.package}/{version or versions.get(gate, '<version>')}/"])
+            print("Its container has not started yet: no log so far (--follow waits for it).")
+        version = step_version(pod, step.container) or versions.get(gate, "<version>")
+        _print_host_dirs([f"{HOST_LOG_DIR}/{gate}/{args.package}/{version}/"])
     return 0
 
 
-def _job_phase(job: Obj) -> str:
-    from gate.kube.objects import job_failure, job_outcome
-
-    outcome = job_outcome(job)
-    if outcome == "failed":
-        return f"failed ({job_failure(job)})"
-    if outcome is not None:
-        return outcome
-    return "running" if (job.get("status") or {}).get("active") else "pending"
-
-
-async def _show_pod_log(client: KubeClient, namespace: str, pod: Obj, *, follow: bool, tail: int | None) -> None:
+async def _show_step_log(client: KubeClient, namespace: str, pod: str, step: StepState, *, follow: bool,
+                         tail: int | None) -> None:
     from gate.api.state import failure_message
     from gate.kube.client import PODS
     from gate.kube.errors import ApiError
 
-    name = pod["metadata"]["name"]
-    phase = (pod.get("status") or {}).get("phase", "Unknown")
-    print(f"Pod {name}: {phase}")
-    path = PODS.path(namespace, name, "log")
+    path = PODS.path(namespace, pod, "log")
     try:
         if follow:
-            async for chunk in stream_text(client, path, log_params(follow=True, tail=tail)):
+            async for chunk in stream_text(client, path, log_params(step.container, follow=True, tail=tail)):
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
+            step = await _ended(client, namespace, pod, step)
         else:
-            text = await get_text(client, path, log_params(follow=False, tail=tail))
+            text = await get_text(client, path, log_params(step.container, follow=False, tail=tail))
             sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     except ApiError as exc:
         print(f"Its log cannot be read through the API server ({exc.status} {exc.message.strip()}).")
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or {}
-        if cs.get("name") == "agent" and term.get("message"):
-            print(f"The agent's summary: {failure_message(term['message'])}")
-            print(f"  {term['message'].strip()}")
+    if step.message:
+        print(f"The agent's summary: {failure_message(step.message)}")
+        print(f"  {step.message}")
+
+
+async def _ended(client: KubeClient, namespace: str, pod: str, step: StepState) -> StepState:
+    """The step once its log stream ended with its container: how it ended (as it was, when the pod is
+    gone already: the operator deletes it once the node's state records it)."""
+    from gate.cli.stagepods import step_states
+    from gate.kube.client import PODS
+    from gate.kube.errors import ApiError
+
+    try:
+        current = await client.get(PODS, pod, namespace)
+    except ApiError:
+        return step
+    return next((s for s in step_states(current) if s.container == step.container), step)
+
+
+def _print_recorded(node: Obj, package: str, stage: str | None, gate: str | None) -> None:
+    """What the node's state records of the package's last failure, per gate."""
+    from gate.api.state import StateParseError, failure_message, load_state
+    from gate.cli.snapshot import states_on
+
+    for g, raw in sorted(states_on(node).items()):
+        if gate and g != gate:
+            continue
+        try:
+            failure = load_state(raw).failure
+        except StateParseError:
+            continue
+        if failure is None or failure.package != package or stage not in (None, failure.stage):
+            continue
+        print(f"The node's state for NodeGate {g}, node {node['metadata']['name']}, package {package}, "
+              f"stage {failure.stage}: failed ({failure.reason}).")
+        print(f"The agent's summary: {failure_message(failure.message)}")
+        if failure.message.strip().startswith("{"):
+            print(f"  {failure.message.strip()}")
 
 
 def _host_log_dirs(node: Obj, package: str, gate: str | None, versions: dict[str, str]) -> list[str]:
@@ -173,12 +234,12 @@ def register(sub: Any) -> None:
             choice.help = (choice.help or "package tools") + "; logs of a package's stage on a node"
     cluster, _ = cluster_parents()
     logs = subparsers_of(package).add_parser("logs", parents=[cluster],
-                                             help="logs of a package's stage on a node (its stage Job's pod)")
+                                             help="logs of a package's stage on a node (its step in a stage pod)")
     logs.add_argument("node", metavar="NODE")
     logs.add_argument("package", metavar="PACKAGE")
     logs.add_argument("--stage", help="only this stage (apply, config, upgrade, uninstall, post-interrupt, "
                       "post-uninstall)")
-    logs.add_argument("--gate", "-g", help="only this NodeGate's Jobs")
-    logs.add_argument("--follow", "-f", action="store_true", help="stream the log while the stage runs")
-    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines of the pod's log (default all)")
+    logs.add_argument("--gate", "-g", help="only this NodeGate's stage pods")
+    logs.add_argument("--follow", "-f", action="store_true", help="stream the log while the step runs")
+    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines of the step's log (default all)")
     logs.set_defaults(func=cmd_package_logs)

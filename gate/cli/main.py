@@ -185,7 +185,8 @@ def parser() -> argparse.ArgumentParser:
                          "(bookworm, trixie; default bookworm): bookworm,trixie makes real-node-1 Debian 13")
     up.add_argument("--label", action="append", default=[], metavar="K=V", help="label for the nodes (repeatable)")
     up.add_argument("--job-seconds", type=float, default=1.0,
-                    help="how long a Job's pod runs on a simulated node before it succeeds (default 1)")
+                    help="how long each step of a stage pod runs on a simulated node before it succeeds "
+                         "(default 1)")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.set_defaults(func=cmd_dev_up)

@@ -55,7 +55,7 @@ _KUSTOMIZATIONS = {
 }
 _NAMESPACE_YAML = f"""\
 # {_GENERATED}
-# NodeGate's namespace. Package pods (stage Jobs) run here privileged, with the host's root mounted
+# NodeGate's namespace. Package pods (the operator's stage pods) run here privileged, with the host's root mounted
 # and the host's PID namespace: Pod Security admission must allow that in this namespace.
 apiVersion: v1
 kind: Namespace

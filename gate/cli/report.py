@@ -1,8 +1,8 @@
 """What `nodegate status` says about a gate, computed from a snapshot of the cluster. Pure: no I/O.
 
-The CLI reads NodeGates, DeploymentPolicies, Nodes and the stage Jobs once (or keeps them current with
+The CLI reads NodeGates, DeploymentPolicies, Nodes and the stage pods once (or keeps them current with
 watches), and this module turns them into a `GateReport`: per compartment the counts behind a progress
-bar, the nodes in progress with their phase and running stages, the failed nodes with the reason, and
+bar, the nodes in progress with their phase and the step their stage pod runs now, the failed nodes with the reason, and
 what the rest wait for. The wait reasons come from running the operator's own pure planning step
 (`gate.lifecycle.fleet.plan_gate`, which calls the rollout planner) on the snapshot: the status says
 what the operator would decide, not a second opinion that could drift from it.
@@ -17,13 +17,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from gate.api import keys
 from gate.api.nodegate import CompartmentStatus, NodeGate
 from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.cli.stagepods import running as running_steps
 from gate.controller.views import fleet_node
-from gate.kube.objects import job_finished, parse_time
+from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
 from gate.rollout import PolicyMismatch, Wait
 
@@ -51,8 +50,8 @@ class Snapshot:
     gates: Sequence[Obj]
     policies: Mapping[str, Obj]
     nodes: Sequence[Obj]
-    jobs: Sequence[Obj] = ()
-    jobs_visible: bool = True  # False when the reader may not list Jobs: no stage names then
+    pods: Sequence[Obj] = ()  # the operator's stage pods
+    pods_visible: bool = True  # False when the reader may not list pods there: no stage names then
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class ActiveNode:
     batch: int
     phase: str
     seconds: float | None  # in the current phase
-    running: tuple[str, ...]  # "package stage" of the stage Jobs running now, or "interrupt reboot"
+    running: tuple[str, ...]  # "package stage" of the step its stage pods run now, or the interrupt, "reboot"
     detail: str = ""  # e.g. what blocks the drain
 
     @property
@@ -150,7 +149,7 @@ def build_reports(snapshot: Snapshot, now: datetime, names: Sequence[str] | None
         except ValidationError as exc:
             broken[name] = str(exc).splitlines()[0]
     fleet = [fleet_node(n) for n in snapshot.nodes]
-    running = _running_jobs(snapshot.jobs)
+    running = running_steps(snapshot.pods)
     live = [g for g in gates.values() if not g.metadata.deletion_timestamp]
     wanted = list(names) if names is not None else sorted({*gates, *broken})
     reports = []
@@ -159,13 +158,13 @@ def build_reports(snapshot: Snapshot, now: datetime, names: Sequence[str] | None
             reports.append(_unreadable(name, broken[name]))
         elif name in gates:
             reports.append(gate_report(gates[name], snapshot.policies, fleet, live, running, now,
-                                       jobs_visible=snapshot.jobs_visible))
+                                       pods_visible=snapshot.pods_visible))
     return reports
 
 
 def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[FleetNode], gates: Sequence[NodeGate],
                 running: Mapping[tuple[str, str], tuple[str, ...]], now: datetime, *,
-                jobs_visible: bool = True) -> GateReport:
+                pods_visible: bool = True) -> GateReport:
     notes: list[str] = []
     policy: DeploymentPolicy | None = None
     wanted = gate.spec.deployment_policy
@@ -180,8 +179,8 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
         notes.append("the operator has not reported on this gate yet (is it running?)")
     elif observed < generation:
         notes.append(f"the operator has not acted on generation {generation} yet (last seen: {observed})")
-    if not jobs_visible:
-        notes.append("stage names unknown: no permission to list Jobs in the operator's namespace")
+    if not pods_visible:
+        notes.append("stage names unknown: no permission to list pods in the operator's namespace")
 
     try:
         gplan = plan_gate(gate, policy, fleet, gates=gates, now=now,
@@ -349,25 +348,6 @@ def _without_plan(gate: NodeGate, fleet: Sequence[FleetNode], running: Mapping[t
         policy=gate.spec.deployment_policy, paused=gate.spec.paused, compartments=(), active=tuple(active),
         failed=tuple(failed), waits=(), notes=tuple(notes), node_states=node_states,
     )
-
-
-def _running_jobs(jobs: Sequence[Obj]) -> dict[tuple[str, str], tuple[str, ...]]:
-    """(gate, node) -> what its unfinished stage Jobs run, e.g. "chrony-conf apply", "interrupt reboot"."""
-    out: dict[tuple[str, str], list[str]] = {}
-    for job in jobs:
-        meta = job.get("metadata", {})
-        ann = meta.get("annotations") or {}
-        gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
-        if not gate or not node or meta.get("deletionTimestamp"):
-            continue
-        if job_finished(job):
-            continue
-        labels = meta.get("labels") or {}
-        stage = labels.get(keys.JOB_STAGE_LABEL, "?")
-        package = labels.get(keys.JOB_PACKAGE_LABEL)
-        what = f"{package} {stage}" if package else labels.get(keys.INTERRUPT_LABEL) or stage
-        out.setdefault((gate, node), []).append(what)
-    return {k: tuple(sorted(set(v))) for k, v in out.items()}
 
 
 def progress_counts(report: GateReport) -> dict[str, int]:

@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gate.api import keys
+from gate.cli import stagepods
 from gate.cli.errors import CliError
 from gate.cli.kubectx import missing_api
 from gate.cli.report import GateReport, Snapshot, build_reports
-from gate.kube.client import JOBS, NODEGATES, NODES, POLICIES, KubeClient, Resource
+from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
 from gate.kube.errors import Forbidden, NotFound
 
 Obj = dict[str, Any]
@@ -31,18 +32,18 @@ async def _items(client: KubeClient, res: Resource, namespace: str | None = None
 async def fetch_snapshot(client: KubeClient, namespace: str, gate: str | None = None) -> Snapshot:
     """One consistent-enough read of everything the status needs (four lists, in parallel)."""
 
-    async def jobs() -> list[Obj] | None:
+    async def pods() -> list[Obj] | None:
         try:
-            return await _items(client, JOBS, namespace, f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
+            return await _items(client, PODS, namespace, stagepods.SELECTOR)
         except Forbidden:
             return None  # the status still works, without the names of running stages
 
-    gates, policies, nodes, job_items = await asyncio.gather(
-        _items(client, NODEGATES), _items(client, POLICIES), _items(client, NODES), jobs())
+    gates, policies, nodes, pod_items = await asyncio.gather(
+        _items(client, NODEGATES), _items(client, POLICIES), _items(client, NODES), pods())
     if gate is not None and not any(g["metadata"]["name"] == gate for g in gates):
         raise CliError(f"no NodeGate named {gate} (`kubectl get ng` lists them)")
     return Snapshot(gates=gates, policies={p["metadata"]["name"]: p for p in policies}, nodes=nodes,
-                    jobs=job_items or [], jobs_visible=job_items is not None)
+                    pods=pod_items or [], pods_visible=pod_items is not None)
 
 
 def reports_of(snapshot: Snapshot, gate: str | None) -> list[GateReport]:

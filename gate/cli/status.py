@@ -21,14 +21,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TextIO
 
-from gate.api import keys
+from gate.cli import stagepods
 from gate.cli.errors import CliError
 from gate.cli.kubectx import api_errors, connect
 from gate.cli.output import print_data
 from gate.cli.render import render_rich, render_text, report_data
 from gate.cli.report import GateReport, Snapshot
 from gate.cli.snapshot import fetch_snapshot, reports_of
-from gate.kube.client import JOBS, NODEGATES, NODES, POLICIES, KubeClient
+from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, Forbidden
 
 PLAIN_INTERVAL = 2.0
@@ -45,22 +45,22 @@ class StatusFeed:
 
         self.server = client.base_url
         self.changed = asyncio.Event()
-        selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
         self.gates = WatchCache(client, NODEGATES, give_up_after=give_up_after)
         self.policies = WatchCache(client, POLICIES, give_up_after=give_up_after)
         self.nodes = WatchCache(client, NODES, give_up_after=give_up_after)
-        self.jobs = WatchCache(client, JOBS, namespace=namespace, label_selector=selector, give_up_after=give_up_after)
-        self.caches = (self.gates, self.policies, self.nodes, self.jobs)
-        self.jobs_visible = True
+        self.pods = WatchCache(client, PODS, namespace=namespace, label_selector=stagepods.SELECTOR,
+                               give_up_after=give_up_after)
+        self.caches = (self.gates, self.policies, self.nodes, self.pods)
+        self.pods_visible = True
         for cache in self.caches:
             cache.subscribe(lambda kind, obj: self.changed.set())
 
     async def start(self) -> None:
         await asyncio.gather(self.gates.start(), self.policies.start(), self.nodes.start())
         try:
-            await self.jobs.start()
+            await self.pods.start()
         except Forbidden:
-            self.jobs_visible = False
+            self.pods_visible = False
 
     async def stop(self) -> None:
         for cache in self.caches:
@@ -69,7 +69,7 @@ class StatusFeed:
     def snapshot(self) -> Snapshot:
         return Snapshot(gates=self.gates.items(),
                         policies={p["metadata"]["name"]: p for p in self.policies.items()},
-                        nodes=self.nodes.items(), jobs=self.jobs.items(), jobs_visible=self.jobs_visible)
+                        nodes=self.nodes.items(), pods=self.pods.items(), pods_visible=self.pods_visible)
 
     def failing(self) -> ConnectionFailed | ApiError | None:
         """Why a cache cannot reach the API server right now (it is retrying), or None."""

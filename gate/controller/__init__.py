@@ -1,1 +1,1 @@
-"""The operator: watches, reconcile, node operations, package Jobs, status, leader election."""
+"""The operator: watches, reconcile, node operations, stage pods, status, leader election."""

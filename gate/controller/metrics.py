@@ -58,7 +58,7 @@ class OperatorMetrics:
         self.leader = Gauge("nodegate_leader", "1 while this replica holds the leader lease", registry=r)
         self.nodes = gauge("nodegate_nodes", "Nodes by status per gate", ["gate", "status"])
         self.stage_duration = Tracked(Histogram(
-            "nodegate_stage_duration_seconds", "Time from a stage Job's creation to its end",
+            "nodegate_stage_duration_seconds", "Time a step of a stage pod ran, from its container's start to its end",
             ["package", "stage", "outcome"], registry=r,
             buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
         ), ["package", "stage", "outcome"])

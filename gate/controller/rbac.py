@@ -70,12 +70,12 @@ CLUSTER_RULES: list[Rule] = [
     Rule([""], ["pods/eviction"], ["create"], "drain with the Eviction API so PodDisruptionBudgets are respected"),
 ]
 
-# Role in the operator's namespace: stage Jobs, their pods and config, the leader Lease.
+# Role in the operator's namespace: stage pods and their config, the leader Lease.
 NAMESPACE_RULES: list[Rule] = [
-    Rule(["batch"], ["jobs"], ["list", "watch"], "the operator's cache of its stage Jobs"),
-    Rule(["batch"], ["jobs"], ["create", "delete"], "start a stage on a node (a Job pinned to it); clean up"),
     Rule([""], ["pods"], ["watch"],
-         "the cache of stage pods: image pull errors, termination messages (list: the cluster rule)"),
+         "the cache of stage pods: their steps' ends and termination messages (list: the cluster rule)"),
+    Rule([""], ["pods"], ["create", "delete"],
+         "run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded"),
     Rule([""], ["configmaps"], ["create"],
          "package config mounted into stages (immutable, named by content; garbage-collected with the gate)"),
     Rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"],

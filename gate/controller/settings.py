@@ -18,7 +18,7 @@ from gate import __version__
 @dataclass(frozen=True)
 class OperatorSettings:
     namespace: str = field(default="nodegate-system", metadata={
-        "help": "namespace of the operator: stage Jobs, ConfigMaps, the leader Lease and Events live here"})
+        "help": "namespace of the operator: stage pods, ConfigMaps, the leader Lease and Events live here"})
     kubeconfig: str | None = field(default=None, metadata={
         "help": "kubeconfig to use; in a pod the service account is used when unset"})
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", metadata={
@@ -29,7 +29,7 @@ class OperatorSettings:
     renew_deadline: float = field(default=10.0, metadata={
         "help": "the leader stops all work when it could not renew for this long"})
     agent_image: str = field(default=f"ghcr.io/nodegate/nodegate:{__version__}", metadata={
-        "help": "image of the agent container in stage Jobs (NodeGate's own image)"})
+        "help": "image of the agent container in stage pods (NodeGate's own image)"})
     package_service_account: str = field(default="nodegate-package", metadata={
         "help": "service account of package pods (no API access is needed; its token is not mounted)"})
     workers: int = field(default=16, metadata={"help": "node reconciles run concurrently"})

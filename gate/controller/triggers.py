@@ -22,8 +22,8 @@ from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from gate.api import keys
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
-from gate.kube.objects import created_at, job_finished, state_status
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.kube.objects import created_at, pod_ended, state_status
 
 Obj = dict[str, Any]
 EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
@@ -129,21 +129,11 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
     return Triggered(now=tuple(now), later=tuple(later))
 
 
-def job_owner(job: Obj) -> tuple[str, str] | None:
-    """The (gate, node) a stage Job belongs to, from its annotations."""
-    ann = job["metadata"].get("annotations") or {}
+def stage_owner(pod: Obj) -> tuple[str, str] | None:
+    """The (gate, node) a stage pod belongs to, from its annotations."""
+    ann = pod["metadata"].get("annotations") or {}
     gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
     return (gate, node) if gate and node else None
-
-
-def on_job(kind: EventKind, job: Obj) -> Triggered:
-    """Only an ending (or a vanished) Job moves its node on. The many status updates of a running Job
-    (active, ready, pod counts) do not: reconciling on each would cost more than all else. The gate
-    is planned too, since a request held while the Job ran can be acted on now."""
-    owner = job_owner(job)
-    if owner is None or not (kind == "DELETED" or job_finished(job)):
-        return Triggered()
-    return Triggered(now=(NodeKey(*owner),), later=(owner[0],))
 
 
 _HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
@@ -159,13 +149,19 @@ def pod_may_be_stuck(pod: Obj) -> bool:
     return False
 
 
-def on_pod(pod: Obj) -> Triggered:
-    """A stage pod matters on its own when it may be stuck, or when it succeeded (its Job says so only
-    after the Job controller's batching delay)."""
-    owner = job_owner(pod)
+def on_pod(kind: EventKind, pod: Obj) -> Triggered:
+    """A stage pod moves its node on when it ended (or vanished before it did), and matters before
+    that only when it may be stuck. The status updates of its steps in between do not: the node's state is written
+    once the pod ended, for all its steps. The gate is planned too when it ends, since a request held
+    while the pod ran can be acted on now."""
+    owner = stage_owner(pod)
     if owner is None:
         return Triggered()
-    if pod_may_be_stuck(pod) or (pod.get("status") or {}).get("phase") == "Succeeded":
+    if pod_ended(pod) and (pod["metadata"].get("deletionTimestamp") or kind == "DELETED"):
+        return Triggered()  # the operator deletes the pods it is done with: their going changes nothing
+    if kind == "DELETED" or pod_ended(pod):
+        return Triggered(now=(NodeKey(*owner),), later=(owner[0],))
+    if pod_may_be_stuck(pod):
         return Triggered(now=(NodeKey(*owner),))
     return Triggered()
 
@@ -176,6 +172,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 
 __all__ = [
-    "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "Triggered", "WorkKey", "gate_seen", "job_owner",
-    "joined_after", "on_gate", "on_job", "on_node", "on_pod", "on_policy", "pod_may_be_stuck",
+    "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "Triggered", "WorkKey", "gate_seen", "joined_after",
+    "on_gate", "on_node", "on_pod", "on_policy", "pod_may_be_stuck", "stage_owner",
 ]

@@ -321,7 +321,7 @@ class DevCluster:
             "--root-ca-file", str(p / "ca.crt"),
             "--use-service-account-credentials=true",
             "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", str(ports["kcm"]),
-            # Client-side throttling would make the job controller, not NodeGate, set the pace of
+            # Client-side throttling would make the garbage collector, not NodeGate, set the pace of
             # a rollout over hundreds of simulated nodes; the API server's own fairness still applies.
             "--kube-api-qps", "2000", "--kube-api-burst", "4000",
             "--concurrent-job-syncs", "50", "--concurrent-gc-syncs", "50", "--v", "1",

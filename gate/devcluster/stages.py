@@ -149,6 +149,125 @@ phase: {phase}
 """
 
 
+# A stage pod's steps run one after another, as the kubelet runs init containers: each status update
+# finishes the running init container and starts the next. A payload copy (`payload-<package>`) takes
+# no simulated time: it finishes in the update that would start it, so only package steps cost a
+# delay. Once every init container finished, the pod's container runs (phase Running).
+_STAGE_POD_STEP_TEMPLATE = """\
+{{ $now := Now }}
+{{ $root := . }}
+{{ $n := 0 }}{{ with .spec.initContainers }}{{ $n = len . }}{{ end }}
+{{ $cur := -1 }}
+{{ with .status }}{{ range $i, $s := .initContainerStatuses }}{{ if and (lt $cur 0) $s.state.running }}{{ $cur = $i }}{{ end }}{{ end }}{{ end }}
+{{ $next := $n }}
+{{ range $i, $c := .spec.initContainers }}{{ if and (gt $i $cur) (eq $next $n) (not (hasPrefix "payload-" $c.name)) }}{{ $next = $i }}{{ end }}{{ end }}
+initContainerStatuses:
+{{ range $i, $c := .spec.initContainers }}
+- image: {{ $c.image | Quote }}
+  name: {{ $c.name | Quote }}
+  restartCount: 0
+{{ if lt $i $next }}
+  ready: true
+  started: false
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ else if eq $i $next }}
+  ready: false
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ else }}
+  ready: false
+  started: false
+  state:
+    waiting:
+      reason: PodInitializing
+{{ end }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  restartCount: 0
+{{ if eq $next $n }}
+  ready: true
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ else }}
+  ready: false
+  started: false
+  state:
+    waiting:
+      reason: PodInitializing
+{{ end }}
+{{ end }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: {{ if eq $next $n }}"True"{{ else }}"False"{{ end }}
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: {{ if eq $next $n }}"True"{{ else }}"False"{{ end }}
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: {{ if eq $next $n }}"True"{{ else }}"False"{{ end }}
+  type: ContainersReady
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: PodScheduled
+{{ with NodeIPWith .spec.nodeName }}
+hostIP: {{ . | Quote }}
+{{ end }}
+{{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+podIP: {{ . | Quote }}
+{{ end }}
+phase: {{ if eq $next $n }}Running{{ else }}Pending{{ end }}
+startTime: {{ or $root.status.startTime $now | Quote }}
+"""
+
+
+def _step_failed_template(exit_code: int, message: str) -> str:
+    """The running step of a stage pod (init container or the pod's container) fails: the pod Failed,
+    the steps after it never started."""
+    def statuses(field: str) -> str:
+        return f"""\
+{field}:
+{{{{ range .status.{field} }}}}
+- image: {{{{ .image | Quote }}}}
+  name: {{{{ .name | Quote }}}}
+  restartCount: 0
+  ready: false
+  started: false
+{{{{ if .state.running }}}}
+  state:
+    terminated:
+      exitCode: {exit_code}
+      reason: Error
+      message: {message!r}
+      startedAt: {{{{ .state.running.startedAt | Quote }}}}
+      finishedAt: {{{{ $now | Quote }}}}
+{{{{ else }}}}
+  state:{{{{ YAML .state 2 }}}}
+{{{{ end }}}}
+{{{{ end }}}}
+"""
+    return f"""\
+{{{{ $now := Now }}}}
+{statuses("initContainerStatuses")}{statuses("containerStatuses")}conditions:
+- lastTransitionTime: {{{{ $now | Quote }}}}
+  status: "False"
+  type: Ready
+  reason: PodFailed
+phase: Failed
+"""
+
+
 def _stage(name: str, kind: str, exprs: list[dict[str, Any]], nxt: dict[str, Any] | None = None, *,
            steps: list[dict[str, Any]] | None = None, weight: int = 0, delay_ms: int = 0,
            labels: dict[str, str] | None = None) -> Stage:
@@ -182,13 +301,26 @@ def _running() -> list[dict[str, Any]]:
     ]
 
 
-def default_stages(job_seconds: float = 1.0) -> list[Stage]:
-    """The kubelet of a simulated node: nodes Ready, pods Running, Job pods Succeeded, deletes done.
+def _stage_pod(*more: dict[str, Any]) -> list[dict[str, Any]]:
+    """A NodeGate stage pod (the operator's label), not being deleted, and `more`."""
+    return [_not_deleting(), {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "Exists"}, *more]
 
-    `job_seconds` is how long a Job's pod runs before it succeeds: the simulated time of a package
+
+def _running_step() -> str:
+    """The name of the running step of a stage pod: its running init container, or its container."""
+    return ("[(.status.initContainerStatuses // [])[], (.status.containerStatuses // [])[]]"
+            " | map(select(.state.running)) | .[].name")
+
+
+def default_stages(job_seconds: float = 1.0) -> list[Stage]:
+    """The kubelet of a simulated node: nodes Ready, pods Running, stage pods' steps one after
+    another then Succeeded, deletes done.
+
+    `job_seconds` is how long each package step of a stage pod runs: the simulated time of a package
     stage. Reboot interrupts also give the node a new bootID, as a real reboot would.
     """
     job_ms = int(job_seconds * 1000)
+    not_ours = {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "DoesNotExist"}
     return [
         _stage(
             "node-ready",
@@ -201,19 +333,42 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
         _stage(
             "pod-running",
             "Pod",
-            [_not_deleting(), {"key": ".status.phase", "operator": "DoesNotExist"}],
+            [_not_deleting(), not_ours, {"key": ".status.phase", "operator": "DoesNotExist"}],
             {"statusTemplate": _POD_RUNNING_TEMPLATE},
         ),
         _stage(
             "pod-running-pending",
             "Pod",
-            [_not_deleting(), {"key": ".status.phase", "operator": "In", "values": ["Pending"]}],
+            [_not_deleting(), not_ours, {"key": ".status.phase", "operator": "In", "values": ["Pending"]}],
             {"statusTemplate": _POD_RUNNING_TEMPLATE},
         ),
         _stage(
+            # Other Jobs' pods (a chart's hook, say) succeed as before.
             "job-pod-succeeded",
             "Pod",
             [*_running(), {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}],
+            {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
+            delay_ms=job_ms,
+        ),
+        _stage(
+            "stage-pod-start",
+            "Pod",
+            _stage_pod({"key": ".status.initContainerStatuses", "operator": "DoesNotExist"},
+                       {"key": ".status.phase", "operator": "NotIn", "values": ["Running", "Succeeded", "Failed"]}),
+            {"statusTemplate": _STAGE_POD_STEP_TEMPLATE},
+        ),
+        _stage(
+            "stage-pod-step",
+            "Pod",
+            _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+                       {"key": ".status.initContainerStatuses.[].state.running", "operator": "Exists"}),
+            {"statusTemplate": _STAGE_POD_STEP_TEMPLATE},
+            delay_ms=job_ms,
+        ),
+        _stage(
+            "stage-pod-succeeded",
+            "Pod",
+            _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]}),
             {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
             delay_ms=job_ms,
         ),
@@ -229,7 +384,7 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
 def reboot_stage(job_seconds: float = 1.0) -> Stage:
     """A reboot interrupt's pod reboots its node: NotReady with a new bootID, then Ready again.
 
-    Weight 1 so it wins over `job-pod-succeeded` for these pods; the node-ready stage brings the
+    Weight 1 so it wins over `stage-pod-succeeded` for these pods; the node-ready stage brings the
     node back shortly after.
     """
     node_patch = """\
@@ -252,7 +407,7 @@ status:
         "nodegate-reboot",
         "Pod",
         [*_running(),
-         {"key": f'.metadata.labels["{keys.JOB_STAGE_LABEL}"]', "operator": "In", "values": ["interrupt"]},
+         {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": ["interrupt"]},
          {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}],
         steps=[
             {"apply": {"template": node_patch, "subresource": "status", "type": "merge"}},
@@ -264,24 +419,38 @@ status:
     )
 
 
+# The running step ends well: the next starts (an init container's), or the pod succeeds (its container's).
+_STEP_DONE_TEMPLATE = ('{{ if eq .status.phase "Running" }}\n' + _terminated_template("Succeeded", 0, "Completed", "")
+                       + "{{ else }}\n" + _STAGE_POD_STEP_TEMPLATE + "{{ end }}\n")
+
+_STEP_STAGES = ("uninstall", "upgrade", "apply", "config", "post-interrupt", "post-uninstall")
+
+
 def _package_pods(nodes: list[str], package: str | None, stage: str | None) -> list[dict[str, Any]]:
-    """Selector of the running stage-Job pods on `nodes`, of one package and one stage when given."""
-    exprs: list[dict[str, Any]] = [*_running(), {"key": ".spec.nodeName", "operator": "In", "values": nodes}]
+    """Selector of the stage pods on `nodes` whose running step is of one package (and one stage, when
+    given): steps are containers named `<stage>-<package>` (gate.controller.pods)."""
+    exprs: list[dict[str, Any]] = [_not_deleting(), {"key": ".spec.nodeName", "operator": "In", "values": nodes}]
     if package:
-        exprs.append({"key": f'.metadata.labels["{keys.JOB_PACKAGE_LABEL}"]', "operator": "In", "values": [package]})
-    if stage:
-        exprs.append({"key": f'.metadata.labels["{keys.JOB_STAGE_LABEL}"]', "operator": "In", "values": [stage]})
+        steps = [f"{stage}-{package}"] if stage else [f"{s}-{package}" for s in _STEP_STAGES]
+        exprs.append({"key": _running_step(), "operator": "In", "values": steps})
+    elif stage:
+        exprs.append({"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In",
+                      "values": ["interrupt" if stage == "interrupt" else stage]})
+        exprs.append({"key": ".status.phase", "operator": "In", "values": ["Running", "Pending"]})
+    else:
+        exprs.append({"key": _running_step(), "operator": "Exists"})
     return exprs
 
 
 def failing_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
                   message: str = "injected failure", exit_code: int = 1, delay_ms: int = 0) -> Stage:
-    """A test's injected failure: matching package pods on `nodes` fail instead of succeeding."""
+    """A test's injected failure: the matching step of stage pods on `nodes` fails instead of
+    succeeding (the pod fails with it; the steps after it never run)."""
     return _stage(
         name,
         "Pod",
         _package_pods(nodes, package, stage),
-        {"statusTemplate": _terminated_template("Failed", exit_code, "Error", message)},
+        {"statusTemplate": _step_failed_template(exit_code, message)},
         weight=1,
         delay_ms=delay_ms,
         labels={INJECTED_LABEL: "true"},
@@ -290,13 +459,13 @@ def failing_stage(name: str, *, nodes: list[str], package: str | None = None, st
 
 def slow_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
                seconds: float) -> Stage:
-    """A test's injected slowness: matching package pods on `nodes` succeed, but only after `seconds`
-    (a stage that is still running when the test acts mid-rollout)."""
+    """A test's injected slowness: the matching step of stage pods on `nodes` succeeds, but only
+    after `seconds` (a stage that is still running when the test acts mid-rollout)."""
     return _stage(
         name,
         "Pod",
         _package_pods(nodes, package, stage),
-        {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
+        {"statusTemplate": _STEP_DONE_TEMPLATE},
         weight=1,
         delay_ms=int(seconds * 1000),
         labels={INJECTED_LABEL: "true"},

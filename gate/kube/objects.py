@@ -1,7 +1,7 @@
-"""What NodeGate reads off Kubernetes objects, in one place: timestamps, conditions, a Job's end, a
+"""What NodeGate reads off Kubernetes objects, in one place: timestamps, conditions, a pod's end, a
 Node's readiness, a NodeGate state's status.
 
-Each fact had been computed where it was needed (whether a Job ended in six places, timestamps in
+Each fact had been computed where it was needed (whether a stage had ended in six places, timestamps in
 three), and copies of one fact drift apart. The operator, the CLI, the invariant checker and the
 benchmarks read them here. Pure functions of the
 object's wire form (dicts as the API server sends them), as `k8s.io/apimachinery`'s helpers and
@@ -17,7 +17,7 @@ from typing import Any, Literal
 from gate.api.state import StateParseError, load_state
 
 Obj = dict[str, Any]
-JobOutcome = Literal["succeeded", "failed"]
+Outcome = Literal["succeeded", "failed"]
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -39,34 +39,27 @@ def condition_true(obj: Obj, type_: str) -> bool:
     return conditions(obj).get(type_, {}).get("status") == "True"
 
 
-def job_outcome(job: Obj) -> JobOutcome | None:
-    """How a Job ended (its terminal condition `Complete` or `Failed` is True), None while it has not."""
-    conds = conditions(job)
-    if conds.get("Complete", {}).get("status") == "True":
+def pod_outcome(pod: Obj) -> Outcome | None:
+    """How a pod ended (its phase `Succeeded` or `Failed`), None while it has not."""
+    phase = (pod.get("status") or {}).get("phase")
+    if phase == "Succeeded":
         return "succeeded"
-    if conds.get("Failed", {}).get("status") == "True":
+    if phase == "Failed":
         return "failed"
     return None
 
 
-def job_finished(job: Obj) -> bool:
-    return job_outcome(job) is not None
+def pod_ended(pod: Obj) -> bool:
+    return pod_outcome(pod) is not None
 
 
-def job_ended_at(job: Obj) -> datetime | None:
-    """When the Job's terminal condition turned True."""
-    for cond in conditions(job).values():
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return parse_time(cond.get("lastTransitionTime"))
-    return None
-
-
-def job_failure(job: Obj) -> str:
-    """The Job controller's reason and message for a failed Job ("" when it did not fail)."""
-    failed = conditions(job).get("Failed", {})
-    if failed.get("status") != "True":
-        return ""
-    return f"{failed.get('reason', '')}: {failed.get('message', '')}".strip(": ")
+def pod_ended_at(pod: Obj) -> datetime | None:
+    """When the last of its containers finished (None while one has not, or none ran)."""
+    status = pod.get("status") or {}
+    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]]
+    known = [t for t in ends if t is not None]
+    return max(known) if known and len(known) == len(ends) else None
 
 
 def node_ready(node: Obj) -> bool:
@@ -89,6 +82,6 @@ def state_status(raw: str) -> str | None:
 
 
 __all__ = [
-    "JobOutcome", "Obj", "condition_true", "conditions", "created_at", "job_ended_at", "job_failure", "job_finished",
-    "job_outcome", "node_ready", "parse_time", "state_status",
+    "Obj", "Outcome", "condition_true", "conditions", "created_at", "node_ready", "parse_time", "pod_ended",
+    "pod_ended_at", "pod_outcome", "state_status",
 ]

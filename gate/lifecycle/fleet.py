@@ -108,7 +108,7 @@ def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
 def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
               gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
               busy: Collection[str] = ()) -> GatePlan:
-    """`busy`: nodes where a stage Job of this gate still runs (a failed node's other packages, say);
+    """`busy`: nodes where a stage pod of this gate has not ended;
     a person's reset or rerun waits for them, so it never uncordons a node under a running stage."""
     name = gate.name
     generation = gate.metadata.generation or 0

@@ -4,14 +4,22 @@ A round on a node runs through phases:
 
     cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
-     post-interrupt only when it does; an interrupt of type drain runs no interrupt Job)
+     post-interrupt only when it does; an interrupt of type drain runs no interrupt pod)
+
+Each phase that runs something on the host runs it in one pod: all the package stages of the round
+(apply, upgrade, config, uninstall, in dependency order) are the steps of one stage pod, the
+interrupt has a pod, and the checks after it share one. A step is a container of the pod (init
+containers run one after another, the last step is the pod's container), and its result is its
+container's termination. A pod that ends is read step by step: the steps that succeeded are recorded
+in one write, and a failed step is retried from where it failed, in a new pod that starts with it
+(`Step`, `StagePod`, `_run_steps`).
 
 The removal of a deleted gate runs the same phases on a node, with uninstall stages, and after the
 interrupt each uninstalled package's post-uninstall check (`decide_removal`).
 
-`decide` reads the world (the gate, the node, this gate's state on the node, the stage Jobs, the
+`decide` reads the world (the gate, the node, this gate's state on the node, its stage pods, the
 pods on the node) and returns what to do next: a new state and node changes to write in one request,
-Jobs to create or delete, pods to evict, events, and when to look again. The executor performs it.
+stage pods to create or delete, pods to evict, events, and when to look again. The executor performs it.
 Everything the next step depends on is either in the state annotation or in an object with a
 deterministic name, so running `decide` again after a crash at any point does the same thing.
 """
@@ -28,9 +36,7 @@ from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.state import (
-    PACKAGE_STAGES,
     Failure,
-    Installed,
     NodeGateState,
     Phase,
     Stage,
@@ -44,23 +50,57 @@ from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
 
-JobPhase = Literal["pending", "running", "succeeded", "failed"]
+RunPhase = Literal["pending", "running", "succeeded", "failed"]
+PodKind = Literal["stages", "interrupt", "post-interrupt", "removal"]
 
 
 @dataclass(frozen=True)
-class JobView:
-    """A stage Job as the decider needs it (the executor builds this from the Job and its pod)."""
+class Step:
+    """One stage of one package (or the interrupt, `package` None) as a step of a stage pod.
+
+    `fingerprint` ties the step to the spec it was started for (the version and spec hash, or the
+    config hash): a step is recorded only while the spec still asks for exactly it."""
+
+    package: str | None
+    stage: Stage
+    fingerprint: str = ""
+    version: str | None = field(default=None, compare=False)
+    previous_version: str | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> str:
+        """Where its attempts are counted in the state: `package/stage`."""
+        return f"{self.package or '-'}/{self.stage}"
+
+
+@dataclass(frozen=True)
+class StagePod:
+    """A stage pod as the decider needs it (the executor builds this from the pod)."""
 
     name: str
-    phase: JobPhase
-    message: str = ""  # why it failed: the agent's summary from the termination message, or the Job's reason
-    waiting_reason: str = ""  # the pod's container waiting reason (ErrImagePull, ImagePullBackOff, ...)
+    kind: PodKind
+    phase: RunPhase  # pending until a container started; running; succeeded or failed once it ended
+    steps: tuple[Step, ...] = ()
+    done: int = 0  # how many of its steps, from the first, succeeded
+    message: str = ""  # why it failed: the failed step's termination message (the agent's summary), or the pod's reason
+    waiting_reason: str = ""  # a container's waiting reason (ErrImagePull, ImagePullBackOff, ...)
     waiting_since: datetime | None = None  # since when the pod is stuck in that reason
     created: datetime | None = None
-    package: str | None = None  # from the Job's labels
-    stage: str = ""
-    # False while only the pod shows the success: the Job controller records it a moment later.
-    settled: bool = True
+    round: int = 0
+    attempt: int = 0  # of its first step
+    deadline: float | None = None  # its activeDeadlineSeconds
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ("succeeded", "failed")
+
+    @property
+    def failed_step(self) -> Step | None:
+        """The step it failed in: the first that did not succeed (a pod that failed before any step
+        ran, evicted or past its deadline, failed in its first)."""
+        if self.phase != "failed" or self.done >= len(self.steps):
+            return None
+        return self.steps[self.done]
 
 
 @dataclass(frozen=True)
@@ -107,19 +147,22 @@ class Timing:
     image_pull_grace: float = 120.0  # ErrImagePull/ImagePullBackOff this long -> stage failed
     pending_timeout: float = 600.0  # a stage pod not running after this long -> stage failed
     reboot_timeout: float = 900.0  # no new bootID and Ready after a reboot interrupt -> failed
+    # A stage pod still not ended this long past its deadline fails its step: the kubelet ends it at the
+    # deadline, but not on a node that is gone or whose kubelet is down.
+    deadline_grace: float = 30.0
     poll: float = 5.0  # how often to look again while waiting on pods or drains
 
 
 @dataclass(frozen=True)
-class JobRequest:
-    """A stage Job to create; the controller renders the manifest."""
+class PodRequest:
+    """A stage pod to create; the controller renders the manifest."""
 
     name: str
-    stage: Stage
-    package: str | None  # None for the interrupt
-    version: str | None = None
-    previous_version: str | None = None
-    interrupt: Interrupt | None = None
+    kind: PodKind
+    steps: tuple[Step, ...]
+    round: int = 0
+    attempt: int = 0
+    interrupt: Interrupt | None = None  # the interrupt pod's
 
 
 @dataclass(frozen=True)
@@ -149,8 +192,8 @@ class NodeChange:
 class Decision:
     state: NodeGateState | None = None  # None: leave the annotation as it is
     node: NodeChange = field(default_factory=NodeChange)
-    create_jobs: list[JobRequest] = field(default_factory=list)
-    delete_jobs: list[str] = field(default_factory=list)
+    create_pods: list[PodRequest] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
     evict: list[tuple[str, str]] = field(default_factory=list)
     events: list[EventRequest] = field(default_factory=list)
     requeue_after: float | None = None
@@ -166,7 +209,7 @@ class NodeContext:
     gate: NodeGate
     node: NodeView
     state: NodeGateState
-    jobs: Mapping[str, JobView]  # this gate's stage Jobs on this node, by name
+    stage_pods: Mapping[str, StagePod]  # this gate's stage pods on this node, by name
     pods: Sequence[PodView] | None  # pods on the node; None when not loaded (only needed to drain)
     now: datetime
     readiness_clear: bool = True  # every other readinessTaint gate selecting the node is complete
@@ -174,11 +217,16 @@ class NodeContext:
     release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
 
 
-def job_name(gate: str, node: str, round_: int, package: str | None, stage: str, fingerprint: str = "") -> str:
-    """Deterministic: the same step of the same round always has the same Job, so a crash between
-    creating a Job and recording it can never run a stage twice."""
-    digest = hashlib.sha256(f"{gate}\0{node}\0{round_}\0{package}\0{stage}\0{fingerprint}".encode()).hexdigest()
-    label = stage.replace("post-interrupt", "post")
+_POD_LABELS: Mapping[str, str] = {"post-interrupt": "post", "post-uninstall": "post"}
+
+
+def pod_name(gate: str, node: str, round_: int, kind: PodKind, first: Step, attempt: int = 0) -> str:
+    """Deterministic: a pod is named by where it starts (its round, kind and first step) and the
+    attempt of that step, so a crash between creating a pod and recording it can never run a step
+    twice, and a retry (the next attempt) is a new pod."""
+    text = f"{gate}\0{node}\0{round_}\0{kind}\0{first.package}\0{first.stage}\0{first.fingerprint}\0{attempt}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    label = _POD_LABELS.get(first.stage, first.stage)
     return f"ng-{label}-{digest[:20]}"
 
 
@@ -238,8 +286,8 @@ class _Round:
             self.decision.state = self.state
         return self.decision
 
-    def job_name(self, package: str | None, stage: str, fingerprint: str = "") -> str:
-        return job_name(self.gate.name, self.ctx.node.name, self.state.round, package, stage, fingerprint)
+    def pod_name(self, kind: PodKind, first: Step, attempt: int = 0) -> str:
+        return pod_name(self.gate.name, self.ctx.node.name, self.state.round, kind, first, attempt)
 
 
 def round_work(gate: NodeGate, state: NodeGateState) -> dict[str, PackageWork]:
@@ -264,15 +312,30 @@ def decide(ctx: NodeContext) -> Decision:
 
     if s.phase in ("cordon", "wait-pods", "drain") and not needs_interrupt:
         r.set_phase("stages")
-    outcome = _phases(r, required, paused, lambda: _stages(r, work, paused))
+    _sweep(r)
+    outcome = _phases(r, required, paused, lambda: _stages(r, paused))
     if outcome is not None:
         return outcome
 
     if s.phase == "finish":
-        if _unsettled(r):
-            return r.finish_decision()
         _finish(r)
     return r.finish_decision()
+
+
+_KIND_PHASE: Mapping[PodKind, Phase] = {"stages": "stages", "removal": "stages", "interrupt": "interrupt",
+                                        "post-interrupt": "post-interrupt"}
+_PHASE_ORDER: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt",
+                                   "finish")
+
+
+def _sweep(r: _Round) -> None:
+    """Delete the ended stage pods no phase still ahead of this round will read: those of earlier
+    rounds, and those of phases the round is past."""
+    s = r.state
+    now = _PHASE_ORDER.index(s.phase)
+    for pod in r.ctx.stage_pods.values():
+        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(_KIND_PHASE[pod.kind]) < now):
+            r.decision.delete_pods.append(pod.name)
 
 
 def _require(r: _Round, asked: Mapping[str, Interrupt]) -> Interrupt:
@@ -388,112 +451,164 @@ def _prepare(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     return None
 
 
-def _stages(r: _Round, work: Mapping[str, PackageWork], paused: bool) -> Decision | None:
-    """Run package stages in dependency order. Returns a decision while work remains, None when done.
-
-    Finished stages are recorded and the next ones started in the same decision: the executor writes
-    the node (with the new `installed`) before it creates Jobs, so a crash in between only means
-    the Jobs are created by the next look, under the same names.
-    """
-    ctx, s, gate = r.ctx, r.state, r.gate
+def _stages(r: _Round, paused: bool) -> Decision | None:
+    """The package stages of an install round, as the steps of one stage pod in dependency order.
+    Returns a decision while work remains, None when done."""
+    gate = r.gate
     packages = gate.spec.packages
     order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
-    finished: set[str] = set()
-    busy = _stale_stage_jobs(r, work)
-    while True:
-        running = len(busy)
-        starts: list[tuple[str, Stage]] = []
-        recorded = False
+    blocked: list[str] = []
+
+    def plan() -> list[Step]:
+        # A package whose dependencies will not satisfy its constraints once this pod ran waits; it
+        # fails the node once nothing else is left to run.
+        work = round_work(gate, r.state)
+        after: dict[str, str | None] = {n: (packages[n].version if not work[n].done else
+                                            (r.state.installed[n].version if n in r.state.installed else None))
+                                        for n in order}
+        steps: list[Step] = []
+        held: set[str] = set()
+        blocked.clear()
         for name in order:
             w = work[name]
-            stage = w.next_stage
-            if stage is None or name in busy:
+            deps = packages[name].depends_on
+            unmet = [d for d in deps if d in held or (version := after.get(d)) is None
+                     or not constraint_satisfied(deps[d], version)]
+            if unmet:
+                held.add(name)
+                if not w.done:
+                    blocked.append(name)
                 continue
             pkg = packages[name]
-            job = r.job_name(name, stage, stage_fingerprint(pkg, stage))
-            view = ctx.jobs.get(job)
-            if view is None or job in finished:
-                starts.append((name, stage))
-                continue
-            if view.phase == "succeeded":
-                s.installed = dict(s.installed)
-                record = after_stage(stage, pkg, s.installed.get(name))
-                if record is None:
-                    s.installed.pop(name, None)
-                else:
-                    s.installed[name] = record
-                r.changed = recorded = True
-                r.decision.delete_jobs.append(job)
-                finished.add(job)
-                continue
-            if view.phase == "failed":
-                return r.fail("StageFailed", view.message or "the stage Job failed", package=name, stage=stage)
-            stuck = _stuck(view, ctx)
-            if stuck:
-                return r.fail(stuck[0], stuck[1], package=name, stage=stage)
-            _look_again_for(r, view)
-            running += 1
-        if not recorded:
-            break
-        work = round_work(gate, s)  # what is left after the stages just recorded
-    if not starts and running == 0:
+            steps += [Step(name, stage, stage_fingerprint(pkg, stage), version=pkg.version,
+                           previous_version=w.previous_version) for stage in w.stages]
+        return steps
+
+    def record(step: Step) -> None:
+        assert step.package is not None
+        installed = dict(r.state.installed)
+        done = after_stage(step.stage, packages[step.package], installed.get(step.package))
+        if done is None:
+            installed.pop(step.package, None)
+        else:
+            installed[step.package] = done
+        r.state.installed = installed
+
+    outcome = _run_steps(r, "stages", plan, record, lambda _, message: ("StageFailed", message), paused)
+    if outcome is not None:
+        return outcome
+    if blocked:
+        return r.fail("DependencyUnsatisfied", f"{', '.join(blocked)} wait for dependencies whose installed "
+                      "version does not satisfy the constraint", package=blocked[0], stage="apply")
+    return None
+
+
+def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record: Callable[[Step], None],
+               failure: Callable[[Step, str], tuple[str, str]], paused: bool) -> Decision | None:
+    """Run `plan`'s steps in stage pods of `kind`. Returns a decision while any is left, None when all
+    are done.
+
+    Level-triggered: `plan` is what is left, recomputed from the state after each `record`. A pod
+    that ended is read step by step: each step it completed that is the next one planned is
+    recorded (all of them in this one decision, so the node's state is written once per pod), a
+    failed step counts an attempt of that step, and the pod is deleted. The executor writes the node
+    before it deletes or creates pods, so a crash in between only means the next look does the same
+    again. The next pod starts with the first step left; while any stage pod of the gate still runs
+    on the node, nothing new starts (two stages never change one host at once).
+    """
+    ctx, s = r.ctx, r.state
+    ours = sorted((p for p in ctx.stage_pods.values() if p.kind == kind and p.round == s.round),
+                  key=lambda p: (p.created or ctx.now, p.name))
+    steps = plan()
+    for pod in ours:
+        if not pod.ended:
+            continue
+        for step in pod.steps[:pod.done]:
+            if steps and steps[0] == step:
+                record(step)
+                r.changed = True
+                steps = plan()
+        failed = pod.failed_step
+        if failed is not None and steps and steps[0] == failed:
+            attempts = (pod.attempt if pod.steps[0] == failed else 0) + 1
+            if attempts > s.attempts.get(failed.key, 0):
+                s.attempts = {**s.attempts, failed.key: attempts}
+                s.retry_at = _iso(ctx.now + timedelta(seconds=retry_backoff(attempts)))
+                r.changed = True
+            if s.attempts[failed.key] > _retries(r, failed):
+                r.decision.delete_pods.append(pod.name)
+                reason, message = failure(failed, pod.message or f"the {failed.stage} step failed")
+                return r.fail(reason, message, package=failed.package, stage=failed.stage)
+        r.decision.delete_pods.append(pod.name)
+    running = [p for p in ctx.stage_pods.values() if not p.ended]
+    if not steps:
+        if running:
+            r.decision.requeue_after = ctx.timing.poll
+            return r.finish_decision()
         return None
+    head = steps[0]
+    name = r.pod_name(kind, head, s.attempts.get(head.key, 0))
+    current = ctx.stage_pods.get(name)
+    if current is not None and not current.ended:
+        left = _past_deadline(current, ctx)
+        if left is not None and left <= 0:
+            where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
+            r.decision.delete_pods.append(current.name)
+            reason, message = failure(where, f"DeadlineExceeded: the stage pod {current.name} did not end within "
+                                      f"its deadline of {current.deadline:.0f}s")
+            return r.fail(reason, message, package=where.package, stage=where.stage)
+        stuck = _stuck(current, ctx)
+        if stuck:
+            where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
+            r.decision.delete_pods.append(current.name)
+            return r.fail(stuck[0], stuck[1], package=where.package, stage=where.stage)
+        _look_again_for(r, current)
+        return r.finish_decision()
+    if running or current is not None:
+        # Another stage pod of the gate still runs on the node (a spec change under it), or this one
+        # ended and is deleted above: look again when it is gone.
+        r.decision.requeue_after = ctx.timing.poll
+        return r.finish_decision()
     if paused:
         return r.finish_decision()
-    blocked: list[str] = []
-    for name, stage in starts:
-        if gate.spec.serial and (running or r.decision.create_jobs):
-            break
-        deps = packages[name].depends_on
-        waiting_on = [d for d in deps if d in work and not _dep_ready(d, deps[d], work, s.installed)]
-        if waiting_on:
-            blocked.append(name)
-            continue
-        pkg = packages[name]
-        r.decision.create_jobs.append(JobRequest(
-            r.job_name(name, stage, stage_fingerprint(pkg, stage)), stage, name, version=pkg.version,
-            previous_version=work[name].previous_version,
-        ))
-    if not r.decision.create_jobs and running == 0 and blocked:
-        missing = ", ".join(blocked)
-        return r.fail("DependencyUnsatisfied", f"{missing} wait for dependencies whose installed version does "
-                      "not satisfy the constraint", package=blocked[0], stage="apply")
+    wait = -_since(s.retry_at, ctx.now) if s.retry_at else 0.0
+    if wait > 0:  # the backoff after a failed attempt
+        r.decision.requeue_after = wait
+        return r.finish_decision()
+    r.decision.create_pods.append(PodRequest(name, kind, tuple(steps), round=s.round,
+                                             attempt=s.attempts.get(head.key, 0)))
     return r.finish_decision()
 
 
-def _stale_stage_jobs(r: _Round, work: Mapping[str, PackageWork]) -> set[str]:
-    """Packages with a stage Job from an earlier spec still running on the node.
-
-    The spec changed under a running stage (a new version, say): the new stage waits until the old
-    one ends, so two stages of one package never run on a host at once. Ended stale Jobs are removed.
-    """
-    busy: set[str] = set()
-    packages = r.gate.spec.packages
-    for view in r.ctx.jobs.values():
-        if view.package is None or view.stage not in PACKAGE_STAGES:
-            continue
-        pkg = packages.get(view.package)
-        w = work.get(view.package)
-        current = None
-        if pkg is not None and w is not None and w.next_stage is not None:
-            current = r.job_name(view.package, w.next_stage, stage_fingerprint(pkg, w.next_stage))
-        if view.name == current:
-            continue
-        if view.phase in ("pending", "running"):
-            busy.add(view.package)
-        elif view.name not in r.decision.delete_jobs:
-            r.decision.delete_jobs.append(view.name)
-    return busy
+def pod_refused(ctx: NodeContext, request: PodRequest, message: str) -> Decision:
+    """The API server refused to create a stage pod (its admission: a LimitRange, a quota, a policy):
+    the node fails with the reason, in the step the pod would have started with; asking again would
+    be refused again."""
+    r = _Round(ctx)
+    first = request.steps[0]
+    return r.fail("PodRefused", f"the API server refused the stage pod {request.name}: {message}",
+                  package=first.package, stage=first.stage)
 
 
-def _dep_ready(dep: str, constraint: str, work: Mapping[str, PackageWork], installed: Mapping[str, Installed]) -> bool:
-    if not work[dep].done:
-        return False
-    record = installed.get(dep)
-    return record is not None and constraint_satisfied(constraint, record.version)
+def retry_backoff(attempts: int) -> float:
+    """Seconds before the next attempt of a step that failed `attempts` times: 10 s, doubled each time,
+    at most 5 minutes (the Job controller's backoff, which ran the retries until stage pods did)."""
+    return float(min(300.0, 10.0 * 2.0 ** (attempts - 1)))
 
 
-def _stuck(view: JobView, ctx: NodeContext) -> tuple[str, str] | None:
+def _retries(r: _Round, step: Step) -> int:
+    pkg = r.gate.spec.packages.get(step.package or "")
+    return pkg.retries if pkg is not None else 0
+
+
+def _past_deadline(view: StagePod, ctx: NodeContext) -> float | None:
+    """Seconds until a pod counts as past its deadline (<= 0: it is), None when it has none."""
+    if view.deadline is None or view.created is None:
+        return None
+    return view.deadline + ctx.timing.deadline_grace - (ctx.now - view.created).total_seconds()
+
+
+def _stuck(view: StagePod, ctx: NodeContext) -> tuple[str, str] | None:
     if view.waiting_reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"):
         since = view.waiting_since or view.created
         if since is None or (ctx.now - since).total_seconds() >= ctx.timing.image_pull_grace:
@@ -505,9 +620,15 @@ def _stuck(view: JobView, ctx: NodeContext) -> tuple[str, str] | None:
     return None
 
 
-def _look_again_for(r: _Round, view: JobView) -> None:
-    """A Job that may turn out stuck is looked at again when its grace runs out: no event may come."""
+def _look_again_for(r: _Round, view: StagePod) -> None:
+    """A pod that may turn out stuck, or run past its deadline, is looked at again when its grace
+    runs out: no event may come."""
     timing = r.ctx.timing
+    left = _past_deadline(view, r.ctx)
+    if left is not None:
+        due = max(0.1, left + 0.05)
+        current = r.decision.requeue_after
+        r.decision.requeue_after = due if current is None else min(current, due)
     if view.waiting_reason:
         since = view.waiting_since or view.created or r.ctx.now
         due = timing.image_pull_grace - (r.ctx.now - since).total_seconds()
@@ -523,14 +644,16 @@ def _look_again_for(r: _Round, view: JobView) -> None:
 def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     ctx, s = r.ctx, r.state
     if required.type in ("none", "drain"):
-        return None  # a drain is done by now (cordon, wait-pods, drain): no interrupt Job
-    name = _interrupt_job(r, required)
-    view = ctx.jobs.get(name)
+        return None  # a drain is done by now (cordon, wait-pods, drain): no interrupt pod
+    step = _interrupt_step(required)
+    name = r.pod_name("interrupt", step)
+    view = ctx.stage_pods.get(name)
+    request = PodRequest(name, "interrupt", (step,), round=s.round, interrupt=required)
     if required.type == "reboot":
         rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
         if rebooted and ctx.node.ready and (view is None or view.phase != "running"):
             if view is not None:
-                r.decision.delete_jobs.append(name)
+                r.decision.delete_pods.append(name)
             r.event("node", "Normal", "Rebooted", f"The node came back with a new boot ID after NodeGate "
                     f"{ctx.gate.name}'s reboot")
             return None
@@ -540,11 +663,11 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
                 return r.finish_decision()
             if paused:
                 return r.finish_decision()
-            r.decision.create_jobs.append(JobRequest(name, "interrupt", None, interrupt=required))
+            r.decision.create_pods.append(request)
             r.event("node", "Normal", "Interrupting", f"NodeGate {ctx.gate.name} is rebooting the node")
             return r.finish_decision()
         if view.phase == "failed" and not rebooted:
-            return r.fail("InterruptFailed", view.message or "the reboot Job failed", stage="interrupt")
+            return r.fail("InterruptFailed", view.message or "the reboot pod failed", stage="interrupt")
         if _since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
             return r.fail("RebootTimeout", f"no new boot ID and Ready within {ctx.timing.reboot_timeout:.0f}s",
                           stage="interrupt")
@@ -553,13 +676,18 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     if view is None:
         if paused:
             return r.finish_decision()
-        r.decision.create_jobs.append(JobRequest(name, "interrupt", None, interrupt=required))
+        r.decision.create_pods.append(request)
         return r.finish_decision()
     if view.phase == "succeeded":
-        r.decision.delete_jobs.append(name)
+        r.decision.delete_pods.append(name)
         return None
     if view.phase == "failed":
-        return r.fail("InterruptFailed", view.message or "the interrupt Job failed", stage="interrupt")
+        return r.fail("InterruptFailed", view.message or "the interrupt pod failed", stage="interrupt")
+    left = _past_deadline(view, ctx)
+    if left is not None and left <= 0:
+        r.decision.delete_pods.append(name)
+        return r.fail("InterruptFailed", f"DeadlineExceeded: the interrupt pod {name} did not end within its "
+                      f"deadline of {view.deadline:.0f}s", stage="interrupt")
     stuck = _stuck(view, ctx)
     if stuck:
         return r.fail(stuck[0], stuck[1], stage="interrupt")
@@ -567,37 +695,29 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
     return r.finish_decision()
 
 
+def _interrupt_step(interrupt: Interrupt) -> Step:
+    return Step(None, "interrupt", f"{interrupt.type}:{','.join(interrupt.services)}")
+
+
 def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
-    ctx, s, gate = r.ctx, r.state, r.gate
-    todo = [p for p in s.interrupted if p in gate.spec.packages and p not in s.post_checked]
-    if not todo:
-        return None
-    waiting = False
-    for name in todo:
-        stage = _check_after_interrupt(s, name)
-        job = r.job_name(name, stage, gate.spec.packages[name].version)
-        view = ctx.jobs.get(job)
-        if view is None:
-            if not paused:
-                pkg = gate.spec.packages[name]
-                r.decision.create_jobs.append(JobRequest(job, stage, name, version=pkg.version))
-            waiting = True
-        elif view.phase == "succeeded":
-            s.post_checked = sorted({*s.post_checked, name})
-            r.changed = True
-            r.decision.delete_jobs.append(job)
-        elif view.phase == "failed":
-            reason = "PostUninstallCheckFailed" if stage == "post-uninstall" else "PostInterruptCheckFailed"
-            return r.fail(reason, view.message or f"the {stage} check failed", package=name, stage=stage)
-        else:
-            stuck = _stuck(view, ctx)
-            if stuck:
-                return r.fail(stuck[0], stuck[1], package=name, stage=stage)
-            _look_again_for(r, view)
-            waiting = True
-    if waiting:
-        return r.finish_decision()
-    return None  # every check passed: finish in this same step
+    """Every check after the interrupt, as the steps of one pod: post-interrupt for what the round
+    installed or changed, post-uninstall for what it uninstalled."""
+    packages = r.gate.spec.packages
+    order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
+
+    def plan() -> list[Step]:
+        s = r.state
+        todo = set(s.interrupted) - set(s.post_checked)
+        return [Step(n, _check_after_interrupt(s, n), packages[n].version, version=packages[n].version)
+                for n in order if n in todo]
+
+    def record(step: Step) -> None:
+        r.state.post_checked = sorted({*r.state.post_checked, step.package or ""})
+
+    def failure(step: Step, message: str) -> tuple[str, str]:
+        return ("PostUninstallCheckFailed" if step.stage == "post-uninstall" else "PostInterruptCheckFailed"), message
+
+    return _run_steps(r, "post-interrupt", plan, record, failure, paused)
 
 
 def _check_after_interrupt(state: NodeGateState, package: str) -> Stage:
@@ -669,15 +789,14 @@ def decide_removal(ctx: NodeContext) -> Decision:
     # Stages of the last round: a running one finishes first, even on a failed node (another
     # package's stage may still be changing the host): a host change is never cut off half way, and
     # the node is not uncordoned under it. Stuck ones (image pull, never started) will not finish and
-    # are removed with the rest. One whose pod is done counts as running until its Job records it.
-    own = _removal_jobs(r) if s.removing else set()
-    leftovers = [v for v in ctx.jobs.values() if v.name not in own]
-    running = [v for v in leftovers
-               if (v.phase in ("pending", "running") and _stuck(v, ctx) is None) or not v.settled]
+    # are removed with the rest.
+    own = {v.name for v in ctx.stage_pods.values() if _removal_pod(r, v)}
+    leftovers = [v for v in ctx.stage_pods.values() if v.name not in own]
+    running = [v for v in leftovers if not v.ended and _stuck(v, ctx) is None]
     if running:
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
-    r.decision.delete_jobs.extend(v.name for v in leftovers)
+    r.decision.delete_pods.extend(v.name for v in leftovers)
     reset = keys.reset_annotation(gate.name) in ctx.node.annotations
     if reset:
         # A person reset the node (after a failed uninstall, say, fixed by hand): what the gate installed
@@ -685,7 +804,7 @@ def decide_removal(ctx: NodeContext) -> Decision:
         s.installed = {}
         s.interrupted = []
         r.changed = True
-        r.decision.delete_jobs.extend(n for n in own if n in ctx.jobs)
+        r.decision.delete_pods.extend(sorted(own))
     picked = s.removing and s.status == "in-progress"
     if picked:
         outcome = _removal_round(r)
@@ -698,8 +817,6 @@ def decide_removal(ctx: NodeContext) -> Decision:
         return r.finish_decision()
     if s.removing and not ctx.release:
         # Held until its batch is judged (gate.lifecycle.removal): a batch is judged on all its nodes.
-        return r.finish_decision()
-    if _unsettled(r):
         return r.finish_decision()
     r.decision.remove_state = True
     r.decision.state = None
@@ -718,22 +835,10 @@ def _to_uninstall(gate: NodeGate, state: NodeGateState) -> list[str]:
     return sorted(n for n, p in gate.spec.packages.items() if p.uninstall.enabled and n in state.installed)
 
 
-def _uninstall_job(r: _Round, package: str) -> str:
-    return r.job_name(package, "uninstall", "gate-deleted")
-
-
-def _interrupt_job(r: _Round, interrupt: Interrupt) -> str:
-    return r.job_name(None, "interrupt", f"{interrupt.type}:{','.join(interrupt.services)}")
-
-
-def _removal_jobs(r: _Round) -> set[str]:
-    """The Jobs a removal round runs on the node (all others are left over from an install round)."""
-    s, packages = r.state, r.gate.spec.packages
-    names = {_uninstall_job(r, n) for n in packages}
-    if s.interrupt is not None:
-        names.add(_interrupt_job(r, s.interrupt))
-    names |= {r.job_name(n, "post-uninstall", packages[n].version) for n in s.interrupted if n in packages}
-    return names
+def _removal_pod(r: _Round, pod: StagePod) -> bool:
+    """A pod of this removal's round (all others are left over from an install round): plan_removal
+    starts the removal in a round of its own."""
+    return r.state.removing and pod.round == r.state.round and pod.kind != "stages"
 
 
 def _removal_round(r: _Round) -> Decision | None:
@@ -745,66 +850,31 @@ def _removal_round(r: _Round) -> Decision | None:
     packages = gate.spec.packages
     todo = _to_uninstall(gate, s)
     required = _require(r, {n: packages[n].uninstall_interrupt() for n in todo})
-    outcome = _phases(r, required, paused, lambda: _uninstalls(r, todo, paused))
+    outcome = _phases(r, required, paused, lambda: _uninstalls(r, paused))
     if outcome is not None:
         return outcome
-    if _unsettled(r):
-        return r.finish_decision()
     _complete_round(r)
     r.event("node", "Normal", "Uninstalled", f"NodeGate {gate.name} was deleted: its packages are uninstalled")
     return None
 
 
-def _uninstalls(r: _Round, todo: Sequence[str], paused: bool) -> Decision | None:
-    """The uninstall stages of a removal round, each package after the packages that depend on it (and
-    one at a time on a serial gate). Returns a decision while any is left, None when all are done."""
-    ctx, s, gate = r.ctx, r.state, r.gate
-    packages = gate.spec.packages
-    order = [n for n in reversed(topological_order({n: set(p.depends_on) for n, p in packages.items()}))
-             if n in todo]
-    left = set(order)
-    running = 0
-    for name in order:
-        job = _uninstall_job(r, name)
-        view = ctx.jobs.get(job)
-        if view is None:
-            continue
-        if view.phase == "succeeded":
-            s.installed = {k: v for k, v in s.installed.items() if k != name}
-            left.discard(name)
-            r.changed = True
-            r.decision.delete_jobs.append(job)
-        elif view.phase == "failed":
-            return r.fail("UninstallFailed", f"{view.message or 'the uninstall Job failed'}; the gate keeps "
-                          "its finalizer until the node is fixed and reset", package=name, stage="uninstall")
-        else:
-            stuck = _stuck(view, ctx)
-            if stuck:
-                return r.fail(stuck[0], stuck[1], package=name, stage="uninstall")
-            _look_again_for(r, view)
-            running += 1
-    if not left:
-        return None
-    if not paused:
-        for name in order:
-            job = _uninstall_job(r, name)
-            if name not in left or job in ctx.jobs:
-                continue
-            if any(name in packages[other].depends_on for other in left if other != name):
-                continue  # what depends on it goes first
-            if gate.spec.serial and (running or r.decision.create_jobs):
-                break
-            r.decision.create_jobs.append(JobRequest(job, "uninstall", name, version=s.installed[name].version))
-    return r.finish_decision()
+def _uninstalls(r: _Round, paused: bool) -> Decision | None:
+    """The uninstall stages of a removal round, as the steps of one pod, each package after the
+    packages that depend on it. Returns a decision while any is left, None when all are done."""
+    packages = r.gate.spec.packages
+    order = list(reversed(topological_order({n: set(p.depends_on) for n, p in packages.items()})))
 
+    def plan() -> list[Step]:
+        todo = set(_to_uninstall(r.gate, r.state))
+        return [Step(n, "uninstall", "gate-deleted", version=r.state.installed[n].version) for n in order if n in todo]
 
-def _unsettled(r: _Round) -> bool:
-    """Jobs this step deletes whose pods are done but which have not recorded their end: the node is
-    let go in the next step, once they are gone, so no Job is ever seen running on a released node."""
-    if any(not r.ctx.jobs[n].settled for n in r.decision.delete_jobs if n in r.ctx.jobs):
-        r.decision.requeue_after = r.ctx.timing.poll
-        return True
-    return False
+    def record(step: Step) -> None:
+        r.state.installed = {k: v for k, v in r.state.installed.items() if k != step.package}
+
+    def failure(_: Step, message: str) -> tuple[str, str]:
+        return "UninstallFailed", f"{message}; the gate keeps its finalizer until the node is fixed and reset"
+
+    return _run_steps(r, "removal", plan, record, failure, paused)
 
 
 def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:
@@ -818,7 +888,7 @@ def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:
 
 def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment: str, boot_id: str,
                 now: datetime) -> NodeGateState:
-    """The state of a node the planner just picked: a new round (new Job names), in progress."""
+    """The state of a node the planner just picked: a new round (new stage pod names), in progress."""
     s = state.model_copy(deep=True)
     s.status = "in-progress"
     s.round += 1
@@ -837,6 +907,8 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
         s.interrupt = None
         s.interrupted = []
     s.post_checked = []
+    s.attempts = {}
+    s.retry_at = None
     s.drain_blocked_by = None
     s.boot_id = s.boot_id or boot_id
     return s
@@ -860,6 +932,8 @@ def rerun(state: NodeGateState, package: str, stage: str) -> NodeGateState:
 
 
 __all__ = [
-    "Decision", "EventRequest", "JobRequest", "JobView", "NodeChange", "NodeContext", "NodeView", "PodView",
-    "Timing", "decide", "decide_removal", "job_name", "pending_work", "rerun", "start_round", "timedelta",
+    "Decision", "EventRequest", "NodeChange", "NodeContext", "NodeView", "PodKind", "PodRequest", "PodView",
+    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "pod_refused",
+    "rerun",
+    "start_round", "timedelta",
 ]

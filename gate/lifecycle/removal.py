@@ -15,7 +15,7 @@ did before), so that it never waits for budget it holds itself. A node that unin
 nodes; nodes with nothing to uninstall are released at once. Pure: the operator performs the updates
 returned.
 
-On the node the removal is a round of its own (`gate.lifecycle.machine.decide_removal`, with new Job
+On the node the removal is a round of its own (`gate.lifecycle.machine.decide_removal`, with new stage pod
 names): cordon, wait for protected pods and drain when an uninstall needs an interrupt, the uninstalls,
 the interrupt, the checks after it, the uncordon; the node then stops counting against the budget.
 """
@@ -106,7 +106,7 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
     starts = [*rollout.starts, *(Start(n, members[n].compartment or "", 0) for n in cordoned)]
     for start in starts:
         previous = members[start.node]
-        # A round of its own: new Job names, and nothing carried over from an install round's interrupt.
+        # A round of its own: new stage pod names, and nothing carried over from an install round's interrupt.
         state = previous.model_copy(update={
             "status": "in-progress", "removing": True, "batch": start.batch, "compartment": start.compartment,
             "round": previous.round + 1, "failure": None, "phase": "idle", "phase_since": now.isoformat(),

@@ -1,17 +1,25 @@
 """NodeGate's safety invariants, judged from the outside: a pure checker, events in, violations out.
 
-The checker reads what any observer of the cluster can read — Nodes, the stage Jobs in the operator's
-namespace, NodeGates and DeploymentPolicies — and never the operator's memory or logs. It computes
-compartments and ceilings itself from the gate and policy *specs* and the node labels (with the pure
-`gate.rollout` functions that define what a compartment is), and judges every change it is fed.
-`gate.testing.watcher` feeds it from watches of its own; unit tests feed it recorded sequences.
+The checker reads what any observer of the cluster can read — Nodes, the stage pods in the operator's
+namespace (label `app.kubernetes.io/managed-by: nodegate`), NodeGates and DeploymentPolicies — and
+never the operator's memory or logs. It computes compartments and ceilings itself from the gate and
+policy *specs* and the node labels (with the pure `gate.rollout` functions that define what a
+compartment is), and judges every change it is fed. `gate.testing.watcher` feeds it from watches of
+its own; unit tests feed it recorded sequences.
 
-Definitions (G a gate, N a node, "disrupted" and "running" below):
+Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 
 * N is **disrupted by G** while G's state on N says `in-progress` (the planner reserves budget from
   the moment it picks a node) or N is unschedulable with `nodegate.io/cordoned-by: G` (a cordon
   NodeGate holds, such as a failed node left cordoned).
-* A stage **Job is running** from its creation until it is seen Complete or Failed, or deleted.
+* A stage **pod is running** from its creation until it is seen with phase Succeeded or Failed, or
+  deleted. A pod runs one phase of a node's round (its label `nodegate.io/stage`: `stages`,
+  `interrupt`, `post-interrupt`, `removal`), its steps one after another.
+* A **step** is one stage of one package in a pod, as its annotation `nodegate.io/steps` lists them
+  (package, stage, container), with the version and generation its agent container is started with
+  (`--version`, `--generation`); the interrupt pod's one step is the interrupt. A step shares its
+  pod's lifetime. It **succeeded** when its container was seen terminated with exit code 0; a pod
+  **failed** when it was seen in phase Failed or with a container terminated non-zero.
 
 1. `over-ceiling`: whenever a node *becomes* disrupted by G in compartment C, the nodes disrupted by G
    in C number at most C's ceiling: `budget.ceiling(matched)`, matched being the nodes G selects in C
@@ -19,25 +27,26 @@ Definitions (G a gate, N a node, "disrupted" and "running" below):
    disrupted is not a violation by itself; starting another node while above it is. The removal of a
    deleted G is judged the same way, its matched nodes being those that hold G's state.
 2. `uncordoned-during-stage`: when N goes from unschedulable to schedulable while it carried
-   `cordoned-by: G`, no stage Job of G on N (package stage, interrupt or post-interrupt check) is
+   `cordoned-by: G`, no stage pod of G on N (package stages, interrupt or post-interrupt checks) is
    running.
-3. `interrupt-uncordoned`: when an interrupt Job (a reboot, a service restart) is created on N, N is
-   unschedulable.
+3. `interrupt-uncordoned`: when an interrupt pod (kind `interrupt`: a reboot, a service restart) is
+   created on N, N is unschedulable.
 4. `taint-lifted-early`: when N loses the readiness taint, every readinessTaint gate that selects N
    (and is not being deleted) is `complete` in the same version of N.
-5. `duplicate-stage`: two Jobs of one stage — the same gate, node, package, version, stage and
-   generation (`--version`, `--generation` of the agent); for interrupt Jobs, the same Job name, i.e.
-   the same step of the same round — are created only as a **retry**: the later Job J2 is a retry of
-   the last earlier one J1 when J1 had failed before J2 was created, or when a person asked for a
-   rerun on N (`nodegate rerun` / `nodegate node reset`: the annotation `rerun.G` or `reset.G` on the
-   node) after J1 was created and before J2 was. A stage retried inside its Job (the package's
-   `retries`, the Job's backoffLimit) creates pods, not Jobs, and is not a second creation. A running
-   Job deleted by hand and created again is a duplicate: the stage really runs twice.
+5. `duplicate-stage`: judged per step. Two steps of one stage — the same gate, node, package,
+   version, stage and generation; for the interrupt, the same round (`nodegate.io/round`) — run only
+   as a **retry**: the later step S2 (in pod P2) is a retry of the last earlier one S1 (in pod P1)
+   when P1 had failed before P2 was created and S1 had not succeeded in it (P1 failed at S1, or at an
+   earlier step, so S1 never ran to its end), or when a person asked for a rerun on N (`nodegate
+   rerun` / `nodegate node reset`: the annotation `rerun.G` or `reset.G` on the node) after P1 was
+   created and before P2 was. So a retry pod starting at the failed step is legal; a step that
+   succeeded appearing again in a later pod, or twice in one pod, is a duplicate: it really runs
+   twice on the host. So is a running pod deleted by hand and created again.
 6. `left-cordoned` / `left-tainted` (after convergence, `check_converged`): no node is unschedulable
    with `cordoned-by`; no node carries the readiness taint unless a readinessTaint gate selecting it
    is not complete there.
 
-Order. Nodes and Jobs arrive on separate watches, so the checker needs them merged in the order
+Order. Nodes and pods arrive on separate watches, so the checker needs them merged in the order
 etcd applied them: it relies on resourceVersions being etcd revisions of one etcd, comparable across
 kinds (true of the dev cluster: one etcd, no `--etcd-servers-overrides`). Events of one kind must
 come in order; `watcher.InvariantWatcher` merges the kinds. NodeGates and DeploymentPolicies are specs
@@ -45,10 +54,10 @@ and are applied as they come.
 
 Blind windows. A watch that expires (410 Gone) relists, and what happened between its last event and
 the list is known only by its end state (`Relist`). The checker never guesses inside such a window:
-a Job that ended in it may have ended at its start, a Job that appeared may have been created at its
+a pod that ended in it may have ended at its start, a pod that appeared may have been created at its
 end, a node transition in it is judged only when it is a violation whichever the order (an uncordon
-while a Job ran throughout the window) — otherwise it is counted as unverified. Over-ceiling is
-exact there too: a list is a real state of every node at one revision. A Job created and deleted
+while a pod ran throughout the window) — otherwise it is counted as unverified. Over-ceiling is
+exact there too: a list is a real state of every node at one revision. A pod created and deleted
 inside a window is never seen.
 """
 
@@ -64,15 +73,16 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from gate.api import keys
+from gate.api.facts import FACTS_ANNOTATION
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
-from gate.kube.objects import job_outcome
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, ROUND_ANNOTATION, STEPS_ANNOTATION
+from gate.kube.objects import pod_outcome
 from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, compartments_of
 
 Obj = dict[str, Any]
-Resource = Literal["nodes", "jobs", "nodegates", "deploymentpolicies"]
+Resource = Literal["nodes", "pods", "nodegates", "deploymentpolicies"]
 ViolationKind = Literal["over-ceiling", "uncordoned-during-stage", "interrupt-uncordoned", "taint-lifted-early",
                         "duplicate-stage", "left-cordoned", "left-tainted"]
 VIOLATION_KINDS: tuple[ViolationKind, ...] = (
@@ -121,7 +131,7 @@ class Relist:
 @dataclass(frozen=True)
 class Blind:
     """From `since`+1 to `until` the node watch is blind (its Relist at `until` follows). Fed at
-    `since`+1, so Jobs created in that window are not judged against a node state known to be stale."""
+    `since`+1, so pods created in that window are not judged against a node state known to be stale."""
 
     resource: Resource
     since: int
@@ -151,15 +161,30 @@ def slim(resource: Resource, obj: Obj) -> Obj:
         spec = obj.get("spec") or {}
         taints = [t for t in spec.get("taints") or [] if t.get("key") == keys.READINESS_TAINT_KEY]
         return {"metadata": kept, "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": taints}}
+    if resource == "pods":
+        # Not the node facts: a copy of the node's labels and annotations on every pod.
+        kept["annotations"] = {k: v for k, v in annotations.items() if k != FACTS_ANNOTATION}
+        return {"metadata": kept, **_slim_pod(obj)}
     kept["annotations"] = dict(annotations)
-    if resource == "jobs":
-        containers = ((((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}])
-        conditions = [{"type": c.get("type"), "status": c.get("status")}
-                      for c in (obj.get("status") or {}).get("conditions") or []]
-        return {"metadata": kept, "spec": {"template": {"spec": {"containers": [
-            {"args": list(containers[0].get("args") or [])}]}}}, "status": {"conditions": conditions}}
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept,
             "spec": obj.get("spec") or {}}
+
+
+def _slim_pod(obj: Obj) -> Obj:
+    """A stage pod's containers by name with their args, its phase, and how each container ended."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    slimmed: Obj = {"spec": {}, "status": {"phase": status.get("phase")}}
+    for key in ("initContainers", "containers"):
+        slimmed["spec"][key] = [{"name": c.get("name"), "args": list(c.get("args") or [])}
+                                for c in spec.get(key) or []]
+    for key in ("initContainerStatuses", "containerStatuses"):
+        ended = []
+        for cs in status.get(key) or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term is not None:
+                ended.append({"name": cs.get("name"), "state": {"terminated": {"exitCode": term.get("exitCode")}}})
+        slimmed["status"][key] = ended
+    return slimmed
 
 
 def dump_event(event: Event) -> str:
@@ -244,59 +269,95 @@ def _arg(args: list[str], flag: str) -> str | None:
     return None
 
 
-def _finished(obj: Obj) -> tuple[bool, bool]:
-    """(ended, failed) from the Job's terminal conditions."""
-    outcome = job_outcome(obj)
-    return outcome is not None, outcome == "failed"
+def _outcome(obj: Obj) -> tuple[bool, bool, set[str]]:
+    """(ended, failed, the containers seen terminated with exit code 0) of a stage pod."""
+    status = obj.get("status") or {}
+    succeeded, failed = set(), pod_outcome(obj) == "failed"
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            if term.get("exitCode") == 0:
+                succeeded.add(str(cs.get("name")))
+            else:
+                failed = True  # restartPolicy Never: the pod's later steps never run
+    return pod_outcome(obj) is not None, failed, succeeded
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """One step of a stage pod: a package's stage (or the interrupt, `package` None) in its container."""
+
+    package: str | None
+    stage: str
+    container: str
+    version: str | None
+    generation: str | None
+
+
+def _steps(obj: Obj) -> tuple[StepFacts, ...]:
+    """The steps of a pod from its `nodegate.io/steps` annotation, versions and generations from the
+    args of their containers; none for a pod without a readable annotation."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    args = {c.get("name"): list(c.get("args") or []) for c in [*(spec.get("initContainers") or []),
+                                                               *(spec.get("containers") or [])]}
+    try:
+        wire = json.loads((meta.get("annotations") or {}).get(STEPS_ANNOTATION) or "[]")
+        listed = [(package, str(stage), str(container)) for package, stage, _, container in wire]
+    except (ValueError, TypeError):
+        return ()
+    return tuple(StepFacts(package, stage, container, _arg(args.get(container, []), "--version"),
+                           _arg(args.get(container, []), "--generation")) for package, stage, container in listed)
 
 
 @dataclass
-class JobFacts:
-    """One stage Job (one uid) and what is known of its lifetime, as revision bounds."""
+class PodFacts:
+    """One stage pod (one uid), its steps, and what is known of its lifetime, as revision bounds."""
 
     uid: str
     name: str
     gate: str
     node: str
-    package: str | None
-    stage: str
-    version: str | None
-    generation: str | None
+    kind: str
     interrupt: str | None
+    round: str | None
+    steps: tuple[StepFacts, ...]
     created_lo: int  # created after created_lo - 1 ...
     created_hi: int  # ... and at or before created_hi
     ended_lo: int | None = None  # may have ended from here on (None: still running when last known)
     failed_lo: int | None = None  # may have failed from here on
+    succeeded: set[str] = field(default_factory=set)  # containers seen terminated with exit code 0
 
     @classmethod
-    def of(cls, obj: Obj, created_lo: int, created_hi: int) -> JobFacts:
+    def of(cls, obj: Obj, created_lo: int, created_hi: int) -> PodFacts:
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
         ann = meta.get("annotations") or {}
-        containers = obj["spec"]["template"]["spec"].get("containers") or [{}]
-        args = list(containers[0].get("args") or [])
         return cls(
             uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"), name=meta["name"],
             gate=ann.get(GATE_NAME_ANNOTATION, ""), node=ann.get(NODE_NAME_ANNOTATION, ""),
-            package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
-            version=_arg(args, "--version"), generation=_arg(args, "--generation"),
-            interrupt=labels.get(keys.INTERRUPT_LABEL), created_lo=created_lo, created_hi=created_hi,
+            kind=labels.get(keys.STAGE_KIND_LABEL, ""), interrupt=labels.get(keys.INTERRUPT_LABEL),
+            round=ann.get(ROUND_ANNOTATION), steps=_steps(obj), created_lo=created_lo, created_hi=created_hi,
         )
 
-    @property
-    def key(self) -> tuple[str | None, ...]:
-        """What makes two Jobs the same stage (see the module docstring, invariant 5)."""
-        if self.package is None:
-            return (self.gate, self.node, self.stage, self.name)
-        return (self.gate, self.node, self.package, self.version, self.stage, self.generation)
+    def key(self, step: StepFacts) -> tuple[str | None, ...]:
+        """What makes two steps the same stage (see the module docstring, invariant 5)."""
+        if step.package is None:
+            return (self.gate, self.node, step.stage, f"round {self.round}" if self.round else self.name)
+        return (self.gate, self.node, step.package, step.version, step.stage, step.generation)
 
     def running_throughout(self, lo: int, hi: int) -> bool:
         """Certainly running at every revision from lo to hi."""
         return self.created_hi <= lo and (self.ended_lo is None or self.ended_lo > hi)
 
-    def describe(self) -> str:
-        what = f"{self.package} {self.stage}" if self.package else f"{self.stage} ({self.interrupt})"
-        return f"Job {self.name} ({what})"
+    def describe(self, step: StepFacts | None = None) -> str:
+        if step is not None:
+            what = f"{step.package} {step.stage}" if step.package else f"{step.stage} ({self.interrupt})"
+            return f"pod {self.name} step {what}"
+        if self.kind == "interrupt":
+            return f"pod {self.name} (interrupt {self.interrupt})"
+        steps = ", ".join(f"{s.package} {s.stage}" for s in self.steps)
+        return f"pod {self.name} ({self.kind}: {steps})"
 
 
 @dataclass
@@ -333,21 +394,23 @@ class Coverage:
     """How much each invariant was exercised: a check that never ran proves nothing."""
 
     node_events: int = 0
-    job_events: int = 0
+    pod_events: int = 0
     relists: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     disruptions_judged: int = 0  # nodes becoming disrupted, each judged against its ceiling
     uncordons_judged: int = 0
     interrupts_judged: int = 0
     taint_lifts_judged: int = 0
-    jobs_seen: int = 0
+    pods_seen: int = 0
+    steps_seen: int = 0
     unverified: int = 0  # transitions inside blind windows that could not be judged
     peaks: dict[tuple[str, str], Peak] = field(default_factory=dict)
 
     def summary(self) -> str:
         relists = ", ".join(f"{k} {v}" for k, v in sorted(self.relists.items())) or "none"
-        return (f"{self.node_events} node and {self.job_events} job events; {self.disruptions_judged} disruptions, "
+        return (f"{self.node_events} node and {self.pod_events} pod events; {self.disruptions_judged} disruptions, "
                 f"{self.uncordons_judged} uncordons, {self.interrupts_judged} interrupts, "
-                f"{self.taint_lifts_judged} taint removals and {self.jobs_seen} Jobs judged; "
+                f"{self.taint_lifts_judged} taint removals and {self.pods_seen} pods ({self.steps_seen} steps) "
+                f"judged; "
                 f"relists: {relists}; unverified in blind windows: {self.unverified}")
 
 
@@ -360,12 +423,12 @@ class InvariantChecker:
         self.coverage = Coverage()
         self.rv = 0
         self.nodes: dict[str, NodeFacts] = {}
-        self.jobs: dict[str, JobFacts] = {}  # by uid
+        self.pods: dict[str, PodFacts] = {}  # by uid
         self.gates: dict[str, GateFacts] = {}
         self._policies: dict[str, Obj] = {}
         self._gate_objs: dict[str, Obj] = {}
-        self._job_uids: dict[str, str] = {}  # namespace/name -> uid of the current Job of that name
-        self._jobs_at: dict[tuple[str, str], list[str]] = defaultdict(list)  # (gate, node) -> uids
+        self._pod_uids: dict[str, str] = {}  # namespace/name -> uid of the current pod of that name
+        self._pods_at: dict[tuple[str, str], list[str]] = defaultdict(list)  # (gate, node) -> uids
         self._members: dict[str, dict[str, tuple[str, bool]]] = defaultdict(dict)  # gate -> node -> (comp, disr.)
         self._counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])  # (gate, comp) -> [m, d]
         self._blind: list[tuple[int, int]] = []  # node watch blind windows (inclusive)
@@ -382,22 +445,22 @@ class InvariantChecker:
         if isinstance(event, Relist):
             if not event.initial:
                 self.coverage.relists[event.resource] += 1
-            self.rv = max(self.rv, event.since + 1 if event.resource == "jobs" else event.rv)
+            self.rv = max(self.rv, event.since + 1 if event.resource == "pods" else event.rv)
             if event.resource == "nodes":
                 self._node_relist(event)
-            elif event.resource == "jobs":
-                self._job_relist(event)
+            elif event.resource == "pods":
+                self._pod_relist(event)
             else:
                 self._spec_relist(event)
             return
-        if event.resource in ("nodes", "jobs"):
+        if event.resource in ("nodes", "pods"):
             self.rv = max(self.rv, event.rv)
         if event.resource == "nodes":
             self.coverage.node_events += 1
             self._node_change(event)
-        elif event.resource == "jobs":
-            self.coverage.job_events += 1
-            self._job_change(event)
+        elif event.resource == "pods":
+            self.coverage.pod_events += 1
+            self._pod_change(event)
         elif event.resource == "nodegates":
             self._gate_change(event.type, event.obj)
         else:
@@ -597,13 +660,13 @@ class InvariantChecker:
         if prev.unschedulable and not new.unschedulable and prev.cordoned_by:
             holder = prev.cordoned_by
             self.coverage.uncordons_judged += 1
-            running = [j for j in self._jobs_of(holder, new.name) if j.running_throughout(lo, hi)]
+            running = [j for j in self._pods_of(holder, new.name) if j.running_throughout(lo, hi)]
             if running:
                 self._violate("uncordoned-during-stage", holder, new.name,
                               "uncordoned while " + ", ".join(j.describe() for j in running) + " was running",
                               rv=hi)
             elif not exact and any(j.created_hi <= hi and (j.ended_lo is None or j.ended_lo > lo)
-                                   for j in self._jobs_of(holder, new.name)):
+                                   for j in self._pods_of(holder, new.name)):
                 self.coverage.unverified += 1
         if prev.tainted and not new.tainted:
             if not exact:
@@ -619,38 +682,43 @@ class InvariantChecker:
                                   f"the readiness taint was removed while the gate's status there is "
                                   f"{status or 'absent (never started)'}", rv=hi)
 
-    # -- jobs -------------------------------------------------------------------------------------
+    # -- pods -------------------------------------------------------------------------------------
 
-    def _jobs_of(self, gate: str, node: str) -> list[JobFacts]:
-        return [self.jobs[uid] for uid in self._jobs_at.get((gate, node), ())]
+    def _pods_of(self, gate: str, node: str) -> list[PodFacts]:
+        return [self.pods[uid] for uid in self._pods_at.get((gate, node), ())]
 
-    def _register(self, facts: JobFacts, namespaced_name: str) -> None:
-        self.jobs[facts.uid] = facts
-        self._job_uids[namespaced_name] = facts.uid
+    def _register(self, facts: PodFacts, namespaced_name: str) -> None:
+        self.pods[facts.uid] = facts
+        self._pod_uids[namespaced_name] = facts.uid
         if facts.gate and facts.node:
-            self._jobs_at[(facts.gate, facts.node)].append(facts.uid)
-            self.coverage.jobs_seen += 1
+            self._pods_at[(facts.gate, facts.node)].append(facts.uid)
+            self.coverage.pods_seen += 1
+            self.coverage.steps_seen += len(facts.steps)
 
-    def _job_change(self, event: Change) -> None:
+    def _observe(self, facts: PodFacts, obj: Obj, rv: int, *, deleted: bool = False) -> None:
+        ended, failed, succeeded = _outcome(obj)
+        facts.succeeded |= succeeded
+        if (ended or deleted) and facts.ended_lo is None:
+            facts.ended_lo = rv
+        if failed and facts.failed_lo is None:
+            facts.failed_lo = rv
+
+    def _pod_change(self, event: Change) -> None:
         obj = event.obj
         meta = obj["metadata"]
         nsname = f"{meta.get('namespace')}/{meta['name']}"
         uid = str(meta.get("uid") or nsname)
-        facts = self.jobs.get(uid)
+        facts = self.pods.get(uid)
         if facts is None:
-            facts = JobFacts.of(obj, event.rv, event.rv)
+            facts = PodFacts.of(obj, event.rv, event.rv)
             self._register(facts, nsname)
-            if event.type == "ADDED" and facts.gate and facts.stage == "interrupt":
+            if event.type == "ADDED" and facts.gate and facts.kind == "interrupt":
                 self._judge_interrupt(facts, event.rv)
-        ended, failed = _finished(obj)
-        if (ended or event.type == "DELETED") and facts.ended_lo is None:
-            facts.ended_lo = event.rv
-        if failed and facts.failed_lo is None:
-            facts.failed_lo = event.rv
+        self._observe(facts, obj, event.rv, deleted=event.type == "DELETED")
         if event.type == "DELETED":
-            self._job_uids.pop(nsname, None)
+            self._pod_uids.pop(nsname, None)
 
-    def _judge_interrupt(self, facts: JobFacts, rv: int) -> None:
+    def _judge_interrupt(self, facts: PodFacts, rv: int) -> None:
         if any(lo <= rv <= hi for lo, hi in self._blind):
             self.coverage.unverified += 1
             return
@@ -662,7 +730,7 @@ class InvariantChecker:
             self._violate("interrupt-uncordoned", facts.gate, facts.node,
                           f"{facts.describe()} was created while the node was schedulable", rv=rv)
 
-    def _job_relist(self, event: Relist) -> None:
+    def _pod_relist(self, event: Relist) -> None:
         lo = event.since + 1
         seen = set()
         for obj in event.objects:
@@ -670,48 +738,51 @@ class InvariantChecker:
             nsname = f"{meta.get('namespace')}/{meta['name']}"
             uid = str(meta.get("uid") or nsname)
             seen.add(uid)
-            facts = self.jobs.get(uid)
+            facts = self.pods.get(uid)
             if facts is None:
-                facts = JobFacts.of(obj, lo, resource_version(obj))
+                facts = PodFacts.of(obj, lo, resource_version(obj))
                 self._register(facts, nsname)
-            ended, failed = _finished(obj)
-            if ended and facts.ended_lo is None:
-                facts.ended_lo = lo
-            if failed and facts.failed_lo is None:
-                facts.failed_lo = lo
-        for uid, facts in self.jobs.items():
+            self._observe(facts, obj, lo)
+        for uid, facts in self.pods.items():
             if uid not in seen and facts.ended_lo is None:
                 facts.ended_lo = lo  # deleted while we were not watching
 
     # -- end of a run -----------------------------------------------------------------------------
 
     def finish(self) -> list[Violation]:
-        """Judge invariant 5 on the Jobs seen; returns every violation so far. Call once, at the end."""
+        """Judge invariant 5 on the pods seen; returns every violation so far. Call once, at the end."""
         if not self._finished:
             self._finished = True
             self._judge_duplicates()
         return list(self.violations)
 
     def _judge_duplicates(self) -> None:
-        groups: dict[tuple[str | None, ...], list[JobFacts]] = defaultdict(list)
-        for facts in self.jobs.values():
-            if facts.gate and facts.node:
-                groups[facts.key].append(facts)
-        for jobs in groups.values():
-            jobs.sort(key=lambda j: (j.created_lo, j.created_hi))
-            for first, second in pairwise(jobs):
-                if first.failed_lo is not None and first.failed_lo <= second.created_hi:
-                    continue  # a retry of a failed stage
-                asked = self._requests.get((second.gate, second.node), [])
-                if any(lo <= second.created_hi and hi >= first.created_lo for lo, hi in asked):
+        groups: dict[tuple[str | None, ...], list[tuple[PodFacts, int, StepFacts]]] = defaultdict(list)
+        for pod in self.pods.values():
+            if pod.gate and pod.node:
+                for i, step in enumerate(pod.steps):
+                    groups[pod.key(step)].append((pod, i, step))
+        for steps in groups.values():
+            steps.sort(key=lambda o: (o[0].created_lo, o[0].created_hi, o[1]))
+            for (p1, _, s1), (p2, _, s2) in pairwise(steps):
+                asked = self._requests.get((p2.gate, p2.node), [])
+                if p1 is p2:
+                    why = "twice in one pod"
+                elif p1.failed_lo is not None and p1.failed_lo <= p2.created_hi and s1.container not in p1.succeeded:
+                    continue  # a retry of a step that failed, or never ran because an earlier one failed
+                elif any(lo <= p2.created_hi and hi >= p1.created_lo for lo, hi in asked):
                     continue  # a person asked for it
-                self._violate("duplicate-stage", second.gate, second.node,
-                              f"{second.describe()} repeats {first.describe()} (same package, version, stage "
-                              f"and generation: {first.key[2:]}) without a failure or a rerun request in between",
-                              rv=second.created_hi)
+                elif s1.container in p1.succeeded:
+                    why = "after it succeeded there, without a rerun request"
+                else:
+                    why = "without a failure or a rerun request in between"
+                self._violate("duplicate-stage", p2.gate, p2.node,
+                              f"{p2.describe(s2)} repeats {p1.describe(s1)} (same "
+                              f"{'package, version, stage and generation' if s2.package else 'stage and round'}: "
+                              f"{p2.key(s2)[2:]}) {why}", rv=p2.created_hi)
 
     def converged(self) -> bool:
-        """Every node a gate selects is complete for it, and no stage Job is running. (Whether the
+        """Every node a gate selects is complete for it, and no stage pod is running. (Whether the
         generation was reached is the gate's own Ready condition at observedGeneration to say: a spec
         change that asks for nothing new leaves complete nodes at their older generation.)"""
         for gate in self.gates.values():
@@ -720,7 +791,7 @@ class InvariantChecker:
             for node in self.nodes.values():
                 if gate.selects(node) and node.status(gate.name) != "complete":
                     return False
-        return not any(j.ended_lo is None and j.gate in self.gates for j in self.jobs.values())
+        return not any(p.ended_lo is None and p.gate in self.gates for p in self.pods.values())
 
     def check_converged(self) -> list[Violation]:
         """Invariant 6 on the state the checker holds now (call it once the rollout converged)."""

@@ -1,8 +1,9 @@
 """The invariant watcher: watches of its own on a real API server feeding `InvariantChecker`.
 
 It shares nothing with the operator but the API: its own client (give it the admin kubeconfig), its
-own lists and watches of Nodes, the Jobs of the operator's namespace, NodeGates and
-DeploymentPolicies. Node and Job events arrive on two watches; the checker needs them in the order
+own lists and watches of Nodes, the stage pods of the operator's namespace (label
+`app.kubernetes.io/managed-by: nodegate`), NodeGates and DeploymentPolicies. Node and pod events
+arrive on two watches; the checker needs them in the order
 etcd applied them, so they wait in a heap until both watches have passed their revision (a watch's
 position moves with its events, its bookmarks and its relists), then go to the checker in revision
 order. Specs go to the checker as they come.
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gate.kube.client import JOBS, NODEGATES, NODES, POLICIES, KubeClient, Obj, Resource
+from gate.api import keys
+from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Obj, Resource
 from gate.kube.errors import ApiError, ConnectionFailed, Gone
 from gate.testing.invariants import (
     Blind,
@@ -46,7 +48,8 @@ from gate.testing.invariants import Resource as Kind
 
 log = logging.getLogger("nodegate.testing.watcher")
 
-ORDERED: tuple[Kind, ...] = ("nodes", "jobs")
+ORDERED: tuple[Kind, ...] = ("nodes", "pods")
+STAGE_PODS = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"  # the operator's stage pods, not the workload's
 SPECS: tuple[Kind, ...] = ("nodegates", "deploymentpolicies")
 
 
@@ -70,9 +73,9 @@ def _key(obj: Obj) -> str:
 
 
 class RevisionMerge:
-    """Node and Job events in the order etcd applied them (pure: no I/O).
+    """Node and pod events in the order etcd applied them (pure: no I/O).
 
-    An event waits until both the node and the Job watch are past its revision; a watch's position
+    An event waits until both the node and the pod watch are past its revision; a watch's position
     moves with its events, bookmarks and relists. Specs are passed on at once.
     """
 
@@ -101,13 +104,13 @@ class RevisionMerge:
             self._feed(relist)
             return
         self.known[kind] = {_key(o): resource_version(o) for o in objects}
-        if kind == "jobs":
-            # Job facts are kept as revision bounds: fed at the start of the window, the checker
-            # knows a Job may have ended there before it judges the node changes of that window.
+        if kind == "pods":
+            # Pod facts are kept as revision bounds: fed at the start of the window, the checker
+            # knows a pod may have ended there before it judges the node changes of that window.
             self._push(since + 1, relist)
         else:
             # Node states are not bounds: the list is the state at `rv`. The window is announced at
-            # its start, so Jobs created in it are not judged against a node state known to be stale.
+            # its start, so pods created in it are not judged against a node state known to be stale.
             if not initial:
                 self._push(since + 1, Blind(kind, since, rv))
             self._push(rv, relist)
@@ -140,9 +143,9 @@ class InvariantWatcher:
                  journal: Path | None = None) -> None:
         self.client = client
         self.checker = InvariantChecker()
-        self._where: dict[Kind, tuple[Resource, str | None]] = {
-            "nodes": (NODES, None), "jobs": (JOBS, namespace), "nodegates": (NODEGATES, None),
-            "deploymentpolicies": (POLICIES, None),
+        self._where: dict[Kind, tuple[Resource, str | None, str | None]] = {
+            "nodes": (NODES, None, None), "pods": (PODS, namespace, STAGE_PODS), "nodegates": (NODEGATES, None, None),
+            "deploymentpolicies": (POLICIES, None, None),
         }
         self.merge = RevisionMerge(self._feed)
         self._rv: dict[Kind, str] = {}
@@ -207,20 +210,21 @@ class InvariantWatcher:
     # -- watching ---------------------------------------------------------------------------------
 
     async def _list(self, kind: Kind) -> tuple[list[Obj], str]:
-        resource, namespace = self._where[kind]
+        resource, namespace, selector = self._where[kind]
         while True:
             try:
-                return await self.client.list(resource, namespace)
+                return await self.client.list(resource, namespace, label_selector=selector)
             except (ApiError, ConnectionFailed) as exc:
                 log.debug("List failed; kind=%s error=%s", kind, exc)
                 await asyncio.sleep(0.2)
 
     async def _watch(self, kind: Kind) -> None:
-        resource, namespace = self._where[kind]
+        resource, namespace, selector = self._where[kind]
         backoff = 0.2
         while True:
             try:
-                async for type_, obj in self.client.watch(resource, namespace, resource_version=self._rv[kind]):
+                async for type_, obj in self.client.watch(resource, namespace, resource_version=self._rv[kind],
+                                                          label_selector=selector):
                     backoff = 0.2
                     rv = (obj.get("metadata") or {}).get("resourceVersion") or self._rv[kind]
                     self._rv[kind] = rv

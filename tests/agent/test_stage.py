@@ -130,10 +130,26 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(agent: Agent, tmp_p
     assert processes_in(agent.root) == []  # the background sleep went too
 
 
+def test_past_the_stages_timeout_the_running_step_is_stopped_and_no_other_starts(agent: Agent, tmp_path: Path) -> None:
+    """One stage pod runs several stages one after another: each is bounded by its own timeout."""
+    pkg = make_package(tmp_path, """
+        apply:
+          - {name: slow, command: 'trap "echo cleaned > /tmp/cleaned; exit 0" TERM; while :; do sleep 0.1; done'}
+          - {name: after, command: 'touch /tmp/after'}
+        apply-check: [{name: c, command: 'true'}]
+    """)
+    run = agent.run("apply", pkg, "--timeout", "1.5")
+    assert (run.code, run.summary["failedStep"]) == (1, "apply/slow")
+    assert "the stage timed out after 1.5s in apply/slow" in str(run.summary["message"])
+    assert (agent.root / "tmp/cleaned").read_text() == "cleaned\n"  # it got SIGTERM and cleaned up
+    assert not (agent.root / "tmp/after").exists()
+    assert processes_in(agent.root) == []
+
+
 def test_sigterm_to_the_agent_reaches_the_running_step_which_cleans_up_and_fails_the_stage(
     root: Path, tmp_path: Path
 ) -> None:
-    """Like the kubelet stopping the stage pod (its timeout, a deleted Job): SIGTERM to the agent process."""
+    """Like the kubelet stopping the stage pod (its deadline, a deletion): SIGTERM to the agent process."""
     pkg = make_package(tmp_path, """
         apply:
           - name: works
@@ -494,21 +510,22 @@ def test_steps_see_the_nodes_facts_from_the_operators_file_and_what_the_host_has
     from gate.api.facts import FACTS_ANNOTATION
     from gate.api.nodegate import NodeGate
     from gate.api.state import NodeGateState
-    from gate.controller.jobs import facts_of, stage_job
+    from gate.controller.pods import facts_of, stage_pod
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import JobRequest
+    from gate.lifecycle.machine import PodRequest, Step
 
     base = make_package(tmp_path / "base", "apply: [{name: s, command: 'true'}]", name="base-sysctl", version="1.2.0")
     assert agent.run("apply", base, package="base-sysctl", version="1.2.0", gate="base").code == 0
-    # The file as the kubelet projects it: the annotation of the pod the operator's Job makes.
+    # The file as the kubelet projects it: the annotation of the operator's stage pod.
     node = {"metadata": {"name": "gpu-node-3", "labels": {"pool": "gpu", "zone": "b"},
                          "annotations": {"team": "ml", "nodegate.io/state.test-gate": "{}"}}}
     gate = NodeGate.model_validate({"metadata": {"name": "test-gate"}, "spec": {"packages": {
         "demo-pkg": {"version": "1.0.0", "image": "example.com/demo"}}}})
-    job = stage_job(gate, "gpu-node-3", JobRequest(name="j", stage="apply", package="demo-pkg", version="1.0.0"),
-                    OperatorSettings(), facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
+    request = PodRequest(name="p", kind="stages", steps=(Step("demo-pkg", "apply", "1.0.0", version="1.0.0"),))
+    pod = stage_pod(gate, "gpu-node-3", request, OperatorSettings(),
+                    facts_of("gpu-node-3", node, NodeGateState(compartment="canary", batch=2)))
     facts_file = tmp_path / "facts.json"
-    facts_file.write_text(job["spec"]["template"]["metadata"]["annotations"][FACTS_ANNOTATION])
+    facts_file.write_text(pod["metadata"]["annotations"][FACTS_ANNOTATION])
     pkg = make_package(tmp_path / "demo", """
         apply:
           - name: on-host

@@ -1,8 +1,9 @@
 """The invariant watcher on a real API server catches violations planted by hand.
 
-No operator runs here: the tests play a misbehaving one, writing nodes and stage Jobs themselves (the
-Jobs built by the operator's own `stage_job`, suspended so that nothing runs), and the watcher —
-started first, with watches of its own — must name each violation. A watcher that missed these would
+No operator runs here: the tests play a misbehaving one, writing nodes and stage pods themselves (the
+pods built by the operator's own `stage_pod`, pinned to nodes no kubelet plays — kwok manages only
+nodes with its annotation — so they exist and never run), and the watcher — started first, with
+watches of its own — must name each violation. A watcher that missed these would
 make every zero-violation chaos run meaningless.
 """
 
@@ -17,11 +18,13 @@ import pytest
 
 from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
-from gate.controller.jobs import stage_job
+from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
-from gate.devcluster.cluster import DevCluster, NodeSpec
-from gate.kube.client import JOBS, NODEGATES, NODES, KubeClient
-from gate.lifecycle.machine import JobRequest, job_name
+from gate.devcluster.cluster import DevCluster, node_manifest
+from gate.devcluster.services import install_operator_rbac
+from gate.devcluster.stages import KWOK_NODE_ANNOTATION
+from gate.kube.client import NODEGATES, NODES, PODS, KubeClient
+from gate.lifecycle.machine import PodRequest, Step, pod_name
 from gate.testing.invariants import Violation
 from gate.testing.watcher import InvariantWatcher
 from tests.conftest import unique
@@ -41,14 +44,17 @@ class Plant:
     name: str
     watcher: InvariantWatcher
     nodes: list[str] = field(default_factory=list)
-    jobs: list[str] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)
     gate: NodeGate | None = None
 
     async def add_nodes(self, count: int, *, tainted: bool = False) -> list[str]:
-        spec = NodeSpec(count, {"test": self.name}, prefix=f"{self.name}-", start=len(self.nodes),
-                        taints=[TAINT] if tainted else [])
-        names = await self.cluster.add_nodes(spec)
-        self.nodes += names
+        """Nodes as the dev cluster makes them, but without kwok's annotation: no kubelet plays them."""
+        names = [f"{self.name}-{i}" for i in range(len(self.nodes), len(self.nodes) + count)]
+        for name in names:
+            node = node_manifest(name, {"test": self.name}, [TAINT] if tainted else [])
+            del node["metadata"]["annotations"][KWOK_NODE_ANNOTATION]
+            await self.kube.create(NODES, node)
+            self.nodes.append(name)
         return names
 
     async def apply_gate(self, **spec: Any) -> None:
@@ -77,23 +83,25 @@ class Plant:
     async def uncordon(self, node: str) -> None:
         await self.patch_node(node, unschedulable=False, cordoned_by="")
 
-    async def stage_job(self, node: str, *, stage: str = "apply", round_: int = 1, reboot: bool = False) -> str:
-        """A stage Job exactly as the operator renders it, suspended: it exists and never ends."""
+    async def stage_pod(self, node: str, *, stage: str = "apply", round_: int = 1, reboot: bool = False) -> str:
+        """A stage pod exactly as the operator renders it, on a node no kubelet plays: it exists and
+        never ends."""
         assert self.gate is not None
         if reboot:
-            name = job_name(self.name, node, round_, None, "interrupt", "reboot:")
-            request = JobRequest(name, "interrupt", None, interrupt=Interrupt(type="reboot"))
+            step = Step(None, "interrupt", "reboot:")
+            request = PodRequest(pod_name(self.name, node, round_, "interrupt", step), "interrupt", (step,),
+                                 round=round_, interrupt=Interrupt(type="reboot"))
         else:
-            name = job_name(self.name, node, round_, "pkg", stage, "1.0.0/planted")
-            request = JobRequest(name, stage, "pkg", version="1.0.0")  # type: ignore[arg-type]
-        job = stage_job(self.gate, node, request, OperatorSettings(namespace=NAMESPACE))
-        job["spec"]["suspend"] = True
-        await self.kube.create(JOBS, job)
-        self.jobs.append(name)
-        return name
+            step = Step("pkg", stage, "1.0.0/planted", version="1.0.0")  # type: ignore[arg-type]
+            request = PodRequest(pod_name(self.name, node, round_, "stages", step), "stages", (step,), round=round_)
+        pod = stage_pod(self.gate, node, request, OperatorSettings(namespace=NAMESPACE))
+        await self.kube.create(PODS, pod)
+        self.pods.append(request.name)
+        return request.name
 
-    async def delete_job(self, name: str) -> None:
-        await self.kube.delete(JOBS, name, NAMESPACE, body={"propagationPolicy": "Background"})
+    async def delete_pod(self, name: str) -> None:
+        # At once: no kubelet is there to stop its containers and confirm.
+        await self.kube.delete(PODS, name, NAMESPACE, body={"gracePeriodSeconds": 0})
 
     async def verdict(self, *, converged: bool = False) -> list[Violation]:
         report = await self.watcher.stop()
@@ -107,6 +115,7 @@ class Plant:
 async def plant(request: pytest.FixtureRequest, chaos_cluster: DevCluster,
                 chaos_kube: KubeClient) -> AsyncIterator[Plant]:
     base = request.node.name.removeprefix("test_").replace("_", "-")[:16].strip("-")
+    await install_operator_rbac(chaos_cluster)  # the packages' ServiceAccount the stage pods run as
     watcher = InvariantWatcher(await chaos_cluster.client())
     await watcher.start()
     p = Plant(chaos_cluster, chaos_kube, unique(base), watcher)
@@ -116,8 +125,8 @@ async def plant(request: pytest.FixtureRequest, chaos_cluster: DevCluster,
         if watcher._tasks:
             await watcher.stop()
         await watcher.client.close()
-        for job in p.jobs:
-            await p.delete_job(job)
+        for pod in p.pods:
+            await p.delete_pod(pod)
         await chaos_kube.delete(NODEGATES, p.name)
         for node in p.nodes:
             await chaos_kube.delete(NODES, node)
@@ -149,21 +158,21 @@ async def test_nodes_picked_by_hand_beyond_the_budget_count_from_the_pick(plant:
     assert (v.kind, v.node) == ("over-ceiling", nodes[2])
 
 
-async def test_uncordoning_a_node_while_its_stage_job_runs_is_caught(plant: Plant) -> None:
+async def test_uncordoning_a_node_while_its_stage_pod_runs_is_caught(plant: Plant) -> None:
     [node] = await plant.add_nodes(1)
     await plant.apply_gate()
     await plant.cordon(node)
-    job = await plant.stage_job(node)
+    pod = await plant.stage_pod(node)
     await plant.uncordon(node)
     v = only(await plant.verdict())
     assert (v.kind, v.node) == ("uncordoned-during-stage", node)
-    assert job in v.message
+    assert pod in v.message
 
 
-async def test_an_interrupt_job_on_a_schedulable_node_is_caught(plant: Plant) -> None:
+async def test_an_interrupt_pod_on_a_schedulable_node_is_caught(plant: Plant) -> None:
     [node] = await plant.add_nodes(1)
     await plant.apply_gate()
-    await plant.stage_job(node, reboot=True)
+    await plant.stage_pod(node, reboot=True)
     v = only(await plant.verdict())
     assert (v.kind, v.node) == ("interrupt-uncordoned", node)
 
@@ -180,9 +189,9 @@ async def test_removing_the_readiness_taint_before_the_gate_completed_is_caught(
 async def test_the_same_stage_created_again_without_failure_or_request_is_caught(plant: Plant) -> None:
     [node] = await plant.add_nodes(1)
     await plant.apply_gate()
-    first = await plant.stage_job(node, round_=1)
-    await plant.delete_job(first)
-    second = await plant.stage_job(node, round_=2)  # another name: same package, version, stage, generation
+    first = await plant.stage_pod(node, round_=1)
+    await plant.delete_pod(first)  # while it "ran": no failure
+    second = await plant.stage_pod(node, round_=2)  # another name: same package, version, stage, generation
     v = only(await plant.verdict())
     assert (v.kind, v.node) == ("duplicate-stage", node)
     assert first in v.message and second in v.message
@@ -191,11 +200,11 @@ async def test_the_same_stage_created_again_without_failure_or_request_is_caught
 async def test_a_rerun_request_makes_the_second_creation_a_retry(plant: Plant) -> None:
     [node] = await plant.add_nodes(1)
     await plant.apply_gate()
-    first = await plant.stage_job(node, round_=1)
-    await plant.delete_job(first)
+    first = await plant.stage_pod(node, round_=1)
+    await plant.delete_pod(first)
     await plant.kube.patch(NODES, node, {"metadata": {"annotations": {keys.rerun_annotation(plant.name): "pkg"}}})
     await plant.kube.patch(NODES, node, {"metadata": {"annotations": {keys.rerun_annotation(plant.name): None}}})
-    await plant.stage_job(node, round_=2)
+    await plant.stage_pod(node, round_=2)
     assert await plant.verdict() == []
 
 

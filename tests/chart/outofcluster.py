@@ -48,7 +48,7 @@ class Release:
 
 
 # The dev cluster runs no node lifecycle controller, so its simulated nodes keep the not-ready taint
-# they register with: pods that the scheduler places need to tolerate it (stage Jobs name their node).
+# they register with: pods that the scheduler places need to tolerate it (stage pods name their node).
 DEV_CLUSTER_TOLERATIONS = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
 
 

@@ -5,19 +5,18 @@ that state no resources the defaults of the agent (rendered here, applied in the
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from gate.api.nodegate import NodeGate
-from gate.controller.jobs import stage_job
+from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
 from gate.devcluster.cluster import DevCluster
-from gate.kube.client import EVENTS, JOBS, NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
-from gate.lifecycle.machine import JobRequest
+from gate.kube.client import NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
+from gate.kube.errors import ApiError
+from gate.lifecycle.machine import PodRequest, Step
 from tests.chart.conftest import Obj, find, rendered
 from tests.conftest import unique
 
@@ -94,7 +93,7 @@ def test_the_limitrange_gives_containers_without_resources_the_agents_defaults_i
     assert not [o for o in rendered({"limitRange": {"enabled": False}}) if o["kind"] == "LimitRange"]
 
 
-# -- in the dev cluster: the API server's LimitRanger fills a real stage Job's pod ----------------------
+# -- in the dev cluster: the API server's LimitRanger fills a real stage pod -------------------------------
 
 @pytest.fixture
 async def package_namespace(cluster: DevCluster, kube: KubeClient) -> AsyncIterator[str]:
@@ -112,15 +111,8 @@ async def package_namespace(cluster: DevCluster, kube: KubeClient) -> AsyncItera
         await kube.delete(NAMESPACES, namespace)
 
 
-async def _pod_of(kube: KubeClient, namespace: str, job: str) -> Obj:
-    deadline = time.monotonic() + 60
-    while True:
-        pods, _ = await kube.list(PODS, namespace=namespace, label_selector=f"job-name={job}")
-        if pods:
-            return pods[0]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the Job controller created no pod for {job} in 60 s")
-        await asyncio.sleep(0.2)
+def _request(name: str, package: str) -> PodRequest:
+    return PodRequest(name=unique(name), kind="stages", steps=(Step(package, "apply", "1.0.0", version="1.0.0"),))
 
 
 async def test_the_limitrange_fills_a_stage_pod_that_states_no_resources_and_leaves_a_packages_own(
@@ -135,16 +127,16 @@ async def test_the_limitrange_fills_a_stage_pod_that_states_no_resources_and_lea
                       "resources": {"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"memory": "2Gi"}}}}}})
     pods = {}
     for package in ("plain", "sized"):
-        job = stage_job(gate, node, JobRequest(name=unique(f"lr-{package}"), stage="apply", package=package), settings)
-        job["metadata"].pop("ownerReferences")  # no NodeGate object behind this gate: nothing to own the Job
-        await kube.create(JOBS, job)
-        pods[package] = await _pod_of(kube, package_namespace, job["metadata"]["name"])
+        pod = stage_pod(gate, node, _request(f"lr-{package}", package), settings)
+        pod["metadata"].pop("ownerReferences")  # no NodeGate object behind this gate: nothing to own the pod
+        pods[package] = await kube.create(PODS, pod)  # as the API server stored it, defaults filled in
     plain = pods["plain"]["spec"]
     lr_defaults = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}}
-    assert plain["containers"][0]["name"] == "agent" and plain["containers"][0]["resources"] == lr_defaults
-    assert plain["initContainers"][0]["name"] == "payload" and plain["initContainers"][0]["resources"] == lr_defaults
+    assert plain["containers"][0]["name"] == "apply-plain" and plain["containers"][0]["resources"] == lr_defaults
+    assert plain["initContainers"][0]["name"] == "payload-plain"
+    assert plain["initContainers"][0]["resources"] == lr_defaults
     annotation = pods["plain"]["metadata"]["annotations"]["kubernetes.io/limit-ranger"]
-    assert "LimitRanger plugin set" in annotation and "container agent" in annotation
+    assert "LimitRanger plugin set" in annotation and "container apply-plain" in annotation
     sized = pods["sized"]["spec"]
     assert sized["containers"][0]["resources"] == {"requests": {"cpu": "250m", "memory": "300Mi"},
                                                    "limits": {"memory": "2Gi"}}
@@ -159,17 +151,12 @@ async def test_a_package_requesting_more_memory_than_the_default_limit_without_a
         "apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": unique("lr"), "uid": "u-2"},
         "spec": {"packages": {"big": {"version": "1.0.0", "image": "registry.example.com/big",
                                       "resources": {"requests": {"memory": "2Gi"}}}}}})
-    job = stage_job(gate, node, JobRequest(name=unique("lr-big"), stage="apply", package="big"), settings)
-    job["metadata"].pop("ownerReferences")
-    await kube.create(JOBS, job)
-    deadline = time.monotonic() + 60
-    while True:
-        events, _ = await kube.list(EVENTS, namespace=package_namespace)
-        notes = [e.get("note", "") for e in events if e.get("reason") == "FailedCreate"]
-        if notes or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.3)
-    assert notes, "the Job controller reported no FailedCreate"
-    assert "must be less than or equal to memory limit" in notes[0], notes[0]
-    pods, _ = await kube.list(PODS, namespace=package_namespace, label_selector=f"job-name={job['metadata']['name']}")
-    assert pods == []
+    pod = stage_pod(gate, node, _request("lr-big", "big"), settings)
+    pod["metadata"].pop("ownerReferences")
+    with pytest.raises(ApiError) as refused:
+        await kube.create(PODS, pod)
+    # The operator fails the node with this message (reason PodRefused: gate.lifecycle.machine.pod_refused).
+    assert refused.value.status in (403, 422)
+    assert "must be less than or equal to memory limit" in refused.value.message, refused.value.message
+    pods, _ = await kube.list(PODS, namespace=package_namespace)
+    assert [p for p in pods if p["metadata"]["name"] == pod["metadata"]["name"]] == []

@@ -1,7 +1,7 @@
 """The chart's host-access policy (templates/host-access-policy.yaml), rendered: one policy and its
 binding, scoped to the release's namespace, operator and package ServiceAccount, whatever they are
 called. What it admits and refuses is proven on the real API server in tests/security/test_host_access.py;
-the chart install (test_install.py) runs the operator's stage Jobs under it in a namespace of its own."""
+the chart install (test_install.py) runs the operator's stage pods under it in a namespace of its own."""
 
 from __future__ import annotations
 
@@ -42,6 +42,19 @@ def test_policy_names_the_releases_namespace_operator_and_package_account() -> N
     assert "'ops'" in text and "system:serviceaccount:ops:ng-operator" in text and "'ng-package'" in text
     assert "nodegate-system" not in text and "nodegate-operator" not in text and "nodegate-package" not in text
     assert binding["spec"]["policyName"] == "ng-host-access"
+
+
+def test_only_the_operators_own_pods_get_host_access_no_job_or_job_controller_does() -> None:
+    policy, _ = _policy({})
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in policy["spec"]["variables"]}
+    assert variables["stagePod"] == (
+        "object.kind == 'Pod' && request.operation == 'CREATE' && variables.runsAsPackage && "
+        "request.userInfo.username == 'system:serviceaccount:nodegate-system:nodegate-operator'")
+    text = _expressions(policy)
+    assert "job-controller" not in text and "kube-controller-manager" not in text and "'Job'" not in text
+    [in_namespace, _] = policy["spec"]["validations"]
+    assert " ".join(in_namespace["expression"].split()) == (
+        "request.namespace != 'nodegate-system' || !variables.hostAccess || variables.stagePod")
 
 
 def test_policy_is_the_same_in_both_certificate_modes() -> None:

@@ -88,10 +88,20 @@ async def _absent_ok(call: Awaitable[Any]) -> None:
             raise
 
 
+def _pod_spec() -> Obj:
+    return {"restartPolicy": "Never", "nodeName": MISSING,
+            "containers": [{"name": "agent", "image": "example.com/agent:1"}]}
+
+
+def _stage_pod(ns: str) -> Obj:
+    # a bare pod pinned to its node, as gate.controller.pods.stage_pod renders a stage pod
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": unique("probe"), "namespace": ns},
+            "spec": _pod_spec()}
+
+
 def _job(ns: str) -> Obj:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": unique("probe"), "namespace": ns},
-            "spec": {"template": {"spec": {"restartPolicy": "Never",
-                                           "containers": [{"name": "agent", "image": "example.com/agent:1"}]}}}}
+            "spec": {"template": {"spec": _pod_spec()}}}
 
 
 def _event(ns: str) -> Obj:
@@ -133,13 +143,13 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "deploymentpolicies", "watch"): lambda i: _watch(op(i), POLICIES),
     ("operator-cluster", "nodes", "list"): lambda i: op(i).list(NODES),
     ("operator-cluster", "nodes", "watch"): lambda i: _watch(op(i), NODES),
-    # Operator.reconcile_gate (finalizer), _write_status, _write_node_update, _write_failure_condition,
-    # _pods_on, _evict
+    # GateReconciler.reconcile (finalizer), _write_status; Executor.write_node_update,
+    # write_failure_condition, _evict; NodeReconciler._pods_on
     ("operator-cluster", "nodegates", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"metadata": {"finalizers": [], "resourceVersion": "1"}})),
     ("operator-cluster", "nodegates/status", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"status": {}}, subresource="status")),
-    # Operator.reconcile_policy
+    # PolicyReconciler.reconcile
     ("operator-cluster", "deploymentpolicies/status", "patch"): lambda i: _absent_ok(
         op(i).patch(POLICIES, MISSING, {"status": {}}, subresource="status")),
     ("operator-cluster", "nodes", "patch"): lambda i: _absent_ok(
@@ -151,13 +161,11 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "pods/eviction", "create"): lambda i: _absent_ok(op(i).create(
         PODS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": MISSING, "namespace": "default"}},
         "default", subresource_of=MISSING, subresource="eviction")),
-    # stage Jobs, their pods and config, the Lease (Operator._execute, _ensure; gate.kube.lease)
-    ("operator-namespace", "jobs", "list"): lambda i: op(i).list(JOBS, i.namespace),
-    ("operator-namespace", "jobs", "watch"): lambda i: _watch(op(i), JOBS, i.namespace),
-    ("operator-namespace", "jobs", "create"): lambda i: op(i).create(JOBS, _job(i.namespace), dry_run=True),
-    ("operator-namespace", "jobs", "delete"): lambda i: _absent_ok(
-        op(i).delete(JOBS, MISSING, i.namespace, body={"propagationPolicy": "Background"}, missing_ok=False)),
+    # stage pods and their config, the Lease (Executor.execute, _ensure; gate.kube.lease)
     ("operator-namespace", "pods", "watch"): lambda i: _watch(op(i), PODS, i.namespace),
+    ("operator-namespace", "pods", "create"): lambda i: op(i).create(PODS, _stage_pod(i.namespace), dry_run=True),
+    ("operator-namespace", "pods", "delete"): lambda i: _absent_ok(
+        op(i).delete(PODS, MISSING, i.namespace, missing_ok=False)),
     ("operator-namespace", "configmaps", "create"): lambda i: op(i).create(CONFIGMAPS, {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": unique("probe"), "namespace": i.namespace},
         "immutable": True, "data": {}}, dry_run=True),
@@ -304,6 +312,12 @@ async def test_named_rules_reach_only_their_names(identities: Identities) -> Non
     assert await _refused(lambda i: wh(i).get(SECRETS, other, i.namespace), ids)
     # the operator may create Events only where Kubernetes keeps those of Nodes and NodeGates
     assert await _refused(lambda i: op(i).create(EVENTS, _event(i.namespace), dry_run=True), ids)
+    # stage pods are bare pods: the operator may neither create nor read Jobs, here or anywhere
+    assert await _refused(lambda i: op(i).create(JOBS, _job(i.namespace), dry_run=True), ids)
+    assert await _refused(lambda i: op(i).list(JOBS, i.namespace), ids)
+    assert await _refused(lambda i: op(i).list(JOBS), ids)
+    # ... nor create pods outside its namespace (package pods never leave it)
+    assert await _refused(lambda i: op(i).create(PODS, _stage_pod("default"), dry_run=True), ids)
     # package pods' ServiceAccount has no rules and no mounted token
     [package_sa] = [o for o in ids.objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith(
         "-package")]

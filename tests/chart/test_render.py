@@ -230,6 +230,21 @@ def test_rbac_has_no_wildcards_and_every_rule_says_why(name: str) -> None:
                 f"{obj['metadata']['name']}: rule without a reason: {lines[i]}"
 
 
+def test_the_operator_runs_stage_pods_and_is_granted_no_jobs() -> None:
+    """Stage pods are bare pods in the operator's namespace: its Role creates and deletes pods there,
+    and none of its roles grants anything of batch/v1 (the pre-delete hook's Job is Helm's, not its)."""
+    objs = _rbac_objects(rendered({}))
+    operator = {key: o for key, o in objs.items() if key[0] in ("Role", "ClusterRole") and
+                key[1].startswith("nodegate-operator")}
+    assert operator, objs.keys()
+    for key, role in operator.items():
+        for rule in role["rules"]:
+            assert "batch" not in rule["apiGroups"] and not {"jobs", "cronjobs"} & set(rule["resources"]), key
+    namespaced = operator[("Role", "nodegate-operator", "nodegate-system")]["rules"]
+    pod_verbs = {v for r in namespaced if r["apiGroups"] == [""] and "pods" in r["resources"] for v in r["verbs"]}
+    assert {"create", "delete", "watch"} <= pod_verbs
+
+
 def test_rule_reasons_of_rbac_py_reach_the_rendered_roles() -> None:
     text = rendered_text({})
     for rules in rbac.RULE_SETS.values():

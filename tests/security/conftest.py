@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import webhook
-from tests.integration.operator.conftest import job_log, operator, scenario
+from tests.integration.operator.conftest import operator, scenario, step_log
 
-__all__ = ["job_log", "operator", "scenario", "webhook"]
+__all__ = ["operator", "scenario", "step_log", "webhook"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,7 +38,7 @@ from gate.kube.client import NAMESPACES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError
 from tests.conftest import unique
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/runtime"}
 # How long the simulated kubelet takes to report Ready. With 0 (Ready as soon as kwok sees the node)
@@ -71,8 +71,8 @@ def slow_kubelet(node: str, seconds: float) -> Obj:
 
 
 def slow_stages(node: str, seconds: float) -> Obj:
-    """The dev cluster's job-pod-succeeded stage for stage pods on one node, taking `seconds`."""
-    [done] = [copy.deepcopy(s) for s in default_stages() if s["metadata"]["name"] == "job-pod-succeeded"]
+    """The dev cluster's stage-pod-succeeded stage (a stage pod's last step ends) on one node, taking `seconds`."""
+    [done] = [copy.deepcopy(s) for s in default_stages() if s["metadata"]["name"] == "stage-pod-succeeded"]
     done["metadata"] = {"name": "slow-stage", "labels": {"nodegate.dev/injected": "true"}}
     done["spec"]["weight"] = 1
     done["spec"]["delay"] = {"durationMilliseconds": int(seconds * 1000)}
@@ -126,7 +126,7 @@ async def workload_namespace(kube: KubeClient) -> AsyncIterator[str]:
 
 
 async def test_a_node_joining_while_the_webhook_is_down_gets_no_stage_and_no_workload_before_the_taint(
-        scenario: Scenario, webhook: Webhook, cluster: DevCluster, job_log: JobLog, workload_namespace: str) -> None:
+        scenario: Scenario, webhook: Webhook, cluster: DevCluster, step_log: StepLog, workload_namespace: str) -> None:
     await scenario.add_nodes(1)  # an existing node: the gate is created before the new one joins
     await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
     await scenario.wait_ready()
@@ -162,7 +162,7 @@ async def test_a_node_joining_while_the_webhook_is_down_gets_no_stage_and_no_wor
     finally:
         await node_watch.stop()
         await pod_watch.stop()
-    first_job = min(r.resource_version for r in job_log.of(scenario.name, name))
+    first_job = min(r.resource_version for r in step_log.of(scenario.name, name))
     print(f"\nrevisions: readiness taint {history.tainted}, Ready {history.ready}, not-ready lifted "
           f"{history.schedulable}, first stage Job {first_job}, readiness taint lifted {history.untainted}, "
           f"workload bound {bound[0]}")

@@ -1,16 +1,15 @@
-"""Package pods get host access only in the operator's namespace and only through the operator's
-stage Jobs: the chart's ValidatingAdmissionPolicy, as shipped in the plain manifests
+"""Package pods get host access only in the operator's namespace and only as the operator's own
+stage pods: the chart's ValidatingAdmissionPolicy, as shipped in the plain manifests
 (operator/host-access-policy.yaml), installed into the real API server for this module.
 
 Every refusal here is made by an identity RBAC allows to create the object (a cluster admin, a
 namespace admin, another ServiceAccount given admin, the operator's own ServiceAccount given `edit`
 elsewhere): what refuses is the policy. Each refused object is followed by the same object without
-host access from the same identity, admitted, and the operator's real stage Jobs run to the end.
+host access from the same identity, admitted, and the operator's real stage pods run to the end.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import time
@@ -21,13 +20,13 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, Kubectl, unique
-from tests.integration.operator.conftest import JobLog, Scenario
+from tests.integration.operator.conftest import Scenario, StepLog
 
 NS = "nodegate-system"
 OPERATOR = f"system:serviceaccount:{NS}:nodegate-operator"
 JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
 POLICY_FILE = REPO / "operator" / "host-access-policy.yaml"
-REFUSED_HERE = "is reserved to the NodeGate operator's stage Jobs"
+REFUSED_HERE = "is reserved to the NodeGate operator's stage pods"
 REFUSED_ELSEWHERE = "runs package pods with host access only in namespace nodegate-system"
 Obj = dict[str, Any]
 
@@ -192,84 +191,83 @@ def test_other_namespaces_are_left_to_their_own_pod_security(kubectl: Kubectl, e
     assert code == 0, out
 
 
-def _stage_job(name: str, node: str) -> Obj:
-    job = workload("Job", name, NS, {**pod_spec(**STAGE_LIKE), "nodeName": node})
-    job["spec"]["template"]["spec"]["containers"][0]["command"] = ["nodegate", "agent", "run"]
-    return job
+def _stage_pod(name: str, node: str = "kwok-node-0") -> Obj:
+    pod = workload("Pod", name, NS, {**pod_spec(**STAGE_LIKE), "nodeName": node})
+    pod["spec"]["containers"][0]["command"] = ["nodegate", "agent", "run"]
+    return pod
 
 
-def test_only_the_job_controller_creates_stage_pods_and_only_for_a_job(kubectl: Kubectl,
-                                                                       host_access_policy: None) -> None:
-    """The job controller's identity alone is not enough: the pod must run as the package ServiceAccount
-    and be controlled by a Job."""
-    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "ng-stage", "controller": True,
-              "uid": "00000000-0000-0000-0000-000000000001", "blockOwnerDeletion": True}]
-    stage_pod = workload("Pod", unique("sec-stagepod"), NS, pod_spec(**STAGE_LIKE))
-    stage_pod["metadata"]["ownerReferences"] = owner
-    code, out = _create(kubectl, stage_pod, JOB_CONTROLLER)
+def test_only_the_operator_creates_stage_pods_and_only_running_as_the_package_account(
+        kubectl: Kubectl, host_access_policy: None) -> None:
+    """The operator's identity alone is not enough: the pod must run as the package ServiceAccount.
+    And nothing that makes pods gets host access, not even from the operator: no Job path (a Job's
+    pods would come from the job controller, which the policy admits nothing from)."""
+    code, out = _create(kubectl, _stage_pod(unique("sec-stagepod")), OPERATOR)
     assert code == 0, out
-    no_owner = copy.deepcopy(stage_pod)
-    del no_owner["metadata"]["ownerReferences"]
-    other_account = copy.deepcopy(stage_pod)
+    other_account = _stage_pod(unique("sec-stagepod"))
     other_account["spec"]["serviceAccountName"] = "default"
-    not_a_job = copy.deepcopy(stage_pod)
-    not_a_job["metadata"]["ownerReferences"] = [{**owner[0], "apiVersion": "apps/v1", "kind": "ReplicaSet"}]
-    for label, obj in (("no owner", no_owner), ("default ServiceAccount", other_account),
-                       ("owned by a ReplicaSet", not_a_job)):
-        code, out = _create(kubectl, obj, JOB_CONTROLLER)
-        assert code != 0 and REFUSED_HERE in out, f"{label}: {out}"
-
-
-async def _wait_pod_of(kubectl: Kubectl, job: str) -> str:
-    deadline = time.monotonic() + 60
-    while True:
-        proc = kubectl.run("get", "pods", "-n", NS, "-l", f"job-name={job}", "-o", "json")
-        items = json.loads(proc.stdout)["items"]
-        if items:
-            return str(items[0]["metadata"]["name"])
-        assert time.monotonic() < deadline, f"the job controller created no pod for {job}"
-        await asyncio.sleep(0.2)
+    code, out = _create(kubectl, other_account, OPERATOR)
+    assert code != 0 and REFUSED_HERE in out, f"default ServiceAccount: {out}"
+    job = workload("Job", unique("sec-job"), NS, pod_spec(**STAGE_LIKE))
+    code, out = _create(kubectl, job, OPERATOR)
+    assert code != 0 and "cannot create resource \"jobs\"" in out, out  # its RBAC has no Jobs
+    binding = unique("sec-operator-edit")  # were it given them, the policy would still refuse
+    kubectl.run("create", "rolebinding", binding, "-n", NS, "--clusterrole=edit",
+                f"--serviceaccount={NS}:nodegate-operator")
+    try:
+        deadline = time.monotonic() + 30
+        while _create(kubectl, without_host_access(job), OPERATOR)[0] != 0:
+            assert time.monotonic() < deadline, "the operator was never allowed Jobs by the RoleBinding"
+            time.sleep(0.2)
+        code, out = _create(kubectl, job, OPERATOR)
+        assert code != 0 and REFUSED_HERE in out, f"the operator's Job: {out}"
+    finally:
+        kubectl.run("delete", "rolebinding", binding, "-n", NS, "--ignore-not-found", check=False)
+    from_a_job = _stage_pod(unique("sec-jobpod"))
+    from_a_job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "ng-stage", "controller": True,
+         "uid": "00000000-0000-0000-0000-000000000001", "blockOwnerDeletion": True}]
+    code, out = _create(kubectl, from_a_job, JOB_CONTROLLER)
+    assert code != 0 and REFUSED_HERE in out, f"the job controller's pod for a Job: {out}"
 
 
 @pytest.fixture
-async def stage_job(kubectl: Kubectl, host_access_policy: None) -> AsyncIterator[tuple[str, str]]:
-    """A stage Job created as the operator's ServiceAccount on a simulated node, and its pod."""
+async def stage_pod(kubectl: Kubectl, host_access_policy: None) -> AsyncIterator[str]:
+    """A stage pod created as the operator's ServiceAccount on a simulated node."""
     name = unique("sec-stage")
-    code, out = _create(kubectl, _stage_job(name, "kwok-node-0"), OPERATOR, dry_run=False)
+    code, out = _create(kubectl, _stage_pod(name), OPERATOR, dry_run=False)
     assert code == 0, out
-    yield name, await _wait_pod_of(kubectl, name)
-    kubectl.run("delete", "job", name, "-n", NS, "--ignore-not-found", "--wait=false", check=False)
+    yield name
+    kubectl.run("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=false", check=False)
 
 
-def test_a_debug_container_cannot_be_added_to_a_stage_pod(kubectl: Kubectl, stage_job: tuple[str, str]) -> None:
+def test_a_debug_container_cannot_be_added_to_a_stage_pod(kubectl: Kubectl, stage_pod: str) -> None:
     """`kubectl debug` into a package pod would be a shell on the host: refused, even to a cluster admin."""
-    _, pod = stage_job
-    proc = kubectl.run("debug", "-n", NS, f"pod/{pod}", "--image=busybox", "--profile=general", "--", "true",
+    proc = kubectl.run("debug", "-n", NS, f"pod/{stage_pod}", "--image=busybox", "--profile=general", "--", "true",
                        check=False)
     assert proc.returncode != 0 and REFUSED_HERE in proc.stderr, proc.stderr
-    ephemeral = json.loads(kubectl.run("get", "pod", pod, "-n", NS, "-o", "json").stdout)["spec"]
+    ephemeral = json.loads(kubectl.run("get", "pod", stage_pod, "-n", NS, "-o", "json").stdout)["spec"]
     assert not ephemeral.get("ephemeralContainers")
 
 
-def test_metadata_writes_and_foreground_deletion_of_stage_jobs_still_work(
-        kubectl: Kubectl, stage_job: tuple[str, str]) -> None:
-    """Only writes of a pod template are judged: labels, finalizers and the garbage collector's
-    foreground deletion of a stage Job (all by identities other than the operator) go through."""
-    job, pod = stage_job
-    kubectl.run("label", "job", job, "-n", NS, "audited=true")
-    kubectl.run("annotate", "pod", pod, "-n", NS, "audited=true")
-    kubectl.run("delete", "job", job, "-n", NS, "--cascade=foreground", "--timeout=60s")
-    assert kubectl.run("get", "job", job, "-n", NS, check=False).returncode != 0
+def test_metadata_writes_and_deletion_of_stage_pods_still_work(kubectl: Kubectl, stage_pod: str) -> None:
+    """Only writes of a pod spec are judged: labels, annotations and a deletion of a stage pod (by
+    identities other than the operator) go through."""
+    kubectl.run("label", "pod", stage_pod, "-n", NS, "audited=true")
+    kubectl.run("annotate", "pod", stage_pod, "-n", NS, "audited=true")
+    kubectl.run("delete", "pod", stage_pod, "-n", NS, "--cascade=foreground", "--grace-period=0", "--force",
+                "--timeout=60s")
+    assert kubectl.run("get", "pod", stage_pod, "-n", NS, check=False).returncode != 0
 
 
-async def test_the_operators_stage_jobs_run_under_the_policy(scenario: Scenario, job_log: JobLog,
+async def test_the_operators_stage_pods_run_under_the_policy(scenario: Scenario, step_log: StepLog,
                                                              host_access_policy: None) -> None:
     nodes = await scenario.add_nodes(2)
     await scenario.apply_gate({"tool": {"version": "1.0.0", "image": "registry.example.com/tool",
                                         "interrupt": {"type": "reboot"}}}, interruptionBudget={"percent": 100})
     gate = await scenario.wait_ready()
     assert gate["status"]["nodes"]["complete"] == 2
-    records = job_log.of(scenario.name)
+    records = step_log.of(scenario.name)
     assert {r.node for r in records} == set(nodes)
     assert {(r.stage, r.interrupt) for r in records} == {("apply", None), ("interrupt", "reboot"),
                                                          ("post-interrupt", None)}

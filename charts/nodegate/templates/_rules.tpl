@@ -46,18 +46,14 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
   verbs: ["create"]
 {{- end }}
 {{- define "nodegate.rules.operator-namespace" }}
-# the operator's cache of its stage Jobs
-- apiGroups: ["batch"]
-  resources: ["jobs"]
-  verbs: ["list", "watch"]
-# start a stage on a node (a Job pinned to it); clean up
-- apiGroups: ["batch"]
-  resources: ["jobs"]
-  verbs: ["create", "delete"]
-# the cache of stage pods: image pull errors, termination messages (list: the cluster rule)
+# the cache of stage pods: their steps' ends and termination messages (list: the cluster rule)
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["watch"]
+# run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["create", "delete"]
 # package config mounted into stages (immutable, named by content; garbage-collected with the gate)
 - apiGroups: [""]
   resources: ["configmaps"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from gate.devcluster.cluster import DevCluster
-from tests.integration.operator.conftest import job_log, operator, scenario  # noqa: F401 - pytest fixtures
+from tests.integration.operator.conftest import operator, scenario, step_log  # noqa: F401 - pytest fixtures
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 from gate.api import keys
 from tests.integration.cli.conftest import Cli
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool"}
 
@@ -18,7 +18,7 @@ def _tainted(node: dict[str, Any]) -> bool:
 
 
 async def test_a_disabled_gate_does_nothing_and_holds_no_node_back_until_enabled(
-        scenario: Scenario, cli: Cli, webhook: Webhook, job_log: JobLog) -> None:
+        scenario: Scenario, cli: Cli, webhook: Webhook, step_log: StepLog) -> None:
     g = scenario.name
     await scenario.apply_gate({"tool": PKG}, readinessTaint=True, paused=True)
     await scenario.wait_condition("Paused")
@@ -48,7 +48,7 @@ async def test_a_disabled_gate_does_nothing_and_holds_no_node_back_until_enabled
         return ((await scenario.gate()).get("status") or {}).get("observedGeneration") == generation
 
     await wait_for(observed, what="the operator reconciling the unpaused, disabled gate")
-    assert job_log.of(g) == []
+    assert step_log.of(g) == []
     for node in (early, late):
         assert keys.state_annotation(g) not in (await scenario.node(node))["metadata"].get("annotations", {})
 

@@ -12,13 +12,13 @@ from gate.devcluster.cluster import DevCluster
 from gate.kube.client import SERVICEACCOUNTS
 from tests.conftest import kubectl_path
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool"}
 
 
 async def test_ignore_unignore_and_reset_write_requests_the_operator_acts_on(
-        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+        scenario: Scenario, cli: Cli, step_log: StepLog) -> None:
     g = scenario.name
     one, two = await scenario.add_nodes(2)
     await scenario.apply_gate({"tool": PKG})
@@ -50,7 +50,7 @@ async def test_ignore_unignore_and_reset_write_requests_the_operator_acts_on(
     assert out.startswith(f"node/{two}: requested a reset for NodeGate {g}")
 
     async def ran_again() -> bool:
-        return len([r for r in job_log.of(g, two) if r.stage == "apply"]) == 2 and await scenario.node_status(
+        return len([r for r in step_log.of(g, two) if r.stage == "apply"]) == 2 and await scenario.node_status(
             two) == "complete"
 
     await wait_for(ran_again, what="the reset node running the gate again from scratch")

@@ -7,19 +7,19 @@ import json
 
 from gate import __version__
 from gate.api import keys
-from gate.devcluster.stages import failing_stage
+from gate.devcluster.stages import failing_stage, slow_stage
 from gate.kube.client import EVENTS, KWOK_STAGES, POLICIES
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
 SUMMARY = {"package": "tool", "version": "1.0.0", "stage": "apply", "ok": False, "failedStep": "install",
            "exitCode": 3, "message": "no space left on device"}
 
 
-def _applies(job_log: JobLog, gate: str, node: str) -> int:
-    return len([r for r in job_log.of(gate, node) if r.stage == "apply"])
+def _applies(step_log: StepLog, gate: str, node: str) -> int:
+    return len([r for r in step_log.of(gate, node) if r.stage == "apply"])
 
 
 async def _annotations(sc: Scenario, node: str) -> dict[str, str]:
@@ -31,7 +31,7 @@ async def _reset_requested(sc: Scenario, nodes: list[str]) -> list[str]:
 
 
 async def test_node_requests_take_several_nodes_or_a_label_selector(scenario: Scenario, cli: Cli,
-                                                                   job_log: JobLog) -> None:
+                                                                   step_log: StepLog) -> None:
     g = scenario.name
     gpu = await scenario.add_nodes(2, {"pool": "gpu"})
     [cpu] = await scenario.add_nodes(1, {"pool": "cpu"}, start=10)
@@ -61,7 +61,7 @@ async def test_node_requests_take_several_nodes_or_a_label_selector(scenario: Sc
     assert len(unignored) == 3 and all(": removed the label" in line for line in unignored)
     for node in [*gpu, cpu]:
         await scenario.wait_node(node, "complete")
-    applied = {n: _applies(job_log, g, n) for n in [*gpu, cpu]}
+    applied = {n: _applies(step_log, g, n) for n in [*gpu, cpu]}
 
     await cli.ok("node", "reset", "-l", selector, "--gate", g, "--dry-run")
     assert await _reset_requested(scenario, gpu) == []
@@ -70,14 +70,14 @@ async def test_node_requests_take_several_nodes_or_a_label_selector(scenario: Sc
 
     async def ran_again() -> bool:
         statuses = [await scenario.node_status(n) for n in gpu]
-        return all(_applies(job_log, g, n) == applied[n] + 1 for n in gpu) and statuses == ["complete"] * 2
+        return all(_applies(step_log, g, n) == applied[n] + 1 for n in gpu) and statuses == ["complete"] * 2
 
     await wait_for(ran_again, what="both gpu nodes running the gate again from scratch")
-    assert _applies(job_log, g, cpu) == applied[cpu]  # the selector left it alone
+    assert _applies(step_log, g, cpu) == applied[cpu]  # the selector left it alone
 
 
 async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment(
-        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+        scenario: Scenario, cli: Cli, step_log: StepLog) -> None:
     g = scenario.name
     policy = f"{g}-policy"
     nodes = await scenario.add_nodes(2, {"tier": "main"})
@@ -120,7 +120,7 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
         assert keys.RESTART_ANNOTATION not in (await scenario.gate())["metadata"].get("annotations", {})
         assert await stopped()
 
-        before = {n: _applies(job_log, g, n) for n in nodes}
+        before = {n: _applies(step_log, g, n) for n in nodes}
         for stage in scenario.stages:  # the node is fixed
             await scenario.kube.delete(KWOK_STAGES, stage)
         done = (await cli.ok("reset", g, "--yes")).lines
@@ -128,7 +128,7 @@ async def test_reset_runs_a_whole_gate_again_and_resumes_its_stopped_compartment
                             f"and annotation {keys.RESTART_ANNOTATION} on the gate).")
 
         async def ran_again() -> bool:
-            return all(_applies(job_log, g, n) == before[n] + 1 for n in nodes)
+            return all(_applies(step_log, g, n) == before[n] + 1 for n in nodes)
 
         await wait_for(ran_again, what="every node of the gate running it again")
         await scenario.wait_ready()
@@ -164,3 +164,32 @@ async def test_version_names_the_cli_and_the_operator_that_leads(cli: Cli, opera
     assert elsewhere.code == 1 and elsewhere.lines == [
         f"nodegate {__version__}", "operator: not found (no Lease default/nodegate-operator; is the operator "
         "installed there? --namespace and --lease name another)"]
+
+
+async def test_status_and_package_logs_name_the_step_a_stage_pod_runs_now(scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    [node] = await scenario.add_nodes(1)
+    # Both packages' applies are steps of one stage pod, in dependency order (ties by name): first, second.
+    # The second runs long enough to be seen running (the gate's deletion at the end waits for it).
+    await scenario.inject(slow_stage("slow", nodes=[node], package="second", stage="apply", seconds=30))
+    await scenario.apply_gate({"first": PKG, "second": PKG})
+
+    async def second_running() -> bool:
+        return "running stages: second apply" in (await cli.ok("status", g)).out
+
+    await wait_for(second_running, what="the status naming the second step of the stage pod")
+    second = (await cli.ok("package", "logs", node, "second")).lines
+    assert second[0].startswith("Stage pod nodegate-system/ng-")
+    assert second[0].endswith(f": NodeGate {g}, node {node}, package second, stage apply: running")
+    assert second[1].startswith("The pod runs the stages of round ")
+    assert second[1].endswith("this is step 2 of 2, container apply-second.")
+    first = (await cli.ok("package", "logs", node, "first", "--gate", g)).lines
+    assert first[0] == second[0].replace("package second, stage apply: running", "package first, stage apply: "
+                                         "succeeded")
+    assert first[1].endswith("this is step 1 of 2, container apply-first.")
+    assert first[-1].startswith(f"The agent writes the full log of every run on the node itself, under "
+                                f"/var/log/nodegate/{g}/first/1.0.0/")
+    assert (await cli.ok("package", "logs", node, "first", "--stage", "config")).out.startswith(
+        f"No stage pod of first config is left on node {node}")
+    assert (await cli.ok("package", "logs", node, "second", "--gate", "another-gate")).out.startswith(
+        f"No stage pod of second is left on node {node}")

@@ -14,7 +14,7 @@ from gate.kube.client import EVENTS, KWOK_STAGES, NODES, PDBS, PODS, POLICIES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from tests.integration.cli.conftest import Cli
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 from tests.processes import HANG_GUARD, async_group_process, ctrl_c
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/tool", "retries": 0}
@@ -67,8 +67,9 @@ async def test_a_failed_batch_is_explained_by_status_and_logs_and_cleared_by_rer
         followed = (await cli.ok("package", "logs", bad, "tool", "--follow")).out  # the pod ended: returns
         assert "The agent's summary: step install exited 3" in followed
         none = (await cli.ok("package", "logs", good, "tool")).out
-        assert none.startswith(f"No stage Job of tool is left on node {good}: the operator deletes the Job of every "
+        assert none.startswith(f"No stage pod of tool is left on node {good}: the operator deletes the pod of every "
                                "stage that succeeded")
+        assert "The node's state for NodeGate" not in none  # the good node recorded no failure
 
         dry = await cli.ok("resume", g, "--compartment", "main", "--dry-run")
         assert dry.out.rstrip().endswith("(server dry run: nothing was changed)")
@@ -193,7 +194,7 @@ async def _picture(sc: Scenario) -> tuple[dict[str, object], dict[str, tuple[str
 
 
 async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_and_its_batch(
-        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+        scenario: Scenario, cli: Cli, step_log: StepLog) -> None:
     g = scenario.name
     policy = f"{g}-policy"
     scenario.policies.append(policy)
@@ -211,7 +212,7 @@ async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_
     # The first batch (2 nodes) failed; the stop keeps the next batch, number 2, at the halved size 1.
     assert before[0] == {"state": "stopped", "batch": 2, "batchSize": 1, "consecutiveFailures": 1, "failed": 2}
     assert [before[1][n][0] for n in nodes] == ["failed", "failed", "blocked", "blocked"]
-    jobs = len(job_log.of(g))
+    jobs = len(step_log.of(g))
 
     # Pausing (with the command) and unpausing (a plain spec write): each bumps the generation, and the
     # operator plans the gate at it; neither is a new rollout, so nothing of the picture moves.
@@ -221,7 +222,7 @@ async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_
     await scenario.patch_gate({"spec": {"paused": False}})
     await _acted_on_pause(scenario, False)
     assert await _picture(scenario) == before
-    assert len(job_log.of(g)) == jobs, "a stage ran after a pause or an unpause alone"
+    assert len(step_log.of(g)) == jobs, "a stage ran after a pause or an unpause alone"
 
     # `nodegate resume` of a paused gate with a stopped compartment: unpauses and resumes it. What it
     # prints holds: the failed nodes stay failed; the next batch (one node) runs, fails and stops it again.
@@ -239,7 +240,7 @@ async def test_pausing_and_unpausing_keep_every_failure_the_stopped_compartment_
     assert after[0] == {"state": "stopped", "batch": 3, "batchSize": 1, "consecutiveFailures": 1, "failed": 3}
     assert {n: after[1][n] for n in nodes[:2]} == {n: before[1][n] for n in nodes[:2]}
     assert after[1][nodes[3]][0] == "blocked"
-    assert {r.node for r in job_log.of(g)[jobs:]} == {nodes[2]}
+    assert {r.node for r in step_log.of(g)[jobs:]} == {nodes[2]}
 
 
 async def _compartment_is(sc: Scenario, name: str, state: str) -> bool:
@@ -248,7 +249,7 @@ async def _compartment_is(sc: Scenario, name: str, state: str) -> bool:
 
 
 async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
-        scenario: Scenario, cli: Cli, job_log: JobLog) -> None:
+        scenario: Scenario, cli: Cli, step_log: StepLog) -> None:
     g = scenario.name
     nodes = await scenario.add_nodes(2)
     await scenario.apply_gate({"agent": {**PKG, "uninstall": {"enabled": True}}, "keep": PKG})
@@ -271,7 +272,7 @@ async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
     events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={g}")
     assert "DeletionPaused" in {e["reason"] for e in events}
     assert (await cli.ok("delete", g)).out.startswith(f"NodeGate {g} is already being deleted (paused")
-    assert [r for r in job_log.of(g) if r.stage == "uninstall"] == []
+    assert [r for r in step_log.of(g) if r.stage == "uninstall"] == []
     for node in nodes:
         assert keys.state_annotation(g) in (await scenario.node(node))["metadata"]["annotations"]
     _, before = await scenario.kube.list(NODES, label_selector=f"test={g}")  # the etcd revision now
@@ -287,7 +288,7 @@ async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
             return True
 
     await wait_for(gone, what="the gate released")
-    uninstalls = [r for r in job_log.of(g) if r.stage == "uninstall"]
+    uninstalls = [r for r in step_log.of(g) if r.stage == "uninstall"]
     assert sorted(r.node for r in uninstalls) == sorted(nodes) and {r.package for r in uninstalls} == {"agent"}
     assert all(r.resource_version > int(before) for r in uninstalls), "an uninstall started while paused"
     for node in nodes:

@@ -18,10 +18,11 @@ import pytest
 import yaml
 
 from gate.api import keys
+from gate.controller.pods import container_name, pod_steps
 from gate.devcluster.cluster import DevCluster, NodeSpec, node_manifest
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
-from gate.kube.client import JOBS, KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
+from gate.kube.client import KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import NotFound
 from tests.processes import HANG_GUARD
 
@@ -42,8 +43,11 @@ def operator(cluster: DevCluster) -> Iterator[int]:
 
 
 @dataclass
-class JobRecord:
-    name: str
+class StepRecord:
+    """One step of a stage pod (a container: a package's stage, or the interrupt)."""
+
+    name: str  # pod/container
+    pod: str
     gate: str
     node: str
     package: str | None
@@ -51,81 +55,80 @@ class JobRecord:
     interrupt: str | None
     args: list[str]
     created: float
-    resource_version: int = 0  # etcd revision of the creation: orders it against other objects' changes
+    resource_version: int = 0  # etcd revision of its pod's creation: orders it against other objects' changes
+    started_rv: int | None = None  # etcd revision at which its container was first seen started
     finished: float | None = None
     succeeded: bool | None = None
-    finished_rv: int | None = None  # etcd revision at which its work was seen ended (pod or Job)
-    grace_period: int | None = None  # the pod template's terminationGracePeriodSeconds
+    finished_rv: int | None = None  # etcd revision at which it was seen ended (or its pod ended or went)
+    grace_period: int | None = None  # the pod's terminationGracePeriodSeconds
 
 
 @dataclass
-class JobLog:
-    """Every stage Job the operator created in this session, recorded by an independent watch."""
+class StepLog:
+    """Every step of every stage pod the operator created in this session, recorded by an independent watch."""
 
-    records: dict[str, JobRecord] = field(default_factory=dict)
+    records: dict[str, StepRecord] = field(default_factory=dict)
     creations: list[str] = field(default_factory=list)
-    uids: dict[str, set[str]] = field(default_factory=dict)  # a name created again gets a second uid
+    uids: dict[str, set[str]] = field(default_factory=dict)  # a pod name created again gets a second uid
 
-    def on_event(self, kind: str, job: Obj) -> None:
-        meta = job["metadata"]
+    def on_event(self, kind: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        steps = pod_steps(pod)
+        if not steps:
+            return
         name = meta["name"]
         self.uids.setdefault(name, set()).add(meta.get("uid", ""))
-        if name not in self.records:
-            labels = meta.get("labels") or {}
-            ann = meta.get("annotations") or {}
-            pod_spec = job["spec"]["template"]["spec"]
-            container = pod_spec["containers"][0]
-            self.records[name] = JobRecord(
-                name=name, gate=ann.get("nodegate.io/gate-name", ""), node=ann.get("nodegate.io/node-name", ""),
-                package=labels.get(keys.JOB_PACKAGE_LABEL), stage=labels.get(keys.JOB_STAGE_LABEL, ""),
-                interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(container.get("args", [])),
-                created=time.monotonic(), resource_version=int(meta.get("resourceVersion", "0")),
-                grace_period=pod_spec.get("terminationGracePeriodSeconds"),
-            )
-            self.creations.append(name)
-        rec = self.records[name]
-        conds = {c["type"]: c["status"] for c in (job.get("status") or {}).get("conditions") or []}
-        if rec.finished is None and (conds.get("Complete") == "True" or conds.get("Failed") == "True"):
-            rec.finished = time.monotonic()
-            rec.succeeded = conds.get("Complete") == "True"
-            rec.finished_rv = int(meta.get("resourceVersion", "0"))
-        if kind == "DELETED" and rec.finished is None:
-            rec.finished = time.monotonic()
-            rec.finished_rv = int(meta.get("resourceVersion", "0"))
-
-    def on_pod(self, kind: str, pod: Obj) -> None:
-        """A stage pod that succeeded ends its Job's work (one completion), before the Job records it."""
-        job = (pod["metadata"].get("labels") or {}).get("job-name")
-        rec = self.records.get(job or "")
-        if rec is not None and rec.finished is None and (pod.get("status") or {}).get("phase") == "Succeeded":
-            rec.finished = time.monotonic()
-            rec.succeeded = True
-            rec.finished_rv = int(pod["metadata"].get("resourceVersion", "0"))
+        spec = pod["spec"]
+        containers = {c["name"]: c for c in [*(spec.get("initContainers") or []), *spec["containers"]]}
+        labels = meta.get("labels") or {}
+        rv = int(meta.get("resourceVersion", "0"))
+        status = pod.get("status") or {}
+        states = {cs.get("name"): cs.get("state") or {} for cs in
+                  [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
+        ended = status.get("phase") in ("Succeeded", "Failed") or kind == "DELETED"
+        for step in steps:
+            container = container_name(step)
+            key = f"{name}/{container}"
+            if key not in self.records:
+                self.records[key] = StepRecord(
+                    name=key, pod=name, gate=ann.get("nodegate.io/gate-name", ""),
+                    node=ann.get("nodegate.io/node-name", ""), package=step.package, stage=step.stage,
+                    interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(containers[container].get("args", [])),
+                    created=time.monotonic(), resource_version=rv,
+                    grace_period=spec.get("terminationGracePeriodSeconds"),
+                )
+                self.creations.append(key)
+            rec = self.records[key]
+            state = states.get(container, {})
+            if rec.started_rv is None and ("running" in state or "terminated" in state):
+                rec.started_rv = rv
+            term = state.get("terminated")
+            if rec.finished is None and (term or ended):
+                rec.finished = time.monotonic()
+                rec.succeeded = bool(term) and term.get("exitCode") == 0
+                rec.finished_rv = rv
 
     def created_twice(self, gate: str) -> list[str]:
-        """Names of this gate's stage Jobs that were created more than once (deleted and made again)."""
-        return [r.name for r in self.of(gate) if len(self.uids.get(r.name, ())) > 1]
+        """Names of this gate's stage pods that were created more than once (deleted and made again)."""
+        return sorted({r.pod for r in self.of(gate) if len(self.uids.get(r.pod, ())) > 1})
 
-    def of(self, gate: str, node: str | None = None) -> list[JobRecord]:
+    def of(self, gate: str, node: str | None = None) -> list[StepRecord]:
         return [self.records[n] for n in self.creations
                 if self.records[n].gate == gate and (node is None or self.records[n].node == node)]
 
 
 @pytest.fixture(scope="session")
-async def job_log(cluster: DevCluster) -> AsyncIterator[JobLog]:
+async def step_log(cluster: DevCluster) -> AsyncIterator[StepLog]:
     client = await cluster.client()
-    log = JobLog()
-    cache = WatchCache(client, JOBS, namespace=NAMESPACE)
-    cache.subscribe(log.on_event)
+    log = StepLog()
     pods = WatchCache(client, PODS, namespace=NAMESPACE)
-    pods.subscribe(log.on_pod)
-    await cache.start()
+    pods.subscribe(log.on_event)
     await pods.start()
-    for job in cache.items():
-        log.on_event("ADDED", job)
+    for pod in pods.items():
+        log.on_event("ADDED", pod)
     yield log
     await pods.stop()
-    await cache.stop()
     await client.close()
 
 
@@ -261,7 +264,7 @@ class Scenario:
 
 @pytest.fixture
 async def scenario(request: pytest.FixtureRequest, cluster: DevCluster, operator: int, kube: KubeClient,
-                   job_log: JobLog) -> AsyncIterator[Scenario]:
+                   step_log: StepLog) -> AsyncIterator[Scenario]:
     from tests.conftest import unique
 
     base = request.node.name.removeprefix("test_").replace("_", "-")[:20].strip("-")

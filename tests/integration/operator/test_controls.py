@@ -11,7 +11,7 @@ from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODES
 from tests.integration.conftest import Webhook
-from tests.integration.operator.conftest import OPERATOR_FLAGS, JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 
@@ -21,7 +21,7 @@ def _tainted(node: dict) -> bool:  # type: ignore[type-arg]
 
 
 async def test_node_joining_while_the_webhook_is_up_is_tainted_at_creation(
-        scenario: Scenario, webhook: Webhook, job_log: JobLog) -> None:
+        scenario: Scenario, webhook: Webhook, step_log: StepLog) -> None:
     await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
     await scenario.wait_condition("Ready")
     created = await scenario.kube.create(NODES, node_manifest(f"{scenario.name}-0", {"test": scenario.name}))
@@ -32,7 +32,7 @@ async def test_node_joining_while_the_webhook_is_up_is_tainted_at_creation(
 
 
 async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator_before_any_stage(
-        scenario: Scenario, webhook: Webhook, cluster: DevCluster, job_log: JobLog) -> None:
+        scenario: Scenario, webhook: Webhook, cluster: DevCluster, step_log: StepLog) -> None:
     await scenario.add_nodes(1)  # an existing node: never tainted
     await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)
     await scenario.wait_ready()
@@ -51,7 +51,7 @@ async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator
         await scenario.wait_node(name, "complete")
     finally:
         await watch.stop()
-    first_job = min(r.resource_version for r in job_log.of(scenario.name, name))
+    first_job = min(r.resource_version for r in step_log.of(scenario.name, name))
     assert taint_revisions and min(taint_revisions) < first_job, "a stage Job was created before the taint"
     assert not _tainted(await scenario.node(name)), "the taint was not lifted after the node completed"
     events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={name}")
@@ -82,7 +82,7 @@ async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scen
     await wait_for(untainted, what="taint lifted once the remaining readiness gate is complete")
 
 
-async def test_uninstall_apply_runs_uninstall_on_every_node(scenario: Scenario, job_log: JobLog) -> None:
+async def test_uninstall_apply_runs_uninstall_on_every_node(scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(2)
     pkg = {**PKG, "uninstall": {"enabled": True}}
     await scenario.apply_gate({"agent": pkg, "keep": PKG})
@@ -90,13 +90,13 @@ async def test_uninstall_apply_runs_uninstall_on_every_node(scenario: Scenario, 
     await scenario.apply_gate({"agent": {**pkg, "uninstall": {"enabled": True, "apply": True}}, "keep": PKG})
     await scenario.wait_ready()
     for node in nodes:
-        assert [r.stage for r in job_log.of(scenario.name, node) if r.package == "agent"] == ["apply", "uninstall"]
+        assert [r.stage for r in step_log.of(scenario.name, node) if r.package == "agent"] == ["apply", "uninstall"]
         installed = (await scenario.state(node))["installed"]
         assert "agent" not in installed and "keep" in installed
 
 
 async def test_deleting_the_gate_uninstalls_uncordons_and_removes_every_key(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     from gate.devcluster.stages import failing_stage
 
     good, failed = await scenario.add_nodes(2)
@@ -118,11 +118,11 @@ async def test_deleting_the_gate_uninstalls_uncordons_and_removes_every_key(
         assert not [k for k in annotations if k.startswith("nodegate.io/")], annotations
         assert not [k for k in labels if k.startswith("nodegate.io/")], labels
         assert not obj["spec"].get("unschedulable")
-    uninstalls = [r.node for r in job_log.of(scenario.name) if r.stage == "uninstall"]
+    uninstalls = [r.node for r in step_log.of(scenario.name) if r.stage == "uninstall"]
     assert sorted(uninstalls) == sorted([good, failed])  # only "tool" has uninstall enabled
 
 
-async def test_deleting_a_gate_releases_nodes_it_never_started_on(scenario: Scenario, job_log: JobLog) -> None:
+async def test_deleting_a_gate_releases_nodes_it_never_started_on(scenario: Scenario, step_log: StepLog) -> None:
     # Paused from the start: one node joined with the readiness taint and waits, one waits untainted.
     [tainted] = await scenario.add_nodes(1, taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
     [plain] = await scenario.add_nodes(1, start=1)
@@ -136,30 +136,30 @@ async def test_deleting_a_gate_releases_nodes_it_never_started_on(scenario: Scen
         obj = await scenario.node(node)
         assert keys.status_label(scenario.name) not in (obj["metadata"].get("labels") or {}), obj["metadata"]
         assert not _tainted(obj), "the readiness taint outlived the only gate that wanted it"
-    assert job_log.of(scenario.name) == []
+    assert step_log.of(scenario.name) == []
 
 
 async def _is_waiting(sc: Scenario, node: str) -> bool:
     return await sc.node_status(node) == "waiting"
 
 
-async def test_paused_gate_starts_nothing_until_resumed(scenario: Scenario, job_log: JobLog) -> None:
+async def test_paused_gate_starts_nothing_until_resumed(scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(2)
     await scenario.apply_gate({"base": PKG}, paused=True)
     gate = await scenario.wait_condition("Paused")
     await asyncio.sleep(2)
-    assert job_log.of(scenario.name) == []
+    assert step_log.of(scenario.name) == []
     gate = await scenario.gate()
     assert gate["status"]["status"] == "Paused" and gate["status"]["nodes"]["complete"] == 0
     for node in nodes:
         assert await scenario.node_status(node) == "waiting"
     await scenario.apply_gate({"base": PKG}, paused=False)
     await scenario.wait_ready()
-    assert len(job_log.of(scenario.name)) == 2
+    assert len(step_log.of(scenario.name)) == 2
 
 
 async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     from gate.devcluster.stages import slow_stage
 
     nodes = await scenario.add_nodes(4)
@@ -187,7 +187,7 @@ async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         await scenario.apply_gate({"base": PKG}, interruptionBudget={"count": 2})
 
         async def first_batch_running() -> bool:
-            return len({r.node for r in job_log.of(scenario.name) if r.finished is None}) == 2
+            return len({r.node for r in step_log.of(scenario.name) if r.finished is None}) == 2
 
         await wait_for(first_batch_running, what="the first batch's stage Jobs running")
         paused_at = int((await scenario.patch_gate({"spec": {"paused": True}}))["metadata"]["resourceVersion"])
@@ -207,7 +207,7 @@ async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         await asyncio.sleep(2)  # a few operator polls in which the next batch could have started
         assert all(completed[node] > paused_at for node in running), "they had finished before the pause"
         for node in waiting:
-            assert job_log.of(scenario.name, node) == [], f"a stage Job started on {node} while paused"
+            assert step_log.of(scenario.name, node) == [], f"a stage Job started on {node} while paused"
             assert await scenario.node_status(node) == "waiting"
 
         resumed_at = int((await scenario.patch_gate({"spec": {"paused": False}}))["metadata"]["resourceVersion"])
@@ -216,14 +216,14 @@ async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         await watch.stop()
     for node in waiting:
         assert started[node] > resumed_at, f"{node} started while the gate was paused"
-        assert min(r.resource_version for r in job_log.of(scenario.name, node)) > resumed_at
+        assert min(r.resource_version for r in step_log.of(scenario.name, node)) > resumed_at
     for node in nodes:
         assert await scenario.node_status(node) == "complete"
-    assert not job_log.created_twice(scenario.name)
+    assert not step_log.created_twice(scenario.name)
 
 
 async def test_operator_killed_mid_rollout_resumes_without_repeating_or_overrunning(
-        scenario: Scenario, cluster: DevCluster, job_log: JobLog) -> None:
+        scenario: Scenario, cluster: DevCluster, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(6)
     await scenario.apply_gate({
         "first": {**PKG, "interrupt": {"type": "reboot"}},
@@ -250,9 +250,9 @@ async def test_operator_killed_mid_rollout_resumes_without_repeating_or_overrunn
     finally:
         watcher.cancel()
     assert disrupted_max <= 2, f"{disrupted_max} nodes were cordoned at once with a budget of 2"
-    assert not job_log.created_twice(scenario.name), "a stage Job was created again after a restart"
+    assert not step_log.created_twice(scenario.name), "a stage Job was created again after a restart"
     per_step: dict[tuple[str, str | None, str], int] = {}
-    for r in job_log.of(scenario.name):
+    for r in step_log.of(scenario.name):
         key = (r.node, r.package, r.stage)
         per_step[key] = per_step.get(key, 0) + 1
     repeated = {k: v for k, v in per_step.items() if v > 1}

@@ -11,16 +11,16 @@ from gate.api import keys
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS
 from gate.kube.errors import NotFound
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 
 
-def _stages(log: JobLog, gate: str, node: str) -> list[tuple[str | None, str]]:
+def _stages(log: StepLog, gate: str, node: str) -> list[tuple[str | None, str]]:
     return [(r.package, r.stage) for r in log.of(gate, node)]
 
 
-async def test_first_install_runs_apply_on_every_node_and_reports_ready(scenario: Scenario, job_log: JobLog) -> None:
+async def test_first_install_runs_apply_on_every_node_and_reports_ready(scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(3)
     await scenario.apply_gate({"base": PKG})
     gate = await scenario.wait_ready()
@@ -31,18 +31,18 @@ async def test_first_install_runs_apply_on_every_node_and_reports_ready(scenario
         assert await scenario.node_status(node) == "complete"
         state = await scenario.state(node)
         assert state["installed"]["base"]["version"] == "1.0.0"
-        assert _stages(job_log, scenario.name, node) == [("base", "apply")]
+        assert _stages(step_log, scenario.name, node) == [("base", "apply")]
         # no interrupt was asked for: the node was never cordoned
         assert not (await scenario.node(node))["spec"].get("unschedulable")
 
 
-async def test_version_upgrade_runs_upgrade_with_the_previous_version(scenario: Scenario, job_log: JobLog) -> None:
+async def test_version_upgrade_runs_upgrade_with_the_previous_version(scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     await scenario.apply_gate({"base": PKG})
     await scenario.wait_ready()
     await scenario.apply_gate({"base": {**PKG, "version": "1.1.0"}})
     await scenario.wait_ready()
-    upgrade = [r for r in job_log.of(scenario.name, node) if r.stage == "upgrade"]
+    upgrade = [r for r in step_log.of(scenario.name, node) if r.stage == "upgrade"]
     assert len(upgrade) == 1
     args = upgrade[0].args
     assert args[args.index("--version") + 1] == "1.1.0"
@@ -51,31 +51,31 @@ async def test_version_upgrade_runs_upgrade_with_the_previous_version(scenario: 
 
 
 async def test_config_change_reruns_config_and_only_matching_config_interrupts(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     pkg = {**PKG, "config": {"tuned.conf": "a=1", "notes.txt": "v1"},
            "configInterrupts": {"*.conf": {"type": "service", "services": ["tuned"]}}}
     await scenario.apply_gate({"tuning": pkg})
     await scenario.wait_ready()
-    first = _stages(job_log, scenario.name, node)
+    first = _stages(step_log, scenario.name, node)
     assert first == [("tuning", "apply"), ("tuning", "config"), (None, "interrupt"), ("tuning", "post-interrupt")]
 
     # A key that no configInterrupt matches: config runs again, nothing is interrupted.
     await scenario.apply_gate({"tuning": {**pkg, "config": {"tuned.conf": "a=1", "notes.txt": "v2"}}})
     await scenario.wait_ready()
-    second = _stages(job_log, scenario.name, node)[len(first):]
+    second = _stages(step_log, scenario.name, node)[len(first):]
     assert second == [("tuning", "config")]
 
     # A *.conf key: config, then the service restart with its cordon and check.
     await scenario.apply_gate({"tuning": {**pkg, "config": {"tuned.conf": "a=2", "notes.txt": "v2"}}})
     await scenario.wait_ready()
-    third = _stages(job_log, scenario.name, node)[len(first) + len(second):]
+    third = _stages(step_log, scenario.name, node)[len(first) + len(second):]
     assert third == [("tuning", "config"), (None, "interrupt"), ("tuning", "post-interrupt")]
-    interrupt = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"][-1]
+    interrupt = [r for r in step_log.of(scenario.name, node) if r.stage == "interrupt"][-1]
     assert interrupt.interrupt == "service" and interrupt.args[-2:] == ["--service", "tuned"]
 
 
-async def test_packages_run_in_dependency_order(scenario: Scenario, job_log: JobLog) -> None:
+async def test_packages_run_in_dependency_order(scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     await scenario.apply_gate({
         "driver": {**PKG, "dependsOn": {"kernel": ">=1.0.0"}},
@@ -83,38 +83,35 @@ async def test_packages_run_in_dependency_order(scenario: Scenario, job_log: Job
         "tools": {**PKG, "dependsOn": {"driver": "^1.0"}},
     })
     await scenario.wait_ready()
-    records = job_log.of(scenario.name, node)
+    records = step_log.of(scenario.name, node)
     order = [r.package for r in records]
     assert order == ["kernel", "driver", "tools"]
+    assert len({r.pod for r in records}) == 1, "the stages of one round run in one pod"
     by_pkg = {r.package: r for r in records}
     # each starts only after its dependency finished
     for first, then in (("kernel", "driver"), ("driver", "tools")):  # ordered by etcd revision
-        ended = by_pkg[first].finished_rv
-        assert ended is not None and ended < by_pkg[then].resource_version, f"{then} started before {first} ended"
+        ended, started = by_pkg[first].finished_rv, by_pkg[then].started_rv
+        assert ended is not None and started is not None and ended <= started, f"{then} started before {first} ended"
 
 
-async def test_independent_packages_run_in_parallel_unless_serial(scenario: Scenario, job_log: JobLog) -> None:
+async def test_the_stages_of_a_round_run_one_after_another_in_one_pod(scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(2)
     packages = {name: PKG for name in ("alpha", "beta", "gamma")}
-    await scenario.apply_gate(packages, serial=True)
+    await scenario.apply_gate(packages)
+    await scenario.wait_ready()
+    await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages})
     await scenario.wait_ready()
     for node in nodes:
-        records = sorted(job_log.of(scenario.name, node), key=lambda r: r.resource_version)
-        assert len(records) == 3
-        for before, after in itertools.pairwise(records):
-            assert before.finished_rv is not None and before.finished_rv < after.resource_version, (
-                "serial stages overlapped")
-
-    await scenario.apply_gate({name: {**PKG, "version": "2.0.0"} for name in packages}, serial=False)
-    await scenario.wait_ready()
-    for node in nodes:
-        upgrades = [r for r in job_log.of(scenario.name, node) if r.stage == "upgrade"]
-        assert len(upgrades) == 3
-        first_end = min(r.finished_rv or 0 for r in upgrades)
-        assert all(r.resource_version < first_end for r in upgrades), "parallel stages were not started together"
+        for stage in ("apply", "upgrade"):
+            records = [r for r in step_log.of(scenario.name, node) if r.stage == stage]
+            assert len(records) == 3 and len({r.pod for r in records}) == 1, f"{stage}: one pod for the round"
+            assert all(r.succeeded for r in records)
+            for before, after in itertools.pairwise(records):
+                assert before.finished_rv is not None and after.started_rv is not None
+                assert before.finished_rv <= after.started_rv, "stages of one node overlapped"
 
 
-async def test_interrupts_merge_into_one_per_node(scenario: Scenario, job_log: JobLog) -> None:
+async def test_interrupts_merge_into_one_per_node(scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     await scenario.apply_gate({
         "pa": {**PKG, "interrupt": {"type": "service", "services": ["svc-a"]}},
@@ -122,11 +119,11 @@ async def test_interrupts_merge_into_one_per_node(scenario: Scenario, job_log: J
         "pc": {**PKG},
     })
     await scenario.wait_ready()
-    interrupts = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"]
+    interrupts = [r for r in step_log.of(scenario.name, node) if r.stage == "interrupt"]
     assert len(interrupts) == 1
     assert interrupts[0].interrupt == "service"
     assert interrupts[0].args[-4:] == ["--service", "svc-a", "--service", "svc-b"]
-    checks = sorted(r.package or "" for r in job_log.of(scenario.name, node) if r.stage == "post-interrupt")
+    checks = sorted(r.package or "" for r in step_log.of(scenario.name, node) if r.stage == "post-interrupt")
     assert checks == ["pa", "pb"]  # pc asked for no interrupt: nothing to check after it
 
     await scenario.apply_gate({
@@ -135,12 +132,12 @@ async def test_interrupts_merge_into_one_per_node(scenario: Scenario, job_log: J
         "pc": {**PKG, "version": "1.1.0"},
     })
     await scenario.wait_ready()
-    interrupts = [r for r in job_log.of(scenario.name, node) if r.stage == "interrupt"]
+    interrupts = [r for r in step_log.of(scenario.name, node) if r.stage == "interrupt"]
     assert len(interrupts) == 2 and interrupts[1].interrupt == "restartAllServices"
     assert "--service" not in interrupts[1].args
 
 
-async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, job_log: JobLog) -> None:
+async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     before = (await scenario.node(node))["status"]["nodeInfo"]["bootID"]
     await scenario.apply_gate({"kernel": {**PKG, "interrupt": {"type": "reboot"}}})
@@ -149,13 +146,13 @@ async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, job_
     assert after["status"]["nodeInfo"]["bootID"] != before
     assert not after["spec"].get("unschedulable")
     assert keys.CORDONED_BY not in (after["metadata"].get("annotations") or {})
-    stages = _stages(job_log, scenario.name, node)
+    stages = _stages(step_log, scenario.name, node)
     assert stages == [("kernel", "apply"), (None, "interrupt"), ("kernel", "post-interrupt")]
-    assert [r.interrupt for r in job_log.of(scenario.name, node) if r.stage == "interrupt"] == ["reboot"]
+    assert [r.interrupt for r in step_log.of(scenario.name, node) if r.stage == "interrupt"] == ["reboot"]
 
 
 async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restarts_nothing(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     [node] = await scenario.add_nodes(1)
     web = f"{scenario.name}-web"
     await scenario.kube.create(PODS, {
@@ -199,7 +196,7 @@ async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restart
         await pods.stop()
         await client.close()
         await scenario.kube.delete(PODS, web, "default", body={"gracePeriodSeconds": 0})
-    records = job_log.of(scenario.name, node)
+    records = step_log.of(scenario.name, node)
     # No restart: no interrupt Job, and so no Job labelled nodegate.io/interrupt; the package's check runs.
     assert [(r.package, r.stage) for r in records] == [("tuning", "apply"), ("tuning", "post-interrupt")]
     assert [r.name for r in records if r.interrupt is not None] == []

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
-from gate.controller.jobs import FACTS_DIR, FACTS_FILE
+from gate.controller.pods import FACTS_DIR, FACTS_FILE
 from gate.kube.cache import WatchCache
-from gate.kube.client import JOBS, NODES
+from gate.kube.client import NODES, PODS
 from gate.rollout import order_key
 from tests.integration.operator.conftest import NAMESPACE, Scenario
 
@@ -17,13 +17,13 @@ Obj = dict[str, Any]
 async def test_each_stage_pod_carries_its_nodes_labels_annotations_and_batch(scenario: Scenario) -> None:
     seen: dict[str, Obj] = {}
 
-    def record(kind: str, job: Obj) -> None:
-        if (job["metadata"].get("annotations") or {}).get("nodegate.io/gate-name") == scenario.name:
-            seen.setdefault(job["metadata"]["name"], job)
+    def record(kind: str, pod: Obj) -> None:
+        if (pod["metadata"].get("annotations") or {}).get("nodegate.io/gate-name") == scenario.name:
+            seen.setdefault(pod["metadata"]["name"], pod)
 
-    jobs = WatchCache(scenario.kube, JOBS, namespace=NAMESPACE)
-    jobs.subscribe(record)
-    await jobs.start()
+    pods = WatchCache(scenario.kube, PODS, namespace=NAMESPACE)
+    pods.subscribe(record)
+    await pods.start()
     try:
         nodes = await scenario.add_nodes(2, {"pool": "gpu"})
         first, second = sorted(nodes, key=order_key)
@@ -32,14 +32,13 @@ async def test_each_stage_pod_carries_its_nodes_labels_annotations_and_batch(sce
                                   interruptionBudget={"count": 1})
         await scenario.wait_ready()
     finally:
-        await jobs.stop()
+        await pods.stop()
 
     facts: dict[str, OperatorFacts] = {}
-    for job in seen.values():
-        template = job["spec"]["template"]
-        facts[template["spec"]["nodeName"]] = OperatorFacts.model_validate_json(
-            template["metadata"]["annotations"][FACTS_ANNOTATION])
-        args = template["spec"]["containers"][0]["args"]
+    for pod in seen.values():
+        facts[pod["spec"]["nodeName"]] = OperatorFacts.model_validate_json(
+            pod["metadata"]["annotations"][FACTS_ANNOTATION])
+        args = pod["spec"]["containers"][0]["args"]
         assert args[args.index("--node-facts") + 1] == f"{FACTS_DIR}/{FACTS_FILE}"
     assert set(facts) == {first, second}
     for node in nodes:

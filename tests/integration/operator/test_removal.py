@@ -12,7 +12,7 @@ from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from gate.kube.errors import NotFound
 from gate.rollout import order_key
 from gate.testing.watcher import InvariantWatcher
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 AGENT = {"version": "1.0.0", "image": "registry.example.com/agent", "retries": 0, "uninstall": {"enabled": True}}
 KEEP = {"version": "1.0.0", "image": "registry.example.com/keep"}
@@ -37,13 +37,13 @@ async def _clean(sc: Scenario, node: str) -> bool:
 
 
 async def test_the_uninstalls_of_a_deleted_gate_run_one_batch_at_a_time_under_its_budget(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(3)
     await scenario.apply_gate({"agent": AGENT, "keep": KEEP}, interruptionBudget={"count": 1})
     await scenario.wait_ready(timeout=120)
     await scenario.kube.delete(NODEGATES, scenario.name)
     await wait_for(lambda: _gone(scenario), timeout=120, what="the gate released")
-    uninstalls = sorted((r for r in job_log.of(scenario.name) if r.stage == "uninstall"),
+    uninstalls = sorted((r for r in step_log.of(scenario.name) if r.stage == "uninstall"),
                         key=lambda r: r.resource_version)
     assert sorted(r.node for r in uninstalls) == sorted(nodes) and {r.package for r in uninstalls} == {"agent"}
     # The budget of one node: each uninstall started only after the one before had ended (etcd revisions).
@@ -54,7 +54,7 @@ async def test_the_uninstalls_of_a_deleted_gate_run_one_batch_at_a_time_under_it
 
 
 async def test_a_failed_uninstall_stops_the_removal_until_a_person_resumes_it(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     g = scenario.name
     policy = f"{g}-policy"
     scenario.policies.append(policy)
@@ -73,7 +73,7 @@ async def test_a_failed_uninstall_stops_the_removal_until_a_person_resumes_it(
         return await _deleting_reason(scenario) == "CompartmentStopped"
 
     await wait_for(stopped, timeout=60, what="the removal stopped by the failed uninstall")
-    [failed] = [r.node for r in job_log.of(g) if r.stage == "uninstall"]
+    [failed] = [r.node for r in step_log.of(g) if r.stage == "uninstall"]
     assert await scenario.node_status(failed) == "failed"
     assert sorted([await scenario.node_status(n) for n in nodes if n != failed]) == ["blocked", "blocked"]
 
@@ -84,14 +84,14 @@ async def test_a_failed_uninstall_stops_the_removal_until_a_person_resumes_it(
     await scenario.kube.patch(NODES, failed, {"metadata": {"annotations": {keys.reset_annotation(g): "now"}}})
     await scenario.kube.patch(NODEGATES, g, {"metadata": {"annotations": {keys.RESUME_ANNOTATION: "*"}}})
     await wait_for(lambda: _gone(scenario), timeout=120, what="the gate released")
-    uninstalled = sorted(r.node for r in job_log.of(g) if r.stage == "uninstall")
+    uninstalled = sorted(r.node for r in step_log.of(g) if r.stage == "uninstall")
     assert uninstalled == sorted(nodes)  # the failed node's one try, then one each for the others
     for node in nodes:
         assert await _clean(scenario, node)
 
 
 async def test_a_node_left_cordoned_by_a_failure_does_not_hold_a_budget_of_one_forever(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     # In pick order: `good` installs first, then `failed` fails after its cordon and stays cordoned,
     # holding the only unit of the budget.
     good, failed = sorted(await scenario.add_nodes(2), key=order_key)
@@ -103,21 +103,21 @@ async def test_a_node_left_cordoned_by_a_failure_does_not_hold_a_budget_of_one_f
     assert (await scenario.node(failed))["spec"].get("unschedulable") is True
     await scenario.kube.delete(NODEGATES, scenario.name)
     await wait_for(lambda: _gone(scenario), timeout=120, what="the gate released")
-    assert sorted(r.node for r in job_log.of(scenario.name) if r.stage == "uninstall") == sorted([good, failed])
+    assert sorted(r.node for r in step_log.of(scenario.name) if r.stage == "uninstall") == sorted([good, failed])
     for node in (good, failed):
         assert await _clean(scenario, node)
         assert not (await scenario.node(node))["spec"].get("unschedulable")
 
 
 async def test_a_removal_that_needs_a_reboot_cordons_drains_reboots_and_checks_each_node_in_turn(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     nodes = await scenario.add_nodes(3)
     # Installed with no interrupt; its uninstall needs a reboot (`uninstall.interrupt`).
     uninstall = {"enabled": True, "interrupt": {"type": "reboot"}}
     await scenario.apply_gate({"agent": {**AGENT, "uninstall": uninstall}}, interruptionBudget={"count": 1})
     await scenario.wait_ready(timeout=120)
     booted = {n: (await scenario.node(n))["status"]["nodeInfo"]["bootID"] for n in nodes}
-    installed = {r.name for r in job_log.of(scenario.name)}
+    installed = {r.name for r in step_log.of(scenario.name)}
     watcher = InvariantWatcher(scenario.kube)
     await watcher.start()
     try:
@@ -128,7 +128,7 @@ async def test_a_removal_that_needs_a_reboot_cordons_drains_reboots_and_checks_e
     # The budget of one held on the removal's reboots, and no node was uncordoned under a stage.
     assert not report.violations, report.summary()
     assert report.coverage.disruptions_judged >= len(nodes) and report.coverage.interrupts_judged >= len(nodes)
-    removal = sorted((r for r in job_log.of(scenario.name) if r.name not in installed),
+    removal = sorted((r for r in step_log.of(scenario.name) if r.name not in installed),
                      key=lambda r: r.resource_version)
     for node in nodes:
         # Uninstall, then the reboot (the node came back with a new boot ID), then the check after it.

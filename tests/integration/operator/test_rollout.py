@@ -12,7 +12,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 
@@ -194,7 +194,7 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
         assert "in-progress" not in statuses and statuses.count("complete") == started_by_close
 
 
-async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Scenario, job_log: JobLog) -> None:
+async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Scenario, step_log: StepLog) -> None:
     await scenario.add_nodes(3)
     first = f"{scenario.name}-first"
     # The etcd revision at which each node first showed the higher-priority gate complete, seen by a
@@ -223,7 +223,7 @@ async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Sce
     # each node ran the second gate only once the first was complete there
     started: dict[str, int] = {}
     for node in scenario.nodes:
-        jobs = job_log.of(scenario.name, node)
+        jobs = step_log.of(scenario.name, node)
         assert jobs, f"no stage Job of the second gate on {node}"
         started[node] = min(r.resource_version for r in jobs)
         assert node in first_complete, f"the first gate never completed on {node}"

@@ -8,7 +8,7 @@ from typing import Any
 
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import PDBS, PODS
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 SERVICE = {"type": "service", "services": ["tuned"]}
@@ -144,7 +144,7 @@ async def test_drain_timeout_fails_the_node_naming_the_blocking_pdb(scenario: Sc
 
 
 async def test_failing_stage_is_retried_then_fails_the_node_with_the_agent_summary(
-        scenario: Scenario, job_log: JobLog) -> None:
+        scenario: Scenario, step_log: StepLog) -> None:
     good, bad = await scenario.add_nodes(2)
     summary = '{"package":"tuning","stage":"apply","ok":false,"failedStep":"set-sysctl","exitCode":3}'
     await scenario.inject(failing_stage("fail", nodes=[bad], package="tuning", stage="apply", message=summary,
@@ -155,12 +155,11 @@ async def test_failing_stage_is_retried_then_fails_the_node_with_the_agent_summa
     failure = (await scenario.state(bad))["failure"]
     assert failure["reason"] == "StageFailed" and failure["package"] == "tuning" and failure["stage"] == "apply"
     assert "set-sysctl" in failure["message"]
-    [job] = [r for r in job_log.of(scenario.name, bad)]
-    from gate.kube.client import JOBS
-
-    pods, _ = await scenario.kube.list(PODS, "nodegate-system", label_selector=f"job-name={job.name}")
-    assert len(pods) == 2, "retries: 1 means two attempts"
-    assert (await scenario.kube.get(JOBS, job.name, "nodegate-system"))["spec"]["backoffLimit"] == 1
+    # retries: 1 means two attempts, each a pod of its own, the second made after the first failed.
+    first, second = [r for r in step_log.of(scenario.name, bad)]
+    assert first.pod != second.pod and not first.succeeded and not second.succeeded
+    assert first.finished_rv is not None and first.finished_rv < second.resource_version
+    assert (await scenario.state(bad))["attempts"] == {"tuning/apply": 2}
 
 
 async def test_stage_timeout_fails_the_stage(scenario: Scenario) -> None:
@@ -177,8 +176,11 @@ async def test_stage_timeout_fails_the_stage(scenario: Scenario) -> None:
 async def test_image_pull_failure_fails_the_stage_instead_of_waiting_forever(scenario: Scenario) -> None:
     [node] = await scenario.add_nodes(1)
     stage = failing_stage("pull", nodes=[node], package="ghost")
+    # Its payload is never pulled, so no step ever runs: the pod is matched by its package's label.
     stage["spec"]["selector"]["matchExpressions"] = [
-        e for e in stage["spec"]["selector"]["matchExpressions"] if e["key"] != ".status.phase"]
+        {"key": ".spec.nodeName", "operator": "In", "values": [node]},
+        {"key": '.metadata.labels["package.nodegate.io/ghost"]', "operator": "Exists"},
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}]
     stage["spec"]["next"] = {"statusTemplate": _PULL_ERROR}
     await scenario.inject(stage)
     await scenario.apply_gate({"ghost": {**PKG, "image": "registry.invalid/ghost"}})

@@ -10,7 +10,7 @@ from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import KWOK_STAGES, NODEGATES, NODES
 from tests.conftest import Kubectl
-from tests.integration.operator.conftest import JobLog, Scenario, wait_for
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg", "retries": 0}
 SUMMARY = {"package": "tool", "stage": "apply", "ok": False, "failedStep": "install", "exitCode": 3,
@@ -34,7 +34,7 @@ async def _until_condition(kubectl: Kubectl, node: str, gate: str, *, present: b
 
 
 async def test_a_failed_node_carries_a_condition_until_it_recovers_or_the_gate_goes(
-        scenario: Scenario, kubectl: Kubectl, job_log: JobLog) -> None:
+        scenario: Scenario, kubectl: Kubectl, step_log: StepLog) -> None:
     g = scenario.name
     bad, worse, good = await scenario.add_nodes(3)
     await scenario.inject(failing_stage("fail", nodes=[bad, worse], package="tool", stage="apply",

@@ -8,7 +8,6 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.state import Failure, NodeGateState
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday
@@ -64,7 +63,7 @@ def complete(batch: int = 1, compartment: str = "__default__") -> NodeGateState:
 
 def running(batch: int = 1, phase: str = "stages", since: timedelta = timedelta(seconds=42), **kw: Any
             ) -> NodeGateState:
-    return NodeGateState(status="in-progress", batch=batch, round=1, phase=phase,  # type: ignore[arg-type]
+    return NodeGateState(status="in-progress", batch=batch, round=1, phase=phase,
                          phase_since=iso(NOW - since), **kw)
 
 
@@ -79,15 +78,45 @@ def agent_summary(step: str, code: int, message: str) -> str:
                        "exitCode": code, "message": message, "durationSeconds": 0.2})
 
 
-def job(gate_name: str, node_name: str, stage: str, *, package: str | None = "pkg", interrupt: str | None = None,
-        finished: str | None = None) -> Obj:
-    labels = {keys.JOB_STAGE_LABEL: stage}
-    if package:
-        labels[keys.JOB_PACKAGE_LABEL] = package
-    if interrupt:
-        labels[keys.INTERRUPT_LABEL] = interrupt
-    conditions = [{"type": finished, "status": "True"}] if finished else []
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": f"ng-{stage}-{node_name}", "namespace": "nodegate-system", "labels": labels,
-                         "annotations": {GATE_NAME_ANNOTATION: gate_name, NODE_NAME_ANNOTATION: node_name}},
-            "status": {"conditions": conditions, "active": 0 if finished else 1}}
+# How a builder's step ended: its container terminated with 0, terminated with 1 (the agent's summary as
+# its termination message), runs now, or has not started.
+StepEnd = str  # "done" | "failed" | "running" | "waiting"
+
+
+def stage_pod(gate_name: str, node_name: str, steps: list[tuple[str | None, str]], ends: list[StepEnd] | None = None,
+              *, kind: str = "stages", interrupt: str | None = None, phase: str | None = None,
+              created: datetime = NOW, attempt: int = 0, packages: dict[str, Any] | None = None) -> Obj:
+    """A stage pod as the operator renders it (`gate.controller.pods.stage_pod`), with the status a
+    kubelet would report: each step's container state from `ends` (missing ones have not started)."""
+    from gate.api.nodegate import Interrupt, NodeGate
+    from gate.controller.pods import container_name
+    from gate.controller.pods import stage_pod as render
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.machine import PodRequest, Step
+
+    model = NodeGate.model_validate(gate(gate_name, packages=packages))
+    request = PodRequest(name=f"ng-{kind}-{node_name}-{attempt}", kind=kind,  # type: ignore[arg-type]
+                         steps=tuple(Step(p, s) for p, s in steps), round=1, attempt=attempt,  # type: ignore[arg-type]
+                         interrupt=Interrupt(type=interrupt) if interrupt else None)
+    pod = render(model, node_name, request, OperatorSettings(namespace="nodegate-system"))
+    pod["metadata"]["creationTimestamp"] = iso(created)
+    ends = ends or []
+    statuses = []
+    for step, end in zip(request.steps, ends, strict=False):
+        state: Obj
+        if end == "done":
+            state = {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": iso(created)}}
+        elif end == "failed":
+            state = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": iso(created),
+                                    "message": agent_summary("install", 1, "disk full")}}
+        elif end == "running":
+            state = {"running": {"startedAt": iso(created)}}
+        else:
+            state = {"waiting": {"reason": "PodInitializing"}}
+        statuses.append({"name": container_name(step), "state": state})
+    if phase is None:
+        phase = ("Failed" if "failed" in ends else
+                 "Succeeded" if ends and len(ends) == len(steps) and set(ends) == {"done"} else "Pending")
+    pod["status"] = {"phase": phase, "initContainerStatuses": statuses[:len(steps) - 1],
+                     "containerStatuses": statuses[len(steps) - 1:]}
+    return pod

@@ -16,6 +16,7 @@ from gate.cli.demo import (
     FAILING_POOL,
     POOL_LABEL,
     Evidence,
+    PodLedger,
     failing_node,
     manifest,
     pool_sizes,
@@ -72,7 +73,8 @@ def _evidence(**changes: Any) -> Evidence:
                                              "Resumed": 1},
                   gate_warnings=(("BatchFailed", "Compartment pool-b: batch 2 failed (0/1 nodes)"),
                                  ("Resumed", "A person resumed the rollout")),
-                  jobs={"apply": 7, "interrupt": 3, "post": 6}, jobs_failed=1, wanted=WANTED)
+                  pods={"stages": 4, "interrupt": 3, "post-interrupt": 3},
+                  steps={"apply": 7, "interrupt": 3, "post-interrupt": 6}, steps_failed=1, wanted=WANTED)
     return replace(ev, **changes)
 
 
@@ -87,8 +89,9 @@ def test_a_summary_of_a_clean_finish_states_each_step_as_counted() -> None:
         "Cordoned now: none.",
         "3 of 3 nodes record all 2 packages installed at the gate's versions in their state annotation "
         "(grub-cmdline 1.0.0, sysctl-tuning 1.0.0).",
-        "Stage Jobs the Job controller ran: 7 apply, 3 interrupt, 6 post-interrupt check; 1 failed.",
-        "3 interrupt Jobs for 3 nodes: the packages' interrupts were merged into one reboot per node.",
+        "10 stage pods ran 16 steps (7 apply, 3 interrupt, 6 post-interrupt check); 1 failed (a watch of the "
+        "stage pods).",
+        "3 interrupt pods for 3 nodes: the packages' interrupts were merged into one reboot per node.",
     ]
     assert "The planted failure on pool-b-0 stopped pool-b after 1 failed batch; a rerun and a resume " \
            "finished it." in lines
@@ -99,7 +102,7 @@ def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:
     ev = _evidence(node_reasons={"canary-0": ALL_STEPS, "pool-a-0": ALL_STEPS - {"Rebooted"},
                                  "pool-b-0": ALL_STEPS - {"Uncordoned"}},
                    installed={"canary-0": dict(WANTED), "pool-a-0": {"sysctl-tuning": "1.0.0"}, "pool-b-0": {}},
-                   cordoned=("pool-b-0",), jobs={}, gate_reasons={"BatchSucceeded": 2})
+                   cordoned=("pool-b-0",), pods={}, steps={}, gate_reasons={"BatchSucceeded": 2})
     lines = summary_lines(_report(sorted(ev.node_reasons), 1), ev, "pool-b-0")
     text = "\n".join(lines)
     assert "Every node" not in text and "merged into one reboot" not in text and "finished it" not in text
@@ -107,7 +110,7 @@ def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:
             "ID), 2 of 3 uncordoned.") in lines
     assert "Cordoned now: pool-b-0." in lines
     assert lines[4].startswith("1 of 3 nodes record all 2 packages")
-    assert "No Events of the Job controller about stage Jobs were found: no count of stages run." in lines
+    assert "The watch of the operator's namespace saw no stage pod: no count of steps run." in lines
     assert "The planted failure on pool-b-0: 0 CompartmentStopped and 0 Resumed Events; pool-b-0 is complete." \
         in lines
 
@@ -139,3 +142,28 @@ def test_a_command_the_demo_runs_that_met_ctrl_c_stops_the_demo_rather_than_fail
         _run_command(lambda argv: 130, ["rerun", "g"], say)
     with pytest.raises(DemoError, match="exited 2"):
         _run_command(lambda argv: 2, ["rerun", "g"], say)
+
+
+def test_the_pod_ledger_keeps_each_of_the_gates_pods_as_last_seen_and_counts_the_steps_that_ran() -> None:
+    from tests.unit.cli.builders import stage_pod
+
+    packages = {"sysctl-tuning": {"version": "1.0.0", "image": "example.com/s"},
+                "chrony-conf": {"version": "1.0.0", "image": "example.com/c"}}
+    steps: list[tuple[str | None, str]] = [("sysctl-tuning", "apply"), ("chrony-conf", "apply")]
+
+    def pod(ends: list[str], rv: int, gate: str = "host-tuning", **kw: Any) -> dict[str, Any]:
+        obj = stage_pod(gate, "pool-b-2", steps, ends, packages=packages, **kw)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        return obj
+
+    ledger = PodLedger()
+    ledger.observe("ADDED", pod(["running"], 10))
+    ledger.observe("MODIFIED", pod(["done", "failed"], 12))
+    ledger.observe("MODIFIED", pod(["done", "running"], 11))  # an older copy (a relist's) changes nothing
+    ledger.observe("ADDED", pod(["done"], 13, attempt=1))  # the retry, from the failed step on
+    ledger.observe("DELETED", pod(["done"], 14, gate="another-gate"))
+    reboot = stage_pod("host-tuning", "pool-b-2", [(None, "interrupt")], ["done"], kind="interrupt",
+                       interrupt="reboot", packages=packages)
+    ledger.observe("DELETED", reboot)
+
+    assert ledger.counts() == ({"stages": 2, "interrupt": 1}, {"apply": 3, "interrupt": 1}, 1)

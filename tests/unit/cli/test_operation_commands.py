@@ -42,8 +42,8 @@ def test_reset_without_a_terminal_or_yes_refuses_before_connecting(capsys: pytes
 def test_logs_tail_becomes_the_pod_log_requests_tail_lines() -> None:
     assert _parse(["package", "logs", "n", "p", "--tail", "20"]).tail == 20
     assert _parse(["package", "logs", "n", "p"]).tail is None
-    assert log_params(follow=False, tail=None) == {"container": "agent"}
-    assert log_params(follow=True, tail=20) == {"container": "agent", "follow": "true", "tailLines": "20"}
+    assert log_params("apply-p", follow=False, tail=None) == {"container": "apply-p"}
+    assert log_params("apply-p", follow=True, tail=20) == {"container": "apply-p", "follow": "true", "tailLines": "20"}
 
 
 def test_version_client_needs_no_cluster(capsys: pytest.CaptureFixture[str]) -> None:

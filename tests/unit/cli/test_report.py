@@ -9,15 +9,16 @@ from gate.api.state import failure_message
 from gate.cli.report import Snapshot, build_reports
 from tests.unit.cli.builders import (
     NOW,
+    PKG,
     agent_summary,
     compartment,
     complete,
     failed,
     gate,
-    job,
     node,
     policy,
     running,
+    stage_pod,
 )
 
 
@@ -36,7 +37,7 @@ def test_counts_sections_and_wait_reasons_of_a_rollout_in_the_middle_of_a_batch(
         node("ignored", labels={keys.IGNORE_LABEL: "true"}),
         node("elsewhere", labels={"pool": "other"}),
     ]
-    report = _one(Snapshot([g], {}, nodes, [job("g", "n2", "apply")]))
+    report = _one(Snapshot([g], {}, nodes, [stage_pod("g", "n2", [("pkg", "apply")], ["running"])]))
 
     [c] = report.compartments
     assert (c.name, c.matched, c.complete, c.in_progress, c.failed, c.waiting, c.ceiling) == (
@@ -91,15 +92,28 @@ def test_a_drain_blocked_by_a_disruption_budget_shows_the_blocking_pod_and_a_dra
     assert (bad.where, bad.reason) == ("drain", "DrainTimeout") and bad.message.endswith(pdb)
 
 
-def test_a_reboot_in_progress_shows_the_interrupt_job_and_finished_or_foreign_jobs_do_not_show() -> None:
+def test_a_reboot_in_progress_shows_the_interrupt_pod_and_ended_or_foreign_pods_do_not_show() -> None:
     nodes = [node("n1", states={"g": running(phase="interrupt")})]
-    jobs = [job("g", "n1", "interrupt", package=None, interrupt="reboot"),
-            job("g", "n1", "apply", finished="Complete"),
-            job("other", "n1", "config")]
-    report = _one(Snapshot([gate()], {}, nodes, jobs))
+    pods = [stage_pod("g", "n1", [(None, "interrupt")], ["running"], kind="interrupt", interrupt="reboot"),
+            stage_pod("g", "n1", [("pkg", "apply")], ["done"]),
+            stage_pod("other", "n1", [("pkg", "config")], ["running"])]
+    report = _one(Snapshot([gate()], {}, nodes, pods))
 
     assert report.active[0].running == ("reboot",)
     assert report.active[0].doing == "interrupting: reboot"
+
+
+def test_a_stage_pod_shows_the_step_it_runs_now_the_first_whose_container_has_not_terminated() -> None:
+    packages = {"a": PKG, "b": PKG}
+    nodes = [node(f"n{i}", states={"g": running()}) for i in (1, 2, 3)]
+    steps: list[tuple[str | None, str]] = [("a", "apply"), ("a", "config"), ("b", "apply")]
+    pods = [stage_pod("g", "n1", steps, ["done", "running"], packages=packages),
+            stage_pod("g", "n2", steps, ["done", "done"], packages=packages),  # the next one is starting
+            stage_pod("g", "n3", steps, ["done", "failed"], packages=packages)]  # ended: runs nothing
+    report = _one(Snapshot([gate(packages=packages)], {}, nodes, pods))
+
+    assert {a.name: a.running for a in report.active} == {"n1": ("a config",), "n2": ("b apply",), "n3": ()}
+    assert report.active[0].doing == "running stages: a config"
 
 
 def test_a_paused_gate_explains_why_nothing_starts() -> None:

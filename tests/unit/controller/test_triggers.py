@@ -6,7 +6,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState
-from gate.controller.jobs import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
 from gate.controller.triggers import (
     GateKey,
     JoinKey,
@@ -15,7 +15,6 @@ from gate.controller.triggers import (
     Triggered,
     gate_seen,
     on_gate,
-    on_job,
     on_node,
     on_pod,
     on_policy,
@@ -87,20 +86,20 @@ def test_a_node_is_stepped_on_its_parsed_status_not_on_text_in_its_state() -> No
     assert on_node("MODIFIED", n, [gate("g")]).now == ()
 
 
-def test_only_an_ending_or_vanished_job_moves_its_node() -> None:
-    running = owned("Job")
-    assert on_job("MODIFIED", running) == Triggered()
-    assert on_job("DELETED", running) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
-    done = owned("Job", conditions=[{"type": "Complete", "status": "True"}])
-    assert on_job("MODIFIED", done) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
-    assert on_job("MODIFIED", {"metadata": {"name": "someone-elses"}}) == Triggered()
-
-
-def test_a_pod_matters_when_it_may_be_stuck_or_succeeded_before_its_job_says_so() -> None:
-    assert on_pod(owned("Pod", phase="Running")) == Triggered()
-    assert on_pod(owned("Pod", phase="Pending", waiting="ContainerCreating")) == Triggered()
-    assert on_pod(owned("Pod", phase="Pending", waiting="ErrImagePull")).now == (NodeKey("g", "n1"),)
-    assert on_pod(owned("Pod", phase="Succeeded")).now == (NodeKey("g", "n1"),)
+def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> None:
+    # Its steps' progress in between does not: the node is written once the pod ended.
+    assert on_pod("MODIFIED", owned("Pod", phase="Running")) == Triggered()
+    assert on_pod("MODIFIED", owned("Pod", phase="Pending", waiting="PodInitializing")) == Triggered()
+    assert on_pod("MODIFIED", owned("Pod", phase="Pending", waiting="ErrImagePull")).now == (NodeKey("g", "n1"),)
+    for phase in ("Succeeded", "Failed"):
+        assert on_pod("MODIFIED", owned("Pod", phase=phase)) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    assert on_pod("DELETED", owned("Pod", phase="Running")) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    # The operator deleting a pod it recorded: nothing to do again.
+    gone = owned("Pod", phase="Succeeded")
+    assert on_pod("DELETED", gone) == Triggered()
+    gone["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    assert on_pod("MODIFIED", gone) == Triggered()
+    assert on_pod("MODIFIED", {"metadata": {"name": "someone-elses"}}) == Triggered()
 
 
 def test_keys_read_as_paths_in_logs_and_name_their_kind_for_metrics() -> None:

@@ -1,7 +1,7 @@
 """A restart at any line is harmless: the machine, driven by an executor that dies mid-decision.
 
 The simulated executor performs a decision's effects in the operator's order (the node write, then
-Job creations, then deletions) but may stop after any of them, as a SIGKILL would. Whatever it lost,
+pod deletions, then creations) but may stop after any of them, as a SIGKILL would. Whatever it lost,
 deciding again from what was persisted must finish the round without running a stage twice and
 without leaving the node cordoned.
 """
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
-from gate.lifecycle.machine import JobView, NodeView, decide
+from gate.lifecycle.machine import NodeView, StagePod, decide
 from tests.unit.lifecycle.test_machine import PKG, ctx, gate, node, started
 
 GATES = [
@@ -34,16 +34,16 @@ def _drive(g: NodeGate, crashes: list[int]) -> tuple[NodeGateState, dict[tuple[s
     effects of each decision survive); the persisted state, how often each stage ran, the node."""
     persisted = started(g)
     view: NodeView = node()
-    jobs: dict[str, JobView] = {}
+    pods: dict[str, StagePod] = {}
     runs: dict[tuple[str | None, str], int] = {}
     crash_plan = iter(crashes)
     for _ in range(200):
-        d = decide(ctx(g, persisted, jobs=jobs, pods=[], n=view))
+        d = decide(ctx(g, persisted, stage_pods=pods, pods=[], n=view))
         effects: list[Any] = []
         if d.state is not None or not d.node.empty():
             effects.append(("node", d))
-        effects += [("create", r) for r in d.create_jobs]
-        effects += [("delete", name) for name in d.delete_jobs]
+        effects += [("delete", name) for name in d.delete_pods]
+        effects += [("create", r) for r in d.create_pods]
         cut = next(crash_plan, 99)  # how many effects survive before the "kill"
         for kind, item in effects[:cut]:
             if kind == "node":
@@ -60,13 +60,15 @@ def _drive(g: NodeGate, crashes: list[int]) -> tuple[NodeGateState, dict[tuple[s
                 fields["annotations"] = annotations
                 view = NodeView(**fields)
             elif kind == "create":
-                if item.name not in jobs:  # creating an existing Job is a no-op (409 AlreadyExists)
-                    runs[(item.package, item.stage)] = runs.get((item.package, item.stage), 0) + 1
-                    jobs[item.name] = JobView(item.name, "succeeded")
+                if item.name not in pods:  # creating an existing pod is a no-op (409 AlreadyExists)
+                    for step in item.steps:
+                        runs[(step.package, step.stage)] = runs.get((step.package, step.stage), 0) + 1
+                    pods[item.name] = StagePod(item.name, item.kind, "succeeded", item.steps, done=len(item.steps),
+                                               round=item.round, attempt=item.attempt)
                     if item.interrupt is not None and item.interrupt.type == "reboot":
                         view = NodeView(**{**view.__dict__, "boot_id": view.boot_id + "+"})
             else:
-                jobs.pop(item, None)
+                pods.pop(item, None)
         if persisted.status == "complete":
             break
     return persisted, runs, view

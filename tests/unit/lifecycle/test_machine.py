@@ -13,10 +13,12 @@ from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
 from gate.lifecycle.machine import (
     Decision,
-    JobView,
     NodeContext,
     NodeView,
+    PodRequest,
     PodView,
+    RunPhase,
+    StagePod,
     Timing,
     decide,
     decide_removal,
@@ -47,46 +49,69 @@ def started(g: NodeGate, **kw: Any) -> NodeGateState:
 REBOOT = {"interrupt": Interrupt(type="reboot"), "interrupted": ["k"]}
 
 
-def ctx(g: NodeGate, state: NodeGateState, *, jobs: dict[str, JobView] | None = None,
+def ctx(g: NodeGate, state: NodeGateState, *, stage_pods: dict[str, StagePod] | None = None,
         pods: list[PodView] | None = None, n: NodeView | None = None, now: datetime = NOW,
         readiness_clear: bool = True, release: bool = True) -> NodeContext:
-    return NodeContext(gate=g, node=n or node(), state=state, jobs=jobs or {}, pods=pods, now=now,
+    return NodeContext(gate=g, node=n or node(), state=state, stage_pods=stage_pods or {}, pods=pods, now=now,
                        readiness_clear=readiness_clear, timing=Timing(image_pull_grace=60, pending_timeout=300),
                        release=release)
 
 
+def ran(req: PodRequest, phase: RunPhase = "succeeded", *, message: str = "", done: int | None = None,
+        **kw: Any) -> StagePod:
+    """The pod of `req` as the executor would see it: every step done when it succeeded, none when it
+    failed (unless `done` says how many did)."""
+    if done is None:
+        done = len(req.steps) if phase == "succeeded" else 0
+    return StagePod(req.name, req.kind, phase, req.steps, done=done, message=message, round=req.round,
+                    attempt=req.attempt, **kw)
+
+
+def one(req: PodRequest, phase: RunPhase = "succeeded", **kw: Any) -> dict[str, StagePod]:
+    return {req.name: ran(req, phase, **kw)}
+
+
+def steps(d: Decision) -> list[tuple[str | None, str]]:
+    """The steps of the pods a decision creates."""
+    return [(s.package, s.stage) for req in d.create_pods for s in req.steps]
+
+
 def run_until_quiet(g: NodeGate, state: NodeGateState, *, n: NodeView | None = None,
-                    outcome: str = "succeeded", max_steps: int = 50, settled: bool = True,
+                    outcome: RunPhase = "succeeded", max_steps: int = 50,
                     decider: Callable[[NodeContext], Decision] = decide,
-                    timeline: list[str] | None = None,
+                    timeline: list[str] | None = None, fail: Callable[[str | None, str], bool] | None = None,
                     release: bool = True) -> tuple[NodeGateState, list[str], NodeView]:
-    """Drive the machine like the executor would, with every Job ending in `outcome` (seen before the
-    Job controller records it when not `settled`). Fails if the node is let go under a Job not ended.
-    A removal (`decider=decide_removal`) is run with `release=False` to see the node complete."""
-    jobs: dict[str, JobView] = {}
+    """Drive the machine like the executor would, with every stage pod ending in `outcome` (a pod
+    whose steps `fail` picks fails at the first of them). Fails if the node is let go under a pod not
+    ended. A removal (`decider=decide_removal`) is run with `release=False` to see the node complete."""
+    pods: dict[str, StagePod] = {}
     created: list[str] = []
     view = n or node()
     for _ in range(max_steps):
-        d = decider(ctx(g, state, jobs=jobs, pods=[], n=view, release=release))
+        d = decider(ctx(g, state, stage_pods=pods, pods=[], n=view, release=release))
         if d.state is not None:
             state = d.state
         if timeline is not None:
             timeline += [e.reason for e in d.events if e.target == "node"]
-            timeline += [f"{r.package or '-'}:{r.stage}" for r in d.create_jobs]
+            timeline += [f"{s.package or '-'}:{s.stage}" for req in d.create_pods for s in req.steps]
         if d.node.unschedulable is False:
-            running = sorted(name for name, job in jobs.items() if not job.settled)
-            assert not running, f"uncordoned while the Jobs {running} had not ended (deleted after the write)"
+            running = sorted(name for name, pod in pods.items() if not pod.ended)
+            assert not running, f"uncordoned while the pods {running} had not ended"
         view = _apply_node(view, d)
-        for req in d.create_jobs:
-            created.append(f"{req.package or '-'}:{req.stage}")
-            jobs[req.name] = JobView(req.name, outcome, settled=settled)  # type: ignore[arg-type]
-            if req.stage == "interrupt" and req.interrupt and req.interrupt.type == "reboot":
+        for name in d.delete_pods:
+            pods.pop(name, None)
+        for req in d.create_pods:
+            created += [f"{s.package or '-'}:{s.stage}" for s in req.steps]
+            failing = [i for i, s in enumerate(req.steps) if fail is not None and fail(s.package, s.stage)]
+            if failing:
+                pods[req.name] = ran(req, "failed", done=failing[0], message="injected")
+            else:
+                pods[req.name] = ran(req, outcome)
+            if req.interrupt and req.interrupt.type == "reboot":
                 view = node(**{**view.__dict__, "boot_id": view.boot_id + "'"})
-        for name in d.delete_jobs:
-            jobs.pop(name, None)
         if state.status != "in-progress":
             return state, created, view
-        if not d.create_jobs and not d.delete_jobs and d.state is None and d.node.empty():
+        if not d.create_pods and not d.delete_pods and d.state is None and d.node.empty():
             break
     return state, created, view
 
@@ -129,27 +154,27 @@ def test_a_drain_round_cordons_drains_runs_stages_checks_and_uncordons_with_no_i
     web = PodView("web", "web-0", {}, "Running")
     # Cordoned first, in one write with the marker; nothing runs yet.
     d = decide(ctx(g, started(g), pods=[web]))
-    assert d.node.unschedulable is True and d.node.cordoned_by == "g" and not d.create_jobs
+    assert d.node.unschedulable is True and d.node.cordoned_by == "g" and not d.create_pods
     assert d.state is not None and d.state.phase == "wait-pods" and d.state.interrupt == Interrupt(type="drain")
     view = _apply_node(node(), d)
     # Drained through evictions before any stage starts.
     d = decide(ctx(g, d.state, pods=[web], n=view))
-    assert d.evict == [("web", "web-0")] and not d.create_jobs
+    assert d.evict == [("web", "web-0")] and not d.create_pods
     assert d.state is not None and d.state.phase == "drain"
     # Then the stage, on the still cordoned node.
     d = decide(ctx(g, d.state, pods=[], n=view))
     assert d.state is not None and d.state.phase == "stages" and d.node.unschedulable is None
-    [apply] = d.create_jobs
-    assert (apply.package, apply.stage) == ("k", "apply")
+    [apply] = d.create_pods
+    assert [(st.package, st.stage) for st in apply.steps] == [("k", "apply")]
     # The stage done: no interrupt Job; the package's post-interrupt check (it may have one) runs.
-    d = decide(ctx(g, d.state, jobs={apply.name: JobView(apply.name, "succeeded")}, pods=[], n=view))
-    assert [(j.package, j.stage) for j in d.create_jobs] == [("k", "post-interrupt")]
+    d = decide(ctx(g, d.state, stage_pods=one(apply), pods=[], n=view))
+    assert steps(d) == [("k", "post-interrupt")]
     assert d.state is not None and d.state.phase == "post-interrupt" and d.node.unschedulable is None
-    [check] = d.create_jobs
+    [check] = d.create_pods
     # The check passed: complete, and uncordoned in the same write.
-    d = decide(ctx(g, d.state, jobs={check.name: JobView(check.name, "succeeded")}, pods=[], n=view))
+    d = decide(ctx(g, d.state, stage_pods=one(check), pods=[], n=view))
     assert d.state is not None and d.state.status == "complete" and d.state.interrupt is None
-    assert d.node.unschedulable is False and d.node.clear_cordoned_by and not d.create_jobs
+    assert d.node.unschedulable is False and d.node.clear_cordoned_by and not d.create_pods
     # The whole round, driven to the end: the same Jobs and nothing else.
     state, created, view = run_until_quiet(g, started(g))
     assert state.status == "complete"
@@ -181,7 +206,7 @@ def test_cordon_is_one_write_with_the_marker_and_the_state() -> None:
     d = decide(ctx(g, started(g)))
     assert d.node.unschedulable is True and d.node.cordoned_by == "g"
     assert d.state is not None and d.state.cordoned and d.state.phase == "wait-pods"
-    assert not d.create_jobs  # nothing runs before the node is drained
+    assert not d.create_pods  # nothing runs before the node is drained
 
 
 def test_a_node_someone_else_cordoned_is_not_uncordoned() -> None:
@@ -242,12 +267,12 @@ def test_drain_timeout_names_what_blocked_it() -> None:
     assert d.state.failure.reason == "DrainTimeout" and "web/web-0" in d.state.failure.message
 
 
-def test_a_failed_stage_fails_the_node_with_the_job_message() -> None:
-    g = gate({"k": PKG})
+def test_a_failed_stage_fails_the_node_with_the_step_message() -> None:
+    g = gate({"k": {**PKG, "retries": 0}})
     d0 = decide(ctx(g, started(g)))
-    [req] = d0.create_jobs
+    [req] = d0.create_pods
     state = d0.state or started(g)
-    d = decide(ctx(g, state, jobs={req.name: JobView(req.name, "failed", message='{"failedStep":"x"}')}))
+    d = decide(ctx(g, state, stage_pods=one(req, "failed", message='{"failedStep":"x"}')))
     assert d.state is not None and d.state.status == "failed"
     assert d.state.failure is not None and d.state.failure.package == "k" and "failedStep" in d.state.failure.message
     assert d.node.status == "failed"
@@ -265,11 +290,12 @@ def test_a_node_records_the_rollout_spec_it_completed() -> None:
 def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
     g = gate({"k": PKG})
     state = decide(ctx(g, started(g))).state or started(g)
-    name = decide(ctx(g, state)).create_jobs[0].name
-    view = JobView(name, "pending", waiting_reason="ImagePullBackOff", waiting_since=NOW)
-    early = decide(ctx(g, state, jobs={name: view}, now=NOW + timedelta(seconds=30)))
+    name = decide(ctx(g, state)).create_pods[0].name
+    [req] = decide(ctx(g, state)).create_pods
+    view = ran(req, "pending", waiting_reason="ImagePullBackOff", waiting_since=NOW)
+    early = decide(ctx(g, state, stage_pods={name: view}, now=NOW + timedelta(seconds=30)))
     assert early.state is None and early.requeue_after == pytest.approx(30.05)
-    late = decide(ctx(g, state, jobs={name: view}, now=NOW + timedelta(seconds=61)))
+    late = decide(ctx(g, state, stage_pods={name: view}, now=NOW + timedelta(seconds=61)))
     assert late.state is not None and late.state.failure is not None
     assert late.state.failure.reason == "ImagePullFailed"
 
@@ -280,14 +306,14 @@ def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
     state = started(g).model_copy(update={"phase": "interrupt", "phase_since": NOW.isoformat(), "boot_id": "boot-1",
                                           "installed": installed, **REBOOT})
     d = decide(ctx(g, state))
-    [req] = d.create_jobs
+    [req] = d.create_pods
     assert req.interrupt is not None and req.interrupt.type == "reboot"
-    done = {req.name: JobView(req.name, "succeeded")}
-    same_boot = decide(ctx(g, state, jobs=done))
-    assert same_boot.state is None, "a Job that succeeded without a reboot is not a reboot"
-    not_ready = decide(ctx(g, state, jobs=done, n=node(boot_id="boot-2", ready=False)))
+    done = one(req)
+    same_boot = decide(ctx(g, state, stage_pods=done))
+    assert same_boot.state is None, "a pod that succeeded without a reboot is not a reboot"
+    not_ready = decide(ctx(g, state, stage_pods=done, n=node(boot_id="boot-2", ready=False)))
     assert not_ready.state is None
-    back = decide(ctx(g, state, jobs=done, n=node(boot_id="boot-2")))
+    back = decide(ctx(g, state, stage_pods=done, n=node(boot_id="boot-2")))
     assert back.state is not None and back.state.phase == "post-interrupt"
 
 
@@ -304,7 +330,7 @@ def test_readiness_taint_is_lifted_only_when_every_readiness_gate_is_done() -> N
 def test_paused_gate_records_results_but_starts_nothing() -> None:
     g = gate({"one": PKG, "two": {**PKG, "dependsOn": {"one": "*"}}}, paused=True)
     d = decide(ctx(g, started(g)))
-    assert not d.create_jobs
+    assert not d.create_pods
 
 
 def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
@@ -314,20 +340,13 @@ def test_removal_uninstalls_enabled_packages_then_releases_the_node() -> None:
     state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
     cordoned = node(unschedulable=True, annotations={keys.CORDONED_BY: "g"})
     d = decide_removal(ctx(g, state, n=cordoned))
-    assert [(r.package, r.stage) for r in d.create_jobs] == [("gone", "uninstall")]
+    assert steps(d) == [("gone", "uninstall")]
     assert not d.remove_state
-    name = d.create_jobs[0].name
+    [req] = d.create_pods
     # Once the uninstall succeeded the node is released in the same step: keys gone, cordon undone.
-    d = decide_removal(ctx(g, state, n=cordoned, jobs={name: JobView(name, "succeeded")}))
-    assert name in d.delete_jobs
+    d = decide_removal(ctx(g, state, n=cordoned, stage_pods=one(req)))
+    assert req.name in d.delete_pods
     assert d.remove_state and d.node.unschedulable is False and d.node.clear_cordoned_by
-    # Seen done by its pod before its Job recorded it: the uninstall is recorded and the Job deleted,
-    # and the node is released only in the next step, once the Job is gone.
-    early = decide_removal(ctx(g, state, n=cordoned, jobs={name: JobView(name, "succeeded", settled=False)}))
-    assert name in early.delete_jobs and not early.remove_state and early.node.unschedulable is None
-    assert early.state is not None and "gone" not in early.state.installed
-    later = decide_removal(ctx(g, early.state, n=cordoned))
-    assert later.remove_state and later.node.unschedulable is False and not later.create_jobs
 
 
 def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_nothing_to_uninstall() -> None:
@@ -335,50 +354,49 @@ def test_removal_of_a_paused_gate_starts_no_uninstall_but_releases_nodes_with_no
     installed = {n: Installed(version="1.0.0", spec_hash=spec_hash(p)) for n, p in g.spec.packages.items()}
     state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
     held = decide_removal(ctx(g, state))
-    assert not held.create_jobs and not held.remove_state and held.state is None
+    assert not held.create_pods and not held.remove_state and held.state is None
     assert held.requeue_after is None  # the unpause (a spec change) brings the node back, no polling
     nothing = NodeGateState(status="complete", installed={"keep": installed["keep"]}, round=1)
     assert decide_removal(ctx(g, nothing)).remove_state
     unpaused = gate({"keep": PKG, "gone": {**PKG, "uninstall": {"enabled": True}}})
-    assert [r.stage for r in decide_removal(ctx(unpaused, state)).create_jobs] == ["uninstall"]
+    assert [stage for _, stage in steps(decide_removal(ctx(unpaused, state)))] == ["uninstall"]
 
 
 def test_a_reset_releases_a_node_whose_uninstall_failed_while_the_gate_is_deleted() -> None:
-    g = gate({"gone": {**PKG, "uninstall": {"enabled": True}}})
+    g = gate({"gone": {**PKG, "retries": 0, "uninstall": {"enabled": True}}})
     installed = {"gone": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["gone"]))}
     state = NodeGateState(status="in-progress", removing=True, batch=1, installed=installed, round=1)
-    [req] = decide_removal(ctx(g, state)).create_jobs
-    failed = decide_removal(ctx(g, state, jobs={req.name: JobView(req.name, "failed", message="boom")}))
+    [req] = decide_removal(ctx(g, state)).create_pods
+    failed = decide_removal(ctx(g, state, stage_pods=one(req, "failed", message="boom")))
     assert failed.state is not None and failed.state.failure is not None
     assert failed.state.failure.reason == "UninstallFailed"
-    stuck = decide_removal(ctx(g, failed.state, jobs={req.name: JobView(req.name, "failed")}))
-    assert not stuck.remove_state and not stuck.create_jobs  # a failed uninstall is not retried by itself
+    stuck = decide_removal(ctx(g, failed.state, stage_pods=one(req, "failed")))
+    assert not stuck.remove_state and not stuck.create_pods  # a failed uninstall is not retried by itself
     reset = node(annotations={keys.reset_annotation("g"): "now"})
-    released = decide_removal(ctx(g, failed.state, n=reset, jobs={req.name: JobView(req.name, "failed")}))
-    assert released.remove_state and req.name in released.delete_jobs and not released.create_jobs
+    released = decide_removal(ctx(g, failed.state, n=reset, stage_pods=one(req, "failed")))
+    assert released.remove_state and req.name in released.delete_pods and not released.create_pods
 
 
 def test_job_names_are_deterministic_and_change_with_the_round() -> None:
     g = gate({"k": PKG})
-    first = decide(ctx(g, started(g))).create_jobs[0].name
-    again = decide(ctx(g, started(g))).create_jobs[0].name
-    later = decide(ctx(g, started(g, round=5))).create_jobs[0].name
+    first = decide(ctx(g, started(g))).create_pods[0].name
+    again = decide(ctx(g, started(g))).create_pods[0].name
+    later = decide(ctx(g, started(g, round=5))).create_pods[0].name
     assert first == again and first != later and len(first) <= 63
 
 
 def test_a_spec_change_under_a_running_stage_waits_for_it_before_the_new_one() -> None:
     old = gate({"k": PKG})
     first = decide(ctx(old, started(old)))
-    [req] = first.create_jobs
+    [req] = first.create_pods
     state = first.state or started(old)
-    running = {req.name: JobView(req.name, "running", package="k", stage="apply")}
+    running = one(req, "running")
     new = gate({"k": {**PKG, "version": "2.0.0"}})
-    d = decide(ctx(new, state, jobs=running))
-    assert not d.create_jobs, "a second stage of the same package started while the first runs"
-    done = {req.name: JobView(req.name, "succeeded", package="k", stage="apply")}
-    d = decide(ctx(new, state, jobs=done))
-    assert req.name in d.delete_jobs
-    assert [(j.package, j.version) for j in d.create_jobs] == [("k", "2.0.0")]
+    d = decide(ctx(new, state, stage_pods=running))
+    assert not d.create_pods, "a second stage of the same package started while the first runs"
+    d = decide(ctx(new, state, stage_pods=one(req)))
+    assert req.name in d.delete_pods
+    assert [(st.package, st.version) for r in d.create_pods for st in r.steps] == [("k", "2.0.0")]
 
 
 def test_a_drain_refused_by_a_budget_backs_off_but_never_past_its_timeout() -> None:
@@ -390,30 +408,12 @@ def test_a_drain_refused_by_a_budget_backs_off_but_never_past_its_timeout() -> N
     assert drain_retry_after(590, 600, blocked=True) == 10.0  # the timeout is checked on time
 
 
-def test_a_check_seen_done_by_its_pod_first_lets_the_node_go_only_once_its_job_is_gone() -> None:
-    g = gate({"tuned": {**PKG, "interrupt": {"type": "service", "services": ["tuned"]}}})
-    state, created, view = run_until_quiet(g, started(g), settled=False)
-    assert state.status == "complete" and not view.unschedulable
-    assert created == ["tuned:apply", "-:interrupt", "tuned:post-interrupt"]  # nothing ran twice
-
-
 def test_a_package_applied_in_a_failed_round_still_gets_its_interrupt_and_check_in_the_next() -> None:
     g = gate({"blocklist": {**PKG, "interrupt": {"type": "reboot"}},
-              "later": {**PKG, "dependsOn": {"blocklist": ">=1.0.0"}, "interrupt": {"type": "service",
+              "later": {**PKG, "retries": 0, "dependsOn": {"blocklist": ">=1.0.0"}, "interrupt": {"type": "service",
                                                                                  "services": ["s"]}}})
-    state, view = started(g), node()
-    jobs: dict[str, JobView] = {}
-    for _ in range(20):  # blocklist applies, then later's apply fails: the node fails before the reboot
-        d = decide(ctx(g, state, jobs=jobs, pods=[], n=view))
-        state = d.state or state
-        view = _apply_node(view, d)
-        for req in d.create_jobs:
-            outcome = "failed" if req.package == "later" else "succeeded"
-            jobs[req.name] = JobView(req.name, outcome)  # type: ignore[arg-type]
-        for name in d.delete_jobs:
-            jobs.pop(name, None)
-        if state.status == "failed":
-            break
+    # blocklist applies, then later's apply fails: the node fails before the reboot
+    state, _, view = run_until_quiet(g, started(g), fail=lambda package, stage: package == "later")
     assert state.status == "failed" and "blocklist" in state.installed and "later" not in state.installed
     # A person reruns the failed package; the next round picks the node again.
     again = start_round(rerun(state, "later", "apply"), gate=g, batch=2, compartment="__default__",
@@ -443,7 +443,7 @@ def test_a_removal_that_needs_a_reboot_cordons_drains_uninstalls_reboots_checks_
     # batch is judged (gate.lifecycle.removal), when the gate's keys go.
     assert not view.unschedulable and keys.CORDONED_BY not in view.annotations and not state.cordoned
     held = decide_removal(ctx(g, state, n=view, release=False))
-    assert not held.remove_state and not held.create_jobs
+    assert not held.remove_state and not held.create_pods
     assert decide_removal(ctx(g, state, n=view)).remove_state
 
 
@@ -471,28 +471,16 @@ def test_a_removal_uninstalls_what_depends_on_a_package_before_the_package() -> 
 
 
 def test_a_failed_post_uninstall_check_fails_the_node_and_keeps_it_cordoned() -> None:
-    g = gate({"grub": {**PKG, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}})
-    state, view, jobs = removing(g), node(), {}
-    for _ in range(20):
-        d = decide_removal(ctx(g, state, jobs=jobs, pods=[], n=view))
-        state = d.state or state
-        view = _apply_node(view, d)
-        for req in d.create_jobs:
-            fails = req.stage == "post-uninstall"
-            jobs[req.name] = JobView(req.name, "failed" if fails else "succeeded", message="kernel still has it")
-            if req.stage == "interrupt":
-                view = node(**{**view.__dict__, "boot_id": "boot-2"})
-        for name in d.delete_jobs:
-            jobs.pop(name, None)
-        if state.status == "failed":
-            break
+    g = gate({"grub": {**PKG, "retries": 0, "interrupt": {"type": "reboot"}, "uninstall": {"enabled": True}}})
+    state, _, view = run_until_quiet(g, removing(g), decider=decide_removal, release=False,
+                                     fail=lambda package, stage: stage == "post-uninstall")
     assert state.status == "failed" and state.failure is not None
     assert (state.failure.reason, state.failure.package, state.failure.stage) == (
         "PostUninstallCheckFailed", "grub", "post-uninstall")
     assert view.unschedulable and view.annotations[keys.CORDONED_BY] == "g"
     # A failed node is left as it is for a person: nothing retried, nothing released.
-    again = decide_removal(ctx(g, state, jobs=jobs, pods=[], n=view))
-    assert not again.create_jobs and not again.remove_state and again.node.unschedulable is None
+    again = decide_removal(ctx(g, state, pods=[], n=view))
+    assert not again.create_pods and not again.remove_state and again.node.unschedulable is None
 
 
 def test_protected_pods_hold_a_removal_before_its_uninstall() -> None:
@@ -500,14 +488,14 @@ def test_protected_pods_hold_a_removal_before_its_uninstall() -> None:
              podNonInterruptLabels={"matchLabels": {"job": "training"}})
     training = PodView("ml", "trainer", {"job": "training"}, "Running")
     d = decide_removal(ctx(g, removing(g), pods=[training]))
-    assert d.node.unschedulable is True and not d.create_jobs
+    assert d.node.unschedulable is True and not d.create_pods
     assert d.state is not None and d.state.phase == "wait-pods"
     held = decide_removal(ctx(g, d.state, pods=[training], n=node(unschedulable=True,
                                                                    annotations={keys.CORDONED_BY: "g"})))
-    assert not held.create_jobs and not held.evict and held.requeue_after is not None
+    assert not held.create_pods and not held.evict and held.requeue_after is not None
     gone = decide_removal(ctx(g, held.state or d.state, pods=[], n=node(unschedulable=True,
                                                                           annotations={keys.CORDONED_BY: "g"})))
-    assert [r.stage for r in gone.create_jobs] == ["uninstall"]
+    assert [stage for _, stage in steps(gone)] == ["uninstall"]
 
 
 def test_uninstall_apply_interrupts_and_checks_with_the_post_uninstall_check() -> None:
@@ -516,3 +504,80 @@ def test_uninstall_apply_interrupts_and_checks_with_the_post_uninstall_check() -
     state, created, view = run_until_quiet(g, started(g, installed=installed))
     assert created == ["k:uninstall", "-:interrupt", "k:post-uninstall"]
     assert state.status == "complete" and "k" not in state.installed and not view.unschedulable
+
+
+def test_every_stage_of_a_round_is_a_step_of_one_pod_in_dependency_order() -> None:
+    g = gate({"app": {**PKG, "dependsOn": {"base": ">=1.0.0"}, "config": {"a.conf": "1"}},
+              "base": PKG, "other": PKG})
+    d = decide(ctx(g, started(g)))
+    [pod] = d.create_pods
+    assert pod.kind == "stages" and steps(d) == [("base", "apply"), ("other", "apply"), ("app", "apply"),
+                                                 ("app", "config")]
+    # All of them recorded in one write once the pod ended, and the pod deleted after it.
+    done = decide(ctx(g, d.state or started(g), stage_pods=one(pod)))
+    assert done.state is not None and set(done.state.installed) == {"app", "base", "other"}
+    assert done.delete_pods == [pod.name] and done.state.status == "complete"
+
+
+def test_a_failed_step_is_retried_after_a_backoff_from_where_it_failed_then_fails_the_node() -> None:
+    g = gate({"a": PKG, "b": {**PKG, "retries": 1}, "c": PKG})
+    first = decide(ctx(g, started(g)))
+    [pod] = first.create_pods
+    state = first.state or started(g)
+    # b failed: a is recorded, b's attempt counted, and nothing starts before the backoff ran out.
+    failed = decide(ctx(g, state, stage_pods=one(pod, "failed", done=1, message="b broke")))
+    assert failed.state is not None and set(failed.state.installed) == {"a"}
+    assert failed.state.attempts == {"b/apply": 1} and failed.state.status == "in-progress"
+    assert failed.delete_pods == [pod.name] and not failed.create_pods
+    assert failed.requeue_after == pytest.approx(10.0)
+    # Then a new pod, starting with b: its name is new (the attempt is part of it).
+    later = NOW + timedelta(seconds=11)
+    retry = decide(ctx(g, failed.state, now=later))
+    [again] = retry.create_pods
+    assert steps(retry) == [("b", "apply"), ("c", "apply")] and again.name != pod.name and again.attempt == 1
+    # Seeing the first pod again (a crash before its deletion) counts nothing twice.
+    seen = decide(ctx(g, failed.state, stage_pods=one(pod, "failed", done=1), now=later))
+    assert seen.state is None or seen.state.attempts == {"b/apply": 1}
+    # The retry fails too: b's retries are spent, the node fails naming b.
+    out = decide(ctx(g, failed.state, stage_pods=one(again, "failed", message="b broke again"), now=later))
+    assert out.state is not None and out.state.status == "failed" and out.state.failure is not None
+    assert (out.state.failure.package, out.state.failure.stage, out.state.failure.reason) == (
+        "b", "apply", "StageFailed")
+    assert "b broke again" in out.state.failure.message
+
+
+def test_the_checks_after_an_interrupt_share_one_pod() -> None:
+    g = gate({"a": {**PKG, "interrupt": {"type": "service", "services": ["s"]}},
+              "b": {**PKG, "interrupt": {"type": "service", "services": ["t"]}}})
+    timeline: list[str] = []
+    state, created, _ = run_until_quiet(g, started(g), timeline=timeline)
+    assert state.status == "complete"
+    assert created == ["a:apply", "b:apply", "-:interrupt", "a:post-interrupt", "b:post-interrupt"]
+
+
+def test_a_removal_waits_for_a_running_stage_pod_of_an_earlier_round() -> None:
+    """A host change is never cut off half way, and a node is not let go under one, failed or not."""
+    g = gate({"k": {**PKG, "uninstall": {"enabled": True}}})
+    state = NodeGateState(status="failed", installed={}, round=1)
+    leftover = StagePod("ng-apply-x", "stages", "running", (), round=1)
+    cordoned = node(unschedulable=True, annotations={keys.CORDONED_BY: "g"})
+    held = decide_removal(ctx(g, state, stage_pods={leftover.name: leftover}, n=cordoned))
+    assert not held.remove_state and not held.delete_pods and held.node.empty() and held.requeue_after
+    ended = StagePod("ng-apply-x", "stages", "failed", (), round=1)
+    released = decide_removal(ctx(g, state, stage_pods={ended.name: ended}, n=cordoned))
+    assert released.remove_state and released.delete_pods == [ended.name] and released.node.unschedulable is False
+
+
+def test_a_stage_pod_past_its_deadline_fails_its_running_step_even_when_no_kubelet_says_so() -> None:
+    """The kubelet ends a pod at its activeDeadlineSeconds; on a node that is gone nothing would."""
+    g = gate({"a": PKG, "b": {**PKG, "retries": 0}})
+    first = decide(ctx(g, started(g)))
+    [req] = first.create_pods
+    state = first.state or started(g)
+    pod = ran(req, "running", done=1, deadline=120, created=NOW)
+    early = decide(ctx(g, state, stage_pods={req.name: pod}, now=NOW + timedelta(seconds=100)))
+    assert early.state is None and early.requeue_after == pytest.approx(50.05)  # 120 s + the 30 s grace
+    late = decide(ctx(g, state, stage_pods={req.name: pod}, now=NOW + timedelta(seconds=151)))
+    assert late.state is not None and late.state.failure is not None and late.delete_pods == [req.name]
+    assert (late.state.failure.package, late.state.failure.stage) == ("b", "apply")
+    assert late.state.failure.message.startswith("DeadlineExceeded")

@@ -9,7 +9,7 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Installed, NodeGateState, spec_hash
-from gate.lifecycle.machine import JobView, decide_removal
+from gate.lifecycle.machine import StagePod, decide_removal
 from gate.lifecycle.removal import plan_removal, removal_hash
 from tests.unit.lifecycle.test_fleet import fleet_node
 from tests.unit.lifecycle.test_machine import NOW, PKG, ctx, gate
@@ -127,10 +127,11 @@ def test_a_paused_gate_picks_nothing_and_says_why_once() -> None:
 def test_a_node_uninstalls_only_once_picked_and_is_released_only_once_its_batch_is_judged() -> None:
     g = gate(SPEC)
     waiting = _complete(g)
-    assert not decide_removal(ctx(g, waiting)).create_jobs  # not picked yet
+    assert not decide_removal(ctx(g, waiting)).create_pods  # not picked yet
     picked = waiting.model_copy(update={"status": "in-progress", "removing": True, "batch": 2})
-    [req] = decide_removal(ctx(g, picked)).create_jobs
-    done = decide_removal(replace(ctx(g, picked, jobs={req.name: JobView(req.name, "succeeded")}), release=False))
+    [req] = decide_removal(ctx(g, picked)).create_pods
+    ended = StagePod(req.name, req.kind, "succeeded", req.steps, done=len(req.steps), round=req.round)
+    done = decide_removal(replace(ctx(g, picked, stage_pods={req.name: ended}), release=False))
     assert done.state is not None and done.state.status == "complete" and done.node.status == "complete"
     assert not done.remove_state  # held: its batch is not judged yet
     assert not decide_removal(replace(ctx(g, done.state), release=False)).remove_state

@@ -1,7 +1,7 @@
 """Event sequences for the invariant checker, written the way the cluster would produce them.
 
 `Cluster` hands out increasing revisions (one per change, as etcd does) and keeps the current version
-of every node, so a test reads like the story it tells: cordon a node, create a Job, finish it,
+of every node, so a test reads like the story it tells: cordon a node, create a stage pod, end it,
 uncordon.
 """
 
@@ -23,7 +23,7 @@ class Cluster:
         self._rv = itertools.count(start)
         self.events: list[Event] = []
         self.nodes: dict[str, Obj] = {}
-        self.jobs: dict[str, Obj] = {}
+        self.pods: dict[str, Obj] = {}
         self._uids = itertools.count(1)
 
     def next_rv(self) -> int:
@@ -108,49 +108,76 @@ class Cluster:
             self.events.append(Change("nodes", "MODIFIED", obj, rv))
         return obj
 
-    # -- jobs -------------------------------------------------------------------------------------
+    # -- stage pods -------------------------------------------------------------------------------
 
-    def job(self, name: str, *, gate: str, node: str, stage: str = "apply", package: str | None = "pkg",
-            version: str = "1.0.0", generation: int = 1, interrupt: str | None = None, emit: bool = True) -> Obj:
+    def pod(self, name: str, *, gate: str, node: str, stages: tuple[str, ...] = ("apply",), package: str = "pkg",
+            version: str = "1.0.0", generation: int = 1, interrupt: str | None = None, round_: int = 1,
+            steps: list[tuple[str, str]] | None = None, emit: bool = True) -> Obj:
+        """A stage pod as the operator renders it: `steps` (package, stage) one after another, by
+        default `stages` of `package`; with `interrupt`, the interrupt pod of that type instead."""
         rv = self.next_rv()
-        labels = {keys.JOB_STAGE_LABEL: stage}
-        if package is not None:
-            labels[keys.JOB_PACKAGE_LABEL] = package
-            args = ["agent", "run", "--stage", stage, "--package", package, "--version", version, "--gate", gate,
-                    "--generation", str(generation)]
+        labels = {keys.MANAGED_BY_LABEL: keys.MANAGER}
+        containers: list[Obj] = []
+        wire: list[list[str | None]] = []
+        if interrupt is not None:
+            labels |= {keys.STAGE_KIND_LABEL: "interrupt", keys.INTERRUPT_LABEL: interrupt}
+            containers.append({"name": "interrupt", "args": ["agent", "interrupt", "--type", interrupt]})
+            wire.append([None, "interrupt", "", "interrupt"])
         else:
-            labels[keys.INTERRUPT_LABEL] = interrupt or "reboot"
-            args = ["agent", "interrupt", "--type", interrupt or "reboot"]
+            steps = steps or [(package, stage) for stage in stages]
+            kinds = {"post-interrupt" if stage == "post-interrupt" else "stages" for _, stage in steps}
+            labels[keys.STAGE_KIND_LABEL] = kinds.pop() if len(kinds) == 1 else "stages"
+            for pkg, stage in steps:
+                if f"payload-{pkg}" not in {c["name"] for c in containers}:
+                    containers.append({"name": f"payload-{pkg}", "args": []})
+                key = f"{keys.POD_PACKAGE_PREFIX}{pkg}"
+                labels[key] = f"{labels[key]}.{stage}" if key in labels else stage
+                containers.append({"name": f"{stage}-{pkg}", "args": [
+                    "agent", "run", "--stage", stage, "--package", pkg, "--version", version, "--gate", gate,
+                    "--generation", str(generation)]})
+                wire.append([pkg, stage, f"{version}/h", f"{stage}-{pkg}"])
         obj: Obj = {"metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{next(self._uids)}",
                                  "resourceVersion": str(rv), "labels": labels,
-                                 "annotations": {"nodegate.io/gate-name": gate, "nodegate.io/node-name": node}},
-                    "spec": {"template": {"spec": {"containers": [{"args": args}]}}}, "status": {"conditions": []}}
-        self.jobs[name] = obj
+                                 "annotations": {"nodegate.io/gate-name": gate, "nodegate.io/node-name": node,
+                                                 "nodegate.io/steps": json.dumps(wire),
+                                                 "nodegate.io/round": str(round_)}},
+                    "spec": {"initContainers": containers[:-1], "containers": containers[-1:]},
+                    "status": {"phase": "Pending"}}
+        self.pods[name] = obj
         if emit:
-            self.events.append(Change("jobs", "ADDED", obj, rv))
+            self.events.append(Change("pods", "ADDED", obj, rv))
         return obj
 
-    def end_job(self, name: str, outcome: str = "Complete", *, emit: bool = True) -> Obj:
-        old = self.jobs[name]
+    def end_pod(self, name: str, outcome: str = "Succeeded", *, failed_step: int = 0, emit: bool = True) -> Obj:
+        """The pod ended: every step done, or (`Failed`) the steps before `failed_step` done, that one
+        exited 1 and the later ones never ran."""
+        old = self.pods[name]
+        steps = [w[3] for w in json.loads(old["metadata"]["annotations"]["nodegate.io/steps"])]
+        ran = steps if outcome == "Succeeded" else steps[: failed_step + 1]
+        codes = {c: 0 for c in ran} | ({} if outcome == "Succeeded" else {steps[failed_step]: 1})
+        init = {c["name"] for c in old["spec"]["initContainers"]}
+        statuses = [{"name": c, "state": {"terminated": {"exitCode": code}}} for c, code in codes.items()]
         rv = self.next_rv()
         obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(rv)},
-               "status": {"conditions": [{"type": outcome, "status": "True"}]}}
-        self.jobs[name] = obj
+               "status": {"phase": outcome,
+                          "initContainerStatuses": [s for s in statuses if s["name"] in init],
+                          "containerStatuses": [s for s in statuses if s["name"] not in init]}}
+        self.pods[name] = obj
         if emit:
-            self.events.append(Change("jobs", "MODIFIED", obj, rv))
+            self.events.append(Change("pods", "MODIFIED", obj, rv))
         return obj
 
-    def delete_job(self, name: str, *, emit: bool = True) -> None:
-        old = self.jobs.pop(name)
+    def delete_pod(self, name: str, *, emit: bool = True) -> None:
+        old = self.pods.pop(name)
         rv = self.next_rv()
         if emit:
-            self.events.append(Change("jobs", "DELETED", {**old, "metadata": {**old["metadata"],
+            self.events.append(Change("pods", "DELETED", {**old, "metadata": {**old["metadata"],
                                                                                "resourceVersion": str(rv)}}, rv))
 
     # -- relists ----------------------------------------------------------------------------------
 
     def relist(self, resource: str, since: int) -> Relist:
-        objects = list(self.nodes.values()) if resource == "nodes" else list(self.jobs.values())
+        objects = list(self.nodes.values()) if resource == "nodes" else list(self.pods.values())
         event = Relist(resource, objects, since, self.next_rv())  # type: ignore[arg-type]
         self.events.append(event)
         return event

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from gate.api import keys
+from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+from gate.api.nodegate import NodeGate
+from gate.controller.pods import stage_pod
+from gate.controller.settings import OperatorSettings
+from gate.lifecycle.machine import PodRequest, Step, pod_name
 from gate.testing.invariants import (
     Blind,
     Change,
@@ -13,6 +18,7 @@ from gate.testing.invariants import (
     load_event,
     replay,
     resource_version,
+    slim,
 )
 from tests.unit.testing.builders import Cluster, state
 
@@ -39,26 +45,26 @@ def legal_round(c: Cluster, node: str, *, gate: str = GATE, interrupt: bool = Tr
         c.update(node, cordon=gate, state={gate: state("in-progress", batch=1, round=round_, phase="drain",
                                                        cordoned=True)})
     apply = f"{node}-apply-{round_}"
-    c.job(apply, gate=gate, node=node, generation=generation)
-    c.end_job(apply)
+    c.pod(apply, gate=gate, node=node, generation=generation)
+    c.end_pod(apply)
     c.update(node, state={gate: state("in-progress", batch=1, round=round_, phase="stages", cordoned=interrupt,
                                       installed={"pkg": {"version": "1.0.0"}})})
-    c.delete_job(apply)
+    c.delete_pod(apply)
     if interrupt:
         reboot = f"{node}-reboot-{round_}"
-        c.job(reboot, gate=gate, node=node, stage="interrupt", package=None)
-        c.end_job(reboot)
+        c.pod(reboot, gate=gate, node=node, interrupt="reboot")
+        c.end_pod(reboot)
         if readiness:
             c.update(node, taint=True)  # the operator taints a node that rebooted before completing
-        c.delete_job(reboot)
+        c.delete_pod(reboot)
         post = f"{node}-post-{round_}"
-        c.job(post, gate=gate, node=node, stage="post-interrupt", generation=generation)
-        c.end_job(post)
+        c.pod(post, gate=gate, node=node, stages=("post-interrupt",), generation=generation)
+        c.end_pod(post)
     c.update(node, state={gate: state("complete", round=round_, generation=generation,
                                       installed={"pkg": {"version": "1.0.0"}})},
              uncordon=interrupt, untaint=readiness)
     if interrupt:
-        c.delete_job(f"{node}-post-{round_}")
+        c.delete_pod(f"{node}-post-{round_}")
 
 
 # -- legal sequences ------------------------------------------------------------------------------
@@ -77,7 +83,7 @@ def test_a_rollout_one_node_at_a_time_with_reboots_raises_nothing_and_exercises_
     assert checker.check_converged() == []
     cov = checker.coverage
     assert (cov.disruptions_judged, cov.uncordons_judged, cov.interrupts_judged, cov.taint_lifts_judged,
-            cov.jobs_seen) == (3, 3, 3, 3, 9)
+            cov.pods_seen) == (3, 3, 3, 3, 9)
     assert cov.peaks[(GATE, "__default__")].disrupted == 1
 
 
@@ -114,7 +120,7 @@ def test_the_operator_may_uncordon_after_its_stages_ended_and_someone_elses_cord
     c.update("n", state={GATE: state("in-progress")}, annotations={keys.CORDONED_BY: None})
     c.update("n", cordon="someone")
     c.update("n", annotations={keys.CORDONED_BY: None})  # a person's cordon, no cordoned-by
-    c.job("j", gate=GATE, node="n")
+    c.pod("j", gate=GATE, node="n")
     c.update("n", uncordon=True)
     assert judge(c) == []
 
@@ -198,16 +204,16 @@ def test_a_gate_waiting_for_its_missing_policy_is_not_judged_until_the_policy_ex
 # -- uncordoned during a stage --------------------------------------------------------------------
 
 
-def test_uncordoning_while_a_stage_job_of_the_gate_runs_is_a_violation() -> None:
+def test_uncordoning_while_a_stage_pod_of_the_gate_runs_is_a_violation() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", cordon=GATE, state={GATE: state("in-progress", cordoned=True)})
-    c.job("apply", gate=GATE, node="n")
+    c.pod("apply", gate=GATE, node="n")
     c.update("n", uncordon=True)
     [v] = judge(c)
     assert (v.kind, v.node) == ("uncordoned-during-stage", "n")
-    assert "Job apply (pkg apply)" in v.message
+    assert "pod apply (stages: pkg apply)" in v.message
 
 
 def test_uncordoning_during_the_reboot_is_a_violation_and_after_it_is_not() -> None:
@@ -216,31 +222,31 @@ def test_uncordoning_during_the_reboot_is_a_violation_and_after_it_is_not() -> N
         c.gate(GATE)
         c.node("n")
         c.update("n", cordon=GATE)
-        c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+        c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
         if reboot_ended_first:
-            c.end_job("reboot")
+            c.end_pod("reboot")
         c.update("n", uncordon=True)
         assert kinds(judge(c)) == expected
 
 
-def test_a_deleted_job_is_no_longer_running() -> None:
+def test_a_deleted_pod_is_no_longer_running() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", cordon=GATE)
-    c.job("apply", gate=GATE, node="n")
-    c.delete_job("apply")
+    c.pod("apply", gate=GATE, node="n")
+    c.delete_pod("apply")
     c.update("n", uncordon=True)
     assert judge(c) == []
 
 
-def test_a_job_of_another_gate_does_not_hold_this_gates_cordon() -> None:
+def test_a_pod_of_another_gate_does_not_hold_this_gates_cordon() -> None:
     c = Cluster()
     c.gate(GATE)
     c.gate("other")
     c.node("n")
     c.update("n", cordon=GATE)
-    c.job("theirs", gate="other", node="n")
+    c.pod("theirs", gate="other", node="n")
     c.update("n", uncordon=True)
     assert judge(c) == []
 
@@ -248,22 +254,22 @@ def test_a_job_of_another_gate_does_not_hold_this_gates_cordon() -> None:
 # -- interrupt without cordon ---------------------------------------------------------------------
 
 
-def test_an_interrupt_job_created_on_a_schedulable_node_is_a_violation() -> None:
+def test_an_interrupt_pod_created_on_a_schedulable_node_is_a_violation() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", state={GATE: state("in-progress")})
-    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
     [v] = judge(c)
     assert (v.kind, v.node) == ("interrupt-uncordoned", "n")
 
 
-def test_an_interrupt_job_on_a_node_someone_else_cordoned_is_fine() -> None:
+def test_an_interrupt_pod_on_a_node_someone_else_cordoned_is_fine() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", cordon="a-person")
-    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
     assert judge(c) == []
 
 
@@ -330,23 +336,24 @@ def test_the_same_stage_created_twice_is_a_duplicate() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
-    c.job("first", gate=GATE, node="n")
-    c.end_job("first")
-    c.delete_job("first")
-    c.job("again", gate=GATE, node="n")  # another round's name: same package, version, stage, generation
+    c.pod("first", gate=GATE, node="n")
+    c.end_pod("first")
+    c.delete_pod("first")
+    c.pod("again", gate=GATE, node="n")  # another round's name: same package, version, stage, generation
     [v] = judge(c)
     assert (v.kind, v.node) == ("duplicate-stage", "n")
-    assert "Job again (pkg apply) repeats Job first (pkg apply)" in v.message
+    assert "pod again step pkg apply repeats pod first step pkg apply" in v.message
+    assert "after it succeeded there" in v.message
 
 
-def test_recreating_a_job_under_its_own_name_is_a_duplicate() -> None:
+def test_recreating_a_pod_under_its_own_name_is_a_duplicate() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", cordon=GATE)
-    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
-    c.delete_job("reboot")
-    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
+    c.delete_pod("reboot")
+    c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
     assert kinds(judge(c)) == ["duplicate-stage"]
 
 
@@ -354,9 +361,9 @@ def test_a_stage_created_again_after_it_failed_is_a_retry() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
-    c.job("first", gate=GATE, node="n")
-    c.end_job("first", "Failed")
-    c.job("retry", gate=GATE, node="n")
+    c.pod("first", gate=GATE, node="n")
+    c.end_pod("first", "Failed")
+    c.pod("retry", gate=GATE, node="n")
     assert judge(c) == []
 
 
@@ -364,24 +371,92 @@ def test_a_stage_created_again_after_a_person_asked_for_a_rerun_is_a_retry() -> 
     c = Cluster()
     c.gate(GATE)
     c.node("n")
-    c.job("first", gate=GATE, node="n")
-    c.end_job("first")
+    c.pod("first", gate=GATE, node="n")
+    c.end_pod("first")
     c.update("n", annotations={keys.rerun_annotation(GATE): "pkg/apply"})
     c.update("n", annotations={keys.rerun_annotation(GATE): None})
-    c.job("rerun", gate=GATE, node="n")
+    c.pod("rerun", gate=GATE, node="n")
     assert judge(c) == []
 
 
-def test_a_request_before_the_first_job_does_not_excuse_the_second() -> None:
+def test_a_request_before_the_first_pod_does_not_excuse_the_second() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", annotations={keys.reset_annotation(GATE): "true"})
     c.update("n", annotations={keys.reset_annotation(GATE): None})
-    c.job("first", gate=GATE, node="n")
-    c.end_job("first")
-    c.job("again", gate=GATE, node="n")
+    c.pod("first", gate=GATE, node="n")
+    c.end_pod("first")
+    c.pod("again", gate=GATE, node="n")
     assert kinds(judge(c)) == ["duplicate-stage"]
+
+
+def test_a_retry_pod_starting_at_the_failed_step_is_legal_for_it_and_the_steps_after_it() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("first", gate=GATE, node="n", stages=("apply", "config", "upgrade"))
+    c.end_pod("first", "Failed", failed_step=1)  # apply done, config failed, upgrade never ran
+    c.pod("retry", gate=GATE, node="n", stages=("config", "upgrade"))
+    c.end_pod("retry")
+    checker = InvariantChecker().feed_all(c.events)
+    assert checker.finish() == []
+    assert (checker.coverage.pods_seen, checker.coverage.steps_seen) == (2, 5)
+
+
+def test_a_step_that_succeeded_in_a_failed_pod_run_again_in_the_retry_is_a_duplicate() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("first", gate=GATE, node="n", stages=("apply", "config"))
+    c.end_pod("first", "Failed", failed_step=1)
+    c.pod("retry", gate=GATE, node="n", stages=("apply", "config"))  # restarted from apply, which was done
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("duplicate-stage", "n")
+    assert "pod retry step pkg apply repeats pod first step pkg apply" in v.message
+    assert "after it succeeded there" in v.message
+
+
+def test_a_succeeded_step_in_a_later_pod_of_another_phase_is_a_duplicate_and_the_other_steps_are_not() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("stages", gate=GATE, node="n", steps=[("a", "apply"), ("b", "apply")])
+    c.end_pod("stages")
+    c.pod("checks", gate=GATE, node="n", steps=[("a", "post-interrupt"), ("b", "apply")])
+    [v] = judge(c)
+    assert "pod checks step b apply repeats pod stages step b apply" in v.message
+
+
+def test_the_same_step_twice_in_one_pod_is_a_duplicate() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("twice", gate=GATE, node="n", stages=("apply", "apply"))
+    [v] = judge(c)
+    assert v.kind == "duplicate-stage" and "twice in one pod" in v.message
+
+
+def test_a_pod_deleted_while_running_and_created_again_is_a_duplicate_of_its_unfinished_step() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("apply", gate=GATE, node="n")
+    c.delete_pod("apply")  # by hand: the step was running on the host
+    c.pod("apply", gate=GATE, node="n")
+    [v] = judge(c)
+    assert v.kind == "duplicate-stage" and "without a failure or a rerun request" in v.message
+
+
+def test_an_interrupt_retried_in_its_round_after_it_failed_is_legal() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.update("n", cordon=GATE)
+    c.pod("reboot-0", gate=GATE, node="n", interrupt="reboot")
+    c.end_pod("reboot-0", "Failed")
+    c.pod("reboot-1", gate=GATE, node="n", interrupt="reboot")
+    assert judge(c) == []
 
 
 def test_stages_of_other_generations_versions_or_nodes_are_not_duplicates() -> None:
@@ -390,13 +465,13 @@ def test_stages_of_other_generations_versions_or_nodes_are_not_duplicates() -> N
     c.node("n")
     c.node("m")
     c.update("n", cordon=GATE)
-    c.job("g1", gate=GATE, node="n", generation=1)
-    c.job("g2", gate=GATE, node="n", generation=2)
-    c.job("v2", gate=GATE, node="n", version="2.0.0", generation=2)
-    c.job("cfg", gate=GATE, node="n", stage="config", generation=2)
-    c.job("m1", gate=GATE, node="m", generation=1)
-    c.job("r1", gate=GATE, node="n", stage="interrupt", package=None)
-    c.job("r2", gate=GATE, node="n", stage="interrupt", package=None)  # another round's reboot
+    c.pod("g1", gate=GATE, node="n", generation=1)
+    c.pod("g2", gate=GATE, node="n", generation=2)
+    c.pod("v2", gate=GATE, node="n", version="2.0.0", generation=2)
+    c.pod("cfg", gate=GATE, node="n", stages=("config",), generation=2)
+    c.pod("m1", gate=GATE, node="m", generation=1)
+    c.pod("r1", gate=GATE, node="n", interrupt="reboot")
+    c.pod("r2", gate=GATE, node="n", interrupt="reboot", round_=2)  # another round's reboot
     assert judge(c) == []
 
 
@@ -435,29 +510,29 @@ def test_a_cordon_or_taint_that_is_not_nodegates_is_left_alone() -> None:
 # -- blind windows (a watch expired and relisted) -------------------------------------------------
 
 
-def test_a_job_that_ended_somewhere_in_a_blind_window_may_have_ended_before_an_uncordon_in_it() -> None:
+def test_a_pod_that_ended_somewhere_in_a_blind_window_may_have_ended_before_an_uncordon_in_it() -> None:
     for ended, expected in ((True, []), (False, ["uncordoned-during-stage"])):
         c = Cluster()
         c.gate(GATE)
         c.node("n")
         c.update("n", cordon=GATE)
-        c.job("apply", gate=GATE, node="n")
-        since = c.next_rv()  # the last revision the job watch delivered before it expired
+        c.pod("apply", gate=GATE, node="n")
+        since = c.next_rv()  # the last revision the pod watch delivered before it expired
         if ended:
-            c.end_job("apply", emit=False)  # missed by the job watch
+            c.end_pod("apply", emit=False)  # missed by the pod watch
         node = c.update("n", uncordon=True, emit=False)  # seen by the node watch, inside the window
-        relist = Relist("jobs", list(c.jobs.values()), since, c.next_rv())
-        # as the watcher merges them: the job relist at the start of its window, then the uncordon
+        relist = Relist("pods", list(c.pods.values()), since, c.next_rv())
+        # as the watcher merges them: the pod relist at the start of its window, then the uncordon
         c.events += [relist, Change("nodes", "MODIFIED", node, resource_version(node))]
         assert kinds(judge(c)) == expected
 
 
-def test_a_job_still_running_after_a_blind_window_was_running_throughout_it() -> None:
+def test_a_pod_still_running_after_a_blind_window_was_running_throughout_it() -> None:
     c = Cluster()
     c.gate(GATE)
     c.node("n")
     c.update("n", cordon=GATE)
-    c.job("apply", gate=GATE, node="n")
+    c.pod("apply", gate=GATE, node="n")
     since = c.next_rv()
     node = c.update("n", uncordon=True, emit=False)
     c.relist("nodes", since)
@@ -472,7 +547,7 @@ def test_a_transition_inside_a_node_blind_window_that_cannot_be_judged_is_counte
     c.update("n", cordon=GATE)
     since = c.next_rv()
     c.update("n", state={GATE: state("in-progress")}, untaint=True, emit=False)
-    c.job("apply", gate=GATE, node="n")  # created inside the window: may not have run at the uncordon
+    c.pod("apply", gate=GATE, node="n")  # created inside the window: may not have run at the uncordon
     c.update("n", uncordon=True, emit=False)
     c.relist("nodes", since)
     checker = InvariantChecker().feed_all(c.events)
@@ -488,7 +563,7 @@ def test_an_interrupt_created_while_the_node_watch_is_blind_is_not_judged_on_a_s
     since = c.next_rv()
     c.update("n", cordon=GATE, emit=False)
     c.events.append(Blind("nodes", since, since + 10))
-    c.job("reboot", gate=GATE, node="n", stage="interrupt", package=None)
+    c.pod("reboot", gate=GATE, node="n", interrupt="reboot")
     checker = InvariantChecker().feed_all(c.events)
     assert checker.finish() == []
     assert checker.coverage.unverified == 1
@@ -522,3 +597,29 @@ def test_a_journal_replays_to_the_same_verdict() -> None:
     lines = [dump_event(e) for e in c.events]
     assert [load_event(line) for line in lines] == c.events
     assert [v.kind for v in replay(lines).finish()] == ["over-ceiling"]
+
+
+def test_the_operators_own_stage_pod_slimmed_for_a_journal_keeps_its_steps_and_how_they_ended() -> None:
+    gate = NodeGate.model_validate({
+        "apiVersion": keys.API_VERSION, "kind": "NodeGate", "metadata": {"name": GATE, "generation": 3, "uid": "u"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "test"}}, "packages": {
+            "a": {"version": "1.2.0", "image": "registry.example.com/a"},
+            "b": {"version": "2.0.0", "image": "registry.example.com/b"}}}})
+    steps = (Step("a", "apply", "1.2.0/x", version="1.2.0"), Step("b", "config", "cfg", version="2.0.0"))
+    request = PodRequest(pod_name(GATE, "n", 1, "stages", steps[0]), "stages", steps, round=1)
+    pod = stage_pod(gate, "n", request, OperatorSettings(), OperatorFacts(node="n"))
+    pod["metadata"] |= {"uid": "p1", "resourceVersion": "7"}
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [
+        {"name": c["name"], "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+        for c in pod["spec"]["initContainers"]],
+        "containerStatuses": [{"name": "config-b", "state": {"terminated": {"exitCode": 1, "message": "{...}"}}}]}
+    slimmed = slim("pods", pod)
+    assert FACTS_ANNOTATION in pod["metadata"]["annotations"]
+    assert FACTS_ANNOTATION not in slimmed["metadata"]["annotations"]
+    checker = InvariantChecker().feed_all([load_event(dump_event(Change("pods", "ADDED", slimmed, 7)))])
+    [facts] = checker.pods.values()
+    assert (facts.gate, facts.node, facts.kind, facts.round) == (GATE, "n", "stages", "1")
+    assert [(s.package, s.stage, s.container, s.version, s.generation) for s in facts.steps] == [
+        ("a", "apply", "apply-a", "1.2.0", "3"), ("b", "config", "config-b", "2.0.0", "3")]
+    assert facts.succeeded == {"payload-a", "apply-a", "payload-b"}
+    assert facts.failed_lo == 7 and facts.ended_lo == 7

@@ -1,4 +1,4 @@
-"""The watcher's merge of the node and Job watches: the checker sees changes in etcd's order."""
+"""The watcher's merge of the node and pod watches: the checker sees changes in etcd's order."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def started() -> tuple[RevisionMerge, list[Event]]:
     fed: list[Event] = []
     merge = RevisionMerge(fed.append)
     merge.relisted("nodes", [], 0, 10, initial=True)
-    merge.relisted("jobs", [], 0, 10, initial=True)
+    merge.relisted("pods", [], 0, 10, initial=True)
     fed.clear()
     return merge, fed
 
@@ -33,10 +33,10 @@ def test_an_event_waits_until_the_other_watch_has_passed_its_revision() -> None:
     merge, fed = started()
     merge.change(change("nodes", "n", 12))
     merge.change(change("nodes", "n", 14))
-    assert fed == []  # the job watch may still bring 11 or 13
-    merge.change(change("jobs", "j", 13))
+    assert fed == []  # the pod watch may still bring 11 or 13
+    merge.change(change("pods", "j", 13))
     assert revisions(fed) == [12, 13]
-    merge.advance("jobs", 20)  # a bookmark: nothing else below 20 on the job watch
+    merge.advance("pods", 20)  # a bookmark: nothing else below 20 on the pod watch
     assert revisions(fed) == [12, 13, 14]
 
 
@@ -47,14 +47,14 @@ def test_specs_are_passed_on_at_once() -> None:
     assert fed == [gate]
 
 
-def test_a_job_relist_goes_to_the_start_of_its_window_and_a_node_relist_to_its_end() -> None:
+def test_a_pod_relist_goes_to_the_start_of_its_window_and_a_node_relist_to_its_end() -> None:
     merge, fed = started()
     merge.change(change("nodes", "n", 12))
-    merge.relisted("jobs", [obj("j", 15)], 11, 20)  # the job watch was blind from 12 to 20
+    merge.relisted("pods", [obj("j", 15)], 11, 20)  # the pod watch was blind from 12 to 20
     assert [type(e).__name__ for e in fed] == ["Relist", "Change"]  # the relist at 12 comes first
     fed.clear()
     merge.relisted("nodes", [obj("n", 18)], 12, 25)  # the node watch was blind from 13 to 25
-    merge.change(change("jobs", "j", 22))
+    merge.change(change("pods", "j", 22))
     assert [(type(e).__name__, getattr(e, "rv", None)) for e in fed] == [("Blind", None), ("Change", 22)]
     assert isinstance(fed[0], Blind) and (fed[0].since, fed[0].until) == (12, 25)
     merge.flush()
@@ -63,7 +63,7 @@ def test_a_job_relist_goes_to_the_start_of_its_window_and_a_node_relist_to_its_e
 
 def test_flush_hands_over_everything_in_order() -> None:
     merge, fed = started()
-    for kind, rv in (("nodes", 30), ("jobs", 31), ("nodes", 33), ("jobs", 32)):
+    for kind, rv in (("nodes", 30), ("pods", 31), ("nodes", 33), ("pods", 32)):
         merge.change(change(kind, "x", rv))
     merge.flush()
     assert revisions(fed) == [30, 31, 32, 33]

@@ -1,0 +1,241 @@
+"""The executor: it performs what the pure parts decided, and nothing else.
+
+A node decision (`gate.lifecycle.machine.Decision`) becomes, in this order: one Node write (state
+annotation, status label, cordon, taint, guarded by the resourceVersion it was decided on), the
+deletion of the stage pods it is done with, the creation of the ones it asks for, evictions, Events
+and metrics, and when to look again. The order is what makes a crash at any line harmless
+(`gate.lifecycle.machine`). Like controller-runtime's client writes, every write here is observed
+into the cache at once, so the next reconcile of the same object sees it before its watch event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.nodegate import NodeGate
+from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.controller.events import EventRecorder
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.patches import node_patch
+from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
+from gate.controller.settings import OperatorSettings
+from gate.controller.triggers import NodeKey
+from gate.controller.views import node_view
+from gate.controller.world import World
+from gate.kube.client import CONFIGMAPS, NODES, PODS, KubeClient
+from gate.kube.errors import ApiError, NotFound, TooManyRequests
+from gate.kube.objects import parse_time, pod_ended, state_status
+from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
+from gate.lifecycle.fleet import FleetNode, NodeUpdate
+from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
+
+log = logging.getLogger("nodegate.operator")
+
+Obj = dict[str, Any]
+
+
+class Executor:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics,
+                 recorder: EventRecorder, world: World) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics
+        self.recorder = recorder
+        self.world = world
+
+    async def sync_failure_conditions(self, gate: str) -> None:
+        """Every node carries the failure condition of `gate` exactly while the gate's state on it says
+        failed (gate.lifecycle.condition): added on a failure, removed once the node gets another round
+        or leaves the gate."""
+        sem = asyncio.Semaphore(16)
+
+        async def sync(fnode: FleetNode) -> None:
+            async with sem:
+                await self.write_failure_condition(gate, fnode.view, failure_condition(gate, fnode.states.get(gate)))
+
+        await asyncio.gather(*(sync(n) for n in self.world.fleet()))
+
+    async def write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
+        kind = keys.failed_condition(gate)
+        patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))
+        if patch is None:
+            return
+        try:
+            # Strategic merge on the status subresource: only this entry of the list (merged by type)
+            # changes, whatever the kubelet writes next to it; no resourceVersion needed.
+            result = await self.client.patch(NODES, view.name, patch, patch_type="strategic", subresource="status")
+        except NotFound:
+            return
+        self.world.nodes.observe(result)
+        self.world.fleet_memo.pop(view.name, None)
+
+    async def write_node_updates(self, gate: NodeGate, updates: Mapping[str, NodeUpdate]) -> None:
+        """Write a plan's node updates, 16 at a time; the first failure is raised once all are done."""
+        sem = asyncio.Semaphore(16)
+
+        async def apply(node: str, update: NodeUpdate) -> None:
+            async with sem:
+                await self.write_node_update(gate, node, update)
+
+        results = await asyncio.gather(*(apply(n, u) for n, u in updates.items()), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def execute(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext) -> None:
+        node = node_obj["metadata"]["name"]
+        old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
+        if decision.writes_node or decision.remove_state:
+            update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
+            node_obj = await self.write_node_update(gate, node, update, base=node_obj)
+        for name in decision.delete_pods:
+            pod = self.world.pods.get(name, self.settings.namespace)
+            body = None
+            if pod is not None:
+                self._stage_metrics(pod)
+                self.world.index.pod_event("DELETED", pod)
+                if pod_ended(pod):
+                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
+                    # (one write, not two). One still running is stopped gracefully.
+                    body = {"gracePeriodSeconds": 0}
+            await self.client.delete(PODS, name, self.settings.namespace, body=body)
+        for request in decision.create_pods:
+            for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
+                if gate.spec.packages[package].config:
+                    await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
+            facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
+            try:
+                created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
+            except ApiError as exc:
+                if exc.status not in (400, 403, 422):
+                    raise
+                # Refused by admission (a LimitRange, a quota, a policy): trying again changes nothing.
+                log.warning("Stage pod refused; gate=%s node=%s pod=%s error=%s", gate.name, node, request.name, exc)
+                seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
+                await self.execute(gate, node_obj, pod_refused(seen, request, exc.message), seen)
+                return
+            if created is not None:
+                # Seen at once by the next reconcile of this node, before the watch event arrives.
+                self.world.pods.observe(created)
+                self.world.index.pod_event("ADDED", created)
+                log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
+                         request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps),
+                         request.name)
+        blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
+        if blocked:
+            state = decision.state or load_state(old_state)
+            if state.drain_blocked_by != blocked:  # once per blocking budget, not at every retry
+                self.metrics.drains_blocked.labels(gate.name).inc()
+                state = state.model_copy(update={"drain_blocked_by": blocked})
+                fresh = self.world.nodes.get(node) or node_obj
+                await self.write_node_update(gate, node, NodeUpdate(state=state, events=[EventRequest(
+                    "node", "Warning", "DrainBlocked", f"Eviction refused: {blocked}")]), base=fresh)
+        gate_obj = self.world.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
+                                                 "metadata": {"name": gate.name}}
+        for event in decision.events:
+            target = gate_obj if event.target == "gate" else node_obj
+            await self.recorder.emit(target, event.type, event.reason, event.message)
+        if decision.state is not None and decision.state.status == "failed" and decision.state.failure:
+            f = decision.state.failure
+            self.metrics.stage_failures.labels(gate.name, f.package or "-", f.stage, f.reason).inc()
+        if decision.requeue_after is not None:
+            self.world.queue.add_after(NodeKey(gate.name, node), decision.requeue_after)
+        new_status = decision.state.status if decision.state is not None else None
+        if decision.remove_state or (new_status is not None and old_state is not None
+                                     and state_status(old_state) != new_status):
+            self.world.gate_later(gate.name)
+
+    def _stage_metrics(self, pod: Obj) -> None:
+        """A stage pod about to be deleted: the duration of each of its steps by outcome (succeeded,
+        failed, or abandoned when a reset or a gate deletion cut it off), from the container's start
+        to its end."""
+        view = stage_pod_view(pod)
+        status = pod.get("status") or {}
+        states = {cs.get("name"): cs.get("state") or {} for cs in
+                  [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
+        for i, step in enumerate(view.steps):
+            state = states.get(container_name(step), {})
+            timing = state.get("terminated") or state.get("running")
+            started = parse_time((timing or {}).get("startedAt"))
+            if started is None:
+                continue
+            outcome = "succeeded" if i < view.done else ("failed" if "terminated" in state else "abandoned")
+            ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
+            self.metrics.stage_duration.labels(step.package or "-", step.stage, outcome).observe(
+                max(0.0, (ended - started).total_seconds()))
+
+    async def _ensure(self, resource: Any, obj: Obj) -> Obj | None:
+        """Create; an object that already exists is fine (None): names are deterministic."""
+        try:
+            return await self.client.create(resource, obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return None
+
+    async def _evict(self, gate: NodeGate, node: str, pods: Iterable[tuple[str, str]]) -> str | None:
+        """Evict pods; returns the PodDisruptionBudget blocking one of them, if any."""
+        grace = gate.spec.drain.grace_period_seconds
+        blocked: str | None = None
+
+        async def evict(namespace: str, name: str) -> str | None:
+            body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction",
+                         "metadata": {"name": name, "namespace": namespace}}
+            if grace is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": grace}
+            try:
+                await self.client.create(PODS, body, namespace, subresource_of=name, subresource="eviction")
+            except TooManyRequests as exc:
+                return _blocking_pdb(exc, namespace, name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            return None
+
+        for result in await asyncio.gather(*(evict(ns, n) for ns, n in pods)):
+            blocked = blocked or result
+        return blocked
+
+    async def write_node_update(self, gate: NodeGate, node: str, update: NodeUpdate,
+                                 base: Obj | None = None) -> Obj:
+        """One merge patch: state annotation, status label, cordon and taint, guarded by resourceVersion."""
+        obj = base or self.world.nodes.get(node)
+        if obj is None:
+            return {}
+        built = node_patch(gate.name, obj, update)
+        if built.body is None:
+            for event in update.events:
+                await self.recorder.emit(obj, event.type, event.reason, event.message)
+            return obj
+        if built.taint_added:
+            self.metrics.taints_added.labels(gate.name).inc()
+        if built.taint_removed:
+            self.metrics.taint_removals.labels(gate.name).inc()
+        result = await self.client.patch(NODES, node, built.body)
+        self.world.nodes.observe(result)
+        self.world.fleet_memo.pop(node, None)
+        for event in update.events:
+            await self.recorder.emit(result, event.type, event.reason, event.message)
+        if update.state is not None and update.state.status == "in-progress":
+            self.world.queue.add(NodeKey(gate.name, node))
+        return result
+
+
+def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
+    for cause in exc.causes:
+        if cause.get("reason") == "DisruptionBudget":
+            return f"pod {namespace}/{pod}: {cause.get('message', '')}"
+    return f"pod {namespace}/{pod}: {exc.message}"
+
+
+def _parsed_or_none(raw: str | None) -> NodeGateState | None:
+    try:
+        return load_state(raw) if raw else None
+    except StateParseError:
+        return None

@@ -1,0 +1,303 @@
+"""The gate reconciler and the policy reconciler, each with `reconcile(key)`.
+
+`GateReconciler.reconcile(GateKey)` plans one gate across the fleet (`gate.lifecycle.fleet.plan_gate`;
+its removal, `gate.lifecycle.removal.plan_removal`, once it is deleted) and writes what the plan
+says: the node updates (through the executor), the failure conditions, the status, the requests it
+carried out, Events and metrics. `PolicyReconciler.reconcile(PolicyKey)` writes a DeploymentPolicy's
+own status. They read only the caches (`gate.controller.world`), as controller-runtime's reconcilers
+read their manager's cache, and decide with the pure core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from gate.api import keys
+from gate.api.common import Condition
+from gate.api.nodegate import NodeGate
+from gate.api.policy import DeploymentPolicy
+from gate.api.state import NodeGateState, StateParseError
+from gate.controller.events import EventRecorder
+from gate.controller.executor import Executor
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.triggers import GateKey, NodeKey, PolicyKey
+from gate.controller.views import fleet_node, node_view
+from gate.controller.world import World
+from gate.kube.client import NODEGATES, POLICIES, KubeClient
+from gate.kube.errors import ApiError, NotFound
+from gate.kube.objects import parse_time
+from gate.lifecycle.fleet import NodeUpdate, disabled, plan_gate, readiness_clear, selects
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, policy_status
+from gate.lifecycle.machine import EventRequest
+from gate.lifecycle.removal import plan_removal
+
+log = logging.getLogger("nodegate.operator")
+
+Obj = dict[str, Any]
+
+
+class GateReconciler:
+    def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
+                 executor: Executor) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.recorder = recorder
+        self.world = world
+        self.executor = executor
+
+    async def reconcile(self, key: GateKey) -> None:
+        name = key.gate
+        gate = self.world.gate(name)
+        obj = self.world.gates.get(name)
+        if obj is None:
+            # Gone (its deletion event queued this): so are its metric series, or an alert on one of
+            # them (NodeGateNodeFailed, say) would keep firing for a gate that no longer exists.
+            if self.metrics.forget_gate(name):
+                log.info("Removed the metric series of a deleted gate; gate=%s", name)
+            self.world.forget_gate(name)
+            return
+        if gate is None:
+            return
+        if gate.metadata.deletion_timestamp:
+            await self._finalize(gate, obj)
+            return
+        if keys.FINALIZER not in gate.metadata.finalizers:
+            patched = await self.client.patch(NODEGATES, name, {"metadata": {
+                "finalizers": [*gate.metadata.finalizers, keys.FINALIZER],
+                "resourceVersion": gate.metadata.resource_version}})
+            self.world.gates.observe(patched)
+            return  # the watch brings the new version back to us
+        if disabled(gate):
+            await self._disabled(gate, obj)
+            return
+        found, policy = await self._policy_of(gate, obj)
+        if not found:
+            return
+        now = datetime.now(UTC)
+        created = parse_time(gate.metadata.creation_timestamp)
+        fleet = self.world.fleet()
+        gplan = plan_gate(gate, policy, fleet, gates=self.world.all_gates(), now=now, gate_created=created,
+                          busy=self.world.busy_nodes(name))
+        self.metrics.drains_blocked_now.labels(name).set(sum(1 for n in fleet if _drain_blocked(n.states.get(name))))
+        # Node writes that lost a race are retried through the queue; status waits for them so that
+        # compartment progress is never written ahead of the nodes it counts.
+        await self.executor.write_node_updates(gate, gplan.updates)
+        await self.executor.sync_failure_conditions(name)
+        await self._write_status(obj, gplan.status.to_wire())
+        if gplan.requests_done:
+            annotations: dict[str, str | None] = dict.fromkeys(gplan.requests_done)
+            patched = await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}})
+            self.world.gates.observe(patched)
+        for event in gplan.events:
+            await self.recorder.emit(obj, event.type, event.reason, event.message)
+        self._gate_metrics(gate, gplan.status.to_wire())
+        self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
+                                 self._packages_in_use())
+
+    def _packages_in_use(self) -> set[str]:
+        """Packages of every gate, those being deleted included (their uninstalls still record stages)."""
+        used: set[str] = set()
+        for obj in self.world.gates.items():
+            gate = self.world.gate(obj["metadata"]["name"])
+            if gate is not None:
+                used |= set(gate.spec.packages)
+        return used
+
+    async def _policy_of(self, gate: NodeGate, obj: Obj) -> tuple[bool, DeploymentPolicy | None]:
+        """The DeploymentPolicy the gate names (None: it names none); (False, None) when it is missing,
+        which the gate's status then says."""
+        if not gate.spec.deployment_policy:
+            return True, None
+        raw_policy = self.world.policies.get(gate.spec.deployment_policy)
+        if raw_policy is None:
+            await self._gate_problem(obj, gate, "PolicyNotFound",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
+            return False, None
+        try:
+            return True, DeploymentPolicy.model_validate(raw_policy)
+        except ValidationError as exc:
+            await self._gate_problem(obj, gate, "PolicyInvalid",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: "
+                                     f"{_first_error(exc)}")
+            return False, None
+
+    async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
+        status = dict(obj.get("status") or {})
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        # Degraded, and Stalled for kstatus: the gate cannot go on until a person fixes what it names.
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Degraded", *KSTATUS_TYPES)]
+        for type_ in ("Degraded", STALLED):
+            conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
+                               "lastTransitionTime": now, "observedGeneration": gate.metadata.generation or 0})
+        status.update({"conditions": conditions, "status": "Degraded",
+                       "observedGeneration": gate.metadata.generation or 0})
+        await self._write_status(obj, status)
+        await self.recorder.emit(obj, "Warning", reason, message)
+
+    async def _write_status(self, obj: Obj, status: Obj) -> None:
+        current = obj.get("status") or {}
+        if _same_status(current, status):
+            return
+        patched = await self.client.patch(NODEGATES, obj["metadata"]["name"],
+                                          {"status": status, "metadata": {
+                                              "resourceVersion": obj["metadata"]["resourceVersion"]}},
+                                          subresource="status")
+        self.world.gates.observe(patched)
+
+    def _gate_metrics(self, gate: NodeGate, status: Obj) -> None:
+        nodes = status.get("nodes", {})
+        for st, field in (("complete", "complete"), ("in-progress", "inProgress"), ("failed", "failed"),
+                          ("waiting", "waiting"), ("blocked", "blocked")):
+            self.metrics.nodes.labels(gate.name, st).set(nodes.get(field, 0))
+        for c in status.get("compartments", []):
+            labels = (gate.name, c["name"])
+            self.metrics.c_matched.labels(*labels).set(c.get("matched", 0))
+            self.metrics.c_ceiling.labels(*labels).set(c.get("ceiling", 0))
+            self.metrics.c_in_progress.labels(*labels).set(c.get("inProgress", 0))
+            self.metrics.c_complete.labels(*labels).set(c.get("complete", 0))
+            self.metrics.c_failed.labels(*labels).set(c.get("failed", 0))
+            self.metrics.c_batch.labels(*labels).set(c.get("batch", 0))
+            self.metrics.c_failures.labels(*labels).set(c.get("consecutiveFailures", 0))
+            self.metrics.c_stopped.labels(*labels).set(1 if c.get("state") == "stopped" else 0)
+
+    async def _finalize(self, gate: NodeGate, obj: Obj) -> None:
+        """Deleting a gate: uninstall what can be, uncordon, remove every node key, then let go."""
+        annotation = keys.state_annotation(gate.name)
+        holders = [n["metadata"]["name"] for n in self.world.nodes.items()
+                   if annotation in (n["metadata"].get("annotations") or {})]
+        if holders:
+            # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
+            found, policy = await self._policy_of(gate, obj)
+            if not found:
+                return
+            rplan = plan_removal(gate, policy, self.world.fleet(), now=datetime.now(UTC))
+            await self.executor.write_node_updates(gate, rplan.updates)
+            self.world.removal_release[gate.name] = rplan.releasable
+            await self.executor.sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
+            await self._write_status(obj, rplan.status.to_wire())
+            if rplan.resumed:
+                annotations = {keys.RESUME_ANNOTATION: None}
+                self.world.gates.observe(await self.client.patch(NODEGATES, gate.name,
+                                                           {"metadata": {"annotations": annotations}}))
+            for event in rplan.events:
+                await self.recorder.emit(obj, event.type, event.reason, event.message)
+            self._gate_metrics(gate, rplan.status.to_wire())
+            for node in holders:
+                self.world.queue.add(NodeKey(gate.name, node))
+            return  # node reconciles uninstall and remove their keys; their events bring us back
+        for node_obj in self.world.nodes.items():
+            leftover = self._leftover_keys(gate, node_obj)
+            if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
+                await self.executor.write_node_update(gate, node_obj["metadata"]["name"], leftover, base=node_obj)
+            await self.executor.write_failure_condition(gate.name, node_view(node_obj), None)
+        if keys.FINALIZER in gate.metadata.finalizers:
+            rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
+            with contextlib.suppress(ApiError):
+                await self.client.patch(NODEGATES, gate.name, {"metadata": {
+                    "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
+            log.info("Released gate; gate=%s", gate.name)
+
+    async def _disabled(self, gate: NodeGate, obj: Obj) -> None:
+        """A disabled gate plans nothing: no round starts (one running finishes, as the node reconcile
+        drives it), and it lets go of the readiness taint on every node that no enabled gate holds back."""
+        for node_obj in self.world.nodes.items():
+            view = node_view(node_obj)
+            if (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
+                    and readiness_clear(gate.name, fleet_node(node_obj), self.world.all_gates())):
+                update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                         f"NodeGate {gate.name} is disabled; no other gate holds "
+                                                         "the node back")])
+                update.change.remove_readiness_taint = True
+                await self.executor.write_node_update(gate, view.name, update, base=node_obj)
+        status = dict(obj.get("status") or {})
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        previous = {c.get("type"): c for c in status.get("conditions") or []}
+        # Neither Reconciling nor Stalled: the gate does nothing, and Ready decides (gate.lifecycle.health).
+        conditions = [c for c in status.get("conditions") or []
+                      if c.get("type") not in ("Disabled", "Progressing", *KSTATUS_TYPES)]
+        for type_, value, reason, message in (
+                ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
+                ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
+            old = previous.get(type_) or {}
+            since = old.get("lastTransitionTime") if old.get("status") == value else now
+            conditions.append({"type": type_, "status": value, "reason": reason, "message": message,
+                               "lastTransitionTime": since or now, "observedGeneration": gate.metadata.generation or 0})
+        status.update({"conditions": conditions, "status": "Disabled",
+                       "observedGeneration": gate.metadata.generation or 0})
+        await self._write_status(obj, status)
+
+    def _leftover_keys(self, gate: NodeGate, node_obj: Obj) -> NodeUpdate | None:
+        """What a deleted gate left on a node it never started on: its status label (a node waiting in
+        line), a person's reset or rerun request, and the readiness taint of a node that joined and
+        waited for this gate alone. None when the node carries nothing of the gate's."""
+        meta = node_obj["metadata"]
+        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        view = node_view(node_obj)
+        taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
+                 and readiness_clear(gate.name, fleet_node(node_obj), self.world.all_gates()))
+        requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
+        if keys.status_label(gate.name) not in labels and not any(r in annotations for r in requests) and not taint:
+            return None
+        update = NodeUpdate(remove_state=True)
+        if taint:
+            update.change.remove_readiness_taint = True
+            update.events.append(EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                              f"NodeGate {gate.name} was deleted; no other gate holds the node back"))
+        return update
+
+
+class PolicyReconciler:
+    def __init__(self, client: KubeClient, world: World) -> None:
+        self.client = client
+        self.world = world
+
+    async def reconcile(self, key: PolicyKey) -> None:
+        name = key.policy
+        """A DeploymentPolicy's status: which spec the operator read, whether it can use it, who uses it."""
+        obj = self.world.policies.get(name)
+        if obj is None:
+            return
+        problem = None
+        try:
+            DeploymentPolicy.model_validate(obj)
+        except ValidationError as exc:
+            problem = _first_error(exc)
+        used_by = sorted(g["metadata"]["name"] for g in self.world.gates.items()
+                         if (g.get("spec") or {}).get("deploymentPolicy") == name)
+        meta = obj["metadata"]
+        previous = [Condition.model_validate(c) for c in (obj.get("status") or {}).get("conditions") or []]
+        status = policy_status(meta.get("generation") or 0, used_by, problem, previous, datetime.now(UTC)).to_wire()
+        if _same_status(obj.get("status") or {}, status):
+            return
+        try:
+            patched = await self.client.patch(POLICIES, name, {"status": status, "metadata": {
+                "resourceVersion": meta["resourceVersion"]}}, subresource="status")
+        except NotFound:
+            return
+        self.world.policies.observe(patched)
+
+
+def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
+    return (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
+            and bool(state.drain_blocked_by))
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first problem pydantic found, with the field it is about."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+def _same_status(current: Obj, new: Obj) -> bool:
+    def strip(status: Obj) -> str:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+        return json.dumps({**status, "conditions": conds}, sort_keys=True)
+
+    return strip(current) == strip(new)

@@ -1,0 +1,98 @@
+"""The node reconciler and the join reconciler, each with `reconcile(key)`.
+
+`NodeReconciler.reconcile(NodeKey)` is one step of a node's state machine for one gate: it builds
+the node's context from the caches (the gate, the node, its state, its stage pods, the pods on the
+node when it drains), decides with `gate.lifecycle.machine` (`decide`, or `decide_removal` for a
+deleted gate) and hands the decision to the executor. `JoinReconciler.reconcile(JoinKey)` is the
+readiness-taint backstop for a node that just joined, ahead of the gate's plan.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.controller.executor import Executor
+from gate.controller.settings import OperatorSettings
+from gate.controller.triggers import JoinKey, NodeKey
+from gate.controller.views import fleet_node, node_view, pod_view
+from gate.controller.world import World
+from gate.kube.client import PODS, KubeClient
+from gate.kube.objects import parse_time
+from gate.lifecycle.fleet import NodeUpdate, disabled, readiness_clear, selects, taint_reason
+from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal
+
+
+class NodeReconciler:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, timing: Timing, world: World,
+                 executor: Executor) -> None:
+        self.settings = settings
+        self.client = client
+        self.timing = timing
+        self.world = world
+        self.executor = executor
+
+    async def reconcile(self, key: NodeKey) -> None:
+        gate_name, node_name = key.gate, key.node
+        gate = self.world.gate(gate_name)
+        node_obj = self.world.nodes.get(node_name)
+        if gate is None or node_obj is None:
+            return
+        raw = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate_name))
+        if raw is None:
+            return
+        removing = bool(gate.metadata.deletion_timestamp)
+        try:
+            state = load_state(raw)
+        except StateParseError:
+            if not removing:
+                return  # the gate reconcile reports it; nothing here may overwrite it while the gate lives
+            # The gate is going away: what the node ran is unknown, so nothing can be uninstalled, but
+            # the gate's keys (and a cordon it placed) must go, or the deletion would never finish.
+            state = NodeGateState(status="failed")
+        view = node_view(node_obj)
+        if not removing and state.status != "in-progress":
+            return
+        pods = None
+        if state.phase in ("wait-pods", "drain"):
+            pods = await self._pods_on(node_name)
+        fleet = self.world.fleet_memo.get(node_name)
+        fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
+        ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self.world.stage_pods_of(gate_name, node_name),
+                          pods=pods, now=datetime.now(UTC),
+                          readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
+                          timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()))
+        decision = decide_removal(ctx) if removing else decide(ctx)
+        await self.executor.execute(gate, node_obj, decision, ctx)
+
+    async def _pods_on(self, node: str) -> list[Any]:
+        items, _ = await self.client.list(PODS, field_selector=f"spec.nodeName={node}")
+        return [pod_view(p, self.settings.namespace) for p in items]
+
+
+class JoinReconciler:
+    def __init__(self, world: World, executor: Executor) -> None:
+        self.world = world
+        self.executor = executor
+
+    async def reconcile(self, key: JoinKey) -> None:
+        gate_name, node_name = key.gate, key.node
+        """The readiness-taint backstop for one joining node, ahead of the gate's plan (same rule)."""
+        gate = self.world.gate(gate_name)
+        node_obj = self.world.nodes.get(node_name)
+        if gate is None or node_obj is None or gate.metadata.deletion_timestamp or disabled(gate):
+            return
+        fnode = fleet_node(node_obj)
+        raw = fnode.states.get(gate_name)
+        state = raw if isinstance(raw, NodeGateState) else None
+        if not selects(gate, fnode.view) or isinstance(raw, StateParseError):
+            return
+        why = taint_reason(gate, fnode, state, state, parse_time(gate.metadata.creation_timestamp))
+        if why is None:
+            return
+        update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintAdded",
+                                                 f"NodeGate {gate_name} tainted the node: it {why}")])
+        update.change.add_readiness_taint = True
+        await self.executor.write_node_update(gate, node_name, update, base=node_obj)

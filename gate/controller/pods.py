@@ -1,0 +1,337 @@
+"""Stage pods and package ConfigMaps as manifests, and stage pods read back (pure: no I/O).
+
+A phase of a round runs as one bare pod pinned to its node (`nodeName`, so no scheduler is involved
+and a cordon does not stop it), owned by the gate, tolerating the readiness taint and
+`unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
+No Job controller sits in the path: the operator retries a failed step itself, in a new pod of its
+own deterministic name (`gate.lifecycle.machine.pod_name`). Its steps are containers that run one
+after another, as NodeWright's stage pods chain a stage and its check: for each package an init
+container from the package image copies the payload into an emptyDir, then an agent container
+(NodeGate's image) runs each of its stages against the host. Each step's result is its container's
+termination (exit code, and the agent's summary as the termination message), read back by
+`stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
+
+The node's facts (`gate.api.facts`) travel as the pod annotation `nodegate.io/node-facts`, projected
+by a downwardAPI volume into a file the agent reads: the Downward API cannot read the Node's labels,
+an annotation of the pod it can. They are the operator's, per node and per stage, so they belong on
+the pod, not in the package's ConfigMap (shared by every node).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from gate.api import keys
+from gate.api.common import parse_duration
+from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
+from gate.api.nodegate import NodeGate, Package
+from gate.api.state import NodeGateState, config_hash
+from gate.api.versions import image_reference
+from gate.controller.settings import OperatorSettings
+from gate.kube.objects import created_at
+from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
+
+Obj = dict[str, Any]
+
+PAYLOAD_DIR = "/nodegate-payload"
+CONFIG_DIR = "/nodegate-config"
+FACTS_DIR = "/nodegate-facts"
+FACTS_FILE = "facts.json"
+HOST_ROOT = "/host"
+TERMINATION_LOG = "/dev/termination-log"
+GATE_NAME_ANNOTATION = f"{keys.GROUP}/gate-name"
+NODE_NAME_ANNOTATION = f"{keys.GROUP}/node-name"
+STEPS_ANNOTATION = f"{keys.GROUP}/steps"
+ROUND_ANNOTATION = f"{keys.GROUP}/round"
+ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
+POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal")
+
+
+def label_value(text: str) -> str:
+    """A label value for any name: itself when it fits in 63 characters, else a stable hash."""
+    if len(text) <= 63:
+        return text
+    return text[:52].rstrip("-.") + "-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def image_ref(package: Package) -> str:
+    """The package image at its version (see `gate.api.versions.image_reference`)."""
+    return image_reference(package.image, package.version)
+
+
+def config_map_name(gate: str, package: str, pkg: Package) -> str:
+    """Content-addressed and immutable: a stage always sees exactly the config it was started for."""
+    digest = hashlib.sha256(f"{gate}\0{package}\0{config_hash(pkg)}".encode()).hexdigest()[:16]
+    return f"ng-config-{digest}"
+
+
+def owner_reference(gate: NodeGate) -> Obj:
+    # A cluster-scoped owner of namespaced objects: garbage collection removes them with the gate.
+    return {"apiVersion": keys.API_VERSION, "kind": "NodeGate", "name": gate.name,
+            "uid": gate.metadata.uid or "", "controller": True, "blockOwnerDeletion": False}
+
+
+def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
+    pkg = gate.spec.packages[package]
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(gate.name, package, pkg), "namespace": settings.namespace,
+            "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.STAGE_GATE_LABEL: label_value(gate.name),
+                       keys.STAGE_PACKAGE_LABEL: package},
+            "annotations": {GATE_NAME_ANNOTATION: gate.name},
+            "ownerReferences": [owner_reference(gate)],
+        },
+        "immutable": True,
+        "data": dict(pkg.config),
+    }
+
+
+def facts_of(name: str, node: Obj, state: NodeGateState | None) -> OperatorFacts:
+    """The facts of node `name` for its stage pods: its labels and annotations as last seen (`node`, empty
+    when the cache lost it), and the place in the rollout its state (the stage's round) records."""
+    meta = node.get("metadata") or {}
+    place = RolloutPlace(compartment=state.compartment, batch=state.batch, round=state.round) if state else None
+    return operator_facts(name, meta.get("labels") or {}, meta.get("annotations") or {}, place)
+
+
+def _seconds(duration: str) -> int:
+    return max(1, int(parse_duration(duration).total_seconds()))
+
+
+def container_name(step: Step) -> str:
+    """A step's container: `<stage>-<package>` (a package name is at most 43 characters, so this
+    fits a container name's 63), `interrupt` for the interrupt."""
+    return step.stage if step.package is None else f"{step.stage}-{step.package}"
+
+
+def payload_container(package: str) -> str:
+    return f"payload-{package}"
+
+
+def _wire_step(step: Step) -> list[str | None]:
+    return [step.package, step.stage, step.fingerprint, container_name(step)]
+
+
+def _tolerations(gate: NodeGate) -> list[Obj]:
+    return [
+        {"key": keys.READINESS_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        *(t.to_wire() for t in gate.spec.additional_tolerations),
+    ]
+
+
+def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
+    """The agent container of one package stage, reading the payload, config and facts its package's
+    volumes hold."""
+    assert step.package is not None
+    pkg = gate.spec.packages[step.package]
+    args = ["agent", "run", "--stage", step.stage, "--package", step.package,
+            "--version", pkg.version, "--gate", gate.name,
+            "--generation", str(gate.metadata.generation or 0),
+            "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
+            "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG,
+            "--timeout", str(_seconds(pkg.timeout))]
+    env: list[Obj] = [
+        {"name": "NODEGATE_GATE", "value": gate.name},
+        {"name": "NODEGATE_STAGE", "value": step.stage},
+        {"name": "NODEGATE_NODE", "value": node},
+    ]
+    if step.previous_version:
+        args += ["--previous-version", step.previous_version]
+        env.append({"name": "NODEGATE_PREVIOUS_VERSION", "value": step.previous_version})
+    env += [{"name": "NODEGATE_PACKAGE", "value": step.package},
+            {"name": "NODEGATE_VERSION", "value": pkg.version},
+            *(e.to_wire() for e in pkg.env)]
+    container = _agent(container_name(step), args, env, image, [
+        {"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR},
+        {"name": f"config-{step.package}", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "facts", "mountPath": FACTS_DIR, "readOnly": True},
+    ])
+    if pkg.resources:
+        container["resources"] = pkg.resources.to_wire()
+    return container
+
+
+def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[Obj]) -> Obj:
+    return {
+        "name": name, "image": image, "command": ["nodegate"], "args": args, "env": env,
+        "volumeMounts": [{"name": "host", "mountPath": HOST_ROOT}, *mounts],
+        # Root on purpose, and only here: the agent chroots into the host. NodeGate's image defaults
+        # to an unprivileged user for the webhook and the operator.
+        "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
+              facts: OperatorFacts | None = None) -> Obj:
+    """The pod of one phase on one node: its steps as containers run one after another (init
+    containers, the last step as the pod's container), each package's payload copied from its image
+    just before its first step; `facts` default to the node's name alone (see `gate.api.facts`)."""
+    labels = {
+        keys.MANAGED_BY_LABEL: keys.MANAGER,
+        keys.STAGE_GATE_LABEL: label_value(gate.name),
+        keys.STAGE_NODE_LABEL: label_value(node),
+        keys.STAGE_KIND_LABEL: request.kind,
+    }
+    annotations = {
+        GATE_NAME_ANNOTATION: gate.name, NODE_NAME_ANNOTATION: node,
+        STEPS_ANNOTATION: json.dumps([_wire_step(s) for s in request.steps], separators=(",", ":")),
+        ROUND_ANNOTATION: str(request.round), ATTEMPT_ANNOTATION: str(request.attempt),
+    }
+    volumes: list[Obj] = [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]
+    containers: list[Obj] = []
+    pull_secrets: dict[str, Obj] = {}
+    deadline = 0
+    grace: int | None = None
+    if request.interrupt is not None:
+        interrupt = request.interrupt
+        labels[keys.INTERRUPT_LABEL] = interrupt.type
+        args = ["agent", "interrupt", "--type", interrupt.type, "--root", HOST_ROOT,
+                "--termination-log", TERMINATION_LOG]
+        for service in interrupt.services:
+            args += ["--service", service]
+        containers.append(_agent("interrupt", args, [], settings.agent_image, []))
+        deadline = 600
+    else:
+        stages: dict[str, list[str]] = {}
+        for step in request.steps:
+            assert step.package is not None
+            pkg = gate.spec.packages[step.package]
+            if step.package not in stages:
+                stages[step.package] = []
+                volumes += [
+                    {"name": f"payload-{step.package}", "emptyDir": {}},
+                    {"name": f"config-{step.package}", "configMap": {
+                        "name": config_map_name(gate.name, step.package, pkg), "optional": True}},
+                ]
+                containers.append({
+                    "name": payload_container(step.package), "image": image_ref(pkg),
+                    "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
+                    "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
+                })
+                pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
+                if pkg.graceful_shutdown is not None:
+                    seconds = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
+                    grace = max(grace or 0, seconds)
+            stages[step.package].append(step.stage)
+            containers.append(_package_step(gate, node, step, settings.agent_image))
+            deadline += _seconds(pkg.timeout)
+        volumes.append({"name": "facts", "downwardAPI": {"items": [
+            {"path": FACTS_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{FACTS_ANNOTATION}']"}},
+        ]}})
+        annotations[FACTS_ANNOTATION] = (facts or OperatorFacts(node=node)).dump()
+        labels.update({f"{keys.POD_PACKAGE_PREFIX}{name}": ".".join(s) for name, s in stages.items()})
+    pod_spec: Obj = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        # A package changes the host, so its steps see the host's namespaces, not the pod's: its PID
+        # namespace (systemctl and reboot reach the host's init, `pidof` sees host daemons) and its
+        # network namespace (a `net.*` sysctl, iptables and a stub resolver on 127.0.0.53 are the
+        # host's; in a pod network namespace `sysctl -p` would change the pod's copy, and its check
+        # would read that copy back and pass while the node kept its old value). The mount
+        # namespace stays the pod's: the agent chroots into the host's / mounted at /host.
+        "hostPID": True,
+        "hostNetwork": True,
+        # The host's resolver, as the steps chrooted into the host use it too.
+        "dnsPolicy": "Default",
+        "serviceAccountName": settings.package_service_account,
+        "automountServiceAccountToken": False,
+        "tolerations": _tolerations(gate),
+        "initContainers": containers[:-1],
+        "containers": containers[-1:],
+        "volumes": volumes,
+        # Each step is bounded by its package's `timeout` (the agent's --timeout); the pod by all of
+        # them together, for what the agent cannot bound (a payload copy, an image pull).
+        "activeDeadlineSeconds": deadline,
+    }
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = list(pull_secrets.values())
+    if grace is not None:
+        # SIGTERM reaches the agent, which passes it on to the running step (gate.agent.process); the
+        # kubelet kills what is left once this has passed. Unset: Kubernetes' default of 30 s.
+        pod_spec["terminationGracePeriodSeconds"] = grace
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": request.name, "namespace": settings.namespace, "labels": labels,
+                     "annotations": annotations, "ownerReferences": [owner_reference(gate)]},
+        "spec": pod_spec,
+    }
+
+
+_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
+
+
+def pod_steps(pod: Obj) -> tuple[Step, ...]:
+    """The steps a stage pod runs, from its annotation (none when it is not one of ours or unreadable)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(STEPS_ANNOTATION)
+    try:
+        wire = json.loads(raw) if raw else []
+        return tuple(Step(package, stage, fingerprint) for package, stage, fingerprint, _ in wire)
+    except (ValueError, TypeError):
+        return ()
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
+def stage_pod_view(pod: Obj) -> StagePod:
+    """What the decider needs of a stage pod: how far its steps got, why it failed, whether it is stuck."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    status = pod.get("status") or {}
+    steps = pod_steps(pod)
+    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    by_name = {cs.get("name"): cs.get("state") or {} for cs in statuses}
+    done = 0
+    for step in steps:
+        term = by_name.get(container_name(step), {}).get("terminated")
+        if not term or term.get("exitCode") != 0:
+            break
+        done += 1
+    started = any("running" in state or "terminated" in state for state in by_name.values())
+    message = ""
+    waiting_reason = ""
+    failed = False
+    for cs in statuses:  # in the order they run
+        state = cs.get("state") or {}
+        term = state.get("terminated")
+        if term and term.get("exitCode", 0) != 0:
+            failed = True
+            message = (term.get("message") or term.get("reason") or "").strip()  # the agent's JSON summary
+            if not message:
+                message = f"container {cs.get('name')} exited with code {term.get('exitCode')}"
+            break
+        waiting = state.get("waiting")
+        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS and not waiting_reason:
+            waiting_reason = waiting.get("reason", "")
+            message = waiting.get("message", "")
+    pod_phase = status.get("phase")
+    phase: RunPhase
+    if pod_phase == "Succeeded" or (steps and done == len(steps)):
+        phase = "succeeded"
+    elif pod_phase == "Failed" or failed:
+        phase = "failed"
+        if not message:  # ended without a step failing: past its deadline, evicted, its node gone
+            message = f"{status.get('reason', 'Failed')}: {status.get('message', '')}".strip(": ")
+    elif started:
+        phase = "running"
+    else:
+        phase = "pending"
+    kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
+    return StagePod(
+        name=meta.get("name", ""), kind=kind if kind in POD_KINDS else "stages", phase=phase, steps=steps,
+        done=done, message=message[:2000], waiting_reason=waiting_reason,
+        waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
+        round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
+        deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
+    )

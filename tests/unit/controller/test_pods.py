@@ -1,0 +1,201 @@
+"""The stage pod manifest and its reading back: what the issue promises a package pod gets, read off
+the rendered object, and how a pod's container statuses become the steps' results."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gate.api import keys
+from gate.api.nodegate import Interrupt, NodeGate
+from gate.api.versions import image_reference
+from gate.controller.pods import config_map_name, stage_pod, stage_pod_view
+from gate.controller.settings import OperatorSettings
+from gate.lifecycle.machine import PodRequest, Step
+
+SETTINGS = OperatorSettings(namespace="ng-system", agent_image="example.com/nodegate:9.9.9")
+
+
+def gate(**package: Any) -> NodeGate:
+    pkg = {"version": "1.2.0", "image": "registry.example.com:5000/team/tuned", "timeout": "2m", "retries": 2,
+           "config": {"a.conf": "x=1"}, **package}
+    return NodeGate.model_validate({
+        "metadata": {"name": "g", "generation": 3, "uid": "u-1"},
+        "spec": {"packages": {"tuned": pkg, "base": {"version": "2.0.0", "image": "registry.example.com/base",
+                                                     "timeout": "30s"}},
+                 "additionalTolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    })
+
+
+def request(*steps: tuple[str, str], kind: str = "stages", previous: str | None = None) -> PodRequest:
+    versions = {"tuned": "1.2.0", "base": "2.0.0"}
+    return PodRequest(name="ng-x", kind=kind, round=4, attempt=1,  # type: ignore[arg-type]
+                      steps=tuple(Step(p, s, f"fp-{p}-{s}", version=versions[p], previous_version=previous)
+                                  for p, s in steps))
+
+
+INTERRUPT = PodRequest(name="ng-i", kind="interrupt", steps=(Step(None, "interrupt", "service:a,b"),),
+                       interrupt=Interrupt(type="service", services=["a", "b"]))
+
+
+def test_a_stage_pod_is_bare_pinned_owned_by_the_gate_privileged_and_bounded_in_time() -> None:
+    pod = stage_pod(gate(), "node-7", request(("base", "apply"), ("tuned", "apply"), ("tuned", "config")), SETTINGS)
+    spec, meta = pod["spec"], pod["metadata"]
+    assert pod["kind"] == "Pod" and meta["namespace"] == "ng-system" and meta["name"] == "ng-x"
+    [owner] = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("NodeGate", "g", "u-1")
+    assert spec["nodeName"] == "node-7" and spec["hostPID"] is True and spec["restartPolicy"] == "Never"
+    # A net.* sysctl must change the node's network namespace, not the pod's copy of it.
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "Default"
+    tolerated = {t["key"] for t in spec["tolerations"]}
+    assert tolerated == {keys.READINESS_TAINT_KEY, "node.kubernetes.io/unschedulable", "gpu"}
+    # The steps in order, each package's payload copied just before its first step; the last step is
+    # the pod's container.
+    assert [c["name"] for c in spec["initContainers"]] == ["payload-base", "apply-base", "payload-tuned",
+                                                           "apply-tuned"]
+    assert [c["name"] for c in spec["containers"]] == ["config-tuned"]
+    payload = spec["initContainers"][2]
+    assert payload["image"] == "registry.example.com:5000/team/tuned:1.2.0"
+    assert payload["volumeMounts"] == [{"name": "payload-tuned", "mountPath": "/nodegate-payload"}]
+    config = spec["containers"][0]
+    assert config["securityContext"]["privileged"] is True and config["image"] == SETTINGS.agent_image
+    assert config["args"][:6] == ["agent", "run", "--stage", "config", "--package", "tuned"]
+    assert config["terminationMessagePath"] == "/dev/termination-log"
+    mounts = {m["name"]: m["mountPath"] for m in config["volumeMounts"]}
+    assert mounts == {"host": "/host", "payload-tuned": "/nodegate-payload", "config-tuned": "/nodegate-config",
+                      "facts": "/nodegate-facts"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config-tuned"]["configMap"]["name"] == config_map_name("g", "tuned", gate().spec.packages["tuned"])
+    assert volumes["host"] == {"name": "host", "hostPath": {"path": "/", "type": "Directory"}}
+    # Every step's timeout together: base's 30 s, tuned's 2 m twice.
+    assert spec["activeDeadlineSeconds"] == 30 + 120 + 120
+    # What the operator reads back: the steps, its round and attempt, the packages it runs.
+    steps = json.loads(meta["annotations"]["nodegate.io/steps"])
+    assert steps[0] == ["base", "apply", "fp-base-apply", "apply-base"] and len(steps) == 3
+    assert meta["annotations"]["nodegate.io/round"] == "4" and meta["annotations"]["nodegate.io/attempt"] == "1"
+    labels = meta["labels"]
+    assert labels[keys.STAGE_KIND_LABEL] == "stages"
+    assert labels["package.nodegate.io/tuned"] == "apply.config" and labels["package.nodegate.io/base"] == "apply"
+
+
+def test_an_upgrade_passes_previous_and_current_versions() -> None:
+    pod = stage_pod(gate(), "n", request(("tuned", "upgrade"), previous="1.1.0"), SETTINGS)
+    agent = pod["spec"]["containers"][0]
+    args = agent["args"]
+    assert args[args.index("--previous-version") + 1] == "1.1.0" and args[args.index("--version") + 1] == "1.2.0"
+    assert {"name": "NODEGATE_PREVIOUS_VERSION", "value": "1.1.0"} in agent["env"]
+
+
+def test_the_interrupt_pod_names_the_services() -> None:
+    pod = stage_pod(gate(), "n", INTERRUPT, SETTINGS)
+    spec = pod["spec"]
+    args = spec["containers"][0]["args"]
+    assert args[:4] == ["agent", "interrupt", "--type", "service"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--service"] == ["a", "b"]
+    assert spec["initContainers"] == [] and spec["containers"][0]["name"] == "interrupt"
+    assert pod["metadata"]["labels"][keys.INTERRUPT_LABEL] == "service"
+
+
+@pytest.mark.parametrize("stage", ["apply", "config", "upgrade", "uninstall", "post-interrupt"])
+def test_graceful_shutdown_is_every_stage_pods_termination_grace_period(stage: str) -> None:
+    pod = stage_pod(gate(gracefulShutdown="2m"), "n", request(("tuned", stage)), SETTINGS)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    # Whole seconds, never less than asked for; the longest of the pod's packages.
+    pod = stage_pod(gate(gracefulShutdown="1500ms"), "n", request(("base", "apply"), ("tuned", stage)), SETTINGS)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 2
+
+
+def test_without_graceful_shutdown_stage_pods_keep_kubernetes_default_grace_period() -> None:
+    assert "terminationGracePeriodSeconds" not in stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)["spec"]
+    # The interrupt pod is nobody's package: the setting of one does not apply to it.
+    assert "terminationGracePeriodSeconds" not in stage_pod(gate(gracefulShutdown="2m"), "n", INTERRUPT,
+                                                            SETTINGS)["spec"]
+
+
+@pytest.mark.parametrize(("image", "version", "expected"), [
+    ("ghcr.io/team/tool", "1.0.0", "ghcr.io/team/tool:1.0.0"),
+    ("host:5000/team/tool", "1.0.0", "host:5000/team/tool:1.0.0"),
+    ("host:5000/team/tool:1.0.0", "1.0.0", "host:5000/team/tool:1.0.0"),  # tagged as the version already
+    ("ghcr.io/team/tool@sha256:" + "a" * 64, "1.0.0", "ghcr.io/team/tool@sha256:" + "a" * 64),
+    ("ghcr.io/team/tool", "1.0.0+build.7", "ghcr.io/team/tool:1.0.0_build.7"),  # '+' is not allowed in a tag
+])
+def test_the_package_image_is_tagged_with_its_version_once(image: str, version: str, expected: str) -> None:
+    assert image_reference(image, version) == expected
+
+
+def _terminated(name: str, code: int, message: str = "") -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code, "message": message}}}
+
+
+def _seen(phase: str, init: list[dict[str, Any]], main: list[dict[str, Any]] | None = None,
+          **status: Any) -> dict[str, Any]:
+    pod = stage_pod(gate(), "n", request(("base", "apply"), ("tuned", "apply"), ("tuned", "config")), SETTINGS)
+    pod["metadata"]["creationTimestamp"] = "2026-11-30T10:00:00Z"
+    pod["status"] = {"phase": phase, "initContainerStatuses": init, "containerStatuses": main or [], **status}
+    return pod
+
+
+def test_a_stage_pod_is_read_step_by_step() -> None:
+    waiting = {"name": "x", "state": {"waiting": {"reason": "PodInitializing"}}}
+    assert stage_pod_view(_seen("Pending", [])).phase == "pending"
+    running = stage_pod_view(_seen("Pending", [_terminated("payload-base", 0), _terminated("apply-base", 0),
+                                               {"name": "payload-tuned", "state": {"running": {}}}, waiting]))
+    assert running.phase == "running" and running.done == 1 and running.round == 4 and running.attempt == 1
+    assert [(s.package, s.stage) for s in running.steps] == [("base", "apply"), ("tuned", "apply"), ("tuned", "config")]
+    # A step failed: the steps before it done, the step named, its termination message the reason.
+    failed = stage_pod_view(_seen("Failed", [_terminated("payload-base", 0), _terminated("apply-base", 0),
+                                             _terminated("payload-tuned", 0),
+                                             _terminated("apply-tuned", 1, '{"failedStep":"x"}\n')]))
+    assert failed.phase == "failed" and failed.done == 1 and failed.message == '{"failedStep":"x"}'
+    assert failed.failed_step is not None and (failed.failed_step.package, failed.failed_step.stage) == (
+        "tuned", "apply")
+    # Past its deadline: no step says why, the pod does; the step running then is the one that failed.
+    late = stage_pod_view(_seen("Failed", [_terminated("payload-base", 0), _terminated("apply-base", 0)],
+                                reason="DeadlineExceeded", message="Pod was active on the node longer than "
+                                "the specified deadline"))
+    assert late.failed_step is not None and late.failed_step.package == "tuned"
+    assert late.message.startswith("DeadlineExceeded: Pod was active")
+    # A payload that cannot be pulled: stuck, before any step ran.
+    stuck = stage_pod_view(_seen("Pending", [{"name": "payload-base", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "back-off pulling"}}}]))
+    assert stuck.phase == "pending" and stuck.waiting_reason == "ImagePullBackOff"
+    assert stuck.message == "back-off pulling" and stuck.waiting_since is not None
+    done = stage_pod_view(_seen("Succeeded", [_terminated(n, 0) for n in ("payload-base", "apply-base",
+                                                                          "payload-tuned", "apply-tuned")],
+                                [_terminated("config-tuned", 0)]))
+    assert done.phase == "succeeded" and done.done == 3 and done.failed_step is None
+
+
+def test_a_stage_pod_carries_the_nodes_facts_as_an_annotation_projected_into_a_file_for_the_agent() -> None:
+    from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+    from gate.api.state import NodeGateState
+    from gate.controller.pods import facts_of
+
+    node = {"metadata": {"name": "node-7", "labels": {"pool": "gpu", "zone": "b"},
+                         "annotations": {"team": "ml", keys.state_annotation("g"): '{"status":"in-progress"}'}}}
+    state = NodeGateState(status="in-progress", compartment="canary", batch=2, round=1)
+    pod = stage_pod(gate(), "node-7", request(("tuned", "apply")), SETTINGS, facts_of("node-7", node, state))
+    facts = OperatorFacts.model_validate_json(pod["metadata"]["annotations"][FACTS_ANNOTATION])
+    assert facts.node == "node-7" and facts.labels == {"pool": "gpu", "zone": "b"}
+    assert facts.annotations == {"team": "ml"}  # the gates' own state stays the operator's
+    assert (facts.rollout.compartment, facts.rollout.batch, facts.rollout.round) == ("canary", 2, 1)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "facts")
+    [item] = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{FACTS_ANNOTATION}']"
+    agent = pod["spec"]["containers"][0]
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "facts")
+    args = agent["args"]
+    assert args[args.index("--node-facts") + 1] == f"{mount['mountPath']}/{item['path']}"
+    assert {"name": "NODEGATE_NODE", "value": "node-7"} in agent["env"]
+    assert json.loads(pod["metadata"]["annotations"][FACTS_ANNOTATION])["v"] == 1
+
+
+def test_without_facts_a_stage_pod_still_gets_the_nodes_name_and_an_interrupt_pod_gets_none() -> None:
+    from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
+
+    pod = stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)
+    facts = pod["metadata"]["annotations"][FACTS_ANNOTATION]
+    assert OperatorFacts.model_validate_json(facts) == OperatorFacts(node="n")
+    assert FACTS_ANNOTATION not in stage_pod(gate(), "n", INTERRUPT, SETTINGS)["metadata"]["annotations"]
