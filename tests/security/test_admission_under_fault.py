@@ -164,10 +164,10 @@ async def test_a_node_joining_while_the_webhook_is_down_gets_no_stage_and_no_wor
         await pod_watch.stop()
     first_job = min(r.resource_version for r in step_log.of(scenario.name, name))
     print(f"\nrevisions: readiness taint {history.tainted}, Ready {history.ready}, not-ready lifted "
-          f"{history.schedulable}, first stage Job {first_job}, readiness taint lifted {history.untainted}, "
+          f"{history.schedulable}, first stage pod {first_job}, readiness taint lifted {history.untainted}, "
           f"workload bound {bound[0]}")
     assert history.tainted is not None and history.schedulable is not None
-    assert history.tainted < first_job, "a stage Job was created before the readiness taint"
+    assert history.tainted < first_job, "a stage pod was created before the readiness taint"
     assert history.tainted < history.schedulable, "not-ready was lifted before the readiness taint was added"
     assert history.untainted is not None, "the operator never lifted the readiness taint"
     assert history.schedulable < history.untainted, "the node passed before it was Ready: nothing was proven"

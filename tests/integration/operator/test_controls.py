@@ -52,7 +52,7 @@ async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator
     finally:
         await watch.stop()
     first_job = min(r.resource_version for r in step_log.of(scenario.name, name))
-    assert taint_revisions and min(taint_revisions) < first_job, "a stage Job was created before the taint"
+    assert taint_revisions and min(taint_revisions) < first_job, "a stage pod was created before the taint"
     assert not _tainted(await scenario.node(name)), "the taint was not lifted after the node completed"
     events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={name}")
     assert {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= {e["reason"] for e in events}
@@ -189,7 +189,7 @@ async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         async def first_batch_running() -> bool:
             return len({r.node for r in step_log.of(scenario.name) if r.finished is None}) == 2
 
-        await wait_for(first_batch_running, what="the first batch's stage Jobs running")
+        await wait_for(first_batch_running, what="the first batch's stage pods running")
         paused_at = int((await scenario.patch_gate({"spec": {"paused": True}}))["metadata"]["resourceVersion"])
         running = {node for node, revision in started.items() if revision < paused_at}
         waiting = set(nodes) - running
@@ -207,7 +207,7 @@ async def test_pausing_mid_rollout_lets_running_nodes_finish_and_starts_no_more(
         await asyncio.sleep(2)  # a few operator polls in which the next batch could have started
         assert all(completed[node] > paused_at for node in running), "they had finished before the pause"
         for node in waiting:
-            assert step_log.of(scenario.name, node) == [], f"a stage Job started on {node} while paused"
+            assert step_log.of(scenario.name, node) == [], f"a stage pod started on {node} while paused"
             assert await scenario.node_status(node) == "waiting"
 
         resumed_at = int((await scenario.patch_gate({"spec": {"paused": False}}))["metadata"]["resourceVersion"])
@@ -250,7 +250,7 @@ async def test_operator_killed_mid_rollout_resumes_without_repeating_or_overrunn
     finally:
         watcher.cancel()
     assert disrupted_max <= 2, f"{disrupted_max} nodes were cordoned at once with a budget of 2"
-    assert not step_log.created_twice(scenario.name), "a stage Job was created again after a restart"
+    assert not step_log.created_twice(scenario.name), "a stage pod was created again after a restart"
     per_step: dict[tuple[str, str | None, str], int] = {}
     for r in step_log.of(scenario.name):
         key = (r.node, r.package, r.stage)

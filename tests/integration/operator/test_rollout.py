@@ -224,7 +224,7 @@ async def test_priority_with_node_sequencing_orders_gates_per_node(scenario: Sce
     started: dict[str, int] = {}
     for node in scenario.nodes:
         jobs = step_log.of(scenario.name, node)
-        assert jobs, f"no stage Job of the second gate on {node}"
+        assert jobs, f"no stage pod of the second gate on {node}"
         started[node] = min(r.resource_version for r in jobs)
         assert node in first_complete, f"the first gate never completed on {node}"
         assert first_complete[node] < started[node], f"the second gate started on {node} before the first completed"
