@@ -107,7 +107,8 @@ async def _package_logs(args: argparse.Namespace) -> int:
         if picked is None:
             what = f"{args.package} {args.stage}" if args.stage else args.package
             print(f"No stage pod of {what} is left on node {args.node}: the operator deletes the pod of every "
-                  "stage that succeeded, and of one that failed once the node's state records the failure.")
+                  "stage that succeeded, and of an attempt that failed and was retried (the last failed attempt "
+                  "stays until the node's next round).")
             _print_recorded(node, args.package, args.stage, args.gate)
             print(f"The operator's Events about the node say what ran there: `kubectl events -n default "
                   f"--for node/{args.node}`.")

@@ -536,7 +536,8 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
                 s.retry_at = _iso(ctx.now + timedelta(seconds=retry_backoff(attempts)))
                 r.changed = True
             if s.attempts[failed.key] > _retries(r, failed):
-                r.decision.delete_pods.append(pod.name)
+                # Its last attempt's pod is kept, for `kubectl logs` and `nodegate logs`, until the node
+                # gets another round (a reset, a rerun, a spec change) or leaves the gate.
                 reason, message = failure(failed, pod.message or f"the {failed.stage} step failed")
                 return r.fail(reason, message, package=failed.package, stage=failed.stage)
         r.decision.delete_pods.append(pod.name)

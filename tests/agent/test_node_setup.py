@@ -173,3 +173,16 @@ def test_on_rhel_the_hold_is_a_versionlock_and_the_default_is_grubbys(tmp_path: 
     assert done.stdout.splitlines() == ["installed", "not-held", "held", "default 5.14.0-362.8.1.el9_3.x86_64",
                                         f"default {RHEL_KERNEL}"], done.stderr
     assert (tmp_path / "locks").read_text() == "kernel-0:5.14.0-427.13.1.el9_4.*\n"
+
+
+def test_a_release_with_a_plus_as_debian_13_names_its_kernels_is_found_in_the_grub_menu(
+        agent: Agent, root: Path, tmp_path: Path) -> None:
+    """Debian 13's kernels are 6.12.117+deb13-cloud-amd64: the menu entry is matched as a string (as a
+    regex the '+' matched nothing, and the apply failed saying no entry boots it: seen on a real node)."""
+    plus = "6.12.117+deb13-fake"
+    with open(root / "etc/fake-apt/candidates", "a") as candidates:  # the fakes are in: one more in the archive
+        candidates.write(f"linux-image-{plus} 6.12.117-1\n")
+    config = configmap(tmp_path / "cm", {"kernel": plus})
+    assert run(agent, "apply", config) == (0, "2 steps passed")
+    drop_in = (agent.root / "etc/default/grub.d/86-nodegate-node-setup-test-gate.cfg").read_text()
+    assert f'GRUB_DEFAULT="gnulinux-advanced-6e6f6465-6761-7465-0000-66616b650000>gnulinux-{plus}-advanced-' in drop_in

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from gate.api import keys
-from tests.realnode.conftest import POOL_LABEL, RealCluster, real_pool_gate
+from tests.realnode.conftest import POOL_LABEL, RealCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -96,33 +96,39 @@ def grub_default(real: RealCluster, node: str) -> str:
 
 def test_node_setup_holds_the_kernel_and_makes_it_grubs_default_on_real_nodes_then_releases_it(
         real: RealCluster, gate_name: str) -> None:
-    kernel = root_kernel(real, real.nodes[0])
-    package = f"linux-image-{kernel}"
-    drop_in = f"/etc/default/grub.d/86-nodegate-node-setup-{gate_name}.cfg"
-    for node in real.nodes:
-        assert package not in real.node_sh(node, "apt-mark showhold").stdout.split(), f"{node}: already held"
+    # One gate per node: the nodes run different Debian releases, each with a kernel of its own.
+    kernels = {node: root_kernel(real, node) for node in real.nodes}
+    gates = {node: f"{gate_name}-{i}" for i, node in enumerate(real.nodes)}
+    drop_ins = {node: f"/etc/default/grub.d/86-nodegate-node-setup-{gates[node]}.cfg" for node in real.nodes}
+    for node, kernel in kernels.items():
+        assert f"linux-image-{kernel}" not in real.node_sh(node, "apt-mark showhold").stdout.split(), (
+            f"{node}: already held")
     try:
-        real.kubectl.apply(real_pool_gate(gate_name, {"node-setup": {
-            "version": "1.0.0", "image": real.images["node-setup"], "interrupt": {"type": "none"},
-            "config": {"kernel": kernel}, "uninstall": {"enabled": True}}}))
-        real.wait_complete(gate_name, 600.0)
-        for node in real.nodes:
+        for node, kernel in kernels.items():
+            real.kubectl.apply(one_node_gate(gates[node], node, "node-setup", {
+                "version": "1.0.0", "image": real.images["node-setup"], "interrupt": {"type": "none"},
+                "config": {"kernel": kernel}, "uninstall": {"enabled": True}}))
+        for node, kernel in kernels.items():
+            real.wait_complete(gates[node], 600.0)
+            package = f"linux-image-{kernel}"
             assert package in real.node_sh(node, "apt-mark showhold").stdout.split(), f"{node}: not held"
             assert status(real, node, package) == "hi", f"{node}: {package} not installed and held in dpkg"
             default = grub_default(real, node)
             # Debian's update-grub wrote the drop-in's menu path; it names this kernel's (non-recovery) entry.
             assert re.fullmatch(rf"gnulinux-advanced-[-0-9a-f]+>gnulinux-{re.escape(kernel)}-advanced-[-0-9a-f]+",
                                 default), f"{node}: {default}"
-            assert f'GRUB_DEFAULT="{default}"' in (real.node_file(node, drop_in) or "")
-        real.delete_gate(gate_name, 600.0)
-        for node in real.nodes:
+            assert f'GRUB_DEFAULT="{default}"' in (real.node_file(node, drop_ins[node]) or "")
+        for node, kernel in kernels.items():
+            real.delete_gate(gates[node], 600.0)
+            package = f"linux-image-{kernel}"
             assert package not in real.node_sh(node, "apt-mark showhold").stdout.split(), f"{node}: still held"
-            assert real.node_file(node, drop_in) is None, f"{node}: {drop_in} left behind"
+            assert real.node_file(node, drop_ins[node]) is None, f"{node}: {drop_ins[node]} left behind"
             assert grub_default(real, node) == "0", f"{node}: GRUB's default not put back"
             # The kernel package was the root's own: it stays.
             assert status(real, node, package) == "ii", f"{node}: {package} not installed, or still held"
     finally:
-        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
+        for gate in gates.values():
+            real.kubectl.run("delete", "nodegates.nodegate.io", gate, "--ignore-not-found", "--wait=false")
 
 
 def test_node_setup_after_a_real_reboot_fails_naming_the_node_and_both_kernels_as_the_kernel_is_shared(

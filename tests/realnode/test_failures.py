@@ -80,7 +80,8 @@ def test_a_step_that_exits_1_fails_the_node_with_the_agents_message_and_its_pod_
         pods = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-l", "nodegate.io/gate=" + gate_name,
                                 "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
         assert pods, "the failed stage's pod is kept for inspection"
-        logs = real.kubectl.run("logs", "-n", "nodegate-system", pods[0], "-c", "agent").stdout
+        # The step's container: `<stage>-<package>` (the pod's last step is its container).
+        logs = real.kubectl.run("logs", "-n", "nodegate-system", pods[0], "-c", "apply-grub-cmdline").stdout
         assert "KERNEL_ARGS must not contain quotes" in logs and "write-drop-in" in logs, logs
         # nodegate package logs reads the same log through the API server, all of it or its tail.
         full = package_logs(real, node, "grub-cmdline")

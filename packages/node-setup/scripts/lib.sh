@@ -66,7 +66,9 @@ menu_path() {
         /^[[:space:]]*menuentry / { entry = id_of($0); top = ($0 !~ /^[[:space:]]/)
                                     if (entry ~ /^gnulinux-simple-/) entry = "" }
         /^[[:space:]]*linux[[:space:]]/ && entry != "" && $0 !~ /[[:space:]]single([[:space:]]|$)/ {
-            if ($2 ~ ("vmlinuz-" k "$")) { print (top || sub_id == "" ? entry : sub_id ">" entry); exit }
+            # Compared as a string, not a regex: a release may hold a plus (Debian 13: 6.12.117+deb13-...).
+            image = $2; sub(/.*\//, "", image)
+            if (image == "vmlinuz-" k) { print (top || sub_id == "" ? entry : sub_id ">" entry); exit }
             entry = ""
         }' "$grub_cfg" 2>/dev/null
 }
