@@ -544,6 +544,11 @@ def test_a_failed_step_is_retried_after_a_backoff_from_where_it_failed_then_fail
     assert (out.state.failure.package, out.state.failure.stage, out.state.failure.reason) == (
         "b", "apply", "StageFailed")
     assert "b broke again" in out.state.failure.message
+    assert out.delete_pods == []  # the last attempt's pod stays, for its logs, until the next round
+    # A person's rerun starts the next round: its first look deletes the pod of the round before.
+    nxt = start_round(out.state, gate=g, batch=2, compartment="__default__", boot_id="boot-1", now=later)
+    kept = ran(again, "failed")
+    assert kept.name in decide(ctx(g, nxt, stage_pods={kept.name: kept}, now=later)).delete_pods
 
 
 def test_the_checks_after_an_interrupt_share_one_pod() -> None:
