@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from gate.api import keys
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, container_name, pod_steps
+from gate.kube.objects import container_states, pod_ended
 from gate.lifecycle.machine import Step
 
 Obj = dict[str, Any]
@@ -67,15 +68,9 @@ def has_package(pod: Obj, package: str) -> bool:
     return f"{keys.POD_PACKAGE_PREFIX}{package}" in meta(pod)[0]
 
 
-def ended(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 def step_states(pod: Obj) -> list[StepState]:
     """Every step of the pod, in the order they run, with what its container says."""
-    status = pod.get("status") or {}
-    by_name = {cs.get("name"): cs.get("state") or {} for cs in
-               [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
+    by_name = container_states(pod)
     out = []
     for step in pod_steps(pod):
         name = container_name(step)
@@ -95,7 +90,7 @@ def step_states(pod: Obj) -> list[StepState]:
 def current_step(pod: Obj) -> StepState | None:
     """The step running now, or next to run: the first whose container has not terminated (None once
     the pod ended, or when every step terminated)."""
-    if ended(pod):
+    if pod_ended(pod):
         return None
     return next((s for s in step_states(pod) if s.phase in ("pending", "running")), None)
 

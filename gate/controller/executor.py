@@ -30,7 +30,7 @@ from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError, NotFound, TooManyRequests
-from gate.kube.objects import parse_time, pod_ended, state_status
+from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate
 from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
@@ -156,9 +156,7 @@ class Executor:
         failed, or abandoned when a reset or a gate deletion cut it off), from the container's start
         to its end."""
         view = stage_pod_view(pod)
-        status = pod.get("status") or {}
-        states = {cs.get("name"): cs.get("state") or {} for cs in
-                  [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
+        states = container_states(pod)
         for i, step in enumerate(view.steps):
             state = states.get(container_name(step), {})
             timing = state.get("terminated") or state.get("running")

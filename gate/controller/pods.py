@@ -31,7 +31,7 @@ from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
 from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
-from gate.kube.objects import created_at
+from gate.kube.objects import container_states, container_statuses, created_at, stuck_wait
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 
 Obj = dict[str, Any]
@@ -264,9 +264,6 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     }
 
 
-_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
-
-
 def pod_steps(pod: Obj) -> tuple[Step, ...]:
     """The steps a stage pod runs, from its annotation (none when it is not one of ours or unreadable)."""
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(STEPS_ANNOTATION)
@@ -290,8 +287,8 @@ def stage_pod_view(pod: Obj) -> StagePod:
     annotations = meta.get("annotations") or {}
     status = pod.get("status") or {}
     steps = pod_steps(pod)
-    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-    by_name = {cs.get("name"): cs.get("state") or {} for cs in statuses}
+    statuses = container_statuses(pod)
+    by_name = container_states(pod)
     done = 0
     for step in steps:
         term = by_name.get(container_name(step), {}).get("terminated")
@@ -302,19 +299,18 @@ def stage_pod_view(pod: Obj) -> StagePod:
     message = ""
     waiting_reason = ""
     failed = False
+    stuck = stuck_wait(pod)
+    if stuck is not None:
+        waiting_reason = stuck.get("reason", "")
+        message = stuck.get("message", "")
     for cs in statuses:  # in the order they run
-        state = cs.get("state") or {}
-        term = state.get("terminated")
+        term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode", 0) != 0:
             failed = True
             message = (term.get("message") or term.get("reason") or "").strip()  # the agent's JSON summary
             if not message:
                 message = f"container {cs.get('name')} exited with code {term.get('exitCode')}"
             break
-        waiting = state.get("waiting")
-        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS and not waiting_reason:
-            waiting_reason = waiting.get("reason", "")
-            message = waiting.get("message", "")
     pod_phase = status.get("phase")
     phase: RunPhase
     if pod_phase == "Succeeded" or (steps and done == len(steps)):

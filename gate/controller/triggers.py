@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from gate.api import keys
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
-from gate.kube.objects import created_at, pod_ended, state_status
+from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 
 Obj = dict[str, Any]
 EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
@@ -136,17 +136,9 @@ def stage_owner(pod: Obj) -> tuple[str, str] | None:
     return (gate, node) if gate and node else None
 
 
-_HARMLESS_WAITS = (None, "", "PodInitializing", "ContainerCreating")
-
-
 def pod_may_be_stuck(pod: Obj) -> bool:
     """A container of the pod waits for a reason other than starting up (ErrImagePull, say)."""
-    status = pod.get("status") or {}
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting = (cs.get("state") or {}).get("waiting")
-        if waiting is not None and waiting.get("reason") not in _HARMLESS_WAITS:
-            return True
-    return False
+    return stuck_wait(pod) is not None
 
 
 def on_pod(kind: EventKind, pod: Obj) -> Triggered:

@@ -53,11 +53,34 @@ def pod_ended(pod: Obj) -> bool:
     return pod_outcome(pod) is not None
 
 
+def container_statuses(pod: Obj) -> list[Obj]:
+    """The pod's container statuses in the order its containers run: init containers, then the rest."""
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def container_states(pod: Obj) -> dict[str, Obj]:
+    """Each container's state (`running`, `waiting` or `terminated`), by container name."""
+    return {str(cs.get("name")): cs.get("state") or {} for cs in container_statuses(pod)}
+
+
+# A container waiting for these is starting up; any other reason (ErrImagePull, say) may be stuck.
+STARTING_UP: tuple[str | None, ...] = (None, "", "PodInitializing", "ContainerCreating")
+
+
+def stuck_wait(pod: Obj) -> Obj | None:
+    """The first container's `waiting` state whose reason is not starting up, None when there is none."""
+    for cs in container_statuses(pod):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason") not in STARTING_UP:
+            return dict(waiting)
+    return None
+
+
 def pod_ended_at(pod: Obj) -> datetime | None:
     """When the last of its containers finished (None while one has not, or none ran)."""
-    status = pod.get("status") or {}
     ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
-            for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]]
+            for cs in container_statuses(pod)]
     known = [t for t in ends if t is not None]
     return max(known) if known and len(known) == len(ends) else None
 
@@ -82,6 +105,7 @@ def state_status(raw: str) -> str | None:
 
 
 __all__ = [
-    "Obj", "Outcome", "condition_true", "conditions", "created_at", "node_ready", "parse_time", "pod_ended",
-    "pod_ended_at", "pod_outcome", "state_status",
+    "STARTING_UP", "Obj", "Outcome", "condition_true", "conditions", "container_states", "container_statuses",
+    "created_at", "node_ready", "parse_time", "pod_ended", "pod_ended_at", "pod_outcome", "state_status",
+    "stuck_wait",
 ]

@@ -95,6 +95,11 @@ class StagePod:
         return self.phase in ("succeeded", "failed")
 
     @property
+    def current_step(self) -> Step | None:
+        """The step it is at: the first that has not succeeded (the last, once all have)."""
+        return self.steps[min(self.done, len(self.steps) - 1)] if self.steps else None
+
+    @property
     def failed_step(self) -> Step | None:
         """The step it failed in: the first that did not succeed (a pod that failed before any step
         ran, evicted or past its deadline, failed in its first)."""
@@ -290,6 +295,11 @@ class _Round:
         return pod_name(self.gate.name, self.ctx.node.name, self.state.round, kind, first, attempt)
 
 
+def install_order(gate: NodeGate) -> list[str]:
+    """The gate's packages, each after those it depends on (a removal goes the other way)."""
+    return topological_order({n: set(p.depends_on) for n, p in gate.spec.packages.items()})
+
+
 def round_work(gate: NodeGate, state: NodeGateState) -> dict[str, PackageWork]:
     return {name: package_work(name, pkg, state.installed.get(name)) for name, pkg in gate.spec.packages.items()}
 
@@ -456,7 +466,7 @@ def _stages(r: _Round, paused: bool) -> Decision | None:
     Returns a decision while work remains, None when done."""
     gate = r.gate
     packages = gate.spec.packages
-    order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
+    order = install_order(gate)
     blocked: list[str] = []
 
     def plan() -> list[Step]:
@@ -553,14 +563,14 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
     if current is not None and not current.ended:
         left = _past_deadline(current, ctx)
         if left is not None and left <= 0:
-            where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
+            where = current.current_step or head
             r.decision.delete_pods.append(current.name)
             reason, message = failure(where, f"DeadlineExceeded: the stage pod {current.name} did not end within "
                                       f"its deadline of {current.deadline:.0f}s")
             return r.fail(reason, message, package=where.package, stage=where.stage)
         stuck = _stuck(current, ctx)
         if stuck:
-            where = current.steps[min(current.done, len(current.steps) - 1)] if current.steps else head
+            where = current.current_step or head
             r.decision.delete_pods.append(current.name)
             return r.fail(stuck[0], stuck[1], package=where.package, stage=where.stage)
         _look_again_for(r, current)
@@ -704,7 +714,7 @@ def _post_interrupt(r: _Round, paused: bool) -> Decision | None:
     """Every check after the interrupt, as the steps of one pod: post-interrupt for what the round
     installed or changed, post-uninstall for what it uninstalled."""
     packages = r.gate.spec.packages
-    order = topological_order({n: set(p.depends_on) for n, p in packages.items()})
+    order = install_order(r.gate)
 
     def plan() -> list[Step]:
         s = r.state
@@ -862,8 +872,7 @@ def _removal_round(r: _Round) -> Decision | None:
 def _uninstalls(r: _Round, paused: bool) -> Decision | None:
     """The uninstall stages of a removal round, as the steps of one pod, each package after the
     packages that depend on it. Returns a decision while any is left, None when all are done."""
-    packages = r.gate.spec.packages
-    order = list(reversed(topological_order({n: set(p.depends_on) for n, p in packages.items()})))
+    order = list(reversed(install_order(r.gate)))
 
     def plan() -> list[Step]:
         todo = set(_to_uninstall(r.gate, r.state))

@@ -78,7 +78,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, ROUND_ANNOTATION, STEPS_ANNOTATION
-from gate.kube.objects import pod_outcome
+from gate.kube.objects import container_statuses, pod_outcome
 from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, compartments_of
 
 Obj = dict[str, Any]
@@ -271,9 +271,8 @@ def _arg(args: list[str], flag: str) -> str | None:
 
 def _outcome(obj: Obj) -> tuple[bool, bool, set[str]]:
     """(ended, failed, the containers seen terminated with exit code 0) of a stage pod."""
-    status = obj.get("status") or {}
     succeeded, failed = set(), pod_outcome(obj) == "failed"
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+    for cs in container_statuses(obj):
         term = (cs.get("state") or {}).get("terminated")
         if term is not None:
             if term.get("exitCode") == 0:
