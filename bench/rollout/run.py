@@ -76,6 +76,18 @@ def api_requests(port: int) -> tuple[float, dict[str, float]]:
     return total, by
 
 
+def reconciles(port: int) -> dict[str, tuple[float, float]]:
+    """The operator's reconciles so far by kind (gate, node, ...): (how many, seconds spent)."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            for field, index in (("count", 0), ("sum", 1)):
+                if line.startswith(f"nodegate_reconcile_duration_seconds_{field}{{"):
+                    labels, value = sample(line)
+                    out[labels["kind"]][index] = value
+    return {kind: (count, seconds) for kind, (count, seconds) in out.items()}
+
+
 def sample(line: str) -> tuple[dict[str, str], float]:
     """The labels and value of one Prometheus text sample."""
     return dict(re.findall(r'(\w+)="([^"]*)"', line)), float(line.rsplit(" ", 1)[1])
@@ -176,11 +188,13 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         await watch.cache.start()
         cpu0, _ = proc_stats(pid)
         req0, by0 = api_requests(port)
+        rec0 = reconciles(port)
         writes0 = await server_writes(client)
         makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
                                        args.timeout)
         cpu1, peak_rss = proc_stats(pid)
         req1, by1 = api_requests(port)
+        rec1 = reconciles(port)
         writes1 = await server_writes(client)
         await watch.cache.stop()
         gate = await client.get(NODEGATES, "bench-fleet")
@@ -216,6 +230,10 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             "control_plane_writes_per_node_by": per_node(writes1, writes0, args.nodes),
             "operator_cpu_s": round(cpu1 - cpu0, 1),
             "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+            # Where the operator's time goes: a gate reconcile plans the whole fleet; a node one steps a node.
+            "operator_reconciles": {kind: {"count": int(n - rec0.get(kind, (0, 0))[0]),
+                                           "seconds": round(s - rec0.get(kind, (0, 0))[1], 1)}
+                                    for kind, (n, s) in sorted(rec1.items())},
         }
     finally:
         for name in ("bench-fleet", "bench-baseline", "bench-batch"):

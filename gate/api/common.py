@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -84,7 +85,7 @@ class LabelSelector(Model):
         description="Requirements that must all hold; ANDed with matchLabels.",
     )
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a set of labels satisfies this selector (Kubernetes semantics)."""
         for key, value in self.match_labels.items():
             if labels.get(key) != value:

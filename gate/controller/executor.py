@@ -32,7 +32,7 @@ from gate.kube.client import CONFIGMAPS, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
-from gate.lifecycle.fleet import FleetNode, NodeUpdate
+from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
 
 log = logging.getLogger("nodegate.operator")
@@ -54,26 +54,34 @@ class Executor:
         failed (gate.lifecycle.condition): added on a failure, removed once the node gets another round
         or leaves the gate."""
         sem = asyncio.Semaphore(16)
+        kind, now = keys.failed_condition(gate), datetime.now(UTC)
+        # Decided for the whole fleet first, written only where something changes: a plan looks at
+        # every node, and a task per node would cost more than the plan (most nodes need nothing).
+        patches = [(n.view.name, patch) for n in self.world.fleet()
+                   if (patch := condition_patch(n.view.conditions.get(kind),
+                                                failure_condition(gate, n.states.get(gate)), kind, now)) is not None]
 
-        async def sync(fnode: FleetNode) -> None:
+        async def sync(node: str, patch: Obj) -> None:
             async with sem:
-                await self.write_failure_condition(gate, fnode.view, failure_condition(gate, fnode.states.get(gate)))
+                await self._patch_condition(node, patch)
 
-        await asyncio.gather(*(sync(n) for n in self.world.fleet()))
+        await asyncio.gather(*(sync(node, patch) for node, patch in patches))
 
     async def write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
         kind = keys.failed_condition(gate)
         patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))
-        if patch is None:
-            return
+        if patch is not None:
+            await self._patch_condition(view.name, patch)
+
+    async def _patch_condition(self, node: str, patch: Obj) -> None:
         try:
             # Strategic merge on the status subresource: only this entry of the list (merged by type)
             # changes, whatever the kubelet writes next to it; no resourceVersion needed.
-            result = await self.client.patch(NODES, view.name, patch, patch_type="strategic", subresource="status")
+            result = await self.client.patch(NODES, node, patch, patch_type="strategic", subresource="status")
         except NotFound:
             return
         self.world.nodes.observe(result)
-        self.world.fleet_memo.pop(view.name, None)
+        self.world.fleet_memo.pop(node, None)
 
     async def write_node_updates(self, gate: NodeGate, updates: Mapping[str, NodeUpdate]) -> None:
         """Write a plan's node updates, 16 at a time; the first failure is raised once all are done."""

@@ -170,24 +170,27 @@ class Operator:
             self.world.queue.add(key)
         for gate in triggered.later:
             self.world.gate_later(gate)
+        for gate in triggered.soon:
+            self.world.gate_later(gate, soon=True)
 
     def _on_gate(self, kind: str, obj: Obj) -> None:
         name = obj["metadata"]["name"]
         world = self.world
-        self._queue(triggers.on_gate(obj, world.gate_seen.get(name), world.nodes.items(), world.policies.items()))
+        self._queue(triggers.on_gate(obj, world.gate_seen.get(name), world.nodes.items(), world.policies.items(),
+                                     kind=kind))
         world.gate_seen[name] = triggers.gate_seen(obj)
 
     def _on_policy(self, kind: str, obj: Obj) -> None:
         self._queue(triggers.on_policy(kind, obj, self.world.gates.items()))
 
     def _on_node(self, kind: str, obj: Obj) -> None:
-        if kind == "DELETED":
-            self.world.fleet_memo.pop(obj["metadata"]["name"], None)
-        self._queue(triggers.on_node(kind, obj, self.world.gates.items()))
+        replan = self.world.node_replans(kind, obj)
+        self._queue(triggers.on_node(kind, obj, self.world.gates.items(), replan=replan))
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         self.world.index.pod_event(kind, pod)
-        self._queue(triggers.on_pod(kind, pod))
+        owner = triggers.stage_owner(pod)
+        self._queue(triggers.on_pod(kind, pod, in_round=owner is not None and self.world.in_progress(*owner)))
 
 
 __all__ = ["Operator"]

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from gate.api import keys
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
+from gate.lifecycle.fleet import Replan
 
 Obj = dict[str, Any]
 EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
@@ -69,29 +70,40 @@ WorkKey = GateKey | NodeKey | JoinKey | PolicyKey
 
 @dataclass(frozen=True)
 class Triggered:
-    """What an event asks for: keys to reconcile now, and gates to plan after the debounce."""
+    """What an event asks for: keys to reconcile now, gates to plan after the debounce, and gates to
+    plan within a few seconds (their figures moved, and no node can start because of it)."""
 
     now: tuple[WorkKey, ...] = ()
     later: tuple[str, ...] = ()
+    soon: tuple[str, ...] = ()
 
 
-# The part of a gate its nodes care about: the spec (its generation) and the deletion, not the
-# status the operator keeps writing.
-GateSeen = tuple[Any, bool]
+# The parts of a gate the operator acts on: the spec (its generation) and the deletion, which its
+# nodes care about too, and the annotations (requests, disabled) and finalizers, which its plan reads;
+# not the status the operator keeps writing.
+GateSeen = tuple[Any, bool, tuple[tuple[str, str], ...], tuple[str, ...]]
 
 
 def gate_seen(obj: Obj) -> GateSeen:
     meta = obj["metadata"]
-    return meta.get("generation"), bool(meta.get("deletionTimestamp"))
+    return (meta.get("generation"), bool(meta.get("deletionTimestamp")),
+            tuple(sorted((meta.get("annotations") or {}).items())), tuple(meta.get("finalizers") or ()))
 
 
-def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], policies: Iterable[Obj] = ()) -> Triggered:
+def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], policies: Iterable[Obj] = (), *,
+            kind: EventKind = "MODIFIED") -> Triggered:
     """A gate changed: plan it; when its spec or deletion changed, step every node holding its state.
     A policy's status names the gates that use it, and a gate that left a policy no longer names it,
-    so every policy is looked at (there are few, and an unchanged status is not written)."""
+    so every policy is looked at (there are few, and an unchanged status is not written).
+
+    A change of its status alone asks for nothing: the operator wrote it, from the plan it just
+    made (a plan closes a batch and starts the next in one go, `gate.rollout.planner.decide`)."""
     name = obj["metadata"]["name"]
+    seen = gate_seen(obj)
+    if kind != "DELETED" and seen == seen_before:
+        return Triggered()
     now: list[WorkKey] = [GateKey(name), *(PolicyKey(p["metadata"]["name"]) for p in policies)]
-    if gate_seen(obj) != seen_before:
+    if seen_before is None or seen[:2] != seen_before[:2]:
         annotation = keys.state_annotation(name)
         now += [NodeKey(name, n["metadata"]["name"]) for n in nodes
                 if annotation in (n["metadata"].get("annotations") or {})]
@@ -106,8 +118,11 @@ def on_policy(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
                                      if (g.get("spec") or {}).get("deploymentPolicy") == name))
 
 
-def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
-    """A node changed: step the gates in progress on it, and plan every gate (after the debounce).
+def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan = "now") -> Triggered:
+    """A node changed: step the gates in progress on it, and plan every gate as `replan` says
+    (`gate.lifecycle.fleet.replan`): after the debounce when a node may start now, a little later
+    when the change only moves the rollout's figures, not at all when no plan reads it (a phase of a
+    round in progress, a heartbeat).
 
     A node joining after a readinessTaint gate may need the taint (the webhook may have missed it):
     it is tainted at once, without waiting for a plan of the whole fleet, to leave the scheduler as
@@ -124,8 +139,10 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
             now.append(NodeKey(gname, node))
         if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and joined_after(obj, gate):
             now += [JoinKey(gname, node), GateKey(gname)]
-        else:
+        elif replan is not None:
             later.append(gname)
+    if replan == "soon":
+        return Triggered(now=tuple(now), soon=tuple(later))
     return Triggered(now=tuple(now), later=tuple(later))
 
 
@@ -141,18 +158,21 @@ def pod_may_be_stuck(pod: Obj) -> bool:
     return stuck_wait(pod) is not None
 
 
-def on_pod(kind: EventKind, pod: Obj) -> Triggered:
+def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     """A stage pod moves its node on when it ended (or vanished before it did), and matters before
     that only when it may be stuck. The status updates of its steps in between do not: the node's state is written
-    once the pod ended, for all its steps. The gate is planned too when it ends, since a request held
-    while the pod ran can be acted on now."""
+    once the pod ended, for all its steps.
+
+    The gate is planned too when the pod ends, since a person's request held while it ran can be
+    acted on now; not when the node's round is still in progress (`in_round`), since a request waits
+    for the round's end, whose node write plans the gate anyway."""
     owner = stage_owner(pod)
     if owner is None:
         return Triggered()
     if pod_ended(pod) and (pod["metadata"].get("deletionTimestamp") or kind == "DELETED"):
         return Triggered()  # the operator deletes the pods it is done with: their going changes nothing
     if kind == "DELETED" or pod_ended(pod):
-        return Triggered(now=(NodeKey(*owner),), later=(owner[0],))
+        return Triggered(now=(NodeKey(*owner),), later=() if in_round else (owner[0],))
     if pod_may_be_stuck(pod):
         return Triggered(now=(NodeKey(*owner),))
     return Triggered()

@@ -16,21 +16,23 @@ from pydantic import ValidationError
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
+from gate.api.state import NodeGateState
 from gate.controller.index import StageIndex
 from gate.controller.pods import stage_pod_view
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import GateKey, WorkKey
+from gate.controller.triggers import GateKey, GateSeen, WorkKey
 from gate.controller.views import fleet_node
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.objects import pod_ended
-from gate.lifecycle.fleet import FleetNode, disabled
+from gate.lifecycle.fleet import FleetNode, Replan, disabled, replan
 from gate.lifecycle.machine import StagePod
 
 log = logging.getLogger("nodegate.operator")
 
 GATE_DEBOUNCE = 0.3
+GATE_SOON = 2.0  # the plan of a change that starts no node: the status figures lag by this much at most
 
 
 class World:
@@ -44,8 +46,9 @@ class World:
         self.index = StageIndex()
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}
+        self.node_seen: dict[str, FleetNode] = {}  # each node as its last watch event showed it
         self.gate_memo: dict[str, tuple[str, NodeGate]] = {}
-        self.gate_seen: dict[str, tuple[Any, bool]] = {}
+        self.gate_seen: dict[str, GateSeen] = {}
         self.gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self.removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
 
@@ -53,10 +56,13 @@ class World:
     def caches(self) -> tuple[WatchCache, ...]:
         return (self.gates, self.policies, self.nodes, self.pods)
 
-    def gate_later(self, gate: str) -> None:
+    def gate_later(self, gate: str, *, soon: bool = False) -> None:
         # Debounce node events into gate reconciles, and never spend more than about a third of the
         # time planning: a 5,000-node plan takes a while, and it only needs to be recent, not instant.
-        delay = max(GATE_DEBOUNCE, 2 * self.gate_cost.get(gate, 0.0))
+        # A change that starts no node (`soon`) waits longer: during a rollout such changes come
+        # several a second (picks, cordons), and a plan of the whole fleet for each would cost more
+        # CPU than all the rest of the operator.
+        delay = max(GATE_SOON if soon else GATE_DEBOUNCE, 2 * self.gate_cost.get(gate, 0.0))
         self.queue.add_after(GateKey(gate), delay)
 
     def forget_gate(self, name: str) -> None:
@@ -88,16 +94,37 @@ class World:
         return out
 
     def fleet(self) -> list[FleetNode]:
-        out = []
-        for obj in self.nodes.items():
-            name = obj["metadata"]["name"]
-            rv = obj["metadata"].get("resourceVersion", "")
-            memo = self.fleet_memo.get(name)
-            if memo is None or memo[0] != rv:
-                memo = (rv, fleet_node(obj))
-                self.fleet_memo[name] = memo
-            out.append(memo[1])
-        return out
+        return [self._fleet_node(obj) for obj in self.nodes.items()]
+
+    def _fleet_node(self, obj: Any) -> FleetNode:
+        name = obj["metadata"]["name"]
+        rv = obj["metadata"].get("resourceVersion", "")
+        memo = self.fleet_memo.get(name)
+        if memo is None or memo[0] != rv:
+            memo = (rv, fleet_node(obj))
+            self.fleet_memo[name] = memo
+        return memo[1]
+
+    def node_replans(self, kind: str, obj: Any) -> Replan:
+        """A node event: whether and how soon it calls for plans of the fleet (`gate.lifecycle.fleet.replan`).
+        The node's fleet view is parsed here once, for the next plan to find."""
+        name = obj["metadata"]["name"]
+        # Against the node as its previous *event* showed it, not as the fleet memo holds it: that
+        # may already hold this very version, taken in from the operator's own write (`observe`).
+        before = self.node_seen.pop(name, None)
+        if kind == "DELETED":
+            self.fleet_memo.pop(name, None)
+            return "now"
+        after = self.node_seen[name] = self._fleet_node(obj)
+        return replan(before, after)
+
+    def in_progress(self, gate: str, node: str) -> bool:
+        """The gate's state on the node says a round is in progress."""
+        obj = self.nodes.get(node)
+        if obj is None:
+            return False
+        state = self._fleet_node(obj).states.get(gate)
+        return isinstance(state, NodeGateState) and state.status == "in-progress"
 
     def busy_nodes(self, gate: str) -> set[str]:
         """Nodes where a stage pod of `gate` has not ended."""

@@ -373,9 +373,13 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
             delay_ms=job_ms,
         ),
         _stage(
+            # A pod that ended is removed by the API server itself when deleted (its grace period is
+            # forced to 0, pkg/registry/core/pod/strategy.go): kwok deleting it again would only earn
+            # a 404. A pod still running waits for its "kubelet", as a real one does.
             "pod-delete",
             "Pod",
-            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+             {"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]}],
             {"delete": True},
         ),
     ]

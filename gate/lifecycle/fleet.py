@@ -7,6 +7,7 @@ this module turns that into node updates and the gate's status.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +27,12 @@ class FleetNode:
     view: NodeView
     created: datetime | None
     states: Mapping[str, NodeGateState | StateParseError]  # by gate name: what each gate recorded
+
+    @functools.cached_property
+    def progresses(self) -> Mapping[str, GateProgress]:
+        """Where each gate's rollout stands on the node. The operator keeps one FleetNode per node
+        version, so a plan of a thousand nodes reads this rather than working it out each time."""
+        return {g: progress_of(s) for g, s in self.states.items()}
 
 
 @dataclass
@@ -69,7 +76,7 @@ def disabled(gate: NodeGate) -> bool:
 
 
 def selects(gate: NodeGate, node: NodeView) -> bool:
-    return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(dict(node.labels))
+    return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(node.labels)
 
 
 def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) -> bool:
@@ -99,6 +106,57 @@ def taint_reason(gate: NodeGate, node: FleetNode, state: NodeGateState | None, e
     if effective is not None and effective.boot_id and effective.boot_id != node.view.boot_id:
         return "rebooted before completing"
     return None
+
+
+Replan = Literal["now", "soon"] | None
+
+
+def replan(before: FleetNode | None, after: FleetNode | None) -> Replan:
+    """Whether a node's change calls for a plan of the fleet (`plan_gate`, `plan_removal`, the failure
+    conditions): "now" when it may let a node start (a round ended, the node joined, left, was
+    relabelled, rebooted, or a person asked for something), "soon" when it only moves the rollout's
+    figures (a pick, a cordon or uncordon within a round: the plan's and the node reconcile's own
+    writes), None when no plan reads what changed.
+
+    Of a round in progress the plans read only where it stands in the rollout (status, batch,
+    compartment, cordon, boot, a blocked drain for the metric), never its phase or step: the node's own
+    reconcile drives those, and their writes, one per phase, are most of a rollout's node events. Of
+    any other state, everything. Of the node: labels, annotations, taints, cordon, boot ID, creation
+    and NodeGate's own conditions, not the kubelet's heartbeat or its other conditions."""
+    if before is None or after is None:
+        return "now"
+    if _inputs(before, detail=False) != _inputs(after, detail=False):
+        return "now"
+    if _inputs(before, detail=True) != _inputs(after, detail=True):
+        return "soon"
+    return None
+
+
+_STATUS_LABELS = f"{keys.GROUP}/status."
+
+
+def _inputs(node: FleetNode, *, detail: bool) -> tuple[object, ...]:
+    """What the plans read of a node. Without `detail`, the states of gates waiting or in a round on
+    it, its status labels and its cordon are left out: what remains changes only when a round ends or
+    something outside the operator changed the node, which is when a node may start."""
+    view = node.view
+    states: list[tuple[str, object]] = []
+    for gate, state in sorted(node.states.items()):
+        if isinstance(state, NodeGateState) and state.status in ("waiting", "in-progress") and not detail:
+            if state.removing:
+                states.append((gate, "removing"))  # an uninstall ends with the state gone: that may start one
+            continue  # waiting, picked, in a round: the plan's and the node reconcile's own writes
+        if isinstance(state, NodeGateState) and state.status == "in-progress":
+            states.append((gate, (state.status, state.removing, state.generation, state.rollout_hash, state.batch,
+                                  state.compartment, state.cordoned, state.passed, state.boot_id,
+                                  state.phase == "drain" and bool(state.drain_blocked_by))))
+        else:
+            states.append((gate, state.dump() if isinstance(state, NodeGateState) else str(state)))
+    annotations = tuple(sorted((k, v) for k, v in view.annotations.items()
+                               if keys.gate_of_state_annotation(k) is None and (detail or k != keys.CORDONED_BY)))
+    labels = tuple(sorted((k, v) for k, v in view.labels.items() if detail or not k.startswith(_STATUS_LABELS)))
+    return (view.name, labels, annotations, view.taints, view.unschedulable if detail else None, view.boot_id,
+            node.created, tuple(sorted(view.conditions.items())), tuple(states))
 
 
 def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
@@ -159,10 +217,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             up.change.add_readiness_taint = True
             up.events.append(EventRequest("node", "Normal", "ReadinessTaintAdded",
                                           f"NodeGate {name} tainted the node: it {why}"))
-        progresses = {g: progress_of(s) for g, s in node.states.items()}
-        if effective is not None:
-            progresses[name] = progress_of(effective)
-        snapshots.append(NodeSnapshot(node.view.name, dict(node.view.labels), progresses))
+        progresses = node.progresses
+        if effective is not None and effective is not node.states.get(name):
+            progresses = {**progresses, name: progress_of(effective)}
+        snapshots.append(NodeSnapshot(node.view.name, node.view.labels, progresses))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
     restarted = keys.RESTART_ANNOTATION in gate.metadata.annotations

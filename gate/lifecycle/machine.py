@@ -421,7 +421,7 @@ def _prepare(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
             if ctx.pods is None:
                 r.decision.requeue_after = 0.0
                 return r.finish_decision()
-            protected = [p for p in ctx.pods if not p.terminal and not p.ours and selector.matches(dict(p.labels))]
+            protected = [p for p in ctx.pods if not p.terminal and not p.ours and selector.matches(p.labels)]
             if protected:
                 names = ", ".join(f"{p.namespace}/{p.name}" for p in protected[:5])
                 limit = ctx.gate.spec.wait_timeout

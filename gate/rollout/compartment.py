@@ -65,8 +65,7 @@ def compartments_of(gate: NodeGate, policy: DeploymentPolicy | None) -> tuple[Co
 
 def assign_compartment(specs: Sequence[CompartmentSpec], labels: Mapping[str, str]) -> str:
     """The first listed compartment whose selector matches, else `__default__`."""
-    as_dict = dict(labels)
     for spec in specs:
-        if spec.selector is not None and spec.selector.matches(as_dict):
+        if spec.selector is not None and spec.selector.matches(labels):
             return spec.name
     return DEFAULT_COMPARTMENT

@@ -12,9 +12,11 @@ same in the operator, in `nodegate plan` and on a laptop.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a plan sorts the fleet by it, every time: hash each name once
 def order_key(node: str) -> tuple[str, str]:
     """Sort key of a node: lower keys are picked first."""
     return hashlib.sha256(node.encode()).hexdigest(), node

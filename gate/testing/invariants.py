@@ -378,7 +378,7 @@ class GateFacts:
             # Being deleted: the removal's nodes are those holding the gate's state, opted out or not,
             # whatever the selector says (gate.lifecycle.removal).
             return self.name in node.states
-        return node.labels.get(keys.IGNORE_LABEL) != "true" and self.gate.spec.node_selector.matches(dict(node.labels))
+        return node.labels.get(keys.IGNORE_LABEL) != "true" and self.gate.spec.node_selector.matches(node.labels)
 
 
 @dataclass

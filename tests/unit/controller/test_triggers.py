@@ -48,9 +48,18 @@ def test_a_gate_event_plans_the_gate_and_steps_its_nodes_only_when_its_spec_or_d
     nodes = [node("n1", states={"g": "complete"}), node("n2", states={"other": "in-progress"}), node("n3")]
     first = on_gate(gate("g"), None, nodes)
     assert first == Triggered(now=(GateKey("g"), NodeKey("g", "n1")))
-    # Its status written again (same generation, not deleted): only the plan.
-    assert on_gate(gate("g"), gate_seen(gate("g")), nodes) == Triggered(now=(GateKey("g"),))
+    # Its status written again (same generation, not deleted): the operator wrote it from its plan.
+    assert on_gate(gate("g"), gate_seen(gate("g")), nodes) == Triggered()
+    # A request or a finalizer: the plan reads them, its nodes do not.
+    asked = gate("g")
+    asked["metadata"]["annotations"] = {keys.RESUME_ANNOTATION: "*"}
+    assert on_gate(asked, gate_seen(gate("g")), nodes) == Triggered(now=(GateKey("g"),))
+    finalized = gate("g")
+    finalized["metadata"]["finalizers"] = [keys.FINALIZER]
+    assert on_gate(finalized, gate_seen(gate("g")), nodes) == Triggered(now=(GateKey("g"),))
     assert on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes).now[1:] == (NodeKey("g", "n1"),)
+    # Gone: plan it once more (its metrics go), whatever it looked like last.
+    assert on_gate(gate("g"), gate_seen(gate("g")), nodes, kind="DELETED").now == (GateKey("g"),)
     deleting = gate("g")
     deleting["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
     assert NodeKey("g", "n1") in on_gate(deleting, gate_seen(gate("g")), nodes).now
@@ -62,8 +71,8 @@ def test_a_policy_event_plans_the_gates_that_use_it() -> None:
     assert on_policy("DELETED", {"metadata": {"name": "p"}}, gates) == Triggered(now=(GateKey("a"),))
     # A gate event looks at every policy: the one it left no longer lists it.
     policies = [{"metadata": {"name": "p"}}, {"metadata": {"name": "q"}}]
-    assert on_gate(gate("g"), gate_seen(gate("g")), [], policies).now == (GateKey("g"), PolicyKey("p"),
-                                                                           PolicyKey("q"))
+    assert on_gate(gate("g", generation=2), gate_seen(gate("g")), [], policies).now == (
+        GateKey("g"), PolicyKey("p"), PolicyKey("q"))
 
 
 def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the_debounce() -> None:
@@ -77,6 +86,17 @@ def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the
     joined = node("n2", created="2026-12-01T12:00:00Z")
     assert on_node("ADDED", joined, gates) == Triggered(now=(JoinKey("taints", "n2"), GateKey("taints")),
                                                         later=("busy", "done"))
+
+
+def test_a_node_event_that_cannot_change_a_plan_plans_no_gate_but_still_steps_the_node() -> None:
+    gates = [gate("busy"), gate("taints", readinessTaint=True)]
+    n = node("n1", states={"busy": "in-progress"})
+    assert on_node("MODIFIED", n, gates, replan=None) == Triggered(now=(NodeKey("busy", "n1"),))
+    assert on_node("MODIFIED", n, gates, replan="soon") == Triggered(now=(NodeKey("busy", "n1"),),
+                                                                     soon=("busy", "taints"))
+    # A node joining after a readiness gate is tainted and the gate planned whatever the rest says.
+    joined = node("n2", created="2026-12-01T12:00:00Z")
+    assert on_node("ADDED", joined, gates, replan=None).now == (JoinKey("taints", "n2"), GateKey("taints"))
 
 
 def test_a_node_is_stepped_on_its_parsed_status_not_on_text_in_its_state() -> None:
@@ -94,6 +114,9 @@ def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> 
     for phase in ("Succeeded", "Failed"):
         assert on_pod("MODIFIED", owned("Pod", phase=phase)) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
     assert on_pod("DELETED", owned("Pod", phase="Running")) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    # Mid-round, the gate waits for the round's end (its node write plans it), not for each pod's.
+    for kind, phase in (("MODIFIED", "Succeeded"), ("DELETED", "Running")):
+        assert on_pod(kind, owned("Pod", phase=phase), in_round=True) == Triggered(now=(NodeKey("g", "n1"),))
     # The operator deleting a pod it recorded: nothing to do again.
     gone = owned("Pod", phase="Succeeded")
     assert on_pod("DELETED", gone) == Triggered()

@@ -9,7 +9,7 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
-from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate
+from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate, replan
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 
@@ -301,3 +301,53 @@ def test_a_restart_request_starts_the_rollout_afresh_with_small_batches_and_is_a
     assert comp.batch_size == len(restarted.active) == 1
     assert restarted.requests_done == [keys.RESTART_ANNOTATION] and carried_on.requests_done == []
     assert [e.reason for e in restarted.events if e.reason == "Restarted"] == ["Restarted"]
+
+
+def _summary(plan: GatePlan) -> tuple[object, ...]:
+    starts = sorted(n for n, u in plan.updates.items() if u.state is not None and u.state.status == "in-progress")
+    labels = sorted((n, u.change.status) for n, u in plan.updates.items())
+    return tuple(starts), tuple(labels), plan.status.nodes, plan.status.compartments, sorted(plan.active)
+
+
+def test_a_round_moving_through_its_phases_calls_for_no_plan_and_plans_alike() -> None:
+    # The operator plans no gate on such node events (gate.controller.world.node_replans): this is
+    # what makes that safe. Two fleets alike but for the phases of the rounds in progress plan alike.
+    g = gate({"k": PKG}, interruptionBudget={"count": 3})
+    running = NodeGateState(status="in-progress", round=1, batch=1, compartment="__default__", phase="stages",
+                            cordoned=True, boot_id="b1")
+    later = running.model_copy(update={"phase": "post-interrupt", "post_checked": ["k"], "attempts": {"k/apply": 1}})
+    rest = [fleet_node(f"w{i}") for i in range(4)]
+    before = [fleet_node("n1", state=running), *rest]
+    after = [fleet_node("n1", state=later), *rest]
+    assert replan(before[0], after[0]) is None
+    assert _summary(plan_gate(g, None, before, gates=[g], now=NOW)) == _summary(
+        plan_gate(g, None, after, gates=[g], now=NOW))
+    # The kubelet's readiness is no input either: no plan reads it.
+    assert replan(fleet_node("n1", ready=False), fleet_node("n1", ready=True)) is None
+
+
+def test_a_change_that_may_let_a_node_start_calls_for_a_plan_now_and_one_that_moves_figures_soon() -> None:
+    g = gate({"k": PKG})
+    running = NodeGateState(status="in-progress", round=1, batch=1, compartment="__default__", phase="stages",
+                            boot_id="b1")
+    n1 = fleet_node("n1", state=running)
+    # The round's end, and anything outside the operator: labels, a person's request, taints, a
+    # reboot, a node joining or leaving.
+    for change in ({"status": "complete"}, {"status": "failed"}):
+        assert replan(n1, fleet_node("n1", state=running.model_copy(update=change))) == "now", change
+    assert replan(fleet_node("n1", labels={"pool": "b"}), fleet_node("n1")) == "now"
+    assert replan(fleet_node("n1"), fleet_node("n1", annotations={keys.reset_annotation("g"): ""})) == "now"
+    assert replan(fleet_node("n1"), fleet_node("n1", taints=((keys.READINESS_TAINT_KEY, "NoSchedule"),))) == "now"
+    assert replan(fleet_node("n1"), fleet_node("n1", boot_id="boot-2")) == "now"
+    assert replan(None, n1) == replan(n1, None) == "now"
+    done = complete(g)
+    assert replan(fleet_node("n1", state=done), fleet_node("n1", state=done.model_copy(update={"round": 2}))) == "now"
+    # A pick, a cordon within the round, a status label: the plan's and the node reconcile's own
+    # writes, which start nobody; the status figures follow soon.
+    assert replan(fleet_node("n1"), n1) == "soon"
+    assert replan(fleet_node("n1", state=NodeGateState(status="waiting")), n1) == "soon"
+    cordoned = fleet_node("n1", state=running.model_copy(update={"cordoned": True}), unschedulable=True,
+                          annotations={keys.CORDONED_BY: "g"})
+    assert replan(n1, cordoned) == "soon"
+    assert replan(fleet_node("n1"), fleet_node("n1", labels={"pool": "a", keys.status_label("g"): "queued"})) == "soon"
+    assert replan(n1, fleet_node("n1", state=running.model_copy(update={"batch": 2}))) == "soon"
