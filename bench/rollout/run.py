@@ -63,28 +63,32 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return cpu, peak
 
 
-def api_requests(port: int) -> tuple[float, dict[str, float]]:
+def operator_metrics(port: int) -> list[str]:
+    """The operator's /metrics, as lines of Prometheus text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode().splitlines()
+
+
+def api_requests(lines: list[str]) -> tuple[float, dict[str, float]]:
     """The operator's requests so far: the total, and by "VERB resource"."""
     total, by = 0.0, {}
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("nodegate_api_requests "):
-                total = float(line.split()[1])
-            elif line.startswith("nodegate_api_requests_by_resource_total{"):
-                labels, value = sample(line)
-                by[f"{labels['verb']} {labels['resource']}"] = value
+    for line in lines:
+        if line.startswith("nodegate_api_requests "):
+            total = float(line.split()[1])
+        elif line.startswith("nodegate_api_requests_by_resource_total{"):
+            labels, value = sample(line)
+            by[f"{labels['verb']} {labels['resource']}"] = value
     return total, by
 
 
-def reconciles(port: int) -> dict[str, tuple[float, float]]:
+def reconciles(lines: list[str]) -> dict[str, tuple[float, float]]:
     """The operator's reconciles so far by kind (gate, node, ...): (how many, seconds spent)."""
     out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            for field, index in (("count", 0), ("sum", 1)):
-                if line.startswith(f"nodegate_reconcile_duration_seconds_{field}{{"):
-                    labels, value = sample(line)
-                    out[labels["kind"]][index] = value
+    for line in lines:
+        for field, index in (("count", 0), ("sum", 1)):
+            if line.startswith(f"nodegate_reconcile_duration_seconds_{field}{{"):
+                labels, value = sample(line)
+                out[labels["kind"]][index] = value
     return {kind: (count, seconds) for kind, (count, seconds) in out.items()}
 
 
@@ -187,14 +191,16 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         watch = DisruptionWatch(client, "pool")
         await watch.cache.start()
         cpu0, _ = proc_stats(pid)
-        req0, by0 = api_requests(port)
-        rec0 = reconciles(port)
+        metrics0 = operator_metrics(port)
+        req0, by0 = api_requests(metrics0)
+        rec0 = reconciles(metrics0)
         writes0 = await server_writes(client)
         makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
                                        args.timeout)
         cpu1, peak_rss = proc_stats(pid)
-        req1, by1 = api_requests(port)
-        rec1 = reconciles(port)
+        metrics1 = operator_metrics(port)
+        req1, by1 = api_requests(metrics1)
+        rec1 = reconciles(metrics1)
         writes1 = await server_writes(client)
         await watch.cache.stop()
         gate = await client.get(NODEGATES, "bench-fleet")
