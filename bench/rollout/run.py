@@ -216,6 +216,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         simulated = (2 * len(PACKAGES) + 1) * args.stage_seconds  # applies, the interrupt, the checks
         return {
             "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
+            "event_loop": args.event_loop,
             "stage_seconds": args.stage_seconds,
             "baseline_one_node_s": round(baseline, 2),
             "makespan_s": round(makespan, 2),
@@ -255,6 +256,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=10, help="percent per compartment")
     parser.add_argument("--stage-seconds", type=float, default=2.0)
     parser.add_argument("--workers", type=int, default=16, help="operator node reconcile workers")
+    parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+                        help="the operator's event loop (its --event-loop), to compare the two")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -277,7 +280,8 @@ def main() -> None:
         print(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f}s", flush=True)
         asyncio.run(install_crds(cluster))
         port = start_operator(cluster, lambda m: print(m, flush=True),
-                              extra=["--workers", str(args.workers), "--poll-seconds", "1"])
+                              extra=["--workers", str(args.workers), "--poll-seconds", "1",
+                                     "--event-loop", args.event_loop])
         pid = cluster.processes()["operator"].pid
         result = asyncio.run(measure(cluster, args, pid, port))
         plane = {n: proc_stats(p.pid)[1] for n, p in cluster.processes().items() if n != "operator"}

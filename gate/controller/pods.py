@@ -281,6 +281,25 @@ def _int(text: str | None) -> int:
         return 0
 
 
+_POD_STATUS_KEPT = ("phase", "reason", "message", "startTime", "initContainerStatuses", "containerStatuses")
+
+
+def stage_pod_fields(pod: Obj) -> Obj:
+    """A stage pod as the operator's cache keeps it: its metadata (less managedFields), its node and
+    deadline, and how far its containers got. The containers' specs (image, command, mounts, the
+    environment) are most of a stage pod, and the operator reads them nowhere: it built them
+    (`stage_pod`), and the steps are in an annotation (`gate.kube.cache.WatchCache`'s transform)."""
+    meta = dict(pod.get("metadata") or {})
+    meta.pop("managedFields", None)
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    return {
+        "apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"), "metadata": meta,
+        "spec": {k: spec[k] for k in ("nodeName", "activeDeadlineSeconds") if k in spec},
+        "status": {k: status[k] for k in _POD_STATUS_KEPT if k in status},
+    }
+
+
 def stage_pod_view(pod: Obj) -> StagePod:
     """What the decider needs of a stage pod: how far its steps got, why it failed, whether it is stuck."""
     meta = pod.get("metadata") or {}

@@ -45,6 +45,9 @@ class OperatorSettings:
         "help": "how often to look again at nodes waiting on pods, drains or reboots"})
     resync_seconds: float = field(default=300.0, metadata={
         "help": "every gate is reconciled at least this often even without events"})
+    event_loop: str = field(default="uvloop", metadata={
+        "help": "uvloop (libuv's event loop and TLS, the faster) or asyncio "
+                "(the standard library's)"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
 

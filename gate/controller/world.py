@@ -18,11 +18,11 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.controller.index import StageIndex
-from gate.controller.pods import stage_pod_view
+from gate.controller.pods import stage_pod_fields, stage_pod_view
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, GateSeen, WorkKey
-from gate.controller.views import fleet_node
+from gate.controller.views import fleet_node, node_fields
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.objects import pod_ended
@@ -40,9 +40,10 @@ class World:
         self.settings = settings
         self.gates = WatchCache(client, NODEGATES)
         self.policies = WatchCache(client, POLICIES)
-        self.nodes = WatchCache(client, NODES)
+        self.nodes = WatchCache(client, NODES, transform=node_fields)
         selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
-        self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector)
+        self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
+                               transform=stage_pod_fields)
         self.index = StageIndex()
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}

@@ -25,6 +25,7 @@ from gate.kube.errors import ApiError, ConnectionFailed, Gone
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, Obj], None]
+Transform = Callable[[Obj], Obj]
 
 
 def slim(obj: Obj) -> Obj:
@@ -41,12 +42,18 @@ def object_key(obj: Obj) -> str:
 
 
 class WatchCache:
-    """A local, always-current copy of one kind (optionally one namespace or label selector)."""
+    """A local, always-current copy of one kind (optionally one namespace or label selector).
+
+    `transform` is applied to every object before it is stored or handed to a listener, as client-go's
+    `SharedInformer.SetTransform` is: a cache of 5,000 Nodes need not hold what no reader looks at
+    (their images, capacity, addresses). It must return an object its readers can still use, resourceVersion
+    and all; the default only drops managedFields (`slim`)."""
 
     def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,
-                 give_up_after: int | None = None) -> None:
+                 give_up_after: int | None = None, transform: Transform = slim) -> None:
         self.client = client
+        self.transform = transform
         self.resource = resource
         self.namespace = namespace
         self.label_selector = label_selector
@@ -85,7 +92,7 @@ class WatchCache:
         key = object_key(obj)
         old = self._store.get(key)
         if old is None or _rv(obj) >= _rv(old):
-            self._store[key] = slim(obj)
+            self._store[key] = self.transform(obj)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -108,9 +115,10 @@ class WatchCache:
             log.error("Watch ended with an error; resource=%s error=%s", self.resource.plural, task.exception())
 
     async def _relist(self) -> None:
+        # Transformed page by page: the full objects of one page at most are held at once.
         items, rv = await self.client.list(self.resource, self.namespace, label_selector=self.label_selector,
-                                           field_selector=self.field_selector)
-        fresh = {object_key(o): slim(o) for o in items}
+                                           field_selector=self.field_selector, transform=self.transform)
+        fresh = {object_key(o): o for o in items}
         old = self._store
         self._store = fresh
         self._rv = rv
@@ -188,7 +196,7 @@ class WatchCache:
         return True
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        slim(obj)
+        obj = self.transform(obj)
         key = object_key(obj)
         if kind == "DELETED":
             self._store.pop(key, None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -272,8 +272,10 @@ class KubeClient:
         return result
 
     async def list(self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
-                   field_selector: str | None = None, page_size: int = 500) -> tuple[list[Obj], str]:
-        """Every object (paged), and the list's resourceVersion to start a watch from."""
+                   field_selector: str | None = None, page_size: int = 500,
+                   transform: Callable[[Obj], Obj] | None = None) -> tuple[list[Obj], str]:
+        """Every object (paged), and the list's resourceVersion to start a watch from. `transform`
+        is applied to each object as its page arrives (a cache's, `gate.kube.cache.WatchCache`)."""
         items: list[Obj] = []
         cont: str | None = None
         while True:
@@ -284,7 +286,7 @@ class KubeClient:
             for item in page.get("items", []):
                 item.setdefault("apiVersion", res.api_version)
                 item.setdefault("kind", res.kind)
-                items.append(item)
+                items.append(item if transform is None else transform(item))
             cont = page.get("metadata", {}).get("continue")
             if not cont:
                 return items, page.get("metadata", {}).get("resourceVersion", "")

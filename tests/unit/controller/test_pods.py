@@ -11,7 +11,8 @@ import pytest
 from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.versions import image_reference
-from gate.controller.pods import config_map_name, stage_pod, stage_pod_view
+from gate.controller.index import StageIndex
+from gate.controller.pods import config_map_name, stage_pod, stage_pod_fields, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.lifecycle.machine import PodRequest, Step
 
@@ -166,6 +167,24 @@ def test_a_stage_pod_is_read_step_by_step() -> None:
                                                                           "payload-tuned", "apply-tuned")],
                                 [_terminated("config-tuned", 0)]))
     assert done.phase == "succeeded" and done.done == 3 and done.failed_step is None
+
+
+def test_the_operator_reads_the_same_stage_pod_from_the_fields_its_cache_keeps() -> None:
+    """The cache drops the containers' specs (`stage_pod_fields`); every view of the pod stays the same."""
+    ran = [_terminated(n, 0) for n in ("payload-base", "apply-base", "payload-tuned")]
+    for pod in (_seen("Pending", []), _seen("Running", ran),
+                _seen("Failed", [*ran, _terminated("apply-tuned", 2, "x")]),
+                _seen("Failed", ran, reason="DeadlineExceeded", message="too long"),
+                _seen("Pending", [{"name": "payload-base", "state": {"waiting": {"reason": "ErrImagePull"}}}])):
+        pod["spec"]["activeDeadlineSeconds"] = 300
+        kept = stage_pod_fields(json.loads(json.dumps(pod)))
+        assert stage_pod_view(kept) == stage_pod_view(pod)
+        assert "initContainers" not in kept["spec"] and "containers" not in kept["spec"]
+        assert kept["spec"] == {"nodeName": "n", "activeDeadlineSeconds": 300}
+        whole, slim = StageIndex(), StageIndex()
+        whole.pod_event("ADDED", pod)
+        slim.pod_event("ADDED", kept)
+        assert slim.pods_of("g", "n") == whole.pods_of("g", "n") == ["ng-x"]
 
 
 def test_a_stage_pod_carries_the_nodes_facts_as_an_annotation_projected_into_a_file_for_the_agent() -> None:
