@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -104,6 +104,12 @@ class LabelSelector(Model):
 
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
+
+    @functools.cached_property
+    def key(self) -> Hashable:
+        """`canonical()`, worked out once: what a plan's memo of matches per node is keyed by
+        (`gate.rollout.snapshot.NodeSnapshot.matches`). A selector is never changed once parsed."""
+        return self.canonical()
 
     def canonical(self) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, tuple[str, ...]], ...]]:
         """A hashable normal form: two selectors that select the same way compare equal."""

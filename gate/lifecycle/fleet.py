@@ -8,7 +8,7 @@ this module turns that into node updates and the gate's status.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -33,6 +33,22 @@ class FleetNode:
         """Where each gate's rollout stands on the node. The operator keeps one FleetNode per node
         version, so a plan of a thousand nodes reads this rather than working it out each time."""
         return {g: progress_of(s) for g, s in self.states.items()}
+
+    @functools.cached_property
+    def matched(self) -> dict[Hashable, bool]:
+        """Which selectors match the node's labels, filled in as plans ask (`NodeSnapshot.matches`):
+        one memo per node version, like `progresses`."""
+        return {}
+
+    def selected_by(self, gate: NodeGate) -> bool:
+        """`selects`, from the memo."""
+        if self.view.labels.get(keys.IGNORE_LABEL) == "true":
+            return False
+        selector = gate.spec.node_selector
+        hit = self.matched.get(selector.key)
+        if hit is None:
+            hit = self.matched[selector.key] = selector.matches(self.view.labels)
+        return hit
 
 
 @dataclass
@@ -82,7 +98,7 @@ def selects(gate: NodeGate, node: NodeView) -> bool:
 def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) -> bool:
     """Every *other* readinessTaint gate that selects the node is complete on it."""
     for other in gates:
-        if other.name == gate_name or not other.spec.readiness_taint or not selects(other, node.view):
+        if other.name == gate_name or not other.spec.readiness_taint or not node.selected_by(other):
             continue
         if not passed(node.states.get(other.name)):
             return False
@@ -174,10 +190,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     updates: dict[str, NodeUpdate] = {}
     events: list[EventRequest] = []
     snapshots: list[NodeSnapshot] = []
-    matched: list[FleetNode] = []
+    selected: list[FleetNode] = []
     for node in fleet:
         raw = node.states.get(name)
-        in_scope = selects(gate, node.view)
+        in_scope = node.selected_by(gate)
         if isinstance(raw, StateParseError) and keys.reset_annotation(name) in node.view.annotations:
             raw = None  # a reset replaces the unreadable state; `_requests` below writes the new one
         if isinstance(raw, StateParseError):
@@ -199,7 +215,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             _update(updates, node.view.name).remove_state = True  # left while waiting in line: drop the label
             continue
         if in_scope:
-            matched.append(node)
+            selected.append(node)
         if in_scope and not isinstance(raw, StateParseError):
             requested = None if node.view.name in busy else _requests(gate, node, state, updates)
             if requested is not None:
@@ -220,7 +236,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         progresses = node.progresses
         if effective is not None and effective is not node.states.get(name):
             progresses = {**progresses, name: progress_of(effective)}
-        snapshots.append(NodeSnapshot(node.view.name, node.view.labels, progresses))
+        snapshots.append(NodeSnapshot(node.view.name, node.view.labels, progresses, node.matched))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations
     restarted = keys.RESTART_ANNOTATION in gate.metadata.annotations
@@ -250,25 +266,20 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     events += rollout_events(rollout)
 
     active = []
-    counts = NodeCounts(matched=len(matched))
-    for node in matched:
+    by_status = dict.fromkeys(("in-progress", "complete", "failed", "blocked", "waiting"), 0)
+    for node in selected:
         queued = updates.get(node.view.name)
         recorded = node.states.get(name)
         node_state = queued.state if queued is not None and queued.state is not None else recorded
         node_status = "failed" if isinstance(recorded, StateParseError) else _status_of(node_state)
         if node_status == "in-progress":
             active.append(node.view.name)
-            counts.in_progress += 1
-        elif node_status == "complete":
-            counts.complete += 1
-        elif node_status == "failed":
-            counts.failed += 1
-        else:
+        elif node_status not in ("complete", "failed"):
             node_wait = rollout.waits.get(node.view.name)
-            if node_wait is not None and node_wait.status == "blocked":
-                counts.blocked += 1
-            else:
-                counts.waiting += 1
+            node_status = "blocked" if node_wait is not None and node_wait.status == "blocked" else "waiting"
+        by_status[node_status] += 1
+    counts = NodeCounts(matched=len(selected), in_progress=by_status["in-progress"], complete=by_status["complete"],
+                        failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"])
     return GatePlan(updates, gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
                     rollout, resumed=resumed, restarted=restarted)
 

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gate.api.common import Budget, LabelSelector
@@ -63,9 +63,11 @@ def compartments_of(gate: NodeGate, policy: DeploymentPolicy | None) -> tuple[Co
     return (*listed, CompartmentSpec(DEFAULT_COMPARTMENT, None, default.budget, default.strategy))
 
 
-def assign_compartment(specs: Sequence[CompartmentSpec], labels: Mapping[str, str]) -> str:
-    """The first listed compartment whose selector matches, else `__default__`."""
+def assign_compartment(specs: Sequence[CompartmentSpec], labels: Mapping[str, str], *,
+                       matches: Callable[[LabelSelector], bool] | None = None) -> str:
+    """The first listed compartment whose selector matches, else `__default__`. `matches` answers for
+    the labels from a memo (`NodeSnapshot.matches`)."""
     for spec in specs:
-        if spec.selector is not None and spec.selector.matches(labels):
+        if spec.selector is not None and (matches(spec.selector) if matches else spec.selector.matches(labels)):
             return spec.name
     return DEFAULT_COMPARTMENT

@@ -215,7 +215,7 @@ def members_by_compartment(
     for node in sorted(nodes, key=lambda n: order_key(n.name)):
         progress = node.progress(gate.name)
         if selects(gate, node) or progress.occupies_budget:
-            compartment = assign_compartment(specs, node.labels)
+            compartment = assign_compartment(specs, node.labels, matches=node.matches)
             members[compartment].append(Member(node.name, progress, held.get(node.name, ())))
     return members
 

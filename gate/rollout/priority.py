@@ -24,7 +24,7 @@ from gate.rollout.snapshot import NodeSnapshot
 
 def selects(gate: NodeGate, node: NodeSnapshot) -> bool:
     """The gate's selector matches and the node has not opted out."""
-    return not node.ignored and gate.spec.node_selector.matches(node.labels)
+    return not node.ignored and node.matches(gate.spec.node_selector)
 
 
 def higher_priority(gate: NodeGate, gates: Iterable[NodeGate]) -> tuple[NodeGate, ...]:

@@ -351,3 +351,20 @@ def test_a_change_that_may_let_a_node_start_calls_for_a_plan_now_and_one_that_mo
     assert replan(n1, cordoned) == "soon"
     assert replan(fleet_node("n1"), fleet_node("n1", labels={"pool": "a", keys.status_label("g"): "queued"})) == "soon"
     assert replan(n1, fleet_node("n1", state=running.model_copy(update={"batch": 2}))) == "soon"
+
+
+def test_selections_are_memoized_per_node_version_and_a_relabelled_node_is_matched_afresh() -> None:
+    """The plans match each node version once (`FleetNode.matched`): a second plan of the same fleet
+    matches nothing again, and a relabelled node, a new version, is matched by its new labels."""
+    g = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "a"}}, interruptionBudget={"count": 1})
+    fleet = [fleet_node("n1"), fleet_node("n2"), fleet_node("n3", labels={"pool": "b"})]
+    first = plan_gate(g, None, fleet, gates=[g], now=NOW)
+    assert first.status.nodes.matched == 2
+    assert all(g.spec.node_selector.key in n.matched for n in fleet)
+    assert fleet[2].matched[g.spec.node_selector.key] is False
+    # A memo entry is what the plan reads: planted ones show it never matched the labels again.
+    for n in fleet:
+        n.matched[g.spec.node_selector.key] = True
+    assert plan_gate(g, None, fleet, gates=[g], now=NOW).status.nodes.matched == 3
+    relabelled = [fleet_node("n1"), fleet_node("n2"), fleet_node("n3", labels={"pool": "b"})]
+    assert plan_gate(g, None, relabelled, gates=[g], now=NOW).status.nodes.matched == 2
