@@ -42,11 +42,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gate.controller.settings import OperatorSettings
 
     settings = OperatorSettings.from_args(args)
-    setup_logging(settings.log_level, settings.log_format)
     if settings.event_loop not in ("uvloop", "asyncio"):
         print(f"nodegate operator: --event-loop must be uvloop or asyncio, not {settings.event_loop!r}",
               file=sys.stderr)
         return 2
+    setup_logging(settings.log_level, settings.log_format)
     # The caches hold every Node and stage pod, a few hundred thousand objects at 5,000 nodes, and they
     # live until the next version replaces them. The cyclic collector's default pace (a young collection
     # every 700 allocations, a full one as soon as the survivors grow by a quarter) scans them over and

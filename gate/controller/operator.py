@@ -103,6 +103,7 @@ class Operator:
             await asyncio.gather(*workers)
         finally:
             self.ready = False
+            gc.unfreeze()  # what the caches held goes back to the collector: a standby holds none of it
             world.queue.close()
             for cache in world.caches:
                 await cache.stop()

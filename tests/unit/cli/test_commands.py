@@ -160,3 +160,10 @@ def test_an_unexpected_error_names_its_kind_and_how_to_see_more() -> None:
         assert describe_failure(exc).startswith("Spec is not valid at count:")
     line = describe_failure(RuntimeError("boom"))
     assert "RuntimeError: boom" in line and "NODEGATE_DEBUG=1" in line and "\n" not in line
+
+
+def test_the_operator_refuses_an_unknown_event_loop_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator", "run", "--event-loop", "trio"]) == 2
+    err = capsys.readouterr().err
+    assert "--event-loop must be uvloop or asyncio, not 'trio'" in err
+    assert _parse(["operator", "run"]).event_loop is None  # the default comes from the settings: uvloop
