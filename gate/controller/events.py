@@ -22,24 +22,31 @@ CONTROLLER = "nodegate.io/operator"
 # and the kubelet put them.
 CLUSTER_EVENTS_NAMESPACE = "default"
 DEDUPE_SECONDS = 600.0
+PRUNE_AT = 10000  # entries before the ones older than the window are dropped
 
 
 class EventRecorder:
     def __init__(self, client: KubeClient, identity: str) -> None:
         self.client = client
         self.identity = identity
-        self._recent: dict[tuple[str, str, str, str], float] = {}
+        # (kind, name, reason, hash of the note) -> when last sent. The note's hash, not the note: a
+        # rollout of 5,000 nodes sends 20,000 distinct Events within the window.
+        self._recent: dict[tuple[str, str, str, int], float] = {}
+        self._prune_at = PRUNE_AT
 
     async def emit(self, regarding: dict[str, Any], type_: str, reason: str, note: str) -> None:
         meta = regarding.get("metadata", {})
-        key = (regarding.get("kind", ""), meta.get("name", ""), reason, note)
+        key = (regarding.get("kind", ""), meta.get("name", ""), reason, hash(note))
         now = time.monotonic()
         if now - self._recent.get(key, -DEDUPE_SECONDS) < DEDUPE_SECONDS:
             return
         self._recent[key] = now
-        if len(self._recent) > 10000:
+        if len(self._recent) > self._prune_at:
             cutoff = now - DEDUPE_SECONDS
             self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
+            # Pruned again only once it doubled: a window holding more than PRUNE_AT recent Events
+            # would otherwise be copied whole at every Event.
+            self._prune_at = max(PRUNE_AT, 2 * len(self._recent))
         namespace = meta.get("namespace") or CLUSTER_EVENTS_NAMESPACE
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         event = {

@@ -188,7 +188,8 @@ class Operator:
 
     def _on_node(self, kind: str, obj: Obj) -> None:
         replan = self.world.node_replans(kind, obj)
-        self._queue(triggers.on_node(kind, obj, self.world.gates.items(), replan=replan))
+        self._queue(triggers.on_node(kind, obj, self.world.gates.items(), replan=replan,
+                                     in_round=self.world.rounds_on(obj["metadata"]["name"])))
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         self.world.index.pod_event(kind, pod)

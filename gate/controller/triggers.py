@@ -17,7 +17,7 @@ Three kinds of keys:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
@@ -118,7 +118,8 @@ def on_policy(kind: EventKind, obj: Obj, gates: Iterable[Obj]) -> Triggered:
                                      if (g.get("spec") or {}).get("deploymentPolicy") == name))
 
 
-def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan = "now") -> Triggered:
+def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan = "now",
+            in_round: Collection[str] | None = None) -> Triggered:
     """A node changed: step the gates in progress on it, and plan every gate as `replan` says
     (`gate.lifecycle.fleet.replan`): after the debounce when a node may start now, a little later
     when the change only moves the rollout's figures, not at all when no plan reads it (a phase of a
@@ -127,15 +128,19 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     A node joining after a readinessTaint gate may need the taint (the webhook may have missed it):
     it is tainted at once, without waiting for a plan of the whole fleet, to leave the scheduler as
     little time as possible, and the gate is planned now. The nodes of the initial list, older than
-    the gate, are left to the plan (`gate.lifecycle.fleet.taint_reason` decides)."""
+    the gate, are left to the plan (`gate.lifecycle.fleet.taint_reason` decides).
+
+    `in_round`: the gates whose state on the node says a round is in progress, when the caller has
+    parsed the states already (the operator has, for its plans); otherwise read off the annotations."""
     node = obj["metadata"]["name"]
     annotations = obj["metadata"].get("annotations") or {}
     now: list[WorkKey] = []
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
-        raw = annotations.get(keys.state_annotation(gname))
-        if raw and kind != "DELETED" and state_status(raw) == "in-progress":
+        if kind != "DELETED" and (gname in in_round if in_round is not None
+                                  else state_status(annotations.get(keys.state_annotation(gname)) or "")
+                                  == "in-progress"):
             now.append(NodeKey(gname, node))
         if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and joined_after(obj, gate):
             now += [JoinKey(gname, node), GateKey(gname)]

@@ -119,6 +119,14 @@ class World:
         after = self.node_seen[name] = self._fleet_node(obj)
         return replan(before, after)
 
+    def rounds_on(self, node: str) -> frozenset[str]:
+        """The gates in a round on the node, as its last watch event showed it (`node_replans`)."""
+        seen = self.node_seen.get(node)
+        if seen is None:
+            return frozenset()
+        return frozenset(gate for gate, state in seen.states.items()
+                         if isinstance(state, NodeGateState) and state.status == "in-progress")
+
     def in_progress(self, gate: str, node: str) -> bool:
         """The gate's state on the node says a round is in progress."""
         obj = self.nodes.get(node)

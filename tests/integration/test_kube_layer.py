@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from gate.controller import events
 from gate.kube.cache import WatchCache
-from gate.kube.client import CONFIGMAPS, KubeClient
+from gate.kube.client import CONFIGMAPS, EVENTS, KubeClient
 from gate.kube.errors import Conflict, NotFound
 from gate.kube.lease import LeaderElector
 from tests.conftest import unique
@@ -122,3 +124,73 @@ async def test_stopping_a_watch_cache_keeps_a_cancellation_of_the_caller(kube: K
     with pytest.raises(asyncio.CancelledError):
         await task
     await cache.stop()  # idempotent: the watch is gone either way
+
+
+async def test_a_watch_cache_stores_and_reports_its_objects_transformed(kube: KubeClient) -> None:
+    """What the operator's node and stage pod caches rely on (`transform`, as client-go's SetTransform):
+    every copy it keeps and every listener sees went through it, from the list (page by page), the
+    watch and a write observed ahead of its event."""
+    label = unique("transform")
+    seen: list[dict[str, object]] = []
+
+    def keep_small(obj: dict[str, Any]) -> dict[str, Any]:
+        return {**obj, "data": {k: v for k, v in (obj.get("data") or {}).items() if k != "big"}}
+
+    def manifest(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "data": {"big": "x" * 4096, "k": "1"},
+                "metadata": {"name": name, "namespace": "default", "labels": {"test": label}}}
+
+    cache = WatchCache(kube, CONFIGMAPS, namespace="default", label_selector=f"test={label}", transform=keep_small)
+    cache.subscribe(lambda kind, obj: seen.append(obj["data"]))
+    # More than a page of them before the cache starts: the first list comes in three pages.
+    names = [f"{label}-{i}" for i in range(5)]
+    for name in names[:4]:
+        await kube.create(CONFIGMAPS, manifest(name))
+    original = cache.client.list
+
+    async def small_pages(*args: Any, **kwargs: Any) -> Any:
+        return await original(*args, **{**kwargs, "page_size": 2})
+
+    cache.client.list = small_pages  # type: ignore[method-assign]
+    try:
+        await cache.start()
+        cache.client.list = original  # type: ignore[method-assign]
+        assert sorted(o["metadata"]["name"] for o in cache.items()) == names[:4]
+        await kube.create(CONFIGMAPS, manifest(names[4]))
+        written = await kube.patch(CONFIGMAPS, names[0], {"data": {"k": "2"}}, namespace="default")
+        cache.observe(written)
+        await _eventually(lambda: cache.get(names[4], "default") is not None and len(seen) >= 2)
+        for obj in cache.items():
+            assert obj["data"]["k"] in ("1", "2") and "big" not in obj["data"], obj["metadata"]["name"]
+        assert cache.get(names[0], "default")["data"] == {"k": "2"}  # type: ignore[index]
+        assert seen and all("big" not in data for data in seen)
+    finally:
+        cache.client.list = original  # type: ignore[method-assign]
+        await cache.stop()
+        for name in names:
+            await kube.delete(CONFIGMAPS, name, "default")
+
+
+async def test_identical_events_are_sent_once_per_window_and_the_memory_of_them_is_pruned(
+        kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": unique("events-node"), "uid": "u-1"}}
+    clock = [1000.0]
+    monkeypatch.setattr(events.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(events, "PRUNE_AT", 4)
+    recorder = events.EventRecorder(kube, "test")
+
+    async def sent(note: str) -> int:
+        found, _ = await kube.list(EVENTS, events.CLUSTER_EVENTS_NAMESPACE)
+        return sum(1 for e in found if e["regarding"]["name"] == node["metadata"]["name"] and e["note"] == note)
+
+    await recorder.emit(node, "Warning", "DrainBlocked", "pdb x")
+    await recorder.emit(node, "Warning", "DrainBlocked", "pdb x")  # within the window: not sent again
+    await recorder.emit(node, "Warning", "DrainBlocked", "pdb y")  # another note is another Event
+    assert (await sent("pdb x"), await sent("pdb y")) == (1, 1)
+    clock[0] += events.DEDUPE_SECONDS + 1
+    await recorder.emit(node, "Warning", "DrainBlocked", "pdb x")  # the window passed: sent again
+    assert await sent("pdb x") == 2
+    # Past PRUNE_AT entries the expired ones go, and the next pruning waits until the memory doubled.
+    for i in range(4):
+        await recorder.emit(node, "Normal", "Step", f"step {i}")
+    assert len(recorder._recent) == 5 and recorder._prune_at == 8

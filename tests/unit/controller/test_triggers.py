@@ -88,6 +88,16 @@ def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the
                                                         later=("busy", "done"))
 
 
+def test_a_node_event_steps_the_gates_the_caller_parsed_in_a_round_without_reading_the_annotations() -> None:
+    gates = [gate("busy"), gate("done")]
+    n = node("n1", states={"busy": "in-progress", "done": "complete"})
+    assert on_node("MODIFIED", n, gates, in_round={"busy"}) == on_node("MODIFIED", n, gates)
+    # What the operator parsed is what counts: it read the same annotations once, for its plans.
+    assert on_node("MODIFIED", n, gates, in_round=()).now == ()
+    assert on_node("MODIFIED", node("n2"), gates, in_round={"done"}).now == (NodeKey("done", "n2"),)
+    assert on_node("DELETED", n, gates, in_round={"busy"}).now == ()
+
+
 def test_a_node_event_that_cannot_change_a_plan_plans_no_gate_but_still_steps_the_node() -> None:
     gates = [gate("busy"), gate("taints", readinessTaint=True)]
     n = node("n1", states={"busy": "in-progress"})
