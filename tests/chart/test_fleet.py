@@ -21,7 +21,7 @@ from tests.chart.conftest import Obj, find, rendered
 from tests.conftest import unique
 
 # bench/README.md, bench.rollout with 3 packages per node
-BENCH = {1000: {"rss_mib": 108, "cpu_seconds": 55.4}, 5000: {"rss_mib": 221, "cpu_seconds": 278}}
+BENCH = {1000: {"rss_mib": 104.8, "cpu_seconds": 35.1}, 5000: {"rss_mib": 170.6, "cpu_seconds": 144.8}}
 
 
 def operator_resources(values: Obj) -> Obj:
@@ -33,8 +33,8 @@ def operator_resources(values: Obj) -> Obj:
 def expected(nodes: int, packages: int) -> Obj:
     """The formula of values.yaml (key fleet), written out again independently of the template."""
     s = nodes * packages / 3
-    memory = math.ceil((80 + 0.02825 * s) / 16) * 16
-    cpu = max(100, math.ceil(s * 56 / 600 / 10) * 10)
+    memory = math.ceil((89 + 0.01645 * s) / 16) * 16
+    cpu = max(100, math.ceil(s * 35 / 600 / 10) * 10)
     return {"requests": {"cpu": f"{cpu}m", "memory": f"{memory}Mi"}, "limits": {"memory": f"{max(512, 2 * memory)}Mi"}}
 
 
@@ -48,10 +48,10 @@ def test_fleet_values_set_the_operators_requests_and_limits_by_the_documented_fo
 def test_the_defaults_are_the_benchmarks_1000_nodes_and_the_documented_examples_hold() -> None:
     assert operator_resources({}) == expected(1000, 3) == {"requests": {"cpu": "100m", "memory": "112Mi"},
                                                            "limits": {"memory": "512Mi"}}
-    assert operator_resources({"fleet": {"nodes": 5000}}) == {"requests": {"cpu": "470m", "memory": "224Mi"},
+    assert operator_resources({"fleet": {"nodes": 5000}}) == {"requests": {"cpu": "300m", "memory": "176Mi"},
                                                               "limits": {"memory": "512Mi"}}
-    assert operator_resources({"fleet": {"nodes": 20000}}) == {"requests": {"cpu": "1870m", "memory": "656Mi"},
-                                                               "limits": {"memory": "1312Mi"}}
+    assert operator_resources({"fleet": {"nodes": 20000}}) == {"requests": {"cpu": "1170m", "memory": "432Mi"},
+                                                               "limits": {"memory": "864Mi"}}
 
 
 @pytest.mark.parametrize("nodes", sorted(BENCH))
