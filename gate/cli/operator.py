@@ -51,10 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # live until the next version replaces them. The cyclic collector's default pace (a young collection
     # every 700 allocations, a full one as soon as the survivors grow by a quarter) scans them over and
     # over while a watch event is parsed; what dies young here is mostly parsed JSON, which reference
-    # counting frees without it. Collect young objects less often, and never scan what was there at
-    # start-up (`Operator` freezes it again once its caches are filled).
+    # counting frees without it. Collect young objects less often; `Operator` takes what it holds once
+    # its caches are filled out of the collector's scans (`gc.freeze`).
     gc.set_threshold(50_000, 20, 20)
-    gc.freeze()
     if settings.event_loop == "uvloop":
         import uvloop
 

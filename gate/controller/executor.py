@@ -58,9 +58,8 @@ class Executor:
         # Decided for the whole fleet first, written only where something changes: a plan looks at
         # every node, and a task per node would cost more than the plan (most nodes need nothing).
         patches = [(n.view.name, patch) for n in self.world.fleet()
-                   if (kind in n.view.conditions or _may_fail(n.states.get(gate)))
-                   and (patch := condition_patch(n.view.conditions.get(kind),
-                                                 failure_condition(gate, n.states.get(gate)), kind, now)) is not None]
+                   if (patch := condition_patch(n.view.conditions.get(kind),
+                                                failure_condition(gate, n.states.get(gate)), kind, now)) is not None]
 
         async def sync(node: str, patch: Obj) -> None:
             async with sem:
@@ -239,12 +238,6 @@ def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
         if cause.get("reason") == "DisruptionBudget":
             return f"pod {namespace}/{pod}: {cause.get('message', '')}"
     return f"pod {namespace}/{pod}: {exc.message}"
-
-
-def _may_fail(state: NodeGateState | StateParseError | None) -> bool:
-    """The state may call for a failure condition (`failure_condition`): most nodes' states do not,
-    and a node without the condition then needs nothing, without working out what it would be."""
-    return isinstance(state, StateParseError) or (state is not None and state.status == "failed")
 
 
 def _parsed_or_none(raw: str | None) -> NodeGateState | None:

@@ -92,7 +92,7 @@ class Operator:
             for pod in world.pods.items():
                 world.index.pod_event("ADDED", pod)
             self.ready = True
-            gc.freeze()  # the first lists live long: out of the cyclic collector's scans (gate.cli.operator)
+            gc.freeze()  # the first lists and the imports live long: out of the collector's scans (gate.cli.operator)
             log.info("Caches synced; gates=%d nodes=%d", len(world.gates), len(world.nodes))
             for gate in world.gates.items():  # everything, as on a spec change of every gate
                 self._queue(triggers.on_gate(gate, None, world.nodes.items()))

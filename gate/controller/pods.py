@@ -31,6 +31,7 @@ from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
 from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
+from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, stuck_wait
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 
@@ -289,8 +290,7 @@ def stage_pod_fields(pod: Obj) -> Obj:
     deadline, and how far its containers got. The containers' specs (image, command, mounts, the
     environment) are most of a stage pod, and the operator reads them nowhere: it built them
     (`stage_pod`), and the steps are in an annotation (`gate.kube.cache.WatchCache`'s transform)."""
-    meta = dict(pod.get("metadata") or {})
-    meta.pop("managedFields", None)
+    meta = slim(pod).get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     return {

@@ -138,9 +138,11 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
-        if kind != "DELETED" and (gname in in_round if in_round is not None
-                                  else state_status(annotations.get(keys.state_annotation(gname)) or "")
-                                  == "in-progress"):
+        if in_round is None:
+            stepping = state_status(annotations.get(keys.state_annotation(gname)) or "") == "in-progress"
+        else:
+            stepping = gname in in_round
+        if stepping and kind != "DELETED":
             now.append(NodeKey(gname, node))
         if kind == "ADDED" and (gate.get("spec") or {}).get("readinessTaint") and joined_after(obj, gate):
             now += [JoinKey(gname, node), GateKey(gname)]

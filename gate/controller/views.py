@@ -7,6 +7,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.kube.cache import slim
 from gate.kube.objects import node_ready, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
@@ -22,8 +23,7 @@ def node_fields(node: Obj) -> Obj:
     other conditions are most of a Node's size, and no part of the operator reads them: 5,000 kwok
     Nodes take 2.6 times less memory kept so (`bench.rollout.footprint`), real ones, with their image
     lists, more (`gate.kube.cache.WatchCache`'s transform)."""
-    meta = dict(node.get("metadata") or {})
-    meta.pop("managedFields", None)
+    meta = slim(node).get("metadata") or {}
     status = node.get("status") or {}
     kept = [c for c in status.get("conditions") or []
             if c.get("type") == "Ready" or str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)]

@@ -33,12 +33,12 @@ class NodeCondition:
 
 def failure_condition(gate: str, state: NodeGateState | StateParseError | None) -> NodeCondition | None:
     """The condition the node must carry for `gate`, or None when it must carry none."""
-    kind = keys.failed_condition(gate)
     if isinstance(state, StateParseError):
-        return NodeCondition(kind, "True", "StateCorrupt",
+        return NodeCondition(keys.failed_condition(gate), "True", "StateCorrupt",
                              f"NodeGate {gate}: {state}; reset the node with `nodegate node reset`")
     if state is None or state.status != "failed" or state.failure is None:
-        return None
+        return None  # most nodes of a fleet, at every plan: decided before anything is worked out
+    kind = keys.failed_condition(gate)
     f = state.failure
     where = f"package {f.package} failed in stage {f.stage}" if f.package else f"failed in step {f.stage}"
     detail = failure_message(f.message)

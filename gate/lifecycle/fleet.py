@@ -20,6 +20,7 @@ from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
+from gate.rollout.snapshot import memo_match
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,8 @@ class FleetNode:
 
     def selected_by(self, gate: NodeGate) -> bool:
         """`selects`, from the memo."""
-        if self.view.labels.get(keys.IGNORE_LABEL) == "true":
-            return False
-        selector = gate.spec.node_selector
-        hit = self.matched.get(selector.key)
-        if hit is None:
-            hit = self.matched[selector.key] = selector.matches(self.view.labels)
-        return hit
+        labels = self.view.labels
+        return labels.get(keys.IGNORE_LABEL) != "true" and memo_match(self.matched, gate.spec.node_selector, labels)
 
 
 @dataclass

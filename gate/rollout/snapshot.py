@@ -44,6 +44,14 @@ class GateProgress:
 NOT_STARTED = GateProgress()
 
 
+def memo_match(memo: dict[Hashable, bool], selector: LabelSelector, labels: Mapping[str, str]) -> bool:
+    """`selector.matches(labels)`, looked up in (and added to) `memo`, a memo for these labels."""
+    hit = memo.get(selector.key)
+    if hit is None:
+        hit = memo[selector.key] = selector.matches(labels)
+    return hit
+
+
 @dataclass(frozen=True)
 class NodeSnapshot:
     """One node as the operator saw it: name, labels, and progress per gate (by gate name).
@@ -65,10 +73,7 @@ class NodeSnapshot:
         return self.gates.get(gate, NOT_STARTED)
 
     def matches(self, selector: LabelSelector) -> bool:
-        hit = self.matched.get(selector.key)
-        if hit is None:
-            hit = self.matched[selector.key] = selector.matches(self.labels)
-        return hit
+        return memo_match(self.matched, selector, self.labels)
 
     @property
     def ignored(self) -> bool:
