@@ -146,14 +146,24 @@ async def test_failure_threshold_stops_one_compartment_while_the_others_finish(s
     await asyncio.sleep(2)  # nothing resumes by itself
     assert [await scenario.node_status(n) for n in bad].count("failed") == 2
 
-    # A person resumes: the stop clears, the next batch runs (and fails again, stopping it again).
+    # A person resumes: the stop clears and the run of failures starts again at 0, so the next batch
+    # runs, fails, and the one after it runs too; its failure is the second in a row and stops the
+    # compartment again. (Wait for that end state: the moment with exactly three failed nodes may
+    # last less than one poll.)
     await scenario.kube.patch(NODEGATES, scenario.name, {"metadata": {"annotations": {
         keys.RESUME_ANNOTATION: "bad"}}})
 
-    async def third_failure() -> bool:
-        return [await scenario.node_status(n) for n in bad].count("failed") == 3
+    async def stopped_again() -> bool:
+        comps = {c["name"]: c for c in ((await scenario.gate()).get("status") or {}).get("compartments") or []}
+        return comps.get("bad", {}).get("state") == "stopped" and comps["bad"].get("failed") == 4
 
-    await wait_for(third_failure, what="the resumed compartment to run its next batch")
+    await wait_for(stopped_again, what="the resumed compartment to run two more batches and stop again")
+    gate = await scenario.gate()
+    comps = {c["name"]: c for c in gate["status"]["compartments"]}
+    assert comps["bad"]["consecutiveFailures"] == 2
+    assert sorted([(await scenario.state(n))["batch"] for n in bad]) == [1, 2, 3, 4]  # one node a batch
+    assert [await scenario.node_status(n) for n in bad] == ["failed"] * 4
+    assert keys.RESUME_ANNOTATION not in gate["metadata"].get("annotations", {})  # acted on, then removed
     assert all([await scenario.node_status(n) == "complete" for n in good])
 
 
