@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from gate.api.common import Model
 from gate.api.keys import NodeStatus
@@ -29,7 +29,10 @@ PHASES: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "
 
 
 class Installed(Model):
-    """What a package left on the node when its last stage succeeded."""
+    """What a package left on the node when its last stage succeeded. Frozen: parsed states share
+    equal records (`load_state`), so a change is always a new record."""
+
+    model_config = ConfigDict(frozen=True)
 
     version: str = Field(description="Installed version.")
     spec_hash: str = Field(default="", description="Hash of the fields whose change re-runs apply.")
@@ -93,12 +96,32 @@ def load_state(raw: str | None) -> NodeGateState:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise StateParseError("the state annotation is not a JSON object")
-        return NodeGateState.model_validate(data)
+        state = NodeGateState.model_validate(data)
     except RecursionError as exc:  # hand-nested thousands of levels deep: json.loads gives up
         raise StateParseError("the state annotation does not parse: nested too deep") from exc
     except (ValueError, ValidationError) as exc:
         first = str(exc).splitlines()[0][:200]
         raise StateParseError(f"the state annotation does not parse: {first}") from exc
+    if state.installed:
+        state.installed = {package: _shared(record) for package, record in state.installed.items()}
+    return state
+
+
+# Equal installed records, shared by the parsed states that hold them: across a fleet most nodes hold
+# the same few (one per package version and config), and the operator keeps every node's states.
+_SHARED: dict[tuple[str, str, tuple[tuple[str, str], ...]], Installed] = {}
+_SHARED_MAX = 4096
+
+
+def _shared(record: Installed) -> Installed:
+    key = (record.version, record.spec_hash, tuple(sorted(record.config.items())))
+    found = _SHARED.get(key)
+    if found is not None:
+        return found
+    if len(_SHARED) >= _SHARED_MAX:  # a fleet never holds this many; forget rather than grow
+        _SHARED.clear()
+    _SHARED[key] = record
+    return record
 
 
 def _digest(payload: object) -> str:

@@ -146,3 +146,20 @@ def test_the_category_is_no_name_of_either_kind() -> None:
     categories = {c for crd in crds for c in crd["spec"]["names"]["categories"]}
     assert names >= {"nodegate", "nodegates", "ng", "deploymentpolicy", "deploymentpolicies", "dp"}
     assert categories == {"nodegate-all"} and not categories & names
+
+
+def test_parsed_states_share_equal_installed_records_which_cannot_change_in_place() -> None:
+    from gate.api.state import Installed, NodeGateState, load_state
+
+    def text(boot: str, config: dict[str, str]) -> str:
+        record = Installed(version="1.0.0", spec_hash="abc", config=config)
+        return NodeGateState(status="complete", boot_id=boot, installed={"tuning": record, "agent": record}).dump()
+
+    one, two = load_state(text("boot-1", {"a": "1"})), load_state(text("boot-2", {"a": "1"}))
+    assert one.installed["tuning"] is two.installed["tuning"] is two.installed["agent"]
+    other = load_state(text("boot-3", {"a": "2"}))  # another config applied: a record of its own
+    assert other.installed["tuning"] is not one.installed["tuning"]
+    assert other.installed["tuning"].config == {"a": "2"} and one.installed["tuning"].config == {"a": "1"}
+    assert load_state(text("boot-1", {"a": "1"})) == one and one.dump() == text("boot-1", {"a": "1"})
+    with pytest.raises(ValidationError):
+        one.installed["tuning"].version = "2.0.0"  # type: ignore[misc]
