@@ -8,6 +8,7 @@ other gates' annotations.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Literal
@@ -107,21 +108,15 @@ def load_state(raw: str | None) -> NodeGateState:
     return state
 
 
-# Equal installed records, shared by the parsed states that hold them: across a fleet most nodes hold
-# the same few (one per package version and config), and the operator keeps every node's states.
-_SHARED: dict[tuple[str, str, tuple[tuple[str, str], ...]], Installed] = {}
-_SHARED_MAX = 4096
-
-
 def _shared(record: Installed) -> Installed:
-    key = (record.version, record.spec_hash, tuple(sorted(record.config.items())))
-    found = _SHARED.get(key)
-    if found is not None:
-        return found
-    if len(_SHARED) >= _SHARED_MAX:  # a fleet never holds this many; forget rather than grow
-        _SHARED.clear()
-    _SHARED[key] = record
-    return record
+    """The one record for its contents: across a fleet most nodes hold the same few (one per package
+    version and config), and the operator keeps every node's parsed states."""
+    return _installed(record.version, record.spec_hash, tuple(sorted(record.config.items())))
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet holds far fewer; an old one is forgotten, never wrong
+def _installed(version: str, spec_hash: str, config: tuple[tuple[str, str], ...]) -> Installed:
+    return Installed(version=version, spec_hash=spec_hash, config=dict(config))
 
 
 def _digest(payload: object) -> str:
