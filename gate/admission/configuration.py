@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Literal
 
-from gate.api.keys import GROUP, IGNORE_LABEL, NODEGATE_PLURAL, POLICY_PLURAL, READINESS_TAINT_KEY, VERSION
+from gate.api.keys import GROUP, NODEGATE_PLURAL, POLICY_PLURAL, READINESS_TAINT_KEY, VERSION
 
 Mode = Literal["service", "url"]
 FailurePolicy = Literal["Fail", "Ignore"]
@@ -126,9 +126,6 @@ def webhook_configurations(
              "failurePolicy": node_mutation_failure_policy, "timeoutSeconds": min(timeout_seconds, 3),
              "reinvocationPolicy": "Never", **common(),
              "matchConditions": [
-                 {"name": "not-ignored", "expression": (
-                     f"!has(object.metadata.labels) || !('{IGNORE_LABEL}' in object.metadata.labels)"
-                     f" || object.metadata.labels['{IGNORE_LABEL}'] != 'true'")},
                  {"name": "not-yet-tainted", "expression": (
                      f"!has(object.spec) || !has(object.spec.taints) || !object.spec.taints.exists(t, {_TAINT})")},
              ]},

@@ -301,6 +301,8 @@ class NodeCounts(Model):
     failed: int = Field(default=0, description="Nodes where a stage failed for good.")
     waiting: int = Field(default=0, description="Nodes waiting for their turn.")
     blocked: int = Field(default=0, description="Nodes blocked by a higher-priority gate or a stopped compartment.")
+    ignored: int = Field(default=0, description="Nodes the selector matches that carry nodegate.io/ignore=true: the "
+                         "gate skips them, and Ready says so (they are not in matched).")
 
 
 class CompartmentStatus(Model):

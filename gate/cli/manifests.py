@@ -5,6 +5,8 @@ One source each, written out by one command (`make manifests`), checked by a tes
 * `charts/nodegate/crds/`: the bytes of the top-level `crds/` (themselves generated from gate/api).
 * `charts/nodegate/templates/_rules.tpl`: every RBAC rule of gate/controller/rbac.py with why it
   exists, as named templates the chart's Roles include.
+* `charts/nodegate/templates/node-keys-policy.yaml`: the ValidatingAdmissionPolicy on NodeGate's node
+  keys, from gate/admission/node_keys.py.
 * `operator/`, `webhooks/`, `certs/`: the chart rendered with `helm template` (namespace
   nodegate-system) and split for `kubectl apply -k`: the operator with the CRDs; the webhook with
   self-managed certificates; the webhook with cert-manager (apply `webhooks/` or `certs/`, not both).
@@ -32,11 +34,13 @@ from typing import Any
 
 import yaml
 
+from gate.admission import node_keys
 from gate.api import keys
 
 CHART = Path("charts/nodegate")
 NAMESPACE = "nodegate-system"
 RULES_TEMPLATE = CHART / "templates" / "_rules.tpl"
+NODE_KEYS_TEMPLATE = CHART / "templates" / "node-keys-policy.yaml"
 PLAIN_DIRS = ("operator", "webhooks", "certs")
 WEBHOOK_RBAC_EXAMPLE = Path("config/rbac/webhook.yaml")
 ARGOCD_DIR = CHART / "docs" / "argocd"
@@ -243,6 +247,7 @@ def generated_chart_files(root: Path) -> dict[Path, bytes]:
     """The chart's generated files: CRD copies, the RBAC rules, the Argo CD snippet."""
     files = {CHART / "crds" / crd.name: crd.read_bytes() for crd in sorted((root / "crds").glob("*.yaml"))}
     files[RULES_TEMPLATE] = rules_template().encode()
+    files[NODE_KEYS_TEMPLATE] = node_keys.chart_template().encode()
     files[ARGOCD_DIR / "argocd-cm.yaml"] = argocd_cm(root).encode()
     return files
 

@@ -208,6 +208,21 @@ class Executor:
             blocked = blocked or result
         return blocked
 
+    async def lift_readiness_taint(self, node_obj: Obj, why: str) -> None:
+        """Remove the readiness taint of a node that no gate holds back any longer (no gate's keys move)."""
+        update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                 f"NodeGate lifted the readiness taint: {why}")])
+        update.change.remove_readiness_taint = True
+        built = node_patch("", node_obj, update)
+        if built.body is None:
+            return
+        self.metrics.taint_removals.labels("-").inc()  # no gate: "-", as for a node step's package
+        result = await self.client.patch(NODES, node_obj["metadata"]["name"], built.body)
+        self.world.nodes.observe(result)
+        log.info("Lifted the readiness taint; node=%s why=%s", node_obj["metadata"]["name"], why)
+        for event in update.events:
+            await self.recorder.emit(result, event.type, event.reason, event.message)
+
     async def write_node_update(self, gate: NodeGate, node: str, update: NodeUpdate,
                                  base: Obj | None = None) -> Obj:
         """One merge patch: state annotation, status label, cordon and taint, guarded by resourceVersion."""

@@ -4,7 +4,8 @@
 the node's context from the caches (the gate, the node, its state, its stage pods, the pods on the
 node when it drains), decides with `gate.lifecycle.machine` (`decide`, or `decide_removal` for a
 deleted gate) and hands the decision to the executor. `JoinReconciler.reconcile(JoinKey)` is the
-readiness-taint backstop for a node that just joined, ahead of the gate's plan.
+readiness-taint backstop for a node that just joined, ahead of the gate's plan, and
+`TaintReconciler.reconcile(TaintKey)` lifts the taint of a node that no readinessTaint gate selects.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.executor import Executor
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import JoinKey, NodeKey
+from gate.controller.triggers import JoinKey, NodeKey, TaintKey
 from gate.controller.views import fleet_node, node_view, pod_view
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import NodeUpdate, disabled, readiness_clear, selects, taint_reason
+from gate.lifecycle.fleet import NodeUpdate, disabled, orphan_taint, readiness_clear, selects, taint_reason
 from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal
 
 
@@ -54,6 +55,13 @@ class NodeReconciler:
             state = NodeGateState(status="failed")
         view = node_view(node_obj)
         if not removing and state.status != "in-progress":
+            return
+        if not removing and not selects(gate, view):
+            # Defence in depth behind the node-keys policy: a round goes on only where the gate selects
+            # the node. One that left mid-round (relabelled, ignored) is released by the gate's plan once
+            # no stage pod of it runs (`plan_gate`); a record someone wrote on a node the gate never
+            # selected is never acted on.
+            self.world.gate_later(gate_name)
             return
         pods = None
         if state.phase in ("wait-pods", "drain"):
@@ -96,3 +104,18 @@ class JoinReconciler:
                                                  f"NodeGate {gate_name} tainted the node: it {why}")])
         update.change.add_readiness_taint = True
         await self.executor.write_node_update(gate, node_name, update, base=node_obj)
+
+
+class TaintReconciler:
+    def __init__(self, world: World, executor: Executor) -> None:
+        self.world = world
+        self.executor = executor
+
+    async def reconcile(self, key: TaintKey) -> None:
+        """The readiness taint follows membership: off a node no readinessTaint gate selects any longer."""
+        node_obj = self.world.nodes.get(key.node)
+        if node_obj is None:
+            return
+        why = orphan_taint(fleet_node(node_obj), self.world.all_gates())
+        if why is not None:
+            await self.executor.lift_readiness_taint(node_obj, why)

@@ -7,8 +7,8 @@
 * Workers take keys off the queue and hand each to its reconciler:
   - `GateKey` and `PolicyKey`: `gate.controller.gates` (plan the gate across the fleet, or its removal;
     a DeploymentPolicy's status), debounced: many node events make one gate reconcile;
-  - `NodeKey` and `JoinKey`: `gate.controller.nodes` (one step of a node's state machine; the
-    readiness taint of a node that just joined).
+  - `NodeKey`, `JoinKey` and `TaintKey`: `gate.controller.nodes` (one step of a node's state machine;
+    the readiness taint of a node that just joined, or that no gate holds back any longer).
   Each reads only the caches, decides with the pure core, and the executor (`gate.controller.executor`)
   performs the decision. Every Node write carries the resourceVersion it was decided on, so a
   decision made on a stale copy is refused by the API server (409) and simply decided again.
@@ -31,10 +31,10 @@ from gate.controller.executor import Executor
 from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
 from gate.controller.metrics import OperatorMetrics
-from gate.controller.nodes import JoinReconciler, NodeReconciler
+from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, Triggered
+from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.world import World
 from gate.kube.cache import WatchCache
 from gate.kube.client import KubeClient
@@ -61,6 +61,7 @@ class Operator:
         self.policies = PolicyReconciler(client, self.world)
         self.nodes = NodeReconciler(settings, client, timing, self.world, executor)
         self.joins = JoinReconciler(self.world, executor)
+        self.taints = TaintReconciler(self.world, executor)
         self.ready = False
         self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
@@ -98,6 +99,9 @@ class Operator:
                 self._queue(triggers.on_gate(gate, None, world.nodes.items()))
             for policy in world.policies.items():
                 world.queue.add(PolicyKey(policy["metadata"]["name"]))
+            for node in world.nodes.items():  # with no gate at all, no gate event looks at the taints
+                if triggers.has_readiness_taint(node):
+                    world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
             await asyncio.gather(*workers)
@@ -147,6 +151,8 @@ class Operator:
                         await self.policies.reconcile(key)
                     case JoinKey():
                         await self.joins.reconcile(key)
+                    case TaintKey():
+                        await self.taints.reconcile(key)
                     case NodeKey():
                         await self.nodes.reconcile(key)
                 queue.forget(key)

@@ -12,6 +12,8 @@ Three kinds of keys:
 * `GateKey(gate)`: plan the gate across the fleet (`gate.lifecycle.fleet.plan_gate`), or its removal.
 * `NodeKey(gate, node)`: one step of that node's state machine (`gate.lifecycle.machine`).
 * `JoinKey(gate, node)`: a node that joined after the gate, which may need the readiness taint now.
+* `TaintKey(node)`: a node with the readiness taint, which must lose it once no readinessTaint gate
+  selects it (`gate.lifecycle.fleet.orphan_taint`).
 * `PolicyKey(policy)`: a DeploymentPolicy's own status (accepted, the gates that use it).
 """
 
@@ -60,12 +62,18 @@ class JoinKey(_Key):
 
 
 @dataclass(frozen=True)
+class TaintKey(_Key):
+    node: str
+    kind = "taint"
+
+
+@dataclass(frozen=True)
 class PolicyKey(_Key):
     policy: str
     kind = "policy"
 
 
-WorkKey = GateKey | NodeKey | JoinKey | PolicyKey
+WorkKey = GateKey | NodeKey | JoinKey | TaintKey | PolicyKey
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,14 @@ def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], polici
     if kind != "DELETED" and seen == seen_before:
         return Triggered()
     now: list[WorkKey] = [GateKey(name), *(PolicyKey(p["metadata"]["name"]) for p in policies)]
+    nodes = list(nodes)
     if seen_before is None or seen[:2] != seen_before[:2]:
         annotation = keys.state_annotation(name)
         now += [NodeKey(name, n["metadata"]["name"]) for n in nodes
                 if annotation in (n["metadata"].get("annotations") or {})]
+    # Its selector, readinessTaint, deletion or disabling may leave a tainted node with no gate to lift
+    # the taint: every tainted node is looked at (few, and the look is cheap).
+    now += [TaintKey(n["metadata"]["name"]) for n in nodes if has_readiness_taint(n)]
     return Triggered(now=tuple(now))
 
 
@@ -134,7 +146,8 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     parsed the states already (the operator has, for its plans); otherwise read off the annotations."""
     node = obj["metadata"]["name"]
     annotations = obj["metadata"].get("annotations") or {}
-    now: list[WorkKey] = []
+    # A tainted node relabelled out of its gates, or ignored, must lose the taint: looked at each time.
+    now: list[WorkKey] = [TaintKey(node)] if kind != "DELETED" and has_readiness_taint(obj) else []
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
@@ -185,12 +198,17 @@ def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     return Triggered()
 
 
+def has_readiness_taint(node: Obj) -> bool:
+    return any(t.get("key") == keys.READINESS_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or ())
+
+
 def joined_after(node: Obj, gate: Obj) -> bool:
     node_created, gate_created = created_at(node), created_at(gate)
     return node_created is not None and gate_created is not None and node_created > gate_created
 
 
 __all__ = [
-    "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "Triggered", "WorkKey", "gate_seen", "joined_after",
+    "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
+    "has_readiness_taint", "joined_after",
     "on_gate", "on_node", "on_pod", "on_policy", "pod_may_be_stuck", "stage_owner",
 ]

@@ -299,7 +299,7 @@ class DevCluster:
             "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
             "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
             "--enable-admission-plugins", "NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,"
-            "ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,PodSecurity",
+            "ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,PodSecurity,NodeRestriction",
             "--service-cluster-ip-range", SERVICE_CIDR,
             "--allow-privileged=true",
             "--max-requests-inflight", "800", "--max-mutating-requests-inflight", "400",

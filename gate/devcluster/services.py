@@ -23,6 +23,7 @@ from gate.devcluster.cluster import NAMESPACE, ClusterError, DevCluster, free_po
 from gate.kube.client import SERVICEACCOUNTS
 
 Progress = Callable[[str], None]
+NODE_KEYS_POLICY = "nodegate-node-keys"  # the chart's name for release "nodegate"
 SOURCE_ROOT = Path(gate.__file__).resolve().parent.parent
 
 
@@ -60,6 +61,16 @@ async def install_operator_rbac(cluster: DevCluster) -> None:
             await kube.apply(obj, field_manager="nodegate-dev")
 
 
+async def install_node_keys_policy(cluster: DevCluster) -> None:
+    """The policy on NodeGate's node keys, for the operator's ServiceAccount (gate.admission.node_keys)."""
+    from gate.admission.node_keys import node_keys_policy
+
+    username = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
+    async with await cluster.client() as kube:
+        for obj in node_keys_policy(name=NODE_KEYS_POLICY, operator_username=username):
+            await kube.apply(obj, field_manager="nodegate-dev")
+
+
 async def install_webhook_rbac(cluster: DevCluster) -> None:
     async with await cluster.client() as kube:
         for obj in webhook_rbac(NAMESPACE, configuration_name=WEBHOOK_CONFIGURATION, secret_name=WEBHOOK_SECRET):
@@ -93,6 +104,7 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
         return int(cluster.ports().get(name, 0))
     progress(f"Starting the operator ({name}) ...")
     asyncio.run(install_operator_rbac(cluster))
+    asyncio.run(install_node_keys_policy(cluster))
     kubeconfig = asyncio.run(service_account_kubeconfig(
         cluster, OPERATOR_SERVICE_ACCOUNT, NAMESPACE, cluster.dir / "operator.kubeconfig"))
     port = free_port()

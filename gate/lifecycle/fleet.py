@@ -43,8 +43,16 @@ class FleetNode:
 
     def selected_by(self, gate: NodeGate) -> bool:
         """`selects`, from the memo."""
-        labels = self.view.labels
-        return labels.get(keys.IGNORE_LABEL) != "true" and memo_match(self.matched, gate.spec.node_selector, labels)
+        return not self.ignored and self.matches(gate)
+
+    def matches(self, gate: NodeGate) -> bool:
+        """The gate's selector matches the node's labels, ignored or not."""
+        return memo_match(self.matched, gate.spec.node_selector, self.view.labels)
+
+    @property
+    def ignored(self) -> bool:
+        """A holder of `bypass` opted the node out of every gate (nodegate.io/ignore=true)."""
+        return self.view.labels.get(keys.IGNORE_LABEL) == "true"
 
 
 @dataclass
@@ -99,6 +107,24 @@ def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) 
         if not passed(node.states.get(other.name)):
             return False
     return True
+
+
+def orphan_taint(node: FleetNode, gates: Iterable[NodeGate]) -> str | None:
+    """Why the readiness taint must come off a node that no readinessTaint gate selects any longer, or
+    None (no taint, or a gate still holds the node back). `gates`: the live, enabled gates
+    (`World.all_gates`): a deleted or disabled gate holds no node back.
+
+    The taint says "a NodeGate has work to finish here before workloads may come"; with no gate to
+    finish it, nobody else may lift it (only the operator or a holder of `bypass` may), so a node
+    relabelled out of its gate, ignored, or left by an edited, disabled or deleted gate would keep it
+    for ever."""
+    if not node.view.has_readiness_taint:
+        return None
+    if any(g.spec.readiness_taint and node.selected_by(g) for g in gates):
+        return None
+    if node.ignored and any(g.spec.readiness_taint and node.matches(g) for g in gates):
+        return f"the node is ignored ({keys.IGNORE_LABEL}=true), so no readinessTaint NodeGate holds it back"
+    return "no readinessTaint NodeGate selects the node any longer"
 
 
 def passed(state: NodeGateState | StateParseError | None) -> bool:
@@ -187,9 +213,11 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     events: list[EventRequest] = []
     snapshots: list[NodeSnapshot] = []
     selected: list[FleetNode] = []
+    ignored = 0
     for node in fleet:
         raw = node.states.get(name)
         in_scope = node.selected_by(gate)
+        ignored += node.ignored and node.matches(gate)
         if isinstance(raw, StateParseError) and keys.reset_annotation(name) in node.view.annotations:
             raw = None  # a reset replaces the unreadable state; `_requests` below writes the new one
         if isinstance(raw, StateParseError):
@@ -199,8 +227,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                 up.events.append(EventRequest("node", "Warning", "StateCorrupt",
                                               f"NodeGate {name}: {raw}; reset the node with `nodegate node reset`"))
         state = raw if isinstance(raw, NodeGateState) else None
-        if not in_scope and state is not None and state.status not in ("in-progress",):
-            # The node left the gate (labels changed, or ignore=true): forget it, undo our cordon.
+        if not in_scope and state is not None and (state.status != "in-progress" or node.view.name not in busy):
+            # The node left the gate (labels changed, or ignore=true): forget it, undo our cordon. A round
+            # in progress there stops at once (the node reconcile acts only where the gate selects the
+            # node); a stage pod still running is let finish first.
             up = _update(updates, node.view.name)
             up.remove_state = True
             if state.cordoned and node.view.cordoned_by == name:
@@ -275,7 +305,8 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             node_status = "blocked" if node_wait is not None and node_wait.status == "blocked" else "waiting"
         by_status[node_status] += 1
     counts = NodeCounts(matched=len(selected), in_progress=by_status["in-progress"], complete=by_status["complete"],
-                        failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"])
+                        failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"],
+                        ignored=ignored)
     return GatePlan(updates, gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
                     rollout, resumed=resumed, restarted=restarted)
 
@@ -423,6 +454,10 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
         ready_reason, ready_msg = "Complete", f"All {counts.matched} matched nodes are complete"
     else:
         ready_reason, ready_msg = "Incomplete", f"{counts.complete} of {counts.matched} nodes are complete"
+    if counts.ignored:
+        # Ready is never claimed over nodes the gate skipped without saying so.
+        ready_msg += (f"; {counts.ignored} more that the selector matches are ignored ({keys.IGNORE_LABEL}=true) "
+                      "and were not touched")
     if degraded:
         parts = []
         if counts.failed:

@@ -91,12 +91,16 @@ def _strategy_defaults(holder: dict[str, Any], path: tuple[str | int, ...], patc
 
 
 def node_taint(node: dict[str, Any], gates: Sequence[ReadinessGate]) -> JsonPatch:
-    """Taint a joining node that a readinessTaint gate selects, unless it opted out or has the taint."""
+    """Taint a joining node that a readinessTaint gate selects, unless it has the taint already.
+
+    The node's own `nodegate.io/ignore` label counts for nothing here: a node cannot opt itself out by
+    registering with it. Only a holder of `bypass` may set it (the node-keys policy refuses anyone
+    else's CREATE with it); such a node is tainted like any other, and the operator lifts the taint
+    within seconds, since no gate selects an ignored node (`gate.lifecycle.fleet.orphan_taint`).
+    Failing closed costs an opted-out node a few seconds; failing open let any node skip every gate."""
     meta = node.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
-    labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-    if labels.get(IGNORE_LABEL) == "true":
-        return []
+    labels = {str(k): str(v) for k, v in labels.items() if k != IGNORE_LABEL} if isinstance(labels, dict) else {}
     if not any(syntax.selector_matches(g.node_selector, labels) for g in gates):
         return []
     spec = node.get("spec")

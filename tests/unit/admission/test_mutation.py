@@ -71,10 +71,9 @@ def test_selected_node_gets_exactly_one_readiness_taint(spec: Any) -> None:
     assert len(out["spec"]["taints"]) == len((spec or {}).get("taints") or []) + 1
 
 
-def test_node_already_tainted_ignored_or_unselected_is_not_patched() -> None:
+def test_node_already_tainted_or_unselected_is_not_patched() -> None:
     facts = Facts(readiness_gates=GATES)
     assert mutated("Node", node({"gpu": "true"}, {"taints": [TAINT]}), facts)[0] == []
-    assert mutated("Node", node({"gpu": "true", IGNORE_LABEL: "true"}), facts)[0] == []
     assert mutated("Node", node({"gpu": "false"}), facts)[0] == []
     assert mutated("Node", node({"role": "infra"}), facts)[0] != []
     assert mutated("Node", node({"gpu": "true"}), Facts())[0] == []
@@ -97,3 +96,11 @@ def test_taint_removal_needs_operator_or_bypass() -> None:
     assert operator.allowed
     kept = decide.validate(request("Node", "UPDATE", old, old, user="bob"), Facts())
     assert kept.allowed and not kept.access
+
+
+def test_a_joining_node_cannot_opt_itself_out_with_the_ignore_label() -> None:
+    """The node's own ignore label counts for nothing at CREATE: tainted as if it were absent."""
+    facts = Facts(readiness_gates=GATES)
+    assert mutated("Node", node({"gpu": "true", IGNORE_LABEL: "true"}), facts)[0] == \
+        mutated("Node", node({"gpu": "true"}), facts)[0] != []
+    assert mutated("Node", node({"gpu": "false", IGNORE_LABEL: "true"}), facts)[0] == []

@@ -12,6 +12,7 @@ from gate.controller.triggers import (
     JoinKey,
     NodeKey,
     PolicyKey,
+    TaintKey,
     Triggered,
     gate_seen,
     on_gate,
@@ -138,3 +139,20 @@ def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> 
 def test_keys_read_as_paths_in_logs_and_name_their_kind_for_metrics() -> None:
     assert (str(NodeKey("g", "n1")), NodeKey("g", "n1").kind) == ("node/g/n1", "node")
     assert (str(GateKey("g")), GateKey("g").kind, JoinKey("g", "n").kind) == ("gate/g", "gate", "join")
+
+
+def tainted(name: str) -> Obj:
+    obj = node(name)
+    obj["spec"] = {"taints": [{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}]}
+    return obj
+
+
+def test_a_tainted_node_is_looked_at_on_each_of_its_events_and_on_each_gate_change() -> None:
+    """The readiness taint follows membership: the taint reconcile decides, the triggers only ask."""
+    assert TaintKey("n1") in on_node("MODIFIED", tainted("n1"), []).now
+    assert TaintKey("n1") not in on_node("MODIFIED", node("n1"), []).now
+    assert TaintKey("n1") not in on_node("DELETED", tainted("n1"), []).now
+    nodes = [tainted("n1"), node("n2")]
+    edited = on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes)
+    assert TaintKey("n1") in edited.now and TaintKey("n2") not in edited.now
+    assert TaintKey("n1") in on_gate(gate("g"), gate_seen(gate("g")), nodes, kind="DELETED").now

@@ -9,7 +9,7 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
-from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate, replan
+from gate.lifecycle.fleet import FleetNode, GatePlan, orphan_taint, plan_gate, replan
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 
@@ -368,3 +368,47 @@ def test_selections_are_memoized_per_node_version_and_a_relabelled_node_is_match
     assert plan_gate(g, None, fleet, gates=[g], now=NOW).status.nodes.matched == 3
     relabelled = [fleet_node("n1"), fleet_node("n2"), fleet_node("n3", labels={"pool": "b"})]
     assert plan_gate(g, None, relabelled, gates=[g], now=NOW).status.nodes.matched == 2
+
+
+# -- trust: membership decides (issue 27) ------------------------------------------------------------
+
+TAINTED = ((keys.READINESS_TAINT_KEY, keys.READINESS_TAINT_EFFECT),)
+
+
+def test_a_round_on_a_node_that_left_the_gate_is_released_once_no_stage_pod_runs() -> None:
+    g = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "a"}})
+    state = started(g).model_copy(update={"cordoned": True, "phase": "stages"})
+    left = fleet_node("n1", labels={"pool": "b"}, state=state, unschedulable=True,
+                      annotations={keys.CORDONED_BY: "g"})
+    running = plan_gate(g, None, [left], gates=[g], now=NOW, busy={"n1"})
+    assert "n1" not in running.updates  # its stage pod finishes first
+    plan = plan_gate(g, None, [left], gates=[g], now=NOW)
+    up = plan.updates["n1"]
+    assert up.remove_state and up.change.unschedulable is False and up.change.clear_cordoned_by
+
+
+def test_ignored_nodes_are_counted_and_named_by_ready() -> None:
+    g = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "a"}})
+    nodes = [fleet_node("n1", state=complete(g)),
+             fleet_node("n2", labels={"pool": "a", keys.IGNORE_LABEL: "true"}),
+             fleet_node("n3", labels={"pool": "b", keys.IGNORE_LABEL: "true"})]
+    plan = plan_gate(g, None, nodes, gates=[g], now=NOW)
+    assert plan.status.nodes.matched == 1 and plan.status.nodes.ignored == 1
+    ready = next(c for c in plan.status.conditions if c.type == "Ready")
+    assert ready.status == "True" and f"1 more that the selector matches are ignored ({keys.IGNORE_LABEL}=true)" \
+        in ready.message
+
+
+def test_the_readiness_taint_follows_membership() -> None:
+    readiness = gate({"k": PKG}, readinessTaint=True, nodeSelector={"matchLabels": {"pool": "a"}})
+    plain = gate({"k": PKG}, nodeSelector={"matchLabels": {"pool": "b"}})
+    member = fleet_node("n1", taints=TAINTED)
+    assert orphan_taint(member, [readiness]) is None
+    assert orphan_taint(fleet_node("n1"), []) is None  # no taint, nothing to lift
+    assert orphan_taint(member, []) == "no readinessTaint NodeGate selects the node any longer"  # deleted/disabled
+    relabelled = fleet_node("n1", labels={"pool": "b"}, taints=TAINTED)
+    assert orphan_taint(relabelled, [readiness, plain]) == "no readinessTaint NodeGate selects the node any longer"
+    off = gate({"k": PKG}, readinessTaint=False, nodeSelector={"matchLabels": {"pool": "a"}})
+    assert orphan_taint(member, [off]) is not None
+    ignored = fleet_node("n1", labels={"pool": "a", keys.IGNORE_LABEL: "true"}, taints=TAINTED)
+    assert "ignored" in (orphan_taint(ignored, [readiness]) or "")
