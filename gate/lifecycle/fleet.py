@@ -233,6 +233,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
             # node); a stage pod still running is let finish first.
             up = _update(updates, node.view.name)
             up.remove_state = True
+            if state.status == "in-progress":
+                up.events.append(EventRequest(
+                    "node", "Warning", "RoundStopped", f"NodeGate {name} does not select the node (any longer): the "
+                    "round recorded there was not carried on, and the gate's keys were removed"))
             if state.cordoned and node.view.cordoned_by == name:
                 up.change.unschedulable = False
                 up.change.clear_cordoned_by = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gate.api.keys import READINESS_TAINT_KEY
+from tests.conftest import unique
 
 if TYPE_CHECKING:
     from gate.devcluster.cluster import DevCluster
@@ -23,6 +25,24 @@ def plain_node(name: str, labels: dict[str, str], taints: list[dict[str, str]] |
     """A Node without kwok's annotation: nothing but the API server and the webhook touch it."""
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
             "spec": {"taints": taints} if taints is not None else {}}
+
+
+@asynccontextmanager
+async def readiness_holder(kube: KubeClient, labels: dict[str, str]) -> AsyncIterator[str]:
+    """A paused readinessTaint NodeGate over the nodes with `labels`, while inside: it keeps their readiness
+    taint on (the operator lifts the taint of a node that no readinessTaint gate selects) and starts nothing."""
+    from gate.kube.client import NODEGATES
+    from gate.kube.errors import NotFound
+
+    name = unique("hold")
+    await kube.create(NODEGATES, {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
+                                  "spec": {"readinessTaint": True, "paused": True,
+                                           "nodeSelector": {"matchLabels": labels}}})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(NotFound):  # the test may have deleted it already
+            await kube.delete(NODEGATES, name)
 
 
 @asynccontextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import yaml
@@ -23,7 +23,7 @@ import yaml
 from gate.api.keys import READINESS_TAINT_KEY
 from gate.kube.client import NODEGATES, NODES, KubeClient
 from tests.conftest import Kubectl, unique
-from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node
+from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node, readiness_holder
 
 OTHER = {"key": "example.com/dedicated", "value": "gpu", "effect": "NoSchedule"}
 OPERATOR = "system:serviceaccount:nodegate-system:nodegate-operator"
@@ -40,11 +40,12 @@ async def node_admin(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-def tainted(kubectl: Kubectl, webhook: Webhook) -> Iterator[str]:
-    name = unique("sec-taint")
-    kubectl.apply(yaml.safe_dump(plain_node(name, {"pool": "none"}, [OTHER, TAINT])))
-    yield name
-    kubectl.run("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+async def tainted(kube: KubeClient, kubectl: Kubectl, webhook: Webhook) -> AsyncIterator[str]:
+    name, pool = unique("sec-taint"), unique("pool")
+    async with readiness_holder(kube, {"pool": pool}):  # or the operator lifts a taint no gate holds
+        kubectl.apply(yaml.safe_dump(plain_node(name, {"pool": pool}, [OTHER, TAINT])))
+        yield name
+        kubectl.run("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def taints_of(kubectl: Kubectl, name: str) -> list[dict[str, str]]:

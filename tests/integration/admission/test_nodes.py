@@ -12,7 +12,7 @@ import pytest
 from gate.api.keys import IGNORE_LABEL, READINESS_TAINT_KEY
 from gate.kube.client import NODEGATES, NODES, KubeClient
 from tests.conftest import Kubectl, unique
-from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node
+from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node, readiness_holder
 
 
 def readiness_taints(obj: dict[str, object]) -> list[object]:
@@ -80,10 +80,11 @@ async def test_unselected_nodes_join_untainted_and_ignored_ones_tainted(kube: Ku
 
 @pytest.fixture
 async def tainted_node(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]:
-    name = unique("tainted")
-    await kube.create(NODES, plain_node(name, {"pool": "none"}, [TAINT]))
-    yield name
-    await kube.delete(NODES, name)
+    name, pool = unique("tainted"), unique("pool")
+    async with readiness_holder(kube, {"pool": pool}):  # or the operator lifts a taint no gate holds
+        await kube.create(NODES, plain_node(name, {"pool": pool}, [TAINT]))
+        yield name
+        await kube.delete(NODES, name)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from gate.devcluster.cluster import DevCluster, node_manifest
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODES
-from tests.integration.conftest import Webhook
+from tests.integration.conftest import Webhook, readiness_holder
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, StepLog, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
@@ -61,15 +61,19 @@ async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator
 async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scenario: Scenario) -> None:
     from gate.devcluster.stages import failing_stage
 
-    [node] = await scenario.add_nodes(1, taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
-    other = f"{scenario.name}-second"
-    # The second gate never completes on the node: its only stage fails there.
-    await scenario.inject(failing_stage("fail", nodes=[node], package="never"))
-    manifest = scenario.gate_manifest({"never": {**PKG, "retries": 0}}, readinessTaint=True)
-    manifest["metadata"]["name"] = other
-    await scenario.kube.apply(manifest, field_manager="test", force=True)
-    try:
+    # Until the two gates are there, a paused one holds the taint the node registers with (the operator
+    # lifts a taint that no readinessTaint gate holds).
+    async with readiness_holder(scenario.kube, {"test": scenario.name}) as holder:
+        [node] = await scenario.add_nodes(1, taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
+        other = f"{scenario.name}-second"
+        # The second gate never completes on the node: its only stage fails there.
+        await scenario.inject(failing_stage("fail", nodes=[node], package="never"))
+        manifest = scenario.gate_manifest({"never": {**PKG, "retries": 0}}, readinessTaint=True)
+        manifest["metadata"]["name"] = other
+        await scenario.kube.apply(manifest, field_manager="test", force=True)
         await scenario.apply_gate({"fine": PKG}, readinessTaint=True)
+        await scenario.delete_gate(holder)
+    try:
         await scenario.wait_ready()
         assert _tainted(await scenario.node(node)), "tainted while another readinessTaint gate failed there"
     finally:
@@ -124,10 +128,15 @@ async def test_deleting_the_gate_uninstalls_uncordons_and_removes_every_key(
 
 async def test_deleting_a_gate_releases_nodes_it_never_started_on(scenario: Scenario, step_log: StepLog) -> None:
     # Paused from the start: one node joined with the readiness taint and waits, one waits untainted.
-    [tainted] = await scenario.add_nodes(1, taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
-    [plain] = await scenario.add_nodes(1, start=1)
-    await scenario.apply_gate({"base": PKG}, paused=True, readinessTaint=True)
-    await scenario.wait_condition("Paused")
+    # A paused gate over the tainted node alone holds its taint until this one is there (the operator
+    # lifts a taint that no readinessTaint gate holds).
+    async with readiness_holder(scenario.kube, {"test": scenario.name, "held": "yes"}) as holder:
+        [tainted] = await scenario.add_nodes(1, {"held": "yes"},
+                                             taints=[{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}])
+        [plain] = await scenario.add_nodes(1, start=1)
+        await scenario.apply_gate({"base": PKG}, paused=True, readinessTaint=True)
+        await scenario.wait_condition("Paused")
+        await scenario.delete_gate(holder)
     for node in (tainted, plain):
         await wait_for(lambda n=node: _is_waiting(scenario, n), what=f"{node} waiting in line")
     assert _tainted(await scenario.node(tainted))

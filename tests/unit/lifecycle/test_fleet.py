@@ -385,6 +385,7 @@ def test_a_round_on_a_node_that_left_the_gate_is_released_once_no_stage_pod_runs
     plan = plan_gate(g, None, [left], gates=[g], now=NOW)
     up = plan.updates["n1"]
     assert up.remove_state and up.change.unschedulable is False and up.change.clear_cordoned_by
+    assert [e.reason for e in up.events] == ["RoundStopped"]
 
 
 def test_ignored_nodes_are_counted_and_named_by_ready() -> None:
