@@ -62,11 +62,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Any) -> int:
+    from gate.controller.clients import open_clients
     from gate.controller.operator import Operator
-    from gate.kube.client import KubeClient
 
-    client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-operator")
-    operator = Operator(settings, client)
+    clients = await open_clients(settings)
+    operator = Operator(settings, clients)
     task = asyncio.create_task(operator.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,5 +76,5 @@ async def _run(settings: Any) -> int:
     except asyncio.CancelledError:
         logging.getLogger("nodegate.operator").info("Shut down; lease released")
     finally:
-        await client.close()
+        await clients.close()
     return 0
