@@ -39,8 +39,8 @@ async def open_clients(settings: OperatorSettings) -> OperatorClients:
     fence = Fence(settings.renew_deadline)
     work = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-operator", fence=fence)
     # Its timeout is only a ceiling: the elector gives every request the time left before the deadline.
-    lease = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-operator-lease",
-                                              connections=LEASE_CONNECTIONS, timeout=settings.renew_deadline)
+    lease = work.sibling(user_agent="nodegate-operator-lease", connections=LEASE_CONNECTIONS,
+                         timeout=settings.renew_deadline)
     return OperatorClients(work, lease, fence)
 
 

@@ -218,6 +218,13 @@ class KubeClient:
         cfg.api_key = {"BearerToken": f"Bearer {token}"}
         return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout, connections=self._connections)
 
+    def sibling(self, *, user_agent: str, connections: int = CONNECTIONS, timeout: float | None = None,
+                fence: Fence | None = None) -> KubeClient:
+        """A client for the same server and identity with a pool of its own (and its own timeout and
+        fence): requests of one never wait for the connections of the other."""
+        return KubeClient(self._cfg, user_agent=user_agent, timeout=self._timeout if timeout is None else timeout,
+                          connections=connections, fence=fence)
+
     @property
     def ca_file(self) -> str | None:
         return self._cfg.ssl_ca_cert

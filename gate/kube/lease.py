@@ -83,8 +83,10 @@ class LeaderElector:
                 work = asyncio.create_task(on_started(), name="leader-work")
                 renew = asyncio.create_task(self._renew_loop(), name="lease-renew")
                 deadline = asyncio.create_task(self._until_deadline(), name="lease-deadline")
+                expired = False
                 try:
                     done, _ = await asyncio.wait({work, renew, deadline}, return_when=asyncio.FIRST_COMPLETED)
+                    expired = self.fence.remaining() <= 0
                 finally:
                     # First the fence: from here no write of the work goes out, whatever is still on
                     # its way. Also when this task is cancelled (a shutdown): the work and the renewals
@@ -96,7 +98,7 @@ class LeaderElector:
                     on_stopped()
                 if work in done and not work.cancelled() and work.exception() is not None:
                     raise work.exception()  # type: ignore[misc]
-                why = "renew deadline passed" if deadline in done else "another candidate holds the lease"
+                why = "renew deadline passed" if expired else "another candidate holds the lease"
                 log.warning("Lost leadership; lease=%s/%s identity=%s reason=%s", self.namespace, self.name,
                             self.identity, why)
         finally:
