@@ -120,3 +120,12 @@ async def test_a_fenced_client_sends_no_write_after_the_deadline_but_still_reads
             await client.get(CONFIGMAPS, "x", "default")
         assert not isinstance(err.value, LeadershipLost)
         assert client.requests == 1
+
+
+def test_the_operator_refuses_to_start_with_timings_that_let_two_leaders_act(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gate.cli.main import main
+
+    assert main(["operator", "run", "--lease-seconds", "10", "--renew-deadline", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--renew-deadline" in err and "renew_deadline (10) < lease_seconds (10)" in err
