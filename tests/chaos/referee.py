@@ -117,7 +117,7 @@ class Referee:
                 "clientConfig": {"url": f"https://127.0.0.1:{self.port}/review",
                                  "caBundle": base64.b64encode(ca.cert_pem).decode()},
                 "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
-                           "resources": ["*", "*/*"], "scope": "*"}],
+                           "resources": ["*/*"], "scope": "*"}],
                 "matchConditions": [{"name": "operator-replicas",
                                      "expression": f"request.userInfo.username == '{self.username}'"}],
                 "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 30,

@@ -120,6 +120,7 @@ async def test_a_leader_whose_renewals_do_not_get_through_stops_acting_before_th
         await until(lambda: acting(old, "/nodes") >= BUDGET and acting(old, "/pods") >= 1, "the leader at work")
         assert not await gate_done(kube, run)
 
+        disturbed = time.monotonic()
         if disturbance == "renewals-held":
             referee.held.add(old)
         else:
@@ -160,6 +161,13 @@ async def test_a_leader_whose_renewals_do_not_get_through_stops_acting_before_th
     print(f"{disturbance}: old leader {len(referee.of(old))} writes, new leader {len(referee.of(new))}; "
           f"lease writes {len(referee.of(old, leases=True))} / {len(referee.of(new, leases=True))}; "
           f"{report.summary()}")
+    last_old = max(w.at for w in referee.of(old))
+    print(f"  from the disturbance: the old leader's last write at {last_old - disturbed:+.2f}s, "
+          f"the new leader's first at {first_new - disturbed:+.2f}s")
+    renewals = ", ".join(f"{w.at - disturbed:+.1f}s" for w in referee.of(old, leases=True))
+    print(f"  old leader's lease writes admitted at {renewals}")
+    print("\n".join("  " + line for line in log.splitlines() if "Lease" in line or "leader" in line
+                     or "not sent" in line))
     # Never two leaders acting: nothing of the old leader's reached the API server once the new one acted.
     assert late == [], late
     # Never a budget exceeded, no stage twice, nothing uncordoned under a stage.
