@@ -129,3 +129,20 @@ def test_the_operator_refuses_to_start_with_timings_that_let_two_leaders_act(
     assert main(["operator", "run", "--lease-seconds", "10", "--renew-deadline", "10"]) == 2
     err = capsys.readouterr().err
     assert "--renew-deadline" in err and "renew_deadline (10) < lease_seconds (10)" in err
+
+
+def test_the_writes_the_fence_kept_back_are_a_metric() -> None:
+    from prometheus_client import generate_latest
+
+    from gate.controller.health import Health
+    from gate.controller.metrics import OperatorMetrics
+    from gate.controller.settings import OperatorSettings
+
+    fence = Fence(10, Clock(0.0))
+    client = KubeClient(Configuration(host="https://127.0.0.1:9"), fence=fence)
+    for _ in range(3):
+        with pytest.raises(LeadershipLost):
+            fence.check("POST /api/v1/namespaces/x/events")
+    metrics = OperatorMetrics()
+    Health(OperatorSettings(), client, metrics, lambda: False, lambda: False).sync_request_metrics()
+    assert "nodegate_leader_writes_refused 3.0" in generate_latest(metrics.registry).decode()
