@@ -46,6 +46,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nodegate operator: --event-loop must be uvloop or asyncio, not {settings.event_loop!r}",
               file=sys.stderr)
         return 2
+    from gate.kube.fence import LeaseTiming
+
+    try:
+        LeaseTiming(settings.lease_seconds, settings.renew_seconds, settings.renew_deadline)
+    except ValueError as exc:
+        print(f"nodegate operator: --lease-seconds, --renew-seconds, --renew-deadline: {exc}", file=sys.stderr)
+        return 2
     setup_logging(settings.log_level, settings.log_format)
     # The caches hold every Node and stage pod, a few hundred thousand objects at 5,000 nodes, and they
     # live until the next version replaces them. The cyclic collector's default pace (a young collection
@@ -62,11 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Any) -> int:
+    from gate.controller.clients import open_clients
     from gate.controller.operator import Operator
-    from gate.kube.client import KubeClient
 
-    client = await KubeClient.from_environment(settings.kubeconfig, user_agent="nodegate-operator")
-    operator = Operator(settings, client)
+    clients = await open_clients(settings)
+    operator = Operator(settings, clients)
     task = asyncio.create_task(operator.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,5 +83,5 @@ async def _run(settings: Any) -> int:
     except asyncio.CancelledError:
         logging.getLogger("nodegate.operator").info("Shut down; lease released")
     finally:
-        await client.close()
+        await clients.close()
     return 0

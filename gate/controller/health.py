@@ -30,6 +30,8 @@ class Health:
     def sync_request_metrics(self) -> None:
         """The client counts its requests; the metrics catch up when scraped, not after every reconcile."""
         self.metrics.api_requests.set(self.client.requests)
+        if self.client.fence is not None:
+            self.metrics.writes_refused.set(self.client.fence.refused)
         for kind, count in self.client.requests_by.items():
             seen = self._requests_reported.get(kind, 0)
             if count != seen:
@@ -43,6 +45,9 @@ class Health:
 
         async def metrics(_: web.Request) -> web.Response:
             self.sync_request_metrics()
+            # From the leader's clock, as /readyz: a leader past its renew deadline is none, even before
+            # its renewal loop has noticed (a process that was frozen).
+            self.metrics.leader.set(1 if self.leading() else 0)
             body = generate_latest(self.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -78,6 +78,9 @@ class OperatorMetrics:
         self.reconcile_duration = Histogram("nodegate_reconcile_duration_seconds", "Reconcile duration", ["kind"],
                                             registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
         self.api_requests = Gauge("nodegate_api_requests", "API requests sent since start", registry=r)
+        self.writes_refused = Gauge("nodegate_leader_writes_refused",
+                                    "Writes not sent since start: this replica was not the leader (gate.kube.fence)",
+                                    registry=r)
         self.api_requests_by = Counter("nodegate_api_requests_by_resource",
                                        "API requests sent, by verb and resource", ["verb", "resource"], registry=r)
         self.queue_depth = Gauge("nodegate_work_queue_depth", "Keys waiting in the work queue", registry=r)

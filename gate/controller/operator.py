@@ -1,6 +1,8 @@
 """The operator process: the wiring of its parts, as controller-runtime's manager wires a controller.
 
-* Leader election (`gate.kube.lease`): only the leader works; a standby serves health and waits.
+* Leader election (`gate.kube.lease`) through a client of its own (`gate.controller.clients`): only
+  the leader works, and its work's writes pass the leader's fence (`gate.kube.fence`), so none goes
+  out after the renew deadline; a standby serves health and waits.
 * The caches and the index (`gate.controller.world`), fed by watches; their events go through the
   pure handlers of `gate.controller.triggers` into the work queue (`gate.controller.queue`) as typed
   keys.
@@ -26,6 +28,7 @@ from typing import Any
 from gate import __version__
 from gate.api import keys
 from gate.controller import triggers
+from gate.controller.clients import OperatorClients
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.gates import GateReconciler, PolicyReconciler
@@ -37,7 +40,6 @@ from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.world import World
 from gate.kube.cache import WatchCache
-from gate.kube.client import KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed
 from gate.kube.lease import LeaderElector
 from gate.lifecycle.machine import Timing
@@ -48,9 +50,10 @@ Obj = dict[str, Any]
 
 
 class Operator:
-    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics | None = None) -> None:
+    def __init__(self, settings: OperatorSettings, clients: OperatorClients,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.settings = settings
-        self.client = client
+        client = self.client = clients.work
         self.metrics = metrics or OperatorMetrics()
         recorder = EventRecorder(client, settings.identity)
         timing = Timing(image_pull_grace=settings.image_pull_grace, pending_timeout=settings.pending_timeout,
@@ -63,9 +66,9 @@ class Operator:
         self.joins = JoinReconciler(self.world, executor)
         self.taints = TaintReconciler(self.world, executor)
         self.ready = False
-        self.elector = LeaderElector(client, settings.lease_name, settings.namespace, settings.identity,
+        self.elector = LeaderElector(clients.lease, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
-                                     renew_deadline=settings.renew_deadline,
+                                     renew_deadline=settings.renew_deadline, fence=clients.fence,
                                      annotations={keys.OPERATOR_VERSION_ANNOTATION: __version__})
         self.health = Health(settings, client, self.metrics, lambda: self.elector.is_leader, lambda: self.ready)
 

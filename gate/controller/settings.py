@@ -27,7 +27,8 @@ class OperatorSettings:
     lease_seconds: int = field(default=15, metadata={"help": "lease duration; a standby takes over after it"})
     renew_seconds: float = field(default=5.0, metadata={"help": "how often the leader renews the lease"})
     renew_deadline: float = field(default=10.0, metadata={
-        "help": "the leader stops all work when it could not renew for this long"})
+        "help": "the leader stops all work, and refuses its own writes, this long after it sent its last "
+                "successful renewal; lease-seconds minus this is the margin before a standby may lead"})
     agent_image: str = field(default=f"ghcr.io/nodegate/nodegate:{__version__}", metadata={
         "help": "image of the agent container in stage pods (NodeGate's own image)"})
     package_service_account: str = field(default="nodegate-package", metadata={

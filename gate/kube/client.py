@@ -17,10 +17,14 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 from kubernetes.aio import config as kconfig
 from kubernetes.aio.client import Configuration
 
 from gate.kube.errors import ApiError, ConnectionFailed, Gone, api_error
+from gate.kube.fence import Fence
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "json", "strategic", "apply"]
@@ -133,13 +137,39 @@ def resource_of(path: str) -> str:
 # that to 8 MiB (64 did to 16). An API server on two cores is saturated well below 32 requests at once:
 # `bench.rollout --nodes 1000` gave the same makespan and operator CPU with 32 as with 64.
 CONNECTIONS = 32
+# Methods that change nothing: never fenced.
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class _FencedConnector(aiohttp.TCPConnector):
+    """Checks the fence once a write has its connection, the last moment before its bytes go out.
+
+    aiohttp writes the request right after `connect` returns, with no await in between, so a write
+    that waited for one of the pool's connections is judged when it leaves, not when it was queued.
+    """
+
+    def __init__(self, fence: Fence, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._fence = fence
+
+    async def connect(self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout) -> Connection:
+        conn = await super().connect(req, traces, timeout)
+        if req.method not in _READS and not self._fence.holds():
+            conn.release()  # nothing was written on it: back to the pool
+            self._fence.check(f"{req.method} {req.url.path}")
+        return conn
 
 
 class KubeClient:
-    """One connection pool to one API server, authenticated as one identity."""
+    """One connection pool to one API server, authenticated as one identity.
+
+    `connections` bounds the pool. With a `fence` (`gate.kube.fence`), every request that is not a
+    read is refused (`LeadershipLost`) unless the fence holds when it would go out: the operator's
+    work client, whose writes must stop with its leadership.
+    """
 
     def __init__(self, configuration: Configuration, *, user_agent: str = "nodegate",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, connections: int = CONNECTIONS, fence: Fence | None = None) -> None:
         self._cfg = configuration
         self.base_url = configuration.host.rstrip("/")
         ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
@@ -150,6 +180,8 @@ class KubeClient:
             ctx.verify_mode = ssl.CERT_NONE
         self._ssl = ctx
         self._timeout = timeout
+        self._connections = connections
+        self.fence = fence
         self._session: aiohttp.ClientSession | None = None
         self.user_agent = user_agent
         self.requests = 0  # count of requests sent, for the benchmarks' requests-per-node figures
@@ -184,7 +216,14 @@ class KubeClient:
         """A client for the same server authenticated by a bearer token instead (e.g. a TokenRequest)."""
         cfg = Configuration(host=self._cfg.host, ssl_ca_cert=self._cfg.ssl_ca_cert)
         cfg.api_key = {"BearerToken": f"Bearer {token}"}
-        return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout)
+        return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout, connections=self._connections)
+
+    def sibling(self, *, user_agent: str, connections: int = CONNECTIONS, timeout: float | None = None,
+                fence: Fence | None = None) -> KubeClient:
+        """A client for the same server and identity with a pool of its own (and its own timeout and
+        fence): requests of one never wait for the connections of the other."""
+        return KubeClient(self._cfg, user_agent=user_agent, timeout=self._timeout if timeout is None else timeout,
+                          connections=connections, fence=fence)
 
     @property
     def ca_file(self) -> str | None:
@@ -203,8 +242,10 @@ class KubeClient:
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            connector = (aiohttp.TCPConnector(ssl=self._ssl, limit=self._connections) if self.fence is None
+                         else _FencedConnector(self.fence, ssl=self._ssl, limit=self._connections))
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS),
+                connector=connector,
                 headers={"User-Agent": self.user_agent, "Accept": "application/json"},
             )
         return self._session
@@ -229,13 +270,15 @@ class KubeClient:
             data = body if isinstance(body, (bytes, str)) else orjson.dumps(body)
             content_type = content_type or "application/json"
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        if self.fence is not None and method not in _READS:
+            self.fence.check(f"{method} {path}")  # early, not to wait for a connection in vain; again once it has one
         self.requests += 1
         self.requests_by[(method, resource_of(path))] += 1
         try:
             async with self._sess().request(
                 method, self.base_url + path, params=clean, data=data,
                 headers=await self._headers(content_type),
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+                timeout=aiohttp.ClientTimeout(total=self._timeout if timeout is None else timeout),
             ) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:
@@ -274,8 +317,8 @@ class KubeClient:
             raise ConnectionFailed(f"GET {path}: {exc.__class__.__name__}: {exc}") from exc
 
     async def get(self, res: Resource, name: str, namespace: str | None = None,
-                  subresource: str | None = None) -> Obj:
-        result: Obj = await self.request("GET", res.path(namespace, name, subresource))
+                  subresource: str | None = None, *, timeout: float | None = None) -> Obj:
+        result: Obj = await self.request("GET", res.path(namespace, name, subresource), timeout=timeout)
         return result
 
     async def list(self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
@@ -300,15 +343,18 @@ class KubeClient:
 
     async def create(self, res: Resource, obj: Obj, namespace: str | None = None, *,
                      subresource_of: str | None = None, subresource: str | None = None,
-                     dry_run: bool = False) -> Obj:
+                     dry_run: bool = False, timeout: float | None = None) -> Obj:
         ns = namespace or obj.get("metadata", {}).get("namespace")
         path = res.path(ns, subresource_of, subresource) if subresource_of else res.path(ns)
-        result: Obj = await self.request("POST", path, body=obj, params={"dryRun": "All" if dry_run else None})
+        result: Obj = await self.request("POST", path, body=obj, params={"dryRun": "All" if dry_run else None},
+                                         timeout=timeout)
         return result
 
-    async def replace(self, res: Resource, obj: Obj, *, subresource: str | None = None) -> Obj:
+    async def replace(self, res: Resource, obj: Obj, *, subresource: str | None = None,
+                      timeout: float | None = None) -> Obj:
         meta = obj["metadata"]
-        result: Obj = await self.request("PUT", res.path(meta.get("namespace"), meta["name"], subresource), body=obj)
+        result: Obj = await self.request("PUT", res.path(meta.get("namespace"), meta["name"], subresource), body=obj,
+                                         timeout=timeout)
         return result
 
     async def patch(self, res: Resource, name: str, patch: Any, *, namespace: str | None = None,

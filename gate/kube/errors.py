@@ -99,3 +99,11 @@ class ConnectionFailed(Exception):
     """The API server could not be reached (connection refused, reset, TLS, timeout)."""
 
     temporary = True
+
+
+class LeadershipLost(ConnectionFailed):
+    """A write this replica refused to send: it is not (or no longer) the leader (`gate.kube.fence`).
+
+    Nothing went out, so it is as temporary as a refused connection, and every caller that retries a
+    ConnectionFailed handles it; the work that asked is being cancelled anyway.
+    """

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from gate.controller import events
 from gate.kube.cache import WatchCache
-from gate.kube.client import CONFIGMAPS, EVENTS, KubeClient
-from gate.kube.errors import Conflict, NotFound
+from gate.kube.client import CONFIGMAPS, EVENTS, NAMESPACES, KubeClient
+from gate.kube.errors import Conflict, LeadershipLost, NotFound
+from gate.kube.fence import Fence
 from gate.kube.lease import LeaderElector
 from tests.conftest import unique
 from tests.processes import HANG_GUARD
@@ -65,6 +67,41 @@ async def test_typed_errors_carry_the_status(kube: KubeClient) -> None:
         assert not lost.value.already_exists and lost.value.temporary
     finally:
         await kube.delete(CONFIGMAPS, name, "default")
+
+
+async def test_a_write_queued_for_a_connection_before_the_fence_closed_does_not_go_out_after_it(
+        kube: KubeClient) -> None:
+    """The fence is judged when a write would leave, not when it was asked for: the work's client may
+    have every connection busy, and a write waiting for one must not leave once leadership is lost."""
+    fence = Fence(HANG_GUARD)
+    fence.begin(time.monotonic())
+    name = unique("fenced")
+    one = kube.sibling(user_agent="nodegate-test-fenced", connections=1, fence=fence)
+    try:
+        watching = asyncio.Event()
+
+        async def hold_the_connection() -> None:
+            # From resourceVersion 0 the server replays what exists at once: the watch holds the only
+            # connection from its first event until the server ends it.
+            async for _ in one.watch(NAMESPACES, resource_version="0", timeout_seconds=2):
+                watching.set()
+
+        holder = asyncio.create_task(hold_the_connection())
+        await asyncio.wait_for(watching.wait(), HANG_GUARD)
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"}}
+        write = asyncio.create_task(one.create(CONFIGMAPS, cm))
+        await asyncio.sleep(0.2)
+        sent_before = one.requests
+        fence.revoke()  # leadership lost while the write waits for the connection
+        with pytest.raises(LeadershipLost):
+            await asyncio.wait_for(write, HANG_GUARD)
+        # It had passed the early check (it was counted), so it was the connector that refused it.
+        assert one.requests == sent_before == 2
+        await holder
+        with pytest.raises(NotFound):
+            await kube.get(CONFIGMAPS, name, "default")
+    finally:
+        await one.close()
 
 
 LONG_LEASE = 60
