@@ -12,9 +12,10 @@ asks up to 9,280, and anyone allowed to write a gate can send such writes in a l
   as late, which is why the time is seconds, not minutes.
 * **Bounded in number**: at most `max_entries` answers kept, the least recently used dropped first.
 * **Bounded in concurrency**: at most `max_in_flight` SubjectAccessReviews are in flight to the API
-  server from this process, and at most `per_request` of them for one admission request. The second
-  bound is fairness: a write with thousands of questions queues at most `per_request` of them ahead
-  of a small write's one, instead of all of them.
+  server from this process, and at most `per_request` of them for one admission request. Waiting
+  questions get a free slot smallest request first (by the questions the request still had to ask),
+  then in arrival order: a write with thousands of questions never queues them ahead of a small
+  write's one, and holds at most `per_request` slots while it waits its turn.
 * **Singleflight**: the same question asked by concurrent requests is sent once. The review runs in a
   task of its own, so one asker giving up (its request cancelled) cancels nobody else's answer.
 
@@ -26,6 +27,8 @@ the rest through an `AccessReviews`, the one seam to the API server.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -111,6 +114,36 @@ class AnswerCache:
             self._answers.popitem(last=False)
 
 
+class PrioritySlots:
+    """A semaphore whose waiters are served lowest priority number first, then in arrival order."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    async def acquire(self, priority: int) -> None:
+        if self.free > 0 and not self._waiting:
+            self.free -= 1
+            return
+        handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._arrivals), handed))
+        try:
+            await handed
+        except asyncio.CancelledError:
+            if handed.done() and not handed.cancelled():
+                self.release()  # handed a slot in the same moment it was cancelled: pass it on
+            raise  # a cancelled waiter stays in the heap, done: release() skips it
+
+    def release(self) -> None:
+        while self._waiting:
+            _, _, handed = heapq.heappop(self._waiting)
+            if not handed.done():
+                handed.set_result(None)  # the slot goes straight to the waiter, never back to `free`
+                return
+        self.free += 1
+
+
 @dataclass
 class ReviewStats:
     """What the reviewer did, for the webhook's metrics (counters only grow)."""
@@ -144,7 +177,7 @@ class SubjectAccessReviewer:
         self.per_request = per_request
         self.stats = ReviewStats()
         self._clock = clock
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self._slots = PrioritySlots(max_in_flight)
         self._inflight: dict[CacheKey, asyncio.Task[bool]] = {}
 
     async def answer(self, checks: Sequence[AccessCheck]) -> list[bool]:
@@ -166,11 +199,12 @@ class SubjectAccessReviewer:
         self.stats.cache_hits += len(first) - len(missing)
         if missing:
             queue = iter(missing)
+            priority = len(missing)
 
             async def worker() -> None:
                 # The workers share one iterator: each takes the next question when it has an answer.
                 for key in queue:
-                    answers[key] = await self._ask(key, first[key])
+                    answers[key] = await self._ask(key, first[key], priority)
 
             try:
                 async with asyncio.TaskGroup() as group:  # one failure cancels the request's other workers
@@ -181,27 +215,28 @@ class SubjectAccessReviewer:
                 raise failed.exceptions[0] from None
         return [answers[key] for key in keys]
 
-    async def _ask(self, key: CacheKey, check: AccessCheck) -> bool:
+    async def _ask(self, key: CacheKey, check: AccessCheck, priority: int) -> bool:
         task = self._inflight.get(key)
         if task is None:
             # A task of its own, not the asker's coroutine: if the asker is cancelled, the others
             # waiting on the same question still get the answer, and the cache still learns it.
-            task = asyncio.create_task(self._send(key, check), name="subject-access-review")
+            task = asyncio.create_task(self._send(key, check, priority), name="subject-access-review")
             task.add_done_callback(_retrieved)
             self._inflight[key] = task
         else:
             self.stats.shared += 1
         return await asyncio.shield(task)
 
-    async def _send(self, key: CacheKey, check: AccessCheck) -> bool:
+    async def _send(self, key: CacheKey, check: AccessCheck, priority: int) -> bool:
         try:
-            async with self._slots:
-                self.stats.sent += 1
-                self.stats.in_flight += 1
-                try:
-                    allowed = await self.reviews.review(check)
-                finally:
-                    self.stats.in_flight -= 1
+            await self._slots.acquire(priority)
+            self.stats.sent += 1
+            self.stats.in_flight += 1
+            try:
+                allowed = await self.reviews.review(check)
+            finally:
+                self.stats.in_flight -= 1
+                self._slots.release()
         except Exception:
             self.stats.failed += 1
             raise

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gate.admission.authz import AnswerCache, SubjectAccessReviewer
+from gate.admission.authz import AnswerCache, PrioritySlots, SubjectAccessReviewer
 from gate.admission.rules.review import AccessCheck, UserInfo, Violation
 
 
@@ -161,6 +161,50 @@ async def test_a_small_request_is_not_queued_behind_a_large_ones_questions() -> 
     assert position <= 8, position
     assert not large.done()
     await large
+
+
+async def test_a_small_request_goes_first_even_when_a_large_one_may_fill_every_slot() -> None:
+    """Fairness by priority alone (no per-request bound): the large write's 1,000 questions wait
+    behind the small write's one, which needs only the next free slot."""
+    fake = FakeReviews(steps=5)
+    reviewer = SubjectAccessReviewer(fake, max_in_flight=8, per_request=1000)
+    large = asyncio.create_task(reviewer.answer([check(f"big-{i}") for i in range(1000)]))
+    await asyncio.sleep(0)
+    await reviewer.answer([check("mine", user="bob")])
+    position = next(i for i, c in enumerate(fake.asked) if c.user.username == "bob")
+    assert position <= 8, position
+    await large
+
+
+async def test_slots_go_to_the_lowest_priority_number_then_in_arrival_order() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire(0)
+    order: list[str] = []
+
+    async def waiter(name: str, priority: int) -> None:
+        await slots.acquire(priority)
+        order.append(name)
+        slots.release()
+
+    tasks = [asyncio.create_task(waiter(n, p)) for n, p in (("big-1", 100), ("small", 1), ("big-2", 100))]
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(*tasks)
+    assert order == ["small", "big-1", "big-2"]
+    assert slots.free == 1
+
+
+async def test_a_cancelled_waiter_loses_no_slot() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire(0)
+    gone = asyncio.create_task(slots.acquire(1))
+    stays = asyncio.create_task(slots.acquire(2))
+    await asyncio.sleep(0)
+    gone.cancel()
+    slots.release()
+    await stays  # the slot went past the cancelled waiter
+    slots.release()
+    assert slots.free == 1 and gone.cancelled()
 
 
 async def test_identical_questions_in_flight_share_one_review() -> None:

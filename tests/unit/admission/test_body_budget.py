@@ -119,3 +119,24 @@ def test_metrics_show_the_body_budget() -> None:
     assert "nodegate_admission_body_bytes_held 0.0" in text
     assert "nodegate_admission_body_bytes_budget 1.048576e+06" in text
     assert "nodegate_admission_bodies_refused_total 0.0" in text
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_large_body_is_judged_like_a_small_one(allowed: bool) -> None:
+    """Above 64 KiB the review is parsed and judged in the large-body thread: same verdict, same
+    questions asked, each distinct one once."""
+    env = [{"name": f"E{i}", "valueFrom": {"secretKeyRef": {"name": f"secret-{i % 40}-{'x' * 100}", "key": "k"}}}
+           for i in range(128)]
+    packages = {f"pkg-{chr(97 + p)}": {"version": "1.0.0", "image": f"ghcr.io/example/p{p}", "env": env}
+                for p in range(8)}
+    body = json.dumps(review("NodeGate", "CREATE", gate(packages))).encode()
+    assert len(body) > 128 * KIB
+    authorizer = FixedAuthorizer(allowed=allowed)
+    with running_server(authorizer=authorizer) as srv:
+        conn = srv.connection()
+        conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())["response"]
+    assert answer["allowed"] is allowed
+    assert len(authorizer.asked) == 8 + 8 * 128  # every check of the rules reached the authorizer
+    if not allowed:
+        assert 'spec.packages[pkg-h].env[127].valueFrom.secretKeyRef' in answer["status"]["message"]
