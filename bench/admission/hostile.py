@@ -180,11 +180,19 @@ def _start_client(*argv: str) -> subprocess.Popen[bytes]:
 # -- the webhook, read from outside -------------------------------------------------------------------
 
 def metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=_insecure()) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+    """A metric of the webhook; NaN when the webhook does not answer its /metrics within a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=_insecure()) as resp:
+                for line in resp.read().decode().splitlines():
+                    if line.startswith(name + " "):
+                        return float(line.split()[1])
+            return 0.0
+        except OSError:
+            if time.monotonic() > deadline:
+                return float("nan")
+            time.sleep(1)
 
 
 def rss_mib(pid: int) -> float:
@@ -240,6 +248,12 @@ def one_run(name: str, url: str, pid: int, args: argparse.Namespace, first: int,
         time.sleep(2)  # the hostile load under way before the first legitimate review
     procs.append(_start_client("legitimate", "--url", url, "--rate", str(args.rate), "--seconds", str(args.seconds),
                                "--first", str(first), "--out", str(legit_out)))
+    if hostile and args.py_spy:
+        # Sampling the webhook while the hostile client runs: folded stacks, for flamegraph.pl or speedscope.
+        out = Path(f"{args.py_spy}-{name.split()[0].strip(',')}.txt")
+        subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d",
+                          str(int(args.seconds)), "-f", "raw", "-o", str(out), "-r", "50"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = rss_mib(pid)
     while any(p.poll() is None for p in procs):
         peak = max(peak, rss_mib(pid))
@@ -320,6 +334,8 @@ def main() -> None:
         p.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--hostile-clients", type=int, default=16)
     parser.add_argument("--skip-unbounded", action="store_true", help="leave out the run with the bounds off")
+    parser.add_argument("--py-spy", default="", help="record the webhook with py-spy during the hostile runs into "
+                                                      "<this>-<run>.txt (py-spy installed next to python)")
     args = parser.parse_args()
     if args.command:
         _client_main(args)

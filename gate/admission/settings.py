@@ -51,9 +51,11 @@ class WebhookSettings:
     thousands of checks queues at most this many ahead of another write's)."""
     max_body_bytes: int = 3 * 1024 * 1024
     """Largest request body: an AdmissionReview holds two objects of at most 1.5 MiB each."""
-    max_bodies_bytes: int = 32 * 1024 * 1024
+    max_bodies_bytes: int = 16 * 1024 * 1024
     """Most bytes of request bodies held at once (claimed by Content-Length before a body is read;
-    a quarter kept for bodies of at most 64 KiB); a request that does not fit is answered 429."""
+    a quarter kept for bodies of at most 64 KiB); a request that does not fit is answered 429.
+    Parsed and judged, a body takes about 11 times its size (the largest gate, 1.39 MiB: 15.7 MiB),
+    so the default holds at most about 180 MiB of reviews, well inside the chart's 512Mi limit."""
     allowed_image_repositories: tuple[str, ...] = ()
     """Registry hosts or repository prefixes package images must come from (gate/admission/rules/images.py:
     whole path components, names fully qualified); empty: any."""
