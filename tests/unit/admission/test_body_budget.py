@@ -140,3 +140,32 @@ def test_a_large_body_is_judged_like_a_small_one(allowed: bool) -> None:
     assert len(authorizer.asked) == 8 + 8 * 128  # every check of the rules reached the authorizer
     if not allowed:
         assert 'spec.packages[pkg-h].env[127].valueFrom.secretKeyRef' in answer["status"]["message"]
+
+
+def test_a_chunked_body_claims_the_largest_size_and_gets_413_past_the_limit() -> None:
+    with budget_server(total=1024 * KIB, max_body=100 * KIB) as srv:
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        with srv.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            wait_for(lambda: srv.server.bodies.held == 100 * KIB, "the chunked body claimed the largest size")
+            chunk = b"x" * (16 * KIB)
+            try:
+                for _ in range(8):  # 128 KiB: past the limit
+                    sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            except OSError:
+                pass  # the server may close as soon as it answered
+            assert status_of(sock) == 413
+        wait_for(lambda: srv.server.bodies.held == 0, "the claim was given back")
+
+
+def test_json_nested_past_the_parsers_limit_gets_400() -> None:
+    deep = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":' \
+           b'{"kind":"NodeGate"},"operation":"CREATE","object":{"spec":' + b"[" * 100_000 + b"]" * 100_000 + b"}}}"
+    with budget_server(total=1024 * KIB, max_body=256 * KIB) as srv:
+        conn = srv.connection()
+        conn.request("POST", "/validate", body=deep, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 400
+        assert "not valid JSON" in json.loads(response.read())["error"]
+        assert srv.server.bodies.held == 0
