@@ -23,7 +23,6 @@ synced), /metrics (Prometheus).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime as dt
 import gc
 import logging
@@ -43,6 +42,7 @@ from gate.admission.authz import Authorizer, KubeAccessReviews, ReviewStats, Sub
 from gate.admission.bodies import SMALL_BODY, BodyBudget
 from gate.admission.certificates import FileCertificates, SelfManagedCertificates
 from gate.admission.facts import ClusterFacts
+from gate.admission.largebodies import LargeBodyWork
 from gate.admission.rules import decide
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.images import ALLOW_ALL, ImagePolicy
@@ -130,46 +130,6 @@ class _Watched(Collector):
             yield CounterMetricFamily("nodegate_admission_bodies_refused",
                                       "Requests answered 429 because their body did not fit in the budget.",
                                       value=self.bodies.refused)
-
-
-class LargeBodyWork:
-    """Parsing and judging large bodies, one at a time in a thread of their own, busy at most half the time.
-
-    A thread alone is not enough: parsing JSON is one call into pydantic-core that holds the GIL
-    from start to end (150 ms for 1.4 MiB), and a thread that starts the next parse as soon as one
-    ends keeps the event loop from running for as long as large bodies keep coming. So after each
-    job the thread rests as long as the job took: the loop gets at least every other slice of the
-    interpreter, and a small review waits for at most one large body's parse, not for all of them.
-    Large bodies queue instead, held by the body budget, until the API server gives up on them.
-    """
-
-    def __init__(self) -> None:
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-body")
-        self._rest_until = 0.0
-
-    async def run(self, work: Callable[[], T]) -> T:
-        job = asyncio.get_running_loop().run_in_executor(self.executor, self._paced, work)
-        try:
-            return await asyncio.shield(job)
-        except asyncio.CancelledError:
-            # The request is gone, but the thread still holds its body: keep the body's claim on the
-            # budget (given back by the caller's finally) until the thread is done with it.
-            await asyncio.wait([job])
-            raise
-
-    def _paced(self, work: Callable[[], T]) -> T:
-        rest = self._rest_until - time.monotonic()
-        if rest > 0:
-            time.sleep(rest)  # releases the GIL: the loop runs
-        started = time.monotonic()
-        try:
-            return work()
-        finally:
-            ended = time.monotonic()
-            self._rest_until = ended + (ended - started)
-
-    def shutdown(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
