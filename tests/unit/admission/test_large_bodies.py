@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 
@@ -26,7 +27,7 @@ async def test_jobs_run_one_at_a_time_off_the_loop_and_rest_as_long_as_they_work
     finally:
         work.shutdown()
     assert threads == {"large-body_0"} and threading.current_thread().name not in threads
-    for (start_a, end_a), (start_b, _) in zip(spans, spans[1:], strict=False):
+    for (start_a, end_a), (start_b, _) in itertools.pairwise(spans):
         # A lower bound, which a busy machine only makes longer: the next job waits at least as
         # long as the last one worked, so the loop got that slice of the interpreter.
         assert start_b - end_a >= end_a - start_a
