@@ -6,6 +6,16 @@ POST /validate and /mutate take an AdmissionReview v1 and answer one. Per reques
 message; a rule or lookup that fails gets a denial (validation) or an unpatched allow (mutation) with
 the reason, never a 5xx: a 5xx tells the API server nothing a person can act on.
 
+Bodies in memory are bounded twice: each by `max_body_bytes` (aiohttp's client_max_size; a declared
+Content-Length above it is refused before a byte of the body is read), and all of them together by
+a `BodyBudget`. A request is answered 429 at once when its body does not fit in what is left,
+rather than read while RSS grows with every large body in flight: the API server retries within its
+webhook timeout or refuses the write (failurePolicy), and nothing else slows down.
+
+A large body (above 64 KiB) is parsed and judged by `LargeBodyWork`, one thread, not on the event
+loop: the largest spec admission allows takes 100 to 400 ms of CPU to parse and judge, and on the
+loop every small review arriving meanwhile would wait that long.
+
 GET /healthz (the process serves), /readyz (a serving certificate is loaded and the caches are
 synced), /metrics (Prometheus).
 """
@@ -18,16 +28,21 @@ import gc
 import logging
 import signal
 import time
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterator
+from typing import Literal, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from gate.admission.authz import Authorizer, SubjectAccessReviewer
+from gate.admission.authz import Authorizer, KubeAccessReviews, ReviewStats, SubjectAccessReviewer
+from gate.admission.bodies import SMALL_BODY, BodyBudget
 from gate.admission.certificates import FileCertificates, SelfManagedCertificates
 from gate.admission.facts import ClusterFacts
+from gate.admission.largebodies import LargeBodyWork
 from gate.admission.rules import decide
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.images import ALLOW_ALL, ImagePolicy
@@ -40,6 +55,7 @@ from gate.kube.errors import ApiError, ConnectionFailed
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Webhook = Literal["validate", "mutate"]
 KNOWN_KINDS = frozenset({"NodeGate", "DeploymentPolicy", "Node"})
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -63,6 +79,10 @@ class Metrics:
         self.errors = Counter("nodegate_admission_errors", "Requests whose rules or lookups failed.",
                               ["webhook", "stage"], registry=self.registry)
 
+    def watch(self, *, reviews: ReviewStats | None = None, bodies: BodyBudget | None = None) -> None:
+        """Export what the authorizer and the body budget count (read at each scrape)."""
+        self.registry.register(_Watched(reviews, bodies))
+
     def observe(self, webhook: str, kind: str, operation: str, verdict: str, seconds: float) -> None:
         # The kind comes from the request: anyone who reaches the port could mint a new time series per
         # request and grow the registry (and every scrape) without bound. Known kinds only.
@@ -71,8 +91,58 @@ class Metrics:
         self.latency.labels(webhook, kind, operation, verdict).observe(seconds)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+class _Watched(Collector):
+    def __init__(self, reviews: ReviewStats | None, bodies: BodyBudget | None) -> None:
+        self.reviews = reviews
+        self.bodies = bodies
+
+    def collect(self) -> Iterator[Metric]:
+        if self.reviews is not None:
+            r = self.reviews
+            yield CounterMetricFamily("nodegate_admission_access_checks", "Access checks the rules asked for.",
+                                      value=r.checks)
+            answered = CounterMetricFamily(
+                "nodegate_admission_access_checks_answered_without_review",
+                "Access checks answered without a SubjectAccessReview of their own: by an identical check of the "
+                "same request (duplicate), from the cache (cache), or by a review in flight for another request "
+                "(shared).", labels=["by"])
+            answered.add_metric(["duplicate"], r.duplicates)
+            answered.add_metric(["cache"], r.cache_hits)
+            answered.add_metric(["shared"], r.shared)
+            yield answered
+            yield CounterMetricFamily("nodegate_admission_subject_access_reviews_sent",
+                                      "SubjectAccessReviews sent to the API server.", value=r.sent)
+            results = CounterMetricFamily("nodegate_admission_subject_access_reviews",
+                                          "SubjectAccessReviews answered, by result (failed: raised, not cached).",
+                                          labels=["result"])
+            results.add_metric(["allowed"], r.allowed)
+            results.add_metric(["denied"], r.denied)
+            results.add_metric(["failed"], r.failed)
+            yield results
+            yield GaugeMetricFamily("nodegate_admission_subject_access_reviews_in_flight",
+                                    "SubjectAccessReviews in flight to the API server.", value=r.in_flight)
+        if self.bodies is not None:
+            yield GaugeMetricFamily("nodegate_admission_body_bytes_held",
+                                    "Bytes of request bodies being read or held (claimed from the budget).",
+                                    value=self.bodies.held)
+            yield GaugeMetricFamily("nodegate_admission_body_bytes_budget",
+                                    "Most bytes of request bodies held at once.", value=self.bodies.total)
+            yield CounterMetricFamily("nodegate_admission_bodies_refused",
+                                      "Requests answered 429 because their body did not fit in the budget.",
+                                      value=self.bodies.refused)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _refused_unread(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An answer given before the body was read: the connection closes after it. Kept open, aiohttp
+    would read and throw away the rest of the body (up to 10 s of it), decrypting megabytes on the
+    event loop for a request already refused."""
+    response = _error(status, message, headers)
+    response.force_close()
+    return response
 
 
 def _summarise(exc: ValidationError) -> str:
@@ -85,14 +155,21 @@ def _summarise(exc: ValidationError) -> str:
 
 class AdmissionServer:
     def __init__(self, *, facts: FactSource, authorizer: Authorizer, certificate: ReloadableCertificate,
-                 max_body_bytes: int = 3 * 1024 * 1024, metrics: Metrics | None = None,
-                 image_policy: ImagePolicy = ALLOW_ALL) -> None:
+                 max_body_bytes: int = 3 * 1024 * 1024, bodies: BodyBudget | None = None,
+                 metrics: Metrics | None = None, image_policy: ImagePolicy = ALLOW_ALL) -> None:
         self.facts = facts
         self.image_policy = image_policy
         self.authorizer = authorizer
         self.certificate = certificate
         self.max_body_bytes = max_body_bytes
+        self.bodies = bodies or BodyBudget(max(8 * max_body_bytes, 4 * SMALL_BODY))
+        if self.bodies.large_limit < max_body_bytes:
+            raise ValueError(f"the body budget's share for large bodies ({self.bodies.large_limit} bytes) cannot "
+                             f"hold one body of max_body_bytes ({max_body_bytes})")
         self.metrics = metrics or Metrics()
+        self.large_work = LargeBodyWork()
+        stats = authorizer.stats if isinstance(authorizer, SubjectAccessReviewer) else None
+        self.metrics.watch(reviews=stats, bodies=self.bodies)
         self.shutting_down = False
 
     def app(self) -> web.Application:
@@ -140,13 +217,35 @@ class AdmissionServer:
         if request.content_type != "application/json":
             self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
             return _error(415, f"content type must be application/json, not {request.content_type or 'none'!r}")
+        declared = request.content_length
+        if declared is not None and declared > self.max_body_bytes:
+            self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
+            return _refused_unread(413, f"request body larger than {self.max_body_bytes} bytes")
+        # Without a Content-Length (chunked), the body may be as large as any: claim the most.
+        claim = declared if declared is not None else self.max_body_bytes
+        if not self.bodies.take(claim):
+            self.metrics.observe(webhook, "", "", "throttled", time.perf_counter() - started)
+            return _refused_unread(429, f"too many request bodies in memory at once ({self.bodies.held} of "
+                                        f"{self.bodies.total} bytes held); retry shortly", {"Retry-After": "1"})
+        try:
+            return await self._read_and_answer(request, webhook, started)
+        finally:
+            # The body, the parsed review and the verdict are all gone once the response is built.
+            self.bodies.give(claim)
+
+    async def _read_and_answer(self, request: web.Request, webhook: Webhook, started: float) -> web.Response:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
-            return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+            return _refused_unread(413, f"request body larger than {self.max_body_bytes} bytes")
+        except (ConnectionResetError, asyncio.IncompleteReadError, ValueError) as exc:
+            # The client went away mid-body, or sent a body that does not match its framing.
+            self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
+            return _error(400, f"could not read the request body: {exc}")
+        large = len(body) > SMALL_BODY
         try:
-            review = AdmissionReview.model_validate_json(body)
+            review = await self._compute(large, lambda: AdmissionReview.model_validate_json(body))
         except ValidationError as exc:
             self.metrics.observe(webhook, "", "", "bad-request", time.perf_counter() - started)
             if any(e.get("type") == "json_invalid" for e in exc.errors()):
@@ -155,7 +254,7 @@ class AdmissionServer:
         req = review.request
         kind, operation = req.kind.kind, req.operation
         try:
-            verdict = await self._judge(review, webhook)
+            verdict = await self._judge(review, webhook, large)
         except decide.ReviewError as exc:
             self.metrics.observe(webhook, kind, operation, "bad-request", time.perf_counter() - started)
             return _error(422, str(exc))
@@ -167,7 +266,11 @@ class AdmissionServer:
         return web.Response(body=answer.model_dump_json(by_alias=True, exclude_none=True),
                             content_type="application/json")
 
-    async def _judge(self, review: AdmissionReview, webhook: Webhook) -> Verdict:
+    async def _compute(self, large: bool, work: Callable[[], T]) -> T:
+        """`work()`, on the loop for a small body, in the large-body thread for a large one."""
+        return await self.large_work.run(work) if large else work()
+
+    async def _judge(self, review: AdmissionReview, webhook: Webhook, large: bool = False) -> Verdict:
         req = review.request
         try:
             lookups = decide.plan_lookups(req, webhook)
@@ -190,8 +293,9 @@ class AdmissionServer:
             log.exception("Lookup failed unexpectedly; kind=%s name=%s", req.kind.kind, req.name)
             return self._failed(webhook, "could not look up what this request depends on (logged as a bug)")
         try:
-            verdict = decide.validate(req, facts, self.image_policy) if webhook == "validate" \
-                else decide.mutate(req, facts)
+            image_policy = self.image_policy
+            verdict = await self._compute(large, lambda: decide.validate(req, facts, image_policy)
+                                          if webhook == "validate" else decide.mutate(req, facts))
         except decide.ReviewError:
             raise
         except Exception:
@@ -231,8 +335,11 @@ async def serve(settings: WebhookSettings) -> None:
     certificate = ReloadableCertificate()
     facts = ClusterFacts(client, operator_username=settings.operator_username,
                          operator_namespace=settings.operator_namespace)
+    reviewer = SubjectAccessReviewer(KubeAccessReviews(client), cache_seconds=settings.sar_cache_seconds,
+                                     max_entries=settings.sar_cache_entries, max_in_flight=settings.sar_max_in_flight,
+                                     per_request=settings.sar_per_request)
     server = AdmissionServer(facts=facts, certificate=certificate, max_body_bytes=settings.max_body_bytes,
-                             authorizer=SubjectAccessReviewer(client, cache_seconds=settings.sar_cache_seconds),
+                             bodies=BodyBudget(settings.max_bodies_bytes), authorizer=reviewer,
                              image_policy=settings.image_policy)
     certs: SelfManagedCertificates | FileCertificates
     if settings.cert_mode == "self-managed":
@@ -245,7 +352,11 @@ async def serve(settings: WebhookSettings) -> None:
     else:
         certs = FileCertificates(certificate, settings.cert_files, interval=settings.cert_check_seconds)
 
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=10)
+    # handler_cancellation: the API server closes the connection when its webhook timeout passes;
+    # the handler is then cancelled, rather than going on asking SubjectAccessReviews for an answer
+    # nobody will read (a review already in flight still finishes and fills the cache).
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=10,
+                           handler_cancellation=True)
     await runner.setup()
     host, port = settings.host_port
     site = web.TCPSite(runner, host, port, ssl_context=certificate.context, backlog=1024)
@@ -282,5 +393,6 @@ async def serve(settings: WebhookSettings) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await runner.cleanup()
+        server.large_work.shutdown()
         await facts.stop()
         await client.close()

@@ -40,9 +40,22 @@ class WebhookSettings:
     cert_propagation_seconds: float = 600.0
     """How long a new CA is trusted before the serving certificate moves to it."""
     sar_cache_seconds: float = 10.0
-    """How long an allowed SubjectAccessReview answer is reused (denials are never cached)."""
+    """How long a SubjectAccessReview answer is reused, allowed and denied alike (0: never): a role
+    granted or revoked takes up to this long to be seen by admission."""
+    sar_cache_entries: int = 10_000
+    """Most SubjectAccessReview answers kept; the least recently used go first."""
+    sar_max_in_flight: int = 16
+    """Most SubjectAccessReviews in flight to the API server at once, from the whole process."""
+    sar_per_request: int = 4
+    """Most SubjectAccessReviews in flight for one admission request (fairness: a write with
+    thousands of checks queues at most this many ahead of another write's)."""
     max_body_bytes: int = 3 * 1024 * 1024
     """Largest request body: an AdmissionReview holds two objects of at most 1.5 MiB each."""
+    max_bodies_bytes: int = 16 * 1024 * 1024
+    """Most bytes of request bodies held at once (claimed by Content-Length before a body is read;
+    a quarter kept for bodies of at most 64 KiB); a request that does not fit is answered 429.
+    Parsed and judged, a body takes about 11 times its size (the largest gate, 1.39 MiB: 15.7 MiB),
+    so the default holds at most about 180 MiB of reviews, well inside the chart's 512Mi limit."""
     allowed_image_repositories: tuple[str, ...] = ()
     """Registry hosts or repository prefixes package images must come from (gate/admission/rules/images.py:
     whole path components, names fully qualified); empty: any."""
@@ -81,8 +94,12 @@ _HELP = {
     "kubeconfig": "kubeconfig to use (default: in-cluster, else $KUBECONFIG)",
     "cert_check_seconds": "how often certificates are re-read and rotation considered",
     "cert_propagation_seconds": "how long a new CA is trusted before the serving certificate uses it",
-    "sar_cache_seconds": "how long an allowed SubjectAccessReview is reused (0: never)",
+    "sar_cache_seconds": "how long a SubjectAccessReview answer, allowed or denied, is reused (0: never)",
+    "sar_cache_entries": "most SubjectAccessReview answers kept (least recently used dropped first)",
+    "sar_max_in_flight": "most SubjectAccessReviews in flight to the API server at once",
+    "sar_per_request": "most SubjectAccessReviews in flight for one admission request",
     "max_body_bytes": "largest request body accepted",
+    "max_bodies_bytes": "most bytes of request bodies held at once (more: 429)",
     "allowed_image_repositories": "comma-separated registry hosts or repository prefixes package images must come "
                                   "from, e.g. ghcr.io/acme,registry.internal:5000 (empty: any)",
     "require_image_digest": "true: package images must carry an @sha256: digest",
@@ -131,6 +148,13 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     settings = WebhookSettings(**values)
     if settings.cert_mode not in ("self-managed", "files"):
         raise ValueError(f"cert mode must be self-managed or files, not {settings.cert_mode!r}")
+    for name in ("sar_cache_entries", "sar_max_in_flight", "sar_per_request", "max_body_bytes"):
+        if getattr(settings, name) < 1:
+            raise ValueError(f"{env_name(name)} (--{name.replace('_', '-')}) must be at least 1, "
+                             f"not {getattr(settings, name)}")
+    if settings.max_bodies_bytes * 3 // 4 < settings.max_body_bytes:
+        raise ValueError(f"{env_name('max_bodies_bytes')} ({settings.max_bodies_bytes}) must hold at least one "
+                         f"largest body in three quarters of it (max_body_bytes {settings.max_body_bytes})")
     settings.host_port  # noqa: B018 - fail early on a malformed --listen
     settings.image_policy  # noqa: B018 - and on an allowed repository that is not one
     return settings

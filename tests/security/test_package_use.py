@@ -44,8 +44,9 @@ class User:
         return proc.returncode, proc.stderr + proc.stdout
 
     def run_once_allowed(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
-        """After a grant: the API server's RBAC cache takes a moment to see a new binding."""
-        deadline = time.monotonic() + 10
+        """After a grant: the API server's RBAC cache takes a moment to see a new binding, and the
+        webhook answers from its cached denial for up to 10 s (a hang guard, not a measure)."""
+        deadline = time.monotonic() + 60
         while True:
             code, out = self.run(*args, stdin=stdin)
             if code == 0 or "may not use package" not in out or time.monotonic() > deadline:
@@ -218,7 +219,7 @@ def test_a_package_cannot_be_handed_a_secret_its_author_may_not_read(kubectl: Ku
                 "--resource-name=nodegate-webhook-tls")
     kubectl.run("create", "rolebinding", role, "-n", "nodegate-system", f"--role={role}", f"--user={editor.name}")
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # RBAC's propagation and the webhook's 10 s cache of the denial
         while True:
             code, out = editor.run("patch", "nodegates.nodegate.io", name, "--type=json", "-p", json.dumps(steal))
             if code == 0 or time.monotonic() > deadline:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gate.admission.bodies import BodyBudget
 from gate.admission.server import AdmissionServer
 from gate.admission.testing import FixedAuthorizer, StaticFacts
 from gate.certs import pki
@@ -48,14 +49,15 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(*, facts: StaticFacts | None = None, authorizer: FixedAuthorizer | None = None,
-                   load_certificate: bool = True, max_body_bytes: int = 3 * 1024 * 1024) -> Iterator[Running]:
+                   load_certificate: bool = True, max_body_bytes: int = 3 * 1024 * 1024,
+                   bodies: BodyBudget | None = None) -> Iterator[Running]:
     ca = pki.create_ca("test-ca")
     certificate = ReloadableCertificate()
     if load_certificate:
         leaf = pki.issue(ca, "webhook", hosts=["127.0.0.1"], server=True)
         certificate.load(leaf.cert_pem, leaf.key_pem)
     server = AdmissionServer(facts=facts or StaticFacts(), authorizer=authorizer or FixedAuthorizer(),
-                             certificate=certificate, max_body_bytes=max_body_bytes)
+                             certificate=certificate, max_body_bytes=max_body_bytes, bodies=bodies)
     port = free_port()
     loop = asyncio.new_event_loop()
     started = threading.Event()
