@@ -17,11 +17,27 @@ import semver
 from gate.admission.rules import syntax
 from gate.admission.rules.review import Violation
 from gate.admission.rules.syntax import type_name
+from gate.api import keys
 from gate.api.common import parse_duration
-from gate.api.nodegate import PACKAGE_NAME_PATTERN, PACKAGE_NAME_RULE
+from gate.api.nodegate import (
+    CONFIG_KEY_MAX,
+    CONFIG_KEY_PATTERN,
+    CONFIG_KEY_RULE,
+    CONFIG_SIZE_MAX,
+    DRAIN_TIMEOUT_MAX,
+    GRACEFUL_SHUTDOWN_MAX,
+    PACKAGE_NAME_PATTERN,
+    PACKAGE_NAME_RULE,
+    SERVICE_NAME_PATTERN,
+    SERVICE_NAME_RULE,
+    STAGE_TIMEOUT_MAX,
+    WAIT_TIMEOUT_MAX,
+)
 from gate.api.versions import image_tag
 
 _PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
+_SERVICE_NAME = re.compile(SERVICE_NAME_PATTERN)
+_CONFIG_KEY = re.compile(CONFIG_KEY_PATTERN)
 INTERRUPT_TYPES = ("none", "drain", "service", "restartAllServices", "reboot")
 _NODE_SAMPLE = 3
 
@@ -40,6 +56,19 @@ def spec_of(obj: object) -> dict[str, Any] | None:
 def packages_of(spec: dict[str, Any]) -> dict[str, Any]:
     packages = spec.get("packages")
     return packages if isinstance(packages, dict) else {}
+
+
+# -- the name --------------------------------------------------------------------------------------
+
+
+def name_violations(name: str) -> list[Violation]:
+    """A gate's name is part of the keys it writes on nodes (`gate.api.keys`): one too long for them
+    would be admitted and then fail every node write. Checked at CREATE (a name never changes)."""
+    if len(name) <= keys.GATE_NAME_MAX:
+        return []
+    return [Violation("metadata.name", f'NodeGate name "{name}" has {len(name)} characters; at most '
+                      f"{keys.GATE_NAME_MAX}: the node annotation {keys.state_annotation('<name>')} must fit the 63 "
+                      "characters of a key's name; choose a shorter name")]
 
 
 # -- the whole spec --------------------------------------------------------------------------------
@@ -64,13 +93,14 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
                                  f'DeploymentPolicy "{policy}" does not exist; create it first or fix the name'))
     out += syntax.selector_violations(spec.get("nodeSelector"), "spec.nodeSelector")
     out += syntax.selector_violations(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels")
-    out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout")
+    out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout", WAIT_TIMEOUT_MAX,
+                               hint="leave it unset to wait for as long as they run")
     drain = spec.get("drain")
     if drain is not None:
         if not isinstance(drain, dict):
             out.append(Violation("spec.drain", f"must be an object, not {type_name(drain)}"))
         else:
-            out += duration_violations(drain.get("timeout"), "spec.drain.timeout")
+            out += duration_violations(drain.get("timeout"), "spec.drain.timeout", DRAIN_TIMEOUT_MAX)
             grace = drain.get("gracePeriodSeconds")
             if grace is not None and not (is_int(grace) and grace >= 0):
                 out.append(Violation("spec.drain.gracePeriodSeconds", "must be a whole number of seconds, 0 or more"))
@@ -110,15 +140,21 @@ def budget_violations(budget: object, path: str) -> list[Violation]:
     return out
 
 
-def duration_violations(value: object, path: str) -> list[Violation]:
+def duration_violations(value: object, path: str, maximum: str, hint: str = "") -> list[Violation]:
+    """Why `value` is no duration of at most `maximum` (one of the maximums of `gate.api.nodegate`)."""
     if value is None:
         return []
     if not isinstance(value, str):
         return [Violation(path, f"must be a duration string like 90s, 15m or 1h30m, not {type_name(value)}")]
     try:
-        parse_duration(value)
+        parsed = parse_duration(value)
     except ValueError as exc:
-        return [Violation(path, str(exc))]
+        if not str(exc).endswith("too long to be a duration"):
+            return [Violation(path, str(exc))]
+        parsed = None  # past any clock: longer than every maximum
+    if parsed is None or parsed > parse_duration(maximum):
+        shown = value if len(value) <= 24 else value[:20] + "..."
+        return [Violation(path, f"{shown!r} is longer than the maximum of {maximum}" + (f"; {hint}" if hint else ""))]
     return []
 
 
@@ -150,8 +186,9 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     out += interrupt_violations(package.get("interrupt"), f"{path}.interrupt")
     out += config_violations(package, path)
     out += resources_violations(package.get("resources"), f"{path}.resources")
-    out += duration_violations(package.get("timeout"), f"{path}.timeout")
-    out += duration_violations(package.get("gracefulShutdown"), f"{path}.gracefulShutdown")
+    out += env_violations(package.get("env"), f"{path}.env")
+    out += duration_violations(package.get("timeout"), f"{path}.timeout", STAGE_TIMEOUT_MAX)
+    out += duration_violations(package.get("gracefulShutdown"), f"{path}.gracefulShutdown", GRACEFUL_SHUTDOWN_MAX)
     retries = package.get("retries")
     if retries is not None and not (is_int(retries) and 0 <= retries <= 20):
         out.append(Violation(f"{path}.retries", f"must be a whole number from 0 to 20, not {retries!r}"))
@@ -159,9 +196,11 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     if uninstall is not None:
         if not isinstance(uninstall, dict):
             out.append(Violation(f"{path}.uninstall", f"must be an object, not {type_name(uninstall)}"))
-        elif uninstall.get("apply") is True and uninstall.get("enabled") is not True:
-            out.append(Violation(f"{path}.uninstall.apply",
-                                 "uninstall.apply needs uninstall.enabled: true (the package must be uninstallable)"))
+        else:
+            if uninstall.get("apply") is True and uninstall.get("enabled") is not True:
+                out.append(Violation(f"{path}.uninstall.apply", "uninstall.apply needs uninstall.enabled: true "
+                                                                 "(the package must be uninstallable)"))
+            out += interrupt_violations(uninstall.get("interrupt"), f"{path}.uninstall.interrupt")
     out += depends_violations(name, package.get("dependsOn"), packages, path)
     return out
 
@@ -179,6 +218,11 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
     if services is not None and not (isinstance(services, list)
                                      and all(isinstance(s, str) and s for s in services)):
         return [Violation(f"{path}.services", "must be a list of systemd unit names")]
+    for i, service in enumerate(services or []):
+        if not _SERVICE_NAME.match(service):
+            shown = service if len(service) <= 64 else service[:60] + "..."
+            hint = " (it would read as a flag)" if service.startswith("-") else ""
+            return [Violation(f"{path}.services[{i}]", f"{shown!r} is not {SERVICE_NAME_RULE}{hint}")]
     if kind == "service" and not services:
         return [Violation(f"{path}.services", "an interrupt of type service needs at least one entry in services")]
     if kind == "drain" and services:
@@ -189,11 +233,23 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
 
 
 def config_violations(package: dict[str, Any], path: str) -> list[Violation]:
+    """The config becomes a ConfigMap, created only once the node is cordoned and drained: what the API
+    server would refuse in it is refused here, naming the key."""
     out: list[Violation] = []
     config = package.get("config")
     if config is not None and not (isinstance(config, dict) and all(isinstance(v, str) for v in config.values())):
         out.append(Violation(f"{path}.config", "must be a map of file name to file content (strings)"))
         config = {}
+    size = 0
+    for key, value in (config or {}).items():
+        problem = config_key_problem(str(key))
+        if problem:
+            shown = key if len(key) <= 64 else key[:60] + "..."
+            out.append(Violation(f"{path}.config[{shown}]", f"config key {shown!r} is no ConfigMap key: {problem}"))
+        size += len(value.encode())
+    if size > CONFIG_SIZE_MAX:
+        out.append(Violation(f"{path}.config", f"the values add up to {size} bytes; a ConfigMap holds at most "
+                                               f"{CONFIG_SIZE_MAX} (1 MiB)"))
     keys = list((config or {}).keys())
     interrupts = package.get("configInterrupts")
     if interrupts is None:
@@ -207,6 +263,30 @@ def config_violations(package: dict[str, Any], path: str) -> list[Violation]:
             out.append(Violation(where, f"{pattern!r} is neither a config key nor a glob matching one "
                                         f"(config keys: {known})"))
         out += interrupt_violations(interrupt, where)
+    return out
+
+
+def config_key_problem(key: str) -> str | None:
+    """Why `key` is no ConfigMap key (k8s.io/apimachinery IsConfigMapKey), or None."""
+    if len(key) > CONFIG_KEY_MAX or not _CONFIG_KEY.match(key) or key == "." or key.startswith(".."):
+        return CONFIG_KEY_RULE
+    return None
+
+
+def env_violations(env: object, path: str) -> list[Violation]:
+    """Names the API server refuses in a container's env (1.34's relaxed rule: printable ASCII but '=');
+    the stage pod that carries them is created only once the node is cordoned and drained."""
+    if not isinstance(env, list):
+        return []
+    out: list[Violation] = []
+    for i, var in enumerate(env):
+        name = var.get("name") if isinstance(var, dict) else None
+        if not isinstance(name, str):
+            continue  # the CRD schema's business (a string is required)
+        if not name or "=" in name or not all(" " <= c <= "~" for c in name):
+            shown = name if len(name) <= 64 else name[:60] + "..."
+            out.append(Violation(f"{path}[{i}].name", f"{shown!r} is no environment variable name: printable "
+                                                      "ASCII characters but '='"))
     return out
 
 
