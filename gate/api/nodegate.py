@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, JsonValue, PrivateAttr
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, PrivateAttr
 
 from gate.api import keys
 from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta
@@ -41,7 +42,16 @@ CONFIG_KEY_RULE = "letters, digits, '-', '_' or '.', at most 253 characters, not
 # (every interrupt but none cordons and drains the node), so merging keeps the strongest.
 InterruptType = Literal["none", "drain", "service", "restartAllServices", "reboot"]
 
+_BAD_SERVICES = "self.services.filter(s, !s.matches('" + SERVICE_NAME_PATTERN.replace("\\", "\\\\") + "'))"
+
 INTERRUPT_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.services) || " + _BAD_SERVICES + ".size() == 0",
+        "message": "each service must be " + SERVICE_NAME_RULE,
+        "messageExpression": ("'service \"' + " + _BAD_SERVICES + "[0] + '\" is not "
+                              + SERVICE_NAME_RULE.replace("\\", "\\\\") + "'"),
+        "fieldPath": ".services",
+    },
     {
         "rule": "!has(self.type) || self.type != 'service' || (has(self.services) && size(self.services) > 0)",
         "message": "an interrupt of type service needs at least one entry in services",
@@ -52,6 +62,13 @@ INTERRUPT_RULES: list[JsonValue] = [
         "message": "an interrupt of type drain restarts nothing: drop services, or use type service",
     },
 ]
+
+
+def _service_name(name: str) -> str:
+    # Not a schema `pattern`: the CEL rule above refuses it with a message that says what a name is.
+    if not re.match(SERVICE_NAME_PATTERN, name):
+        raise ValueError(f"{name!r} is not {SERVICE_NAME_RULE}")
+    return name
 
 
 class Interrupt(Model):
@@ -67,7 +84,7 @@ class Interrupt(Model):
             "every service; reboot: drain, then reboot the node."
         ),
     )
-    services: list[Annotated[str, Field(max_length=255, pattern=SERVICE_NAME_PATTERN)]] = Field(
+    services: list[Annotated[str, Field(max_length=255), AfterValidator(_service_name)]] = Field(
         default_factory=list,
         max_length=64,
         description="systemd units to restart; required when type is service. Each is " + SERVICE_NAME_RULE + ".",
