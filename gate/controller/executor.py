@@ -134,7 +134,10 @@ class Executor:
             except ApiError as exc:
                 if not refused_for_good(exc) or decision.remove_state:
                     raise  # a removal that cannot be written cannot be recorded as failed either
-                await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused", f"the write of node {node}", exc)
+                cordon = decision.node.unschedulable is True
+                await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused",
+                                         f"the {'cordon' if cordon else 'write'} of node {node}", exc,
+                                         stage="cordon" if cordon else "")
                 return
         seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
         for name in decision.delete_pods:
@@ -256,12 +259,12 @@ class Executor:
         return blocked
 
     async def _fail_refused(self, gate: NodeGate, node_obj: Obj, ctx: NodeContext, reason: str, what: str,
-                            exc: ApiError, step: Step | None = None) -> None:
+                            exc: ApiError, step: Step | None = None, stage: str = "") -> None:
         """Fail the node for a write refused for good (`what`, as the message says it), as the node was
         (`node_obj`, `ctx`) before that write."""
         node = node_obj["metadata"]["name"]
         log.warning("Write refused; gate=%s node=%s reason=%s what=%s error=%s", gate.name, node, reason, what, exc)
-        decision = write_refused(ctx, reason, what, exc.message, step)
+        decision = write_refused(ctx, reason, what, exc.message, step, stage=stage)
         update = NodeUpdate(state=decision.state, change=decision.node,
                             events=[e for e in decision.events if e.target == "node"])
         try:

@@ -591,19 +591,20 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
     return r.finish_decision()
 
 
-def write_refused(ctx: NodeContext, reason: str, what: str, message: str, step: Step | None = None) -> Decision:
+def write_refused(ctx: NodeContext, reason: str, what: str, message: str, step: Step | None = None, *,
+                  stage: str = "") -> Decision:
     """The API server refused a write of this node's round for good (admission, a quota, validation:
     asking again would be refused again): the node fails with the server's message (`reason`:
     NodeWriteRefused, ConfigMapRefused, PodRefused, EvictionRefused), in `step` when the write was for
-    one. While nothing of the round has run on the host yet, the round's cordon is undone too: the
-    host is as the round found it, so it goes back to work and leaves the budget, and a person fixes
-    what the message names and reruns the node. A host that ran a step of the round stays cordoned,
-    as after any failure."""
+    one, else in `stage` (the node's phase when unset). While nothing of the round has run on the host
+    yet, the round's cordon is undone too: the host is as the round found it, so it goes back to work
+    and leaves the budget, and a person fixes what the message names and reruns the node. A host that
+    ran a step of the round stays cordoned, as after any failure."""
     r = _Round(ctx)
     if _host_untouched(ctx):
         _uncordon(r)
     return r.fail(reason, f"the API server refused {what}: {message}",
-                  package=step.package if step else None, stage=step.stage if step else "")
+                  package=step.package if step else None, stage=step.stage if step else stage)
 
 
 def _host_untouched(ctx: NodeContext) -> bool:

@@ -141,6 +141,6 @@ async def test_a_refused_cordon_fails_a_node_that_is_never_cordoned(scenario: Sc
         await scenario.wait_node(other, "complete")
         failure = (await scenario.state(refused))["failure"]
         assert failure["reason"] == "NodeWriteRefused" and message in failure["message"], failure
-        assert failure["stage"] == "cordon"
+        assert failure["stage"] == "cordon" and f"the cordon of node {refused}" in failure["message"], failure
         await _not_cordoned(scenario, refused)
         await _budget_free(scenario)
