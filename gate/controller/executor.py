@@ -299,7 +299,10 @@ class Executor:
         view = node_view(obj)
         ctx = NodeContext(gate=gate, node=view, state=update.state,
                           stage_pods=self.world.stage_pods_of(gate.name, node), pods=None, now=datetime.now(UTC))
-        await self._fail_refused(gate, obj, ctx, "NodeWriteRefused", f"the write of node {node}", exc)
+        starts = update.state.status == "in-progress" and update.state.phase == "idle"
+        await self._fail_refused(gate, obj, ctx, "NodeWriteRefused",
+                                 f"the {'start of a round' if starts else 'write'} of node {node}", exc,
+                                 stage="start" if starts else "")
 
     async def _unrecordable(self, gate: NodeGate, node_obj: Obj, decision: Decision, exc: ApiError) -> None:
         """The node's failure cannot be written either (whatever refuses the node's writes refuses this

@@ -31,7 +31,8 @@ def _pkg(**extra: Any) -> Obj:
 async def refusing(kube: KubeClient, name: str, *, resource: str, operations: list[str], expression: str,
                    message: str, selector: dict[str, str], probe: Obj) -> AsyncIterator[None]:
     """A ValidatingAdmissionPolicy refusing `operations` on `resource` where `expression` is false,
-    bound to objects labelled `selector`; active once `probe` (dry run) is refused with `message`."""
+    bound to objects labelled `selector`; active once `probe` (a dry-run create, or for a Node a dry-run
+    merge patch `probe["patch"]`) is refused with `message`."""
     policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
               "metadata": {"name": name},
               "spec": {"failurePolicy": "Fail",
@@ -48,8 +49,7 @@ async def refusing(kube: KubeClient, name: str, *, resource: str, operations: li
         async def active() -> bool:
             try:
                 if probe["kind"] == "Node":
-                    await kube.patch(NODES, probe["metadata"]["name"], {"spec": {"unschedulable": True}},
-                                     dry_run=True)
+                    await kube.patch(NODES, probe["metadata"]["name"], probe["patch"], dry_run=True)
                 else:
                     await kube.create(CONFIGMAPS if probe["kind"] == "ConfigMap" else PODS, probe, dry_run=True)
             except ApiError as exc:
@@ -61,6 +61,10 @@ async def refusing(kube: KubeClient, name: str, *, resource: str, operations: li
     finally:
         await kube.delete(VALIDATING_POLICY_BINDINGS, name)
         await kube.delete(VALIDATING_POLICIES, name)
+
+
+def _node_probe(node: str, patch: Obj) -> Obj:
+    return {"kind": "Node", "metadata": {"name": node}, "patch": patch}
 
 
 async def _failure(sc: Scenario, node: str) -> Obj:
@@ -132,10 +136,11 @@ async def test_a_stage_pod_refused_on_one_node_fails_it_and_the_next_node_rolls_
 async def test_a_refused_cordon_fails_a_node_that_is_never_cordoned(scenario: Scenario) -> None:
     refused, other = await scenario.add_nodes(2)
     message = f"{scenario.name}: {refused} may not be cordoned"
+    cordon = {"spec": {"unschedulable": True}}
     expression = (f"object.metadata.name != '{refused}' || !has(object.spec.unschedulable) || "
                   "!object.spec.unschedulable")
     async with refusing(scenario.kube, scenario.name, resource="nodes", operations=["UPDATE"], expression=expression,
-                        message=message, selector={"test": scenario.name}, probe=await scenario.node(refused)):
+                        message=message, selector={"test": scenario.name}, probe=_node_probe(refused, cordon)):
         await scenario.apply_gate({"tuned": _pkg()}, interruptionBudget={"count": 1})
         await scenario.wait_node(refused, "failed")
         await scenario.wait_node(other, "complete")
@@ -144,3 +149,26 @@ async def test_a_refused_cordon_fails_a_node_that_is_never_cordoned(scenario: Sc
         assert failure["stage"] == "cordon" and f"the cordon of node {refused}" in failure["message"], failure
         await _not_cordoned(scenario, refused)
         await _budget_free(scenario)
+
+
+async def test_a_refused_pick_fails_that_node_and_holds_back_none_of_the_others(scenario: Scenario) -> None:
+    # The gate's plan writes the picked nodes (state and status label in-progress) itself; one refused
+    # write must fail that node, not the plan of all of them.
+    refused, *others = await scenario.add_nodes(3)
+    label = keys.status_label(scenario.name)
+    message = f"{scenario.name}: {refused} may not be put in progress"
+    expression = (f"object.metadata.name != '{refused}' || !has(object.metadata.labels) || "
+                  f"!('{label}' in object.metadata.labels) || object.metadata.labels['{label}'] != 'in-progress'")
+    probe = _node_probe(refused, {"metadata": {"labels": {label: "in-progress"}}})
+    async with refusing(scenario.kube, scenario.name, resource="nodes", operations=["UPDATE"], expression=expression,
+                        message=message, selector={"test": scenario.name}, probe=probe):
+        await scenario.apply_gate({"tuned": _pkg()})
+        await scenario.wait_node(refused, "failed")
+        for node in others:
+            await scenario.wait_node(node, "complete")
+        failure = (await scenario.state(refused))["failure"]
+        assert failure["reason"] == "NodeWriteRefused" and message in failure["message"], failure
+        assert failure["stage"] == "start", failure  # refused in the plan's write, before any step of the round
+        await _not_cordoned(scenario, refused)
+        gate = await _budget_free(scenario)
+        assert gate["status"]["nodes"]["failed"] == 1 and gate["status"]["nodes"]["complete"] == 2
