@@ -93,6 +93,7 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
                                  f'DeploymentPolicy "{policy}" does not exist; create it first or fix the name'))
     out += syntax.selector_violations(spec.get("nodeSelector"), "spec.nodeSelector")
     out += syntax.selector_violations(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels")
+    out += toleration_violations(spec.get("additionalTolerations"), "spec.additionalTolerations")
     out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout", WAIT_TIMEOUT_MAX,
                                hint="leave it unset to wait for as long as they run")
     drain = spec.get("drain")
@@ -119,6 +120,37 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
     for name, package in packages.items():
         out += package_violations(name, package, packages)
     out += cycle_violations(packages)
+    return out
+
+
+def toleration_violations(tolerations: object, path: str) -> list[Violation]:
+    """What the API server refuses in a pod's tolerations (core validation's ValidateTolerations): the
+    stage pods carry these, and are created only once the node is cordoned and drained. Entries of
+    the wrong shape are the CRD schema's business."""
+    if not isinstance(tolerations, list):
+        return []
+    out: list[Violation] = []
+    for i, t in enumerate(tolerations):
+        if not isinstance(t, dict):
+            continue
+        where = f"{path}[{i}]"
+        key, operator, value = t.get("key") or "", t.get("operator") or "Equal", t.get("value") or ""
+        if not isinstance(key, str) or not isinstance(value, str):
+            continue
+        if key:
+            problem = syntax.label_key_problem(key)
+            if problem:
+                out.append(Violation(f"{where}.key", problem))
+        elif operator != "Exists":
+            out.append(Violation(f"{where}.operator", "must be Exists when key is empty (which tolerates every taint)"))
+        if t.get("tolerationSeconds") is not None and t.get("effect") != "NoExecute":
+            out.append(Violation(f"{where}.effect", "must be NoExecute when tolerationSeconds is set"))
+        if operator == "Exists" and value:
+            out.append(Violation(f"{where}.value", f"must be empty when operator is Exists, not {value!r}"))
+        elif operator == "Equal":
+            problem = syntax.label_value_problem(value)
+            if problem:
+                out.append(Violation(f"{where}.value", problem))
     return out
 
 

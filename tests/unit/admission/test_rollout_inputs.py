@@ -1,6 +1,7 @@
 """Input that cannot roll out is refused at admission, naming the field and the key: a gate name too
 long for the node keys, config keys the ConfigMap would refuse, config over its size, durations past
-their maximum (or past any clock), service names that read as flags, env names a pod refuses. Each
+their maximum (or past any clock), service names that read as flags, env names and tolerations a pod
+refuses. Each
 would otherwise be admitted and fail only once a node was cordoned and drained."""
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ REFUSED = [
      "spec.packages[tuned].uninstall.interrupt.services[0]: '--now' is not a systemd unit name"),
     (gate({"tuned": package(uninstall={"enabled": True, "interrupt": {"type": "kexec"}})}),
      "spec.packages[tuned].uninstall.interrupt.type: unknown interrupt type 'kexec'"),
+    # tolerations the API server refuses in the stage pod
+    (gate(additionalTolerations=[{"key": "a/b/c", "operator": "Exists"}]),
+     "spec.additionalTolerations[0].key: the prefix of label key 'a/b/c'"),
+    (gate(additionalTolerations=[{"operator": "Equal", "value": "x"}]),
+     "spec.additionalTolerations[0].operator: must be Exists when key is empty"),
+    (gate(additionalTolerations=[{"key": "k", "operator": "Exists", "value": "x"}]),
+     "spec.additionalTolerations[0].value: must be empty when operator is Exists, not 'x'"),
+    (gate(additionalTolerations=[{"key": "k", "value": "not ok"}]),
+     "spec.additionalTolerations[0].value: label value 'not ok'"),
+    (gate(additionalTolerations=[{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+     "spec.additionalTolerations[0].effect: must be NoExecute when tolerationSeconds is set"),
     # env names the API server refuses in the stage pod
     (gate({"tuned": package(env=[{"name": "A=B", "value": "x"}])}),
      "spec.packages[tuned].env[0].name: 'A=B' is no environment variable name"),
@@ -95,6 +107,10 @@ ADMITTED = [
                                          "systemd-cryptsetup@luks\\x2dabc.service", "_x", "a:b"))}),
     gate({"tuned": package(env=[{"name": "my.env-name"}, {"name": "HTTP_PROXY", "value": "x"},
                                 {"name": "with space"}])}),
+    gate(additionalTolerations=[{"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists",
+                                                         "effect": "NoSchedule"},
+                                {"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30},
+                                {"key": "k", "operator": "Equal"}]),
 ]
 
 
