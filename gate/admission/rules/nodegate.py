@@ -120,7 +120,46 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
     for name, package in packages.items():
         out += package_violations(name, package, packages)
     out += cycle_violations(packages)
+    if not out:
+        out += state_size_violations(packages)
     return out
+
+
+# The gate's state record on a node (`gate.api.state`) names every package, its version and each of its
+# config keys, and the round's merged interrupt lists every service; a node's annotations share 256 KiB
+# (the API server's limit), with the kubelet's, other tools' and every other gate's. A gate whose
+# record could outgrow its share would have every node write refused mid-round.
+STATE_RECORD_MAX = 64 * 1024
+_STATE_FIXED = 2048  # the record's other fields, the failure's message (1,000 characters) included
+
+
+def state_size_violations(packages: dict[str, Any]) -> list[Violation]:
+    """Refuse a gate whose state record on a node could grow past `STATE_RECORD_MAX` (an upper bound
+    worked out from the spec: every package installed with every config key, every service in the
+    round's interrupt). Called on a spec with no other violation."""
+    size = _STATE_FIXED
+    services: set[str] = set()
+    for name, package in packages.items():
+        # "name":{"version":"...","specHash":"<16>","config":{...}}, in attempts as "name/stage":n (4
+        # stages), in interrupted and postChecked
+        size += 7 * len(name) + len(str(package.get("version", ""))) + 150
+        for key in package.get("config") or {}:
+            size += len(str(key)) + 22  # "key":"<16 hex>",
+        for interrupt in _interrupts(package):
+            services.update(s for s in interrupt.get("services") or [] if isinstance(s, str))
+    size += sum(len(s) + 3 for s in services)
+    if size <= STATE_RECORD_MAX:
+        return []
+    return [Violation("spec.packages", f"the gate's state record on a node could reach {size} bytes (its packages' "
+                                       "names and versions, their config keys, the services of their interrupts); "
+                                       f"at most {STATE_RECORD_MAX}, its share of the node's 256 KiB of "
+                                       "annotations: use fewer or shorter config keys, or split the gate")]
+
+
+def _interrupts(package: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [package.get("interrupt"), *(package.get("configInterrupts") or {}).values(),
+             (package.get("uninstall") or {}).get("interrupt")]
+    return [i for i in found if isinstance(i, dict)]
 
 
 def toleration_violations(tolerations: object, path: str) -> list[Violation]:

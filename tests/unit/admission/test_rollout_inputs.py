@@ -138,3 +138,22 @@ def test_a_duration_past_any_clock_is_a_validation_error_not_a_crash() -> None:
     for text in ("99999999999999999h", "9" * 62 + "h", "9" * 30 + "." + "9" * 30 + "h"):
         found = messages(gate({"tuned": package(timeout=text)}, waitTimeout=text, drain={"timeout": text}))
         assert len(found) == 3 and all("is longer than the maximum" in m or "not a duration" in m for m in found), found
+
+
+def test_a_gate_whose_state_record_could_outgrow_its_share_of_a_nodes_annotations_is_refused() -> None:
+    from gate.admission.rules.nodegate import STATE_RECORD_MAX
+    from gate.api.state import Installed, NodeGateState
+
+    config = {f"k{j:02d}-" + "y" * 240: "x" for j in range(64)}
+    packages = {f"pkg-{chr(97 + i)}": package(config=config) for i in range(8)}
+    found = messages(gate(packages))
+    assert len(found) == 1, found
+    assert found[0].startswith("spec.packages: the gate's state record on a node could reach"), found
+    # the bound is an upper bound: the record such a gate really writes, every key installed, is no larger
+    record = NodeGateState(status="failed", installed={n: Installed(version="1.0.0", spec_hash="0" * 16,
+                                                                    config={k: "0" * 16 for k in config})
+                                                       for n in packages}).dump()
+    claimed = int(found[0].split("could reach ")[1].split(" ")[0])
+    assert len(record) <= claimed and claimed > STATE_RECORD_MAX
+    # fewer packages with the same keys fit
+    assert messages(gate({n: p for n, p in list(packages.items())[:3]})) == []
