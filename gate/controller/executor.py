@@ -152,16 +152,20 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
+            firsts: dict[str, Step] = {}  # each package's first step: its ConfigMap, once
             for step in request.steps:
-                if step.package is None or not gate.spec.packages[step.package].config:
+                if step.package is not None:
+                    firsts.setdefault(step.package, step)
+            for package, step in firsts.items():
+                if not gate.spec.packages[package].config:
                     continue
                 try:
-                    await self._ensure(CONFIGMAPS, config_map(gate, step.package, self.settings))
+                    await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
                 except ApiError as exc:
                     if not refused_for_good(exc):
                         raise
                     await self._fail_refused(gate, node_obj, seen, "ConfigMapRefused",
-                                             f"the ConfigMap of package {step.package}", exc, step)
+                                             f"the ConfigMap of package {package}", exc, step)
                     return
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             try:
@@ -311,7 +315,10 @@ class Executor:
         node = node_obj["metadata"]["name"]
         log.error("Node failure could not be recorded; gate=%s node=%s error=%s", gate.name, node, exc)
         gate_obj = self._gate_obj(gate)
+        failure = decision.state.failure if decision.state is not None else None
         for event in decision.events:
+            if failure is None or event.reason != failure.reason:
+                continue  # an uncordon, say: it was not written either
             await self.recorder.emit(gate_obj if event.target == "gate" else node_obj, event.type, event.reason,
                                      f"{event.message} (and recording it on the node was refused: {exc.message})")
         if decision.state is not None:
