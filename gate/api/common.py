@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 # Go's time.ParseDuration grammar, restricted to the units that make sense for rollouts.
@@ -20,6 +20,30 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
+
+
+@functools.lru_cache(maxsize=1024)  # specs repeat a few durations; a timedelta is immutable
+def parse_duration(text: str) -> timedelta:
+    """Parse a Go-style duration ("1h30m", "90s", "250ms"); raise ValueError on anything else,
+    a duration too long for any clock included ("99999999999999999h": timedelta's own limit is
+    about 2.7 million years, and Go's time.Duration about 292 years)."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration like 90s, 15m or 1h30m")
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"{text!r} is too long to be a duration") from None
+
+
+def _parses(text: str) -> str:
+    parse_duration(text)  # the pattern holds already; this refuses what overflows
+    return text
+
+
+# The models accept any duration that parses, without the per-field maximums that admission
+# enforces (`gate.api.nodegate.STAGE_TIMEOUT_MAX` and the others): a gate stored before a maximum
+# existed must still be read by the operator. One that does not parse at all could never be acted on.
 Duration = Annotated[
     str,
     Field(
@@ -27,16 +51,8 @@ Duration = Annotated[
         max_length=64,
         json_schema_extra={"format": "duration-go"},
     ),
+    AfterValidator(_parses),
 ]
-
-
-@functools.lru_cache(maxsize=1024)  # specs repeat a few durations; a timedelta is immutable
-def parse_duration(text: str) -> timedelta:
-    """Parse a Go-style duration ("1h30m", "90s", "250ms"); raise ValueError on anything else."""
-    if not re.fullmatch(DURATION_PATTERN, text):
-        raise ValueError(f"{text!r} is not a duration like 90s, 15m or 1h30m")
-    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
-    return timedelta(seconds=seconds)
 
 
 class Model(BaseModel):

@@ -1,8 +1,9 @@
 """Every name NodeGate writes onto other objects, in one place.
 
-Node-side keys all live under `nodegate.io/`. A gate's per-node keys embed the gate's name, which is a
-DNS subdomain of at most 253 characters; label *names* are limited to 63 characters, so the label key
-uses the name when it fits and a stable hash otherwise (the annotation keeps the full name).
+Node-side keys all live under `nodegate.io/`. A gate's per-node keys embed the gate's name, a DNS
+subdomain of at most `GATE_NAME_MAX` (57) characters, so that `nodegate.io/state.<gate>` (and
+`reset.`, `rerun.`) fits the 63 characters of a key's name part. The status label's prefix is longer
+(`status.`), so the label key uses the name when it fits and a stable hash otherwise.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]
 NODE_STATUSES: Final[tuple[NodeStatus, ...]] = ("waiting", "in-progress", "complete", "failed", "blocked")
 
 _LABEL_NAME_MAX = 63
+# The annotations that carry a gate's name in their key (`state.`, `reset.`, `rerun.`) have the same
+# 63-character limit on the part after `nodegate.io/`. They keep the name readable, as docs/api.md
+# documents them, and a person (or a ValidatingAdmissionPolicy) reads the gate's name straight from
+# the key, so the name is bounded instead: admission refuses a longer one at create, naming this.
+_ANNOTATION_PREFIXES: Final = ("state.", "reset.", "rerun.")
+GATE_NAME_MAX: Final = _LABEL_NAME_MAX - max(len(p) for p in _ANNOTATION_PREFIXES)
 
 
 def _label_safe(prefix: str, gate: str) -> str:

@@ -7,11 +7,35 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr
 
+from gate.api import keys
 from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta
 
 T = TypeVar("T")
 PACKAGE_NAME_PATTERN = r"^[a-z][-a-z0-9]{0,41}[a-z]$"
 MAX_PACKAGES = 64
+
+# systemd's unit name characters (letters, digits, `-_.:@` and the `\` of its escapes, at most 255),
+# starting with a letter, digit or `_`: a name starting with `-` would reach `systemctl` as a flag,
+# and a glob (`*`) would restart whatever it matches (that is restartAllServices' job).
+SERVICE_NAME_PATTERN = r"^[A-Za-z0-9_][-A-Za-z0-9_.:@\\]{0,254}$"
+SERVICE_NAME_RULE = "a systemd unit name: letters, digits and -_.:@\\, starting with a letter, digit or _, " \
+    "at most 255 characters"
+
+# The longest each duration may be. Longer is no rollout anyone means: a stage or a drain that takes
+# more than this is stuck, and a protected pod that may run longer than 30 days is waited for by
+# leaving waitTimeout unset. Admission refuses more, naming the field (gate.admission.rules.nodegate);
+# the models accept more, so that a gate stored before these maximums existed is still read.
+STAGE_TIMEOUT_MAX = "24h"
+GRACEFUL_SHUTDOWN_MAX = "1h"
+WAIT_TIMEOUT_MAX = "720h"
+DRAIN_TIMEOUT_MAX = "168h"
+
+# ConfigMap keys (k8s.io/apimachinery IsConfigMapKey): the package's config becomes a ConfigMap whose
+# keys are these, and its values together at most 1 MiB (core validation's MaxSecretSize, in bytes).
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+CONFIG_KEY_MAX = 253
+CONFIG_SIZE_MAX = 1024 * 1024
+CONFIG_KEY_RULE = "letters, digits, '-', '_' or '.', at most 253 characters, not '.' or '..' nor starting with '..'"
 
 # From the weakest to the strongest: each one disrupts the node at least as much as the one before
 # (every interrupt but none cordons and drains the node), so merging keeps the strongest.
@@ -43,10 +67,12 @@ class Interrupt(Model):
             "every service; reboot: drain, then reboot the node."
         ),
     )
-    services: list[Annotated[str, Field(max_length=256)]] = Field(
+    # A schema pattern, not a CEL rule with a friendlier message: a rule per interrupt (64 packages,
+    # each with 64 configInterrupts of 64 services) is past the API server's cost budget for a CRD.
+    services: list[Annotated[str, Field(max_length=255, pattern=SERVICE_NAME_PATTERN)]] = Field(
         default_factory=list,
         max_length=64,
-        description="systemd units to restart; required when type is service.",
+        description="systemd units to restart; required when type is service. Each is " + SERVICE_NAME_RULE + ".",
     )
 
 
@@ -131,8 +157,25 @@ class Memoized(Model):
         return value
 
 
+_BAD_CONFIG_KEYS = ("self.config.filter(k, !k.matches('" + CONFIG_KEY_PATTERN + "') || k.size() > "
+                    + str(CONFIG_KEY_MAX) + " || k.startsWith('..') || k == '.')")
+
+PACKAGE_RULES: list[JsonValue] = [
+    {
+        # The ConfigMap the config becomes would be refused only after the node was cordoned and drained.
+        "rule": "!has(self.config) || " + _BAD_CONFIG_KEYS + ".size() == 0",
+        "message": "config keys must be ConfigMap keys: " + CONFIG_KEY_RULE,
+        "messageExpression": ("'config key \"' + " + _BAD_CONFIG_KEYS + "[0] + '\" is no ConfigMap key: "
+                              + CONFIG_KEY_RULE.replace("'", "\\'") + "'"),
+        "fieldPath": ".config",
+    },
+]
+
+
 class Package(Memoized):
     """One host-layer package: an image carrying stages and checks, at a version."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": PACKAGE_RULES})
 
     version: str = Field(
         max_length=128,
@@ -151,7 +194,8 @@ class Package(Memoized):
     config: dict[str, str] = Field(
         default_factory=dict,
         max_length=64,
-        description="Files made available to the stages (a ConfigMap). A change re-runs the config stage.",
+        description="Files made available to the stages (a ConfigMap). A change re-runs the config stage. Keys are "
+        "ConfigMap keys (" + CONFIG_KEY_RULE + "); the values together at most 1 MiB.",
     )
     config_interrupts: dict[str, Interrupt] = Field(
         default_factory=dict,
@@ -168,7 +212,8 @@ class Package(Memoized):
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Environment of the stages.")
     resources: Resources | None = Field(default=None, description="Resources of the stage containers.")
     timeout: Duration = Field(
-        default="30m", description="How long one stage may run; exceeding it fails the stage."
+        default="30m",
+        description=f"How long one stage may run; exceeding it fails the stage. At most {STAGE_TIMEOUT_MAX}.",
     )
     graceful_shutdown: Duration | None = Field(
         default=None,
@@ -176,7 +221,7 @@ class Package(Memoized):
             "How long a running step has to clean up when its stage pod is stopped (past the steps' "
             "deadline, say): the agent passes SIGTERM on to the step, and what still runs after this long is "
             "killed. The "
-            "stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset."
+            f"stage pods' terminationGracePeriodSeconds; Kubernetes' 30s when unset. At most {GRACEFUL_SHUTDOWN_MAX}."
         ),
     )
     retries: int = Field(default=2, ge=0, le=20, description="How often a failed stage is retried, with backoff.")
@@ -198,7 +243,8 @@ class Drain(Model):
 
     timeout: Duration = Field(
         default="15m",
-        description="How long to keep retrying evictions refused by a PodDisruptionBudget; then the node fails.",
+        description="How long to keep retrying evictions refused by a PodDisruptionBudget; then the node fails. "
+        f"At most {DRAIN_TIMEOUT_MAX}.",
     )
     grace_period_seconds: int | None = Field(
         default=None, ge=0, description="Override of the pods' termination grace period; theirs when unset."
@@ -281,7 +327,8 @@ class NodeGateSpec(Memoized):
         default=None, description="Pods that must finish on their own before a node is interrupted."
     )
     wait_timeout: Duration | None = Field(
-        default=None, description="How long to wait for protected pods; forever when unset."
+        default=None,
+        description=f"How long to wait for protected pods; forever when unset. At most {WAIT_TIMEOUT_MAX}.",
     )
     drain: Drain = Field(default_factory=Drain, description="Drain settings.")
     additional_tolerations: list[Toleration] = Field(
@@ -349,8 +396,24 @@ class NodeGateStatus(Model):
     )
 
 
+NODEGATE_RULES: list[JsonValue] = [
+    {
+        # Checked at create only (a name never changes): a gate admitted before the limit existed can
+        # still be updated and deleted. `optionalOldSelf` makes oldSelf absent at create.
+        "rule": f"oldSelf.hasValue() || self.metadata.name.size() <= {keys.GATE_NAME_MAX}",
+        "optionalOldSelf": True,
+        # Static: any messageExpression at the root (even the name's length) is past the API server's
+        # cost budget for a CRD.
+        "message": f"metadata.name: a NodeGate name must be at most {keys.GATE_NAME_MAX} characters: the node "
+                   f"annotation {keys.GROUP}/state.<name> must fit the 63 characters of a key's name",
+    },
+]
+
+
 class NodeGate(Model):
     """A set of host-layer packages rolled out to the nodes a selector picks."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": NODEGATE_RULES})
 
     api_version: str = Field(default="nodegate.io/v1alpha1", description="nodegate.io/v1alpha1")
     kind: str = Field(default="NodeGate", description="NodeGate")

@@ -187,6 +187,7 @@ def _kind(kind: str, model: type[Any], crd: Callable[[], Schema], short: str) ->
              "| Column | From |", "|---|---|"]
     for column in version["additionalPrinterColumns"]:
         lines.append(f"| {column['name']} | `{column['jsonPath']}` |")
+    lines += _rules(schema)  # the object's own: its name
     w = Walk(kind)
     for part in ("spec", "status"):
         _walk(w, schema["properties"][part], part)
@@ -208,7 +209,8 @@ def _node_keys() -> list[str]:
         (f"`{keys.status_label(gate)}`", "label", "Node", _doc(keys.status_label)
          + " Long gate names are shortened with a hash (label names have 63 characters)."),
         (f"`{keys.state_annotation(gate)}`", "annotation", "Node",
-         _doc(keys.state_annotation) + " JSON, see [the state annotation](#the-state-annotation)."),
+         _doc(keys.state_annotation) + " JSON, see [the state annotation](#the-state-annotation). A gate's name "
+         f"has at most {keys.GATE_NAME_MAX} characters (checked at create), so that this key fits."),
         (f"`{keys.failed_condition(gate)}`", "condition", "Node",
          _doc(keys.failed_condition) + " Removed when the node gets another round (rerun, reset, a spec change), "
          "leaves the gate, or the gate is deleted."),

@@ -33,11 +33,23 @@ from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
-from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
+from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, Step, write_refused
 
 log = logging.getLogger("nodegate.operator")
 
 Obj = dict[str, Any]
+
+# Refusals that asking again cannot change: not found (404: the object went, the next look decides
+# anew), conflicts (409: decided again on the fresh copy), throttling and PodDisruptionBudgets (429),
+# a timeout (408) and the operator's own credentials (401: every write would fail alike, the node is
+# not the problem) are temporary; they go back to the queue with backoff.
+_TEMPORARY_4XX = frozenset({401, 404, 408, 409, 429})
+
+
+def refused_for_good(exc: ApiError) -> bool:
+    """The API server refused a write, and would refuse it again as is: admission (a webhook, a
+    ValidatingAdmissionPolicy, a quota, a LimitRange), validation, RBAC, a body too large."""
+    return 400 <= exc.status < 500 and exc.status not in _TEMPORARY_4XX
 
 
 class Executor:
@@ -80,16 +92,29 @@ class Executor:
             result = await self.client.patch(NODES, node, patch, patch_type="strategic", subresource="status")
         except NotFound:
             return
+        except ApiError as exc:
+            if not refused_for_good(exc):
+                raise
+            # The state annotation and the status label still say it; one node's refused condition
+            # must not hold back the gate's plan and status.
+            log.warning("Node condition refused; node=%s error=%s", node, exc)
+            return
         self.world.nodes.observe(result)
         self.world.fleet_memo.pop(node, None)
 
     async def write_node_updates(self, gate: NodeGate, updates: Mapping[str, NodeUpdate]) -> None:
-        """Write a plan's node updates, 16 at a time; the first failure is raised once all are done."""
+        """Write a plan's node updates, 16 at a time; the first failure is raised once all are done.
+        A write refused for good fails its node (`_refused_update`) and holds back none of the others."""
         sem = asyncio.Semaphore(16)
 
         async def apply(node: str, update: NodeUpdate) -> None:
             async with sem:
-                await self.write_node_update(gate, node, update)
+                try:
+                    await self.write_node_update(gate, node, update)
+                except ApiError as exc:
+                    if not refused_for_good(exc):
+                        raise
+                    await self._refused_update(gate, node, update, exc)
 
         results = await asyncio.gather(*(apply(n, u) for n, u in updates.items()), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -97,11 +122,24 @@ class Executor:
             raise errors[0]
 
     async def execute(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext) -> None:
+        """Perform a node's decision. A write of it that the API server refuses for good fails the node
+        with the server's message (`gate.lifecycle.machine.write_refused`) and ends the decision there:
+        the node is never left cordoned and drained, waiting for a write that cannot succeed."""
         node = node_obj["metadata"]["name"]
         old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
         if decision.writes_node or decision.remove_state:
             update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
-            node_obj = await self.write_node_update(gate, node, update, base=node_obj)
+            try:
+                node_obj = await self.write_node_update(gate, node, update, base=node_obj)
+            except ApiError as exc:
+                if not refused_for_good(exc) or decision.remove_state:
+                    raise  # a removal that cannot be written cannot be recorded as failed either
+                cordon = decision.node.unschedulable is True
+                await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused",
+                                         f"the {'cordon' if cordon else 'write'} of node {node}", exc,
+                                         stage="cordon" if cordon else "")
+                return
+        seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
         for name in decision.delete_pods:
             pod = self.world.pods.get(name, self.settings.namespace)
             body = None
@@ -114,19 +152,29 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
-            for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
-                if gate.spec.packages[package].config:
+            firsts: dict[str, Step] = {}  # each package's first step: its ConfigMap, once
+            for step in request.steps:
+                if step.package is not None:
+                    firsts.setdefault(step.package, step)
+            for package, step in firsts.items():
+                if not gate.spec.packages[package].config:
+                    continue
+                try:
                     await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
+                except ApiError as exc:
+                    if not refused_for_good(exc):
+                        raise
+                    await self._fail_refused(gate, node_obj, seen, "ConfigMapRefused",
+                                             f"the ConfigMap of package {package}", exc, step)
+                    return
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             try:
                 created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
             except ApiError as exc:
-                if exc.status not in (400, 403, 422):
+                if not refused_for_good(exc):
                     raise
-                # Refused by admission (a LimitRange, a quota, a policy): trying again changes nothing.
-                log.warning("Stage pod refused; gate=%s node=%s pod=%s error=%s", gate.name, node, request.name, exc)
-                seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
-                await self.execute(gate, node_obj, pod_refused(seen, request, exc.message), seen)
+                await self._fail_refused(gate, node_obj, seen, "PodRefused", f"the stage pod {request.name}", exc,
+                                         request.steps[0])
                 return
             if created is not None:
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
@@ -135,7 +183,12 @@ class Executor:
                 log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
                          request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps),
                          request.name)
-        blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
+        try:
+            blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
+        except _EvictionRefused as refused:
+            await self._fail_refused(gate, node_obj, seen, "EvictionRefused", f"the eviction of pod {refused.pod}",
+                                     refused.error)
+            return
         if blocked:
             state = decision.state or load_state(old_state)
             if state.drain_blocked_by != blocked:  # once per blocking budget, not at every retry
@@ -144,8 +197,7 @@ class Executor:
                 fresh = self.world.nodes.get(node) or node_obj
                 await self.write_node_update(gate, node, NodeUpdate(state=state, events=[EventRequest(
                     "node", "Warning", "DrainBlocked", f"Eviction refused: {blocked}")]), base=fresh)
-        gate_obj = self.world.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
-                                                 "metadata": {"name": gate.name}}
+        gate_obj = self._gate_obj(gate)
         for event in decision.events:
             target = gate_obj if event.target == "gate" else node_obj
             await self.recorder.emit(target, event.type, event.reason, event.message)
@@ -200,6 +252,8 @@ class Executor:
             except TooManyRequests as exc:
                 return _blocking_pdb(exc, namespace, name)
             except ApiError as exc:
+                if refused_for_good(exc):
+                    raise _EvictionRefused(f"{namespace}/{name}", exc) from exc
                 if exc.status != 404:
                     raise
             return None
@@ -222,6 +276,73 @@ class Executor:
         log.info("Lifted the readiness taint; node=%s why=%s", node_obj["metadata"]["name"], why)
         for event in update.events:
             await self.recorder.emit(result, event.type, event.reason, event.message)
+
+    async def _fail_refused(self, gate: NodeGate, node_obj: Obj, ctx: NodeContext, reason: str, what: str,
+                            exc: ApiError, step: Step | None = None, stage: str = "") -> None:
+        """Fail the node for a write refused for good (`what`, as the message says it), as the node was
+        (`node_obj`, `ctx`) before that write."""
+        node = node_obj["metadata"]["name"]
+        log.warning("Write refused; gate=%s node=%s reason=%s what=%s error=%s", gate.name, node, reason, what, exc)
+        decision = write_refused(ctx, reason, what, exc.message, step, stage=stage)
+        update = NodeUpdate(state=decision.state, change=decision.node,
+                            events=[e for e in decision.events if e.target == "node"])
+        try:
+            await self.write_node_update(gate, node, update, base=node_obj)
+        except ApiError as again:
+            if not refused_for_good(again):
+                raise
+            await self._unrecordable(gate, node_obj, decision, again)
+            return
+        gate_obj = self._gate_obj(gate)
+        for event in decision.events:
+            if event.target == "gate":
+                await self.recorder.emit(gate_obj, event.type, event.reason, event.message)
+        if decision.state is not None and decision.state.failure:
+            f = decision.state.failure
+            self.metrics.stage_failures.labels(gate.name, f.package or "-", f.stage, f.reason).inc()
+        self.world.gate_later(gate.name)  # the batch is judged and the budget slot counted again
+
+    async def _refused_update(self, gate: NodeGate, node: str, update: NodeUpdate, exc: ApiError) -> None:
+        """A gate plan's write of one node refused for good. A node the plan picked (or moved on) fails
+        in that state, as its round would; a write of anything else (a status label, a request acted
+        on) is reported, and left for the next plan."""
+        obj = self.world.nodes.get(node)
+        if obj is None:
+            return
+        if update.state is None or update.remove_state:
+            log.warning("Node write refused; gate=%s node=%s error=%s", gate.name, node, exc)
+            await self.recorder.emit(obj, "Warning", "NodeWriteRefused",
+                                     f"NodeGate {gate.name}: the API server refused the write of node {node}: "
+                                     f"{exc.message}")
+            return
+        view = node_view(obj)
+        ctx = NodeContext(gate=gate, node=view, state=update.state,
+                          stage_pods=self.world.stage_pods_of(gate.name, node), pods=None, now=datetime.now(UTC))
+        starts = update.state.status == "in-progress" and update.state.phase == "idle"
+        await self._fail_refused(gate, obj, ctx, "NodeWriteRefused",
+                                 f"the {'start of a round' if starts else 'write'} of node {node}", exc,
+                                 stage="start" if starts else "")
+
+    async def _unrecordable(self, gate: NodeGate, node_obj: Obj, decision: Decision, exc: ApiError) -> None:
+        """The node's failure cannot be written either (whatever refuses the node's writes refuses this
+        one too): say it where it can still be said, the node's condition (its status subresource) and
+        Events on the node and the gate, and leave the node to the next look."""
+        node = node_obj["metadata"]["name"]
+        log.error("Node failure could not be recorded; gate=%s node=%s error=%s", gate.name, node, exc)
+        gate_obj = self._gate_obj(gate)
+        failure = decision.state.failure if decision.state is not None else None
+        for event in decision.events:
+            if failure is None or event.reason != failure.reason:
+                continue  # an uncordon, say: it was not written either
+            await self.recorder.emit(gate_obj if event.target == "gate" else node_obj, event.type, event.reason,
+                                     f"{event.message} (and recording it on the node was refused: {exc.message})")
+        if decision.state is not None:
+            await self.write_failure_condition(gate.name, node_view(node_obj),
+                                               failure_condition(gate.name, decision.state))
+
+    def _gate_obj(self, gate: NodeGate) -> Obj:
+        return self.world.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
+                                                   "metadata": {"name": gate.name}}
 
     async def write_node_update(self, gate: NodeGate, node: str, update: NodeUpdate,
                                  base: Obj | None = None) -> Obj:
@@ -246,6 +367,15 @@ class Executor:
         if update.state is not None and update.state.status == "in-progress":
             self.world.queue.add(NodeKey(gate.name, node))
         return result
+
+
+class _EvictionRefused(Exception):
+    """An eviction refused for good (not by a PodDisruptionBudget): the drain cannot go on."""
+
+    def __init__(self, pod: str, error: ApiError) -> None:
+        super().__init__(f"eviction of {pod} refused: {error}")
+        self.pod = pod
+        self.error = error
 
 
 def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:

@@ -591,14 +591,30 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
     return r.finish_decision()
 
 
-def pod_refused(ctx: NodeContext, request: PodRequest, message: str) -> Decision:
-    """The API server refused to create a stage pod (its admission: a LimitRange, a quota, a policy):
-    the node fails with the reason, in the step the pod would have started with; asking again would
-    be refused again."""
+def write_refused(ctx: NodeContext, reason: str, what: str, message: str, step: Step | None = None, *,
+                  stage: str = "") -> Decision:
+    """The API server refused a write of this node's round for good (admission, a quota, validation:
+    asking again would be refused again): the node fails with the server's message (`reason`:
+    NodeWriteRefused, ConfigMapRefused, PodRefused, EvictionRefused), in `step` when the write was for
+    one, else in `stage` (the node's phase when unset). While nothing of the round has run on the host
+    yet, the round's cordon is undone too: the host is as the round found it, so it goes back to work
+    and leaves the budget, and a person fixes what the message names and reruns the node. A host that
+    ran a step of the round stays cordoned, as after any failure."""
     r = _Round(ctx)
-    first = request.steps[0]
-    return r.fail("PodRefused", f"the API server refused the stage pod {request.name}: {message}",
-                  package=first.package, stage=first.stage)
+    if _host_untouched(ctx):
+        _uncordon(r)
+    return r.fail(reason, f"the API server refused {what}: {message}",
+                  package=step.package if step else None, stage=step.stage if step else stage)
+
+
+def _host_untouched(ctx: NodeContext) -> bool:
+    """No step of this round has run on the host: it is before the stages, or at them with no stage
+    pod of the round seen and no attempt failed (the pods that ran are deleted once recorded, but a
+    decision that records one still sees it)."""
+    s = ctx.state
+    if s.phase in ("idle", "cordon", "wait-pods", "drain"):
+        return True
+    return s.phase == "stages" and not s.attempts and not any(p.round == s.round for p in ctx.stage_pods.values())
 
 
 def retry_backoff(attempts: int) -> float:
@@ -943,7 +959,6 @@ def rerun(state: NodeGateState, package: str, stage: str) -> NodeGateState:
 
 __all__ = [
     "Decision", "EventRequest", "NodeChange", "NodeContext", "NodeView", "PodKind", "PodRequest", "PodView",
-    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "pod_refused",
-    "rerun",
-    "start_round", "timedelta",
+    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "rerun",
+    "start_round", "timedelta", "write_refused",
 ]

@@ -105,6 +105,8 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
     ref = new_spec.get("deploymentPolicy") if isinstance(new_spec, dict) else None
     check_policy = old_spec is None or old_spec.get("deploymentPolicy") != ref
     violations = nodegate.validate_spec(new_spec, existing_policies=facts.existing_policies if check_policy else None)
+    if req.operation == "CREATE":
+        violations = nodegate.name_violations(_name(req, new)) + violations
     if isinstance(new_spec, dict) and old_spec is not None:
         violations += nodegate.update_violations(old_spec, new_spec, dict(facts.installed_on))
     changed = nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})

@@ -17,11 +17,27 @@ import semver
 from gate.admission.rules import syntax
 from gate.admission.rules.review import Violation
 from gate.admission.rules.syntax import type_name
+from gate.api import keys
 from gate.api.common import parse_duration
-from gate.api.nodegate import PACKAGE_NAME_PATTERN, PACKAGE_NAME_RULE
+from gate.api.nodegate import (
+    CONFIG_KEY_MAX,
+    CONFIG_KEY_PATTERN,
+    CONFIG_KEY_RULE,
+    CONFIG_SIZE_MAX,
+    DRAIN_TIMEOUT_MAX,
+    GRACEFUL_SHUTDOWN_MAX,
+    PACKAGE_NAME_PATTERN,
+    PACKAGE_NAME_RULE,
+    SERVICE_NAME_PATTERN,
+    SERVICE_NAME_RULE,
+    STAGE_TIMEOUT_MAX,
+    WAIT_TIMEOUT_MAX,
+)
 from gate.api.versions import image_tag
 
 _PACKAGE_NAME = re.compile(PACKAGE_NAME_PATTERN)
+_SERVICE_NAME = re.compile(SERVICE_NAME_PATTERN)
+_CONFIG_KEY = re.compile(CONFIG_KEY_PATTERN)
 INTERRUPT_TYPES = ("none", "drain", "service", "restartAllServices", "reboot")
 _NODE_SAMPLE = 3
 
@@ -40,6 +56,19 @@ def spec_of(obj: object) -> dict[str, Any] | None:
 def packages_of(spec: dict[str, Any]) -> dict[str, Any]:
     packages = spec.get("packages")
     return packages if isinstance(packages, dict) else {}
+
+
+# -- the name --------------------------------------------------------------------------------------
+
+
+def name_violations(name: str) -> list[Violation]:
+    """A gate's name is part of the keys it writes on nodes (`gate.api.keys`): one too long for them
+    would be admitted and then fail every node write. Checked at CREATE (a name never changes)."""
+    if len(name) <= keys.GATE_NAME_MAX:
+        return []
+    return [Violation("metadata.name", f'NodeGate name "{name}" has {len(name)} characters; at most '
+                      f"{keys.GATE_NAME_MAX}: the node annotation {keys.state_annotation('<name>')} must fit the 63 "
+                      "characters of a key's name; choose a shorter name")]
 
 
 # -- the whole spec --------------------------------------------------------------------------------
@@ -64,13 +93,15 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
                                  f'DeploymentPolicy "{policy}" does not exist; create it first or fix the name'))
     out += syntax.selector_violations(spec.get("nodeSelector"), "spec.nodeSelector")
     out += syntax.selector_violations(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels")
-    out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout")
+    out += toleration_violations(spec.get("additionalTolerations"), "spec.additionalTolerations")
+    out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout", WAIT_TIMEOUT_MAX,
+                               hint="leave it unset to wait for as long as they run")
     drain = spec.get("drain")
     if drain is not None:
         if not isinstance(drain, dict):
             out.append(Violation("spec.drain", f"must be an object, not {type_name(drain)}"))
         else:
-            out += duration_violations(drain.get("timeout"), "spec.drain.timeout")
+            out += duration_violations(drain.get("timeout"), "spec.drain.timeout", DRAIN_TIMEOUT_MAX)
             grace = drain.get("gracePeriodSeconds")
             if grace is not None and not (is_int(grace) and grace >= 0):
                 out.append(Violation("spec.drain.gracePeriodSeconds", "must be a whole number of seconds, 0 or more"))
@@ -89,6 +120,76 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
     for name, package in packages.items():
         out += package_violations(name, package, packages)
     out += cycle_violations(packages)
+    if not out:
+        out += state_size_violations(packages)
+    return out
+
+
+# The gate's state record on a node (`gate.api.state`) names every package, its version and each of its
+# config keys, and the round's merged interrupt lists every service; a node's annotations share 256 KiB
+# (the API server's limit), with the kubelet's, other tools' and every other gate's. A gate whose
+# record could outgrow its share would have every node write refused mid-round.
+STATE_RECORD_MAX = 64 * 1024
+_STATE_FIXED = 2048  # the record's other fields, the failure's message (1,000 characters) included
+
+
+def state_size_violations(packages: dict[str, Any]) -> list[Violation]:
+    """Refuse a gate whose state record on a node could grow past `STATE_RECORD_MAX` (an upper bound
+    worked out from the spec: every package installed with every config key, every service in the
+    round's interrupt). Called on a spec with no other violation."""
+    size = _STATE_FIXED
+    services: set[str] = set()
+    for name, package in packages.items():
+        # "name":{"version":"...","specHash":"<16>","config":{...}}, in attempts as "name/stage":n (4
+        # stages), in interrupted and postChecked
+        size += 7 * len(name) + len(str(package.get("version", ""))) + 150
+        for key in package.get("config") or {}:
+            size += len(str(key)) + 22  # "key":"<16 hex>",
+        for interrupt in _interrupts(package):
+            services.update(s for s in interrupt.get("services") or [] if isinstance(s, str))
+    size += sum(len(s) + 3 for s in services)
+    if size <= STATE_RECORD_MAX:
+        return []
+    return [Violation("spec.packages", f"the gate's state record on a node could reach {size} bytes (its packages' "
+                                       "names and versions, their config keys, the services of their interrupts); "
+                                       f"at most {STATE_RECORD_MAX}, its share of the node's 256 KiB of "
+                                       "annotations: use fewer or shorter config keys, or split the gate")]
+
+
+def _interrupts(package: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [package.get("interrupt"), *(package.get("configInterrupts") or {}).values(),
+             (package.get("uninstall") or {}).get("interrupt")]
+    return [i for i in found if isinstance(i, dict)]
+
+
+def toleration_violations(tolerations: object, path: str) -> list[Violation]:
+    """What the API server refuses in a pod's tolerations (core validation's ValidateTolerations): the
+    stage pods carry these, and are created only once the node is cordoned and drained. Entries of
+    the wrong shape are the CRD schema's business."""
+    if not isinstance(tolerations, list):
+        return []
+    out: list[Violation] = []
+    for i, t in enumerate(tolerations):
+        if not isinstance(t, dict):
+            continue
+        where = f"{path}[{i}]"
+        key, operator, value = t.get("key") or "", t.get("operator") or "Equal", t.get("value") or ""
+        if not isinstance(key, str) or not isinstance(value, str):
+            continue
+        if key:
+            problem = syntax.label_key_problem(key)
+            if problem:
+                out.append(Violation(f"{where}.key", problem))
+        elif operator != "Exists":
+            out.append(Violation(f"{where}.operator", "must be Exists when key is empty (which tolerates every taint)"))
+        if t.get("tolerationSeconds") is not None and t.get("effect") != "NoExecute":
+            out.append(Violation(f"{where}.effect", "must be NoExecute when tolerationSeconds is set"))
+        if operator == "Exists" and value:
+            out.append(Violation(f"{where}.value", f"must be empty when operator is Exists, not {value!r}"))
+        elif operator == "Equal":
+            problem = syntax.label_value_problem(value)
+            if problem:
+                out.append(Violation(f"{where}.value", problem))
     return out
 
 
@@ -110,15 +211,21 @@ def budget_violations(budget: object, path: str) -> list[Violation]:
     return out
 
 
-def duration_violations(value: object, path: str) -> list[Violation]:
+def duration_violations(value: object, path: str, maximum: str, hint: str = "") -> list[Violation]:
+    """Why `value` is no duration of at most `maximum` (one of the maximums of `gate.api.nodegate`)."""
     if value is None:
         return []
     if not isinstance(value, str):
         return [Violation(path, f"must be a duration string like 90s, 15m or 1h30m, not {type_name(value)}")]
     try:
-        parse_duration(value)
+        parsed = parse_duration(value)
     except ValueError as exc:
-        return [Violation(path, str(exc))]
+        if not str(exc).endswith("too long to be a duration"):
+            return [Violation(path, str(exc))]
+        parsed = None  # past any clock: longer than every maximum
+    if parsed is None or parsed > parse_duration(maximum):
+        shown = value if len(value) <= 24 else value[:20] + "..."
+        return [Violation(path, f"{shown!r} is longer than the maximum of {maximum}" + (f"; {hint}" if hint else ""))]
     return []
 
 
@@ -150,8 +257,9 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     out += interrupt_violations(package.get("interrupt"), f"{path}.interrupt")
     out += config_violations(package, path)
     out += resources_violations(package.get("resources"), f"{path}.resources")
-    out += duration_violations(package.get("timeout"), f"{path}.timeout")
-    out += duration_violations(package.get("gracefulShutdown"), f"{path}.gracefulShutdown")
+    out += env_violations(package.get("env"), f"{path}.env")
+    out += duration_violations(package.get("timeout"), f"{path}.timeout", STAGE_TIMEOUT_MAX)
+    out += duration_violations(package.get("gracefulShutdown"), f"{path}.gracefulShutdown", GRACEFUL_SHUTDOWN_MAX)
     retries = package.get("retries")
     if retries is not None and not (is_int(retries) and 0 <= retries <= 20):
         out.append(Violation(f"{path}.retries", f"must be a whole number from 0 to 20, not {retries!r}"))
@@ -159,9 +267,11 @@ def package_violations(name: object, package: object, packages: dict[str, Any]) 
     if uninstall is not None:
         if not isinstance(uninstall, dict):
             out.append(Violation(f"{path}.uninstall", f"must be an object, not {type_name(uninstall)}"))
-        elif uninstall.get("apply") is True and uninstall.get("enabled") is not True:
-            out.append(Violation(f"{path}.uninstall.apply",
-                                 "uninstall.apply needs uninstall.enabled: true (the package must be uninstallable)"))
+        else:
+            if uninstall.get("apply") is True and uninstall.get("enabled") is not True:
+                out.append(Violation(f"{path}.uninstall.apply", "uninstall.apply needs uninstall.enabled: true "
+                                                                 "(the package must be uninstallable)"))
+            out += interrupt_violations(uninstall.get("interrupt"), f"{path}.uninstall.interrupt")
     out += depends_violations(name, package.get("dependsOn"), packages, path)
     return out
 
@@ -179,6 +289,11 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
     if services is not None and not (isinstance(services, list)
                                      and all(isinstance(s, str) and s for s in services)):
         return [Violation(f"{path}.services", "must be a list of systemd unit names")]
+    for i, service in enumerate(services or []):
+        if not _SERVICE_NAME.match(service):
+            shown = service if len(service) <= 64 else service[:60] + "..."
+            hint = " (it would read as a flag)" if service.startswith("-") else ""
+            return [Violation(f"{path}.services[{i}]", f"{shown!r} is not {SERVICE_NAME_RULE}{hint}")]
     if kind == "service" and not services:
         return [Violation(f"{path}.services", "an interrupt of type service needs at least one entry in services")]
     if kind == "drain" and services:
@@ -189,11 +304,23 @@ def interrupt_violations(interrupt: object, path: str) -> list[Violation]:
 
 
 def config_violations(package: dict[str, Any], path: str) -> list[Violation]:
+    """The config becomes a ConfigMap, created only once the node is cordoned and drained: what the API
+    server would refuse in it is refused here, naming the key."""
     out: list[Violation] = []
     config = package.get("config")
     if config is not None and not (isinstance(config, dict) and all(isinstance(v, str) for v in config.values())):
         out.append(Violation(f"{path}.config", "must be a map of file name to file content (strings)"))
         config = {}
+    size = 0
+    for key, value in (config or {}).items():
+        problem = config_key_problem(str(key))
+        if problem:
+            shown = key if len(key) <= 64 else key[:60] + "..."
+            out.append(Violation(f"{path}.config[{shown}]", f"config key {shown!r} is no ConfigMap key: {problem}"))
+        size += len(value.encode())
+    if size > CONFIG_SIZE_MAX:
+        out.append(Violation(f"{path}.config", f"the values add up to {size} bytes; a ConfigMap holds at most "
+                                               f"{CONFIG_SIZE_MAX} (1 MiB)"))
     keys = list((config or {}).keys())
     interrupts = package.get("configInterrupts")
     if interrupts is None:
@@ -207,6 +334,30 @@ def config_violations(package: dict[str, Any], path: str) -> list[Violation]:
             out.append(Violation(where, f"{pattern!r} is neither a config key nor a glob matching one "
                                         f"(config keys: {known})"))
         out += interrupt_violations(interrupt, where)
+    return out
+
+
+def config_key_problem(key: str) -> str | None:
+    """Why `key` is no ConfigMap key (k8s.io/apimachinery IsConfigMapKey), or None."""
+    if len(key) > CONFIG_KEY_MAX or not _CONFIG_KEY.match(key) or key == "." or key.startswith(".."):
+        return CONFIG_KEY_RULE
+    return None
+
+
+def env_violations(env: object, path: str) -> list[Violation]:
+    """Names the API server refuses in a container's env (1.34's relaxed rule: printable ASCII but '=');
+    the stage pod that carries them is created only once the node is cordoned and drained."""
+    if not isinstance(env, list):
+        return []
+    out: list[Violation] = []
+    for i, var in enumerate(env):
+        name = var.get("name") if isinstance(var, dict) else None
+        if not isinstance(name, str):
+            continue  # the CRD schema's business (a string is required)
+        if not name or "=" in name or not all(" " <= c <= "~" for c in name):
+            shown = name if len(name) <= 64 else name[:60] + "..."
+            out.append(Violation(f"{path}[{i}].name", f"{shown!r} is no environment variable name: printable "
+                                                      "ASCII characters but '='"))
     return out
 
 
