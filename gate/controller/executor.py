@@ -23,7 +23,14 @@ from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.events import EventRecorder
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
-from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
+from gate.controller.pods import (
+    config_map,
+    config_map_problems,
+    container_name,
+    facts_of,
+    stage_pod,
+    stage_pod_view,
+)
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
 from gate.controller.views import node_view
@@ -33,7 +40,15 @@ from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
-from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, pod_refused
+from gate.lifecycle.machine import (
+    Decision,
+    EventRequest,
+    NodeContext,
+    NodeView,
+    PodRequest,
+    config_refused,
+    pod_refused,
+)
 
 log = logging.getLogger("nodegate.operator")
 
@@ -114,9 +129,13 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
-            for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
-                if gate.spec.packages[package].config:
-                    await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
+            foreign = await self._ensure_configs(gate, request)
+            if foreign is not None:
+                log.warning("ConfigMap not NodeGate's, stage pod not created; gate=%s node=%s pod=%s error=%s",
+                            gate.name, node, request.name, foreign[1])
+                seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
+                await self.execute(gate, node_obj, config_refused(seen, request, *foreign), seen)
+                return
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             try:
                 created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
@@ -184,6 +203,24 @@ class Executor:
             if exc.status != 409:
                 raise
             return None
+
+    async def _ensure_configs(self, gate: NodeGate, request: PodRequest) -> tuple[str, str] | None:
+        """Create the ConfigMaps of the request's packages; one that exists already must be the one NodeGate
+        renders (`config_map_problems`). Returns the package and why, for the first one that is not."""
+        for package in dict.fromkeys(s.package for s in request.steps if s.package is not None):
+            if not gate.spec.packages[package].config:
+                continue  # nothing to create; the agent still holds whatever it finds against the digest
+            wanted = config_map(gate, package, self.settings)
+            if await self._ensure(CONFIGMAPS, wanted) is not None:
+                continue
+            name, namespace = wanted["metadata"]["name"], wanted["metadata"]["namespace"]
+            # Not from the cache: the operator keeps no ConfigMap cache, and this is the rare path.
+            problems = config_map_problems(await self.client.get(CONFIGMAPS, name, namespace), wanted)
+            if problems:
+                return package, (f"ConfigMap {namespace}/{name} exists but is not NodeGate's config of package "
+                                 f"{package}: {'; '.join(problems)}. Nothing ran. Someone else created or replaced "
+                                 "it: find out who, delete it, then rerun the node")
+        return None
 
     async def _evict(self, gate: NodeGate, node: str, pods: Iterable[tuple[str, str]]) -> str | None:
         """Evict pods; returns the PodDisruptionBudget blocking one of them, if any."""
