@@ -11,6 +11,12 @@ container from the package image copies the payload into an emptyDir, then an ag
 termination (exit code, and the agent's summary as the termination message), read back by
 `stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
 
+A package's config reaches its steps as an immutable ConfigMap named by its content and the gate's
+uid; each agent container gets the digest of that config as an argument (`gate.api.digests`) and
+refuses anything else it finds mounted. The spec that carries the digest cannot change after the
+pod's creation (the chart's host-access policy), and a ConfigMap found under the name is taken only
+when it is exactly the operator's (`config_map_problems`).
+
 The node's facts (`gate.api.facts`) travel as the pod annotation `nodegate.io/node-facts`, projected
 by a downwardAPI volume into a file the agent reads: the Downward API cannot read the Node's labels,
 an annotation of the pod it can. They are the operator's, per node and per stage, so they belong on
