@@ -214,7 +214,9 @@ class Executor:
             if await self._ensure(CONFIGMAPS, wanted) is not None:
                 continue
             name, namespace = wanted["metadata"]["name"], wanted["metadata"]["namespace"]
-            # Not from the cache: the operator keeps no ConfigMap cache, and this is the rare path.
+            # One read per stage pod whose ConfigMap exists (every node's after the first): the operator
+            # keeps no ConfigMap cache, and a verdict remembered from an earlier read would miss a
+            # ConfigMap deleted and planted again since (the agent's digest check would still catch it).
             problems = config_map_problems(await self.client.get(CONFIGMAPS, name, namespace), wanted)
             if problems:
                 return package, (f"ConfigMap {namespace}/{name} exists but is not NodeGate's config of package "
