@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gate.agent.errors import PackageError
+from gate.agent.errors import ConfigMismatch, PackageError
 from gate.agent.package import ConfigSpec, PackageManifest, parse_config_value, render_config_value
+from gate.api.digests import config_digest
 
 ConfigValue = str | int | bool
 
@@ -55,6 +56,21 @@ def check_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tuple
         elif key.default is not None:
             values[name] = key.default
     return dict(sorted(values.items())), problems
+
+
+def check_digest(given: Mapping[str, bytes], expected: str | None, where: str) -> None:
+    """Refuse config that is not what the operator rendered for this stage: `expected` is the digest it
+    put into the pod's spec (`gate.api.digests`), None when the agent runs by hand (nothing to hold it
+    against). Raised before anything touches the host; names both digests and the keys found."""
+    if expected is None:
+        return
+    found = config_digest(given)
+    if found != expected:
+        keys = ", ".join(sorted(given)) or "none"
+        raise ConfigMismatch(
+            f"the config in {where} has digest {found} (keys: {keys}), but the operator started this stage "
+            f"with config digest {expected}: the package's ConfigMap was changed, replaced or created by "
+            "someone else; nothing was run and the host is unchanged")
 
 
 def config_problems(manifest: PackageManifest, given: Mapping[str, bytes]) -> list[str]:

@@ -14,6 +14,13 @@ class PackageError(AgentError):
     """
 
 
+class ConfigMismatch(AgentError):
+    """The config in the mounted ConfigMap is not the config the operator started the stage with (its
+    digest on the pod differs): the ConfigMap was replaced or created ahead by someone else.
+
+    Permanent: the pod mounts the same ConfigMap again on a retry."""
+
+
 class HostError(AgentError):
     """The host root filesystem or the agent's own state on it is unusable (missing root, corrupt history)."""
 

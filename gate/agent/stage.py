@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from gate.agent import logs, overlay
-from gate.agent.config import effective_config, lenient_config
+from gate.agent.config import check_digest, effective_config, lenient_config
 from gate.agent.errors import PackageError, UsageError
 from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
 from gate.agent.history import (
@@ -56,6 +56,7 @@ class StageSettings:
     config_dir: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
+    config_digest: str | None = None  # what the operator rendered (gate.api.digests); None: unchecked
     timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
 
 
@@ -86,7 +87,8 @@ def read_config(config_dir: Path | None) -> dict[str, bytes]:
     """The gate's config files from the mounted ConfigMap.
 
     A ConfigMap volume holds each key as a symlink into a hidden `..data` directory; the names
-    starting with a dot are the volume's bookkeeping, not keys.
+    starting with two dots are the volume's bookkeeping (a ConfigMap key may not start with `..`), a
+    key may start with one (`.env`).
     """
     if config_dir is None:
         return {}
@@ -95,7 +97,7 @@ def read_config(config_dir: Path | None) -> dict[str, bytes]:
     return {
         entry.name: entry.read_bytes()
         for entry in sorted(config_dir.iterdir())
-        if not entry.name.startswith(".") and entry.is_file()
+        if not entry.name.startswith("..") and entry.is_file()
     }
 
 
@@ -257,7 +259,9 @@ def run_stage(
     """Run the stage and its check. Raises AgentError (nothing changed) for anything refused up front."""
     started = time.monotonic()
     package = validate(settings)
-    config, config_warnings = stage_config(package, settings.request, read_config(settings.config_dir))
+    given = read_config(settings.config_dir)
+    check_digest(given, settings.config_digest, str(settings.config_dir or "no config directory"))
+    config, config_warnings = stage_config(package, settings.request, given)
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)

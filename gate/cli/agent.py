@@ -2,9 +2,10 @@
 
 Flags and environment are read here, in one place, into the agent's settings: the operator sets
 NODEGATE_GATE, NODEGATE_PACKAGE, NODEGATE_VERSION, NODEGATE_PREVIOUS_VERSION and NODEGATE_STAGE in
-the pod and passes the same values as flags; a flag wins over its variable. The node's facts come
-in a file (`--node-facts`, projected from the pod's annotation); without one, NODEGATE_NODE names
-the node.
+the pod and passes the same values as flags; a flag wins over its variable. It also passes the digest
+of the config it rendered (`--config-digest`), which the agent holds the mounted ConfigMap against.
+The node's facts come in a file (`--node-facts`, projected from the pod's annotation); without one,
+NODEGATE_NODE names the node.
 
 Exit codes of `agent run` and `agent interrupt`: 0 passed; 1 a step, check or interrupt command
 failed; 2 refused before touching the host (bad package, missing root, bad flags). Every exit path
@@ -46,6 +47,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
     from gate.agent.facts import load_operator_facts
     from gate.agent.plan import StageRequest
     from gate.agent.stage import StageSettings
+    from gate.api.digests import DIGEST
 
     stage = _pick(args.stage, environ, "NODEGATE_STAGE")
     package = _pick(args.package, environ, "NODEGATE_PACKAGE")
@@ -62,6 +64,9 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         generation = int(generation_text or 0)
     except ValueError:
         raise CliError(f"--generation wants a number, got {generation_text!r}") from None
+    config_digest = _pick(args.config_digest, environ, "NODEGATE_CONFIG_DIGEST")
+    if config_digest is not None and not DIGEST.match(config_digest):
+        raise CliError(f"--config-digest wants sha256: and 64 lowercase hex digits, got {config_digest!r}")
     assert package is not None and version is not None and gate is not None
     if args.config_dir is not None:
         config_dir: Path | None = Path(args.config_dir)
@@ -90,6 +95,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         config_dir=config_dir,
         environ=dict(environ),
         node_facts=facts,
+        config_digest=config_digest,
         timeout=args.timeout,
     )
 
@@ -252,6 +258,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--payload", default=DEFAULT_PAYLOAD,
                      help=f"the package's files, copied from the image (default {DEFAULT_PAYLOAD})")
     run.add_argument("--config-dir", help=f"the package's config files (default {DEFAULT_CONFIG_DIR} when present)")
+    run.add_argument("--config-digest", metavar="sha256:HEX",
+                     help="the digest of the config the operator rendered (env NODEGATE_CONFIG_DIGEST): config "
+                     "files with another digest are refused before the host is touched; unset: not checked")
     run.add_argument("--node-facts", metavar="FILE",
                      help=f"the node's facts as the operator wrote them (default {DEFAULT_NODE_FACTS} when present; "
                      "else only the node's name, env NODEGATE_NODE)")

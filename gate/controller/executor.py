@@ -23,7 +23,14 @@ from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.events import EventRecorder
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
-from gate.controller.pods import config_map, container_name, facts_of, stage_pod, stage_pod_view
+from gate.controller.pods import (
+    config_map,
+    config_map_problems,
+    container_name,
+    facts_of,
+    stage_pod,
+    stage_pod_view,
+)
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
 from gate.controller.views import node_view
@@ -33,7 +40,16 @@ from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
-from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, Step, write_refused
+from gate.lifecycle.machine import (
+    Decision,
+    EventRequest,
+    NodeContext,
+    NodeView,
+    PodRequest,
+    Step,
+    config_refused,
+    write_refused,
+)
 
 log = logging.getLogger("nodegate.operator")
 
@@ -152,21 +168,17 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
-            firsts: dict[str, Step] = {}  # each package's first step: its ConfigMap, once
-            for step in request.steps:
-                if step.package is not None:
-                    firsts.setdefault(step.package, step)
-            for package, step in firsts.items():
-                if not gate.spec.packages[package].config:
-                    continue
-                try:
-                    await self._ensure(CONFIGMAPS, config_map(gate, package, self.settings))
-                except ApiError as exc:
-                    if not refused_for_good(exc):
-                        raise
-                    await self._fail_refused(gate, node_obj, seen, "ConfigMapRefused",
-                                             f"the ConfigMap of package {package}", exc, step)
-                    return
+            try:
+                foreign = await self._ensure_configs(gate, request)
+            except _ConfigMapRefused as refused:
+                await self._fail_refused(gate, node_obj, seen, "ConfigMapRefused",
+                                         f"the ConfigMap of package {refused.package}", refused.error, refused.step)
+                return
+            if foreign is not None:
+                log.warning("ConfigMap not NodeGate's, stage pod not created; gate=%s node=%s pod=%s error=%s",
+                            gate.name, node, request.name, foreign[1])
+                await self.execute(gate, node_obj, config_refused(seen, request, *foreign), seen)
+                return
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             try:
                 created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
@@ -236,6 +248,36 @@ class Executor:
             if exc.status != 409:
                 raise
             return None
+
+    async def _ensure_configs(self, gate: NodeGate, request: PodRequest) -> tuple[str, str] | None:
+        """Create the ConfigMaps of the request's packages; one that exists already must be the one NodeGate
+        renders (`config_map_problems`). Returns the package and why, for the first one that is not."""
+        firsts: dict[str, Step] = {}  # each package's first step: its ConfigMap, once
+        for step in request.steps:
+            if step.package is not None:
+                firsts.setdefault(step.package, step)
+        for package, step in firsts.items():
+            if not gate.spec.packages[package].config:
+                continue  # nothing to create; the agent still holds whatever it finds against the digest
+            wanted = config_map(gate, package, self.settings)
+            try:
+                created = await self._ensure(CONFIGMAPS, wanted)
+            except ApiError as exc:
+                if not refused_for_good(exc):
+                    raise
+                raise _ConfigMapRefused(package, step, exc) from exc
+            if created is not None:
+                continue
+            name, namespace = wanted["metadata"]["name"], wanted["metadata"]["namespace"]
+            # One read per stage pod whose ConfigMap exists (every node's after the first): the operator
+            # keeps no ConfigMap cache, and a verdict remembered from an earlier read would miss a
+            # ConfigMap deleted and planted again since (the agent's digest check would still catch it).
+            problems = config_map_problems(await self.client.get(CONFIGMAPS, name, namespace), wanted)
+            if problems:
+                return package, (f"ConfigMap {namespace}/{name} exists but is not NodeGate's config of package "
+                                 f"{package}: {'; '.join(problems)}. Nothing ran. Someone else created or replaced "
+                                 "it: find out who, delete it, then rerun the node")
+        return None
 
     async def _evict(self, gate: NodeGate, node: str, pods: Iterable[tuple[str, str]]) -> str | None:
         """Evict pods; returns the PodDisruptionBudget blocking one of them, if any."""
@@ -367,6 +409,16 @@ class Executor:
         if update.state is not None and update.state.status == "in-progress":
             self.world.queue.add(NodeKey(gate.name, node))
         return result
+
+
+class _ConfigMapRefused(Exception):
+    """The create of a package's ConfigMap refused for good: its node's round cannot go on."""
+
+    def __init__(self, package: str, step: Step, error: ApiError) -> None:
+        super().__init__(f"ConfigMap of package {package} refused: {error}")
+        self.package = package
+        self.step = step
+        self.error = error
 
 
 class _EvictionRefused(Exception):

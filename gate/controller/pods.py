@@ -11,6 +11,12 @@ container from the package image copies the payload into an emptyDir, then an ag
 termination (exit code, and the agent's summary as the termination message), read back by
 `stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
 
+A package's config reaches its steps as an immutable ConfigMap named by its content and the gate's
+uid; each agent container gets the digest of that config as an argument (`gate.api.digests`) and
+refuses anything else it finds mounted. The spec that carries the digest cannot change after the
+pod's creation (the chart's host-access policy), and a ConfigMap found under the name is taken only
+when it is exactly the operator's (`config_map_problems`).
+
 The node's facts (`gate.api.facts`) travel as the pod annotation `nodegate.io/node-facts`, projected
 by a downwardAPI volume into a file the agent reads: the Downward API cannot read the Node's labels,
 an annotation of the pod it can. They are the operator's, per node and per stage, so they belong on
@@ -26,6 +32,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.common import parse_duration
+from gate.api.digests import text_config_digest
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
@@ -63,10 +70,14 @@ def image_ref(package: Package) -> str:
     return image_reference(package.image, package.version)
 
 
-def config_map_name(gate: str, package: str, pkg: Package) -> str:
-    """Content-addressed and immutable: a stage always sees exactly the config it was started for."""
-    digest = hashlib.sha256(f"{gate}\0{package}\0{config_hash(pkg)}".encode()).hexdigest()[:16]
-    return f"ng-config-{digest}"
+def config_map_name(gate: NodeGate, package: str, pkg: Package) -> str:
+    """Content-addressed and immutable: a stage always sees exactly the config it was started for.
+
+    The gate's uid is part of the name: a gate deleted and created again under its name never meets
+    the ConfigMaps of the old one that garbage collection has not removed yet (they would not be
+    its own, `config_map_problems`), and nobody can create one ahead before the gate exists."""
+    key = f"{gate.metadata.uid or ''}\0{gate.name}\0{package}\0{config_hash(pkg)}"
+    return f"ng-config-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def owner_reference(gate: NodeGate) -> Obj:
@@ -80,7 +91,7 @@ def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {
-            "name": config_map_name(gate.name, package, pkg), "namespace": settings.namespace,
+            "name": config_map_name(gate, package, pkg), "namespace": settings.namespace,
             "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.STAGE_GATE_LABEL: label_value(gate.name),
                        keys.STAGE_PACKAGE_LABEL: package},
             "annotations": {GATE_NAME_ANNOTATION: gate.name},
@@ -89,6 +100,31 @@ def config_map(gate: NodeGate, package: str, settings: OperatorSettings) -> Obj:
         "immutable": True,
         "data": dict(pkg.config),
     }
+
+
+def config_map_problems(existing: Obj, wanted: Obj) -> list[str]:
+    """Why a ConfigMap found under the name of `wanted` (a create answered 409) is not NodeGate's
+    rendering of it; empty when it is. Someone with write access to the namespace may have created
+    it ahead, or replaced it, so it is taken only when it holds exactly the wanted data, cannot
+    change (immutable), and is labelled and owned as the operator makes it."""
+    problems = []
+    data, binary = existing.get("data") or {}, existing.get("binaryData") or {}
+    want = wanted.get("data") or {}
+    differ = sorted(k for k in {*data, *want} if data.get(k) != want.get(k))
+    if differ:
+        problems.append(f"its data differs in key(s) {', '.join(differ)}")
+    if binary:
+        problems.append(f"it has binaryData key(s) {', '.join(sorted(binary))}")
+    if existing.get("immutable") is not True:
+        problems.append("it is not immutable")
+    meta, want_meta = existing.get("metadata") or {}, wanted.get("metadata") or {}
+    if (meta.get("labels") or {}).get(keys.MANAGED_BY_LABEL) != keys.MANAGER:
+        problems.append(f"it is not labelled {keys.MANAGED_BY_LABEL}={keys.MANAGER}")
+    [owner] = want_meta["ownerReferences"]
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    if [(o.get("kind"), o.get("uid")) for o in owners] != [(owner["kind"], owner["uid"])]:
+        problems.append(f"its controller is not NodeGate {owner['name']} (uid {owner['uid']})")
+    return problems
 
 
 def facts_of(name: str, node: Obj, state: NodeGateState | None) -> OperatorFacts:
@@ -134,6 +170,8 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
             "--version", pkg.version, "--gate", gate.name,
             "--generation", str(gate.metadata.generation or 0),
             "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
+            # What the agent holds the mounted ConfigMap against; the spec cannot change once created.
+            "--config-digest", text_config_digest(pkg.config),
             "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG,
             "--timeout", str(_seconds(pkg.timeout))]
     env: list[Obj] = [
@@ -209,7 +247,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                 volumes += [
                     {"name": f"payload-{step.package}", "emptyDir": {}},
                     {"name": f"config-{step.package}", "configMap": {
-                        "name": config_map_name(gate.name, step.package, pkg), "optional": True}},
+                        "name": config_map_name(gate, step.package, pkg), "optional": True}},
                 ]
                 containers.append({
                     "name": payload_container(step.package), "image": image_ref(pkg),

@@ -78,6 +78,8 @@ NAMESPACE_RULES: list[Rule] = [
          "run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded"),
     Rule([""], ["configmaps"], ["create"],
          "package config mounted into stages (immutable, named by content; garbage-collected with the gate)"),
+    Rule([""], ["configmaps"], ["get"],
+         "read a package ConfigMap that already exists under its name, to refuse one that is not NodeGate's"),
     Rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"],
          "leader election: read, create and renew (compare-and-swap) the Lease"),
 ]

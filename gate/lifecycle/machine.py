@@ -617,6 +617,15 @@ def _host_untouched(ctx: NodeContext) -> bool:
     return s.phase == "stages" and not s.attempts and not any(p.round == s.round for p in ctx.stage_pods.values())
 
 
+def config_refused(ctx: NodeContext, request: PodRequest, package: str, message: str) -> Decision:
+    """A ConfigMap the stage pod would mount exists under its content-addressed name but is not what
+    NodeGate renders (someone created it ahead or replaced it): the node fails for this gate, in the
+    package's first step of the pod, and no pod starts; asking again would meet the same object."""
+    r = _Round(ctx)
+    stage = next((s.stage for s in request.steps if s.package == package), request.steps[0].stage)
+    return r.fail("ConfigMapNotOurs", message, package=package, stage=stage)
+
+
 def retry_backoff(attempts: int) -> float:
     """Seconds before the next attempt of a step that failed `attempts` times: 10 s, doubled each time,
     at most 5 minutes (the Job controller's backoff, which ran the retries until stage pods did)."""
@@ -958,7 +967,25 @@ def rerun(state: NodeGateState, package: str, stage: str) -> NodeGateState:
 
 
 __all__ = [
-    "Decision", "EventRequest", "NodeChange", "NodeContext", "NodeView", "PodKind", "PodRequest", "PodView",
-    "RunPhase", "StagePod", "Step", "Timing", "decide", "decide_removal", "pending_work", "pod_name", "rerun",
-    "start_round", "timedelta", "write_refused",
+    "Decision",
+    "EventRequest",
+    "NodeChange",
+    "NodeContext",
+    "NodeView",
+    "PodKind",
+    "PodRequest",
+    "PodView",
+    "RunPhase",
+    "StagePod",
+    "Step",
+    "Timing",
+    "config_refused",
+    "decide",
+    "decide_removal",
+    "pending_work",
+    "pod_name",
+    "rerun",
+    "start_round",
+    "timedelta",
+    "write_refused",
 ]

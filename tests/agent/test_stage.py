@@ -353,6 +353,43 @@ def test_config_files_from_the_configmap_are_visible_and_follow_changes(agent: A
     assert (agent.root / "etc/a.conf").read_text() == "alpha=2\n"
 
 
+@pytest.mark.parametrize("stage", ["config", "uninstall"])
+def test_a_configmap_that_is_not_the_one_the_operator_rendered_is_refused_before_the_host_is_touched(
+        agent: Agent, tmp_path: Path, stage: str) -> None:
+    """The operator's stage pod carries the digest of the config it rendered; the ConfigMap the kubelet
+    mounts (replaced, or created ahead under the content-addressed name) is held against it. Uninstall
+    is no exception: a node may leave a gate with a config that breaks the declarations, not with one
+    someone swapped in."""
+    from gate.api.nodegate import NodeGate
+    from gate.controller.pods import config_map, stage_pod
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.machine import PodRequest, Step
+
+    g = NodeGate.model_validate({"metadata": {"name": "test-gate", "uid": "u-1"}, "spec": {"packages": {
+        "demo-pkg": {"version": "1.0.0", "image": "example.com/demo", "config": {"a.conf": "alpha=1\n"}}}}})
+    settings = OperatorSettings(namespace="ng")
+    pod = stage_pod(g, "n", PodRequest(name="p", kind="stages", steps=(Step("demo-pkg", stage, "f"),)), settings)
+    args = pod["spec"]["containers"][0]["args"]
+    digest = args[args.index("--config-digest") + 1]
+    pkg = make_package(tmp_path, """
+        config: [{name: show, command: 'cat "$NODEGATE_CONFIG_DIR/a.conf" > /etc/a.conf'}]
+        config-check: [{name: c, command: 'true'}]
+        uninstall: [{name: u, command: 'cat "$NODEGATE_CONFIG_DIR/a.conf" > /etc/a.conf'}]
+        uninstall-check: [{name: c, command: 'true'}]
+    """)
+    mount = configmap(tmp_path / "cm", {"a.conf": "alpha=1\n", "evil.conf": "x\n"})
+    before = tree(agent.root)
+    run = agent.run(stage, pkg, "--config-digest", digest, config_dir=mount)
+    assert run.code == 2 and run.summary["ok"] is False
+    message = str(run.summary["message"])
+    assert f"but the operator started this stage with config digest {digest}" in message
+    assert "(keys: a.conf, evil.conf)" in message and "sha256:" in message.replace(digest, "")
+    assert tree(agent.root) == before
+    configmap(mount, config_map(g, "demo-pkg", settings)["data"])  # what the operator rendered
+    assert agent.run(stage, pkg, "--config-digest", digest, config_dir=mount).code == 0
+    assert (agent.root / "etc/a.conf").read_text() == "alpha=1\n"
+
+
 DECLARED = """\
     config:
       keys:

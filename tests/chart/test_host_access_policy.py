@@ -30,7 +30,7 @@ def test_policy_is_bound_denying_and_fails_closed() -> None:
     assert policy["spec"]["failurePolicy"] == "Fail"
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["operations"])
              for r in policy["spec"]["matchConstraints"]["resourceRules"]}
-    assert rules[(("",), ("pods",))] == {"CREATE"}
+    assert rules[(("",), ("pods", "pods/resize"))] == {"CREATE", "UPDATE"}
     assert rules[(("",), ("pods/ephemeralcontainers",))] == {"UPDATE"}
     assert rules[(("batch",), ("jobs", "cronjobs"))] == {"CREATE", "UPDATE"}
     assert rules[(("apps",), ("deployments", "replicasets", "statefulsets", "daemonsets"))] == {"CREATE", "UPDATE"}
@@ -52,9 +52,25 @@ def test_only_the_operators_own_pods_get_host_access_no_job_or_job_controller_do
         "request.userInfo.username == 'system:serviceaccount:nodegate-system:nodegate-operator'")
     text = _expressions(policy)
     assert "job-controller" not in text and "kube-controller-manager" not in text and "'Job'" not in text
-    [in_namespace, _] = policy["spec"]["validations"]
+    [in_namespace, _, _] = policy["spec"]["validations"]
     assert " ".join(in_namespace["expression"].split()) == (
-        "request.namespace != 'nodegate-system' || !variables.hostAccess || variables.stagePod")
+        "request.namespace != 'nodegate-system' || !variables.hostAccess || variables.stagePod"
+        " || variables.podSpecChange")
+
+
+def test_no_spec_change_of_a_host_access_pod_in_the_namespace_whoever_asks() -> None:
+    """A stage pod's images, tolerations, deadline and resources are changeable in place by the API; the
+    policy refuses every such UPDATE of a host-access pod in the namespace, naming no exception (the
+    operator never updates a stage pod). Ephemeral containers stay with the first validation."""
+    policy, _ = _policy({})
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in policy["spec"]["variables"]}
+    assert variables["podSpecChange"] == (
+        "object.kind == 'Pod' && request.operation == 'UPDATE' "
+        "&& !(has(request.subResource) && request.subResource == 'ephemeralcontainers')")
+    [_, update, _] = policy["spec"]["validations"]
+    assert " ".join(update["expression"].split()) == (
+        "request.namespace != 'nodegate-system' || !variables.hostAccess || !variables.podSpecChange")
+    assert "userInfo" not in update["expression"] and "cannot be changed" in update["messageExpression"]
 
 
 def test_policy_is_the_same_in_both_certificate_modes() -> None:

@@ -169,6 +169,7 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-namespace", "configmaps", "create"): lambda i: op(i).create(CONFIGMAPS, {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": unique("probe"), "namespace": i.namespace},
         "immutable": True, "data": {}}, dry_run=True),
+    ("operator-namespace", "configmaps", "get"): lambda i: _absent_ok(op(i).get(CONFIGMAPS, MISSING, i.namespace)),
     ("operator-namespace", "leases", "get"): lambda i: _absent_ok(op(i).get(LEASES, MISSING, i.namespace)),
     ("operator-namespace", "leases", "create"): lambda i: op(i).create(LEASES, _lease(i.namespace), dry_run=True),
     ("operator-namespace", "leases", "update"): lambda i: _absent_ok(

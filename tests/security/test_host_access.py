@@ -272,3 +272,98 @@ async def test_the_operators_stage_pods_run_under_the_policy(scenario: Scenario,
     assert {(r.stage, r.interrupt) for r in records} == {("apply", None), ("interrupt", "reboot"),
                                                          ("post-interrupt", None)}
     assert all(r.succeeded for r in records)
+
+
+REFUSED_UPDATE = "(a NodeGate stage pod) cannot be changed after it was created, not even by the operator"
+
+# What the API server lets change in a running pod's spec (besides ephemeral containers, above): each
+# would let the pod run other code as the host's root, or run it somewhere or for longer than started.
+SPEC_CHANGES: dict[str, Obj] = {
+    "container image": {"spec": {"containers": [{"name": "agent", "image": "evil.example.com/rootkit:1"}]}},
+    "added toleration": {"spec": {"tolerations": [*TOLERATE_ALL, {"key": "evil", "operator": "Exists"}]}},
+    "active deadline": {"spec": {"activeDeadlineSeconds": 86400}},
+}
+
+
+def _patch(kubectl: Kubectl, name: str, patch: Obj, as_user: str | None, subresource: str | None = None
+           ) -> tuple[int, str]:
+    args = ["patch", "pod", name, "-n", NS, "--type=strategic", "-p", json.dumps(patch)]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    proc = kubectl.run(*args, as_user=as_user, check=False)
+    return proc.returncode, proc.stderr + proc.stdout
+
+
+def _spec(kubectl: Kubectl, name: str) -> Obj:
+    spec: Obj = json.loads(kubectl.run("get", "pod", name, "-n", NS, "-o", "json").stdout)["spec"]
+    return spec
+
+
+@pytest.fixture
+def operator_with_edit(kubectl: Kubectl, identities: dict[str, str | None]) -> Iterator[dict[str, str | None]]:
+    """The identities above, and the operator's ServiceAccount given `edit` in its namespace: RBAC lets
+    every one of them patch pods there, so what refuses below is the policy."""
+    binding = unique("sec-operator-edit")
+    kubectl.run("create", "rolebinding", binding, "-n", NS, "--clusterrole=edit",
+                f"--serviceaccount={NS}:nodegate-operator")
+    deadline = time.monotonic() + 30
+    while kubectl.run("auth", "can-i", "patch", "pods", "-n", NS, as_user=OPERATOR, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the operator was never allowed to patch pods by the RoleBinding"
+        time.sleep(0.2)
+    yield {**identities, "the operator": OPERATOR}
+    kubectl.run("delete", "rolebinding", binding, "-n", NS, "--ignore-not-found", check=False)
+
+
+@pytest.mark.parametrize("who", ["cluster admin", "namespace admin", "another ServiceAccount", "the operator"])
+def test_a_stage_pods_spec_cannot_be_changed_by_anyone(
+        kubectl: Kubectl, stage_pod: str, operator_with_edit: dict[str, str | None], who: str) -> None:
+    """The API server allows a running pod's image to be changed: on a stage pod, that would run any
+    code privileged on the host. Refused to every identity, the operator's own included; the same
+    change of a pod without host access in the namespace, by the same identity, is admitted."""
+    as_user = operator_with_edit[who]
+    plain = unique("sec-plain")
+    _create(kubectl, workload("Pod", plain, NS, {**pod_spec(), "nodeName": "kwok-node-0"}), None, dry_run=False)
+    try:
+        before = _spec(kubectl, stage_pod)
+        admitted = []
+        for label, patch in SPEC_CHANGES.items():
+            code, out = _patch(kubectl, stage_pod, patch, as_user)
+            if code == 0 or REFUSED_UPDATE not in out:
+                admitted.append(f"{label}: {out.strip()}")
+                continue
+            assert f"update of Pod {stage_pod} by {as_user or ''}" in " ".join(out.split()), out
+            code, out = _patch(kubectl, plain, patch, as_user)
+            assert code == 0, f"{label} of a pod without host access was refused too: {out}"
+        assert not admitted, "changed a stage pod's spec:\n" + "\n".join(admitted)
+        assert _spec(kubectl, stage_pod) == before
+    finally:
+        kubectl.run("delete", "pod", plain, "-n", NS, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_stage_pods_resources_cannot_be_resized(kubectl: Kubectl, host_access_policy: None) -> None:
+    """In-place resize (the pods/resize subresource) is a spec change too: refused on a stage pod,
+    admitted on the same pod without host access."""
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
+    resize = {"spec": {"containers": [{"name": "agent", "resources": {
+        "requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}}]}}
+    # Pinned to no node: a pod whose containers run on a kwok node reports no resources in its status,
+    # which the API server reads as a node without resize support, and refuses before any policy.
+    nowhere = unique("sec-no-node")
+    stage, plain = _stage_pod(unique("sec-resize"), nowhere), _stage_pod(unique("sec-resize-plain"), nowhere)
+    stage["spec"]["containers"][0]["resources"] = resources
+    plain = without_host_access(plain)
+    plain["spec"]["containers"][0]["resources"] = resources
+    code, out = _create(kubectl, stage, OPERATOR, dry_run=False)
+    assert code == 0, out
+    code, out = _create(kubectl, plain, None, dry_run=False)
+    assert code == 0, out
+    try:
+        code, out = _patch(kubectl, stage["metadata"]["name"], resize, None, subresource="resize")
+        assert code != 0 and REFUSED_UPDATE in out and "refused resize update of Pod" in " ".join(out.split()), out
+        assert _spec(kubectl, stage["metadata"]["name"])["containers"][0]["resources"] == resources
+        code, out = _patch(kubectl, plain["metadata"]["name"], resize, None, subresource="resize")
+        assert code == 0, f"the resize of a pod without host access was refused too: {out}"
+    finally:
+        for pod in (stage, plain):
+            kubectl.run("delete", "pod", pod["metadata"]["name"], "-n", NS, "--ignore-not-found", "--wait=false",
+                        check=False)

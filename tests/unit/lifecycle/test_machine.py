@@ -19,7 +19,9 @@ from gate.lifecycle.machine import (
     PodView,
     RunPhase,
     StagePod,
+    Step,
     Timing,
+    config_refused,
     decide,
     decide_removal,
     rerun,
@@ -586,3 +588,17 @@ def test_a_stage_pod_past_its_deadline_fails_its_running_step_even_when_no_kubel
     assert late.state is not None and late.state.failure is not None and late.delete_pods == [req.name]
     assert (late.state.failure.package, late.state.failure.stage) == ("b", "apply")
     assert late.state.failure.message.startswith("DeadlineExceeded")
+
+
+def test_a_config_map_that_is_not_ours_fails_the_node_in_that_packages_step_and_starts_nothing() -> None:
+    g = gate({"base": PKG, "tuned": {**PKG, "config": {"a.conf": "x"}}})
+    state = started(g, status="in-progress")
+    request = PodRequest(name="ng-p", kind="stages", steps=(Step("base", "apply", "f"), Step("tuned", "apply", "f"),
+                                                            Step("tuned", "config", "f")))
+    d = config_refused(ctx(g, state), request, "tuned", "ConfigMap ng/ng-config-1 exists but is not NodeGate's")
+    assert d.create_pods == [] and d.state is not None and d.node.status == "failed"
+    failure = d.state.failure
+    assert failure is not None
+    assert (failure.reason, failure.package, failure.stage) == ("ConfigMapNotOurs", "tuned", "apply")
+    assert failure.message == "ConfigMap ng/ng-config-1 exists but is not NodeGate's"
+    assert {(e.target, e.reason) for e in d.events} == {("node", "ConfigMapNotOurs"), ("gate", "ConfigMapNotOurs")}
