@@ -217,7 +217,9 @@ def _node_keys() -> list[str]:
         (f"`{keys.CORDONED_BY}`", "annotation", "Node",
          "The gate that cordoned the node. NodeGate never uncordons a node someone else cordoned."),
         (f"`{keys.IGNORE_LABEL}=true`", "label", "Node",
-         "Opt the node out of every gate (`nodegate node ignore`); a round running there finishes first."),
+         "Opt the node out of every gate (`nodegate node ignore`); a round running there stops once its stage pod "
+         "ends. Setting, changing or removing it needs verb `bypass` on `nodegates.nodegate.io` (a node cannot "
+         "opt itself out); the gate's `status.nodes.ignored` counts such nodes."),
         (f"`{keys.reset_annotation(gate)}`", "annotation", "Node",
          _doc(keys.reset_annotation) + " Set by `nodegate node reset`; the operator removes it."),
         (f"`{keys.rerun_annotation(gate)}`", "annotation", "Node",
