@@ -228,3 +228,30 @@ def test_a_package_cannot_be_handed_a_secret_its_author_may_not_read(kubectl: Ku
         assert code == 0, out
     finally:
         kubectl.run("delete", "rolebinding,role", role, "-n", "nodegate-system", "--ignore-not-found", check=False)
+
+
+def test_where_root_code_runs_cannot_be_widened_without_use_on_every_package(kubectl: Kubectl,
+                                                                             editor: User) -> None:
+    """`patch nodegates` and `use` on base, on a gate an admin gave evil too: widening the selector,
+    adding tolerations, raising the budget would run evil on more nodes, so each needs `use` on evil."""
+    name = unique("sec-where")
+    kubectl.apply(yaml.safe_dump(gate(name, {"base": BASE, "evil": EVIL})))
+    editor.gates.append(name)
+    widen = [[{"op": "replace", "path": "/spec/nodeSelector", "value": {}}],  # every node
+             [{"op": "add", "path": "/spec/additionalTolerations", "value": [{"operator": "Exists"}]}],
+             [{"op": "add", "path": "/spec/interruptionBudget", "value": {"percent": 100}}]]
+    for patch in widen:
+        code, out = editor.run("patch", "nodegates.nodegate.io", name, "--type=json", "-p", json.dumps(patch))
+        assert code != 0 and 'decides where package "evil" runs as root' in out, (patch, out)
+        assert 'package "base"' not in out, out
+    live = json.loads(kubectl.run("get", "nodegates.nodegate.io", name, "-o", "json").stdout)
+    assert live["spec"]["nodeSelector"] == {"matchLabels": {"nodegate.dev/none": name}}
+    assert "additionalTolerations" not in live["spec"] or live["spec"]["additionalTolerations"] == []
+    editor.grant_evil()
+    deadline = time.monotonic() + 60  # RBAC and the webhook's 10 s cache of the denial (a hang guard)
+    while True:
+        code, out = editor.run("patch", "nodegates.nodegate.io", name, "--type=json", "-p", json.dumps(widen[0]))
+        if code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert code == 0, out

@@ -115,16 +115,31 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
     if violations:
         return Verdict(violations=tuple(violations))
     who = req.user_info.username or "(anonymous)"
+    need = "ask an admin for a RoleBinding to a role such as nodegate-package-user"
     checks = [
         AccessCheck(
             user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
             denied=Violation(f"spec.packages[{name}]", f'user "{who}" may not use package "{name}": it needs verb '
-                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); '
-                             "ask an admin for a RoleBinding to a role such as nodegate-package-user",
+                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}',
                              forbidden=True),
         )
         for name in changed
     ]
+    # Widening where root code runs (the selector, tolerations, budget, policy) is using every package
+    # of the gate there: a `patch nodegates` right alone must not do it.
+    placement = nodegate.placement_changed(old_spec, new_spec) if isinstance(new_spec, dict) else []
+    if placement:
+        fields = ", ".join(f"spec.{f}" for f in placement)
+        checks += [
+            AccessCheck(
+                user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
+                denied=Violation(f"spec.{placement[0]}", f'user "{who}" may not change {fields}: that decides where '
+                                 f'package "{name}" runs as root, which needs verb "{USE_VERB}" on '
+                                 f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}",
+                                 forbidden=True),
+            )
+            for name in sorted(nodegate.packages_of(new_spec)) if name not in changed
+        ]
     # A package's pods receive the Secrets and ConfigMaps its env and imagePullSecrets name, from the
     # operator's namespace: whoever names one must be allowed to read it there, or the operator would
     # hand a package what its author may not see.

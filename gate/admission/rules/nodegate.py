@@ -558,6 +558,18 @@ def referenced_objects(package: object) -> list[tuple[str, str, str]]:
     return out
 
 
+# Fields that decide where and how disruptively the packages run as root: whoever changes one decides
+# that for every package of the gate, so it needs `use` on each of them, not only on packages it touched.
+PLACEMENT_FIELDS = ("nodeSelector", "additionalTolerations", "interruptionBudget", "deploymentPolicy")
+
+
+def placement_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """The placement fields an UPDATE changes (none for a CREATE: every package is new there anyway)."""
+    if old is None:
+        return []
+    return [f for f in PLACEMENT_FIELDS if old.get(f) != new.get(f)]
+
+
 def changed_packages(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """Packages a CREATE or UPDATE adds or changes: the ones whose use needs authorizing."""
     before = packages_of(old) if old is not None else {}

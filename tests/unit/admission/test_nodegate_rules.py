@@ -195,3 +195,21 @@ def test_every_violation_is_reported_at_once() -> None:
 def test_a_build_version_may_be_tagged_with_an_underscore_for_its_plus() -> None:
     assert messages(gate({"tuned": package(image="ghcr.io/t/tool:1.0.0_b1", version="1.0.0+b1")})) == []
     assert messages(gate({"tuned": package(image="ghcr.io/t/tool:1.0.0_b2", version="1.0.0+b1")}))
+
+
+def test_changing_where_root_code_runs_needs_use_on_every_package_of_the_gate() -> None:
+    """A `patch nodegates` right alone must not widen a gate's selector, tolerations, budget or policy."""
+    old = gate({"a-a": package(), "b-b": package()}, nodeSelector={"matchLabels": {"pool": "canary"}})
+    for field, value in (("nodeSelector", {}), ("additionalTolerations", [{"operator": "Exists"}]),
+                         ("interruptionBudget", {"percent": 100})):
+        new = gate({"a-a": package(), "b-b": package()}, **{"nodeSelector": {"matchLabels": {"pool": "canary"}},
+                                                           field: value})
+        v = verdict(new, old=old)
+        assert [c.name for c in v.access] == ["a-a", "b-b"], field
+        denied = v.with_answers([True, False])
+        assert not denied.allowed
+        assert denied.violations[0].message.startswith(
+            f'spec.{field}: user "alice" may not change spec.{field}: that decides where package "b-b" runs as root')
+    # Other fields (pausing, say) need no package right.
+    paused = gate({"a-a": package(), "b-b": package()}, nodeSelector={"matchLabels": {"pool": "canary"}}, paused=True)
+    assert verdict(paused, old=old).access == ()
