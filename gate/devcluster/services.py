@@ -71,6 +71,16 @@ async def install_node_keys_policy(cluster: DevCluster) -> None:
             await kube.apply(obj, field_manager="nodegate-dev")
 
 
+async def remove_node_keys_policy(cluster: DevCluster) -> None:
+    """Take the dev operator's node-keys policy away (a chart installed in its place brings its own, with
+    the same name for release "nodegate", and exempts its own operator)."""
+    from gate.kube.client import VALIDATING_POLICIES, VALIDATING_POLICY_BINDINGS
+
+    async with await cluster.client() as kube:
+        for resource in (VALIDATING_POLICY_BINDINGS, VALIDATING_POLICIES):
+            await kube.delete(resource, NODE_KEYS_POLICY, missing_ok=True)
+
+
 async def install_webhook_rbac(cluster: DevCluster) -> None:
     async with await cluster.client() as kube:
         for obj in webhook_rbac(NAMESPACE, configuration_name=WEBHOOK_CONFIGURATION, secret_name=WEBHOOK_SECRET):

@@ -66,6 +66,11 @@ class RealCluster:
         for name in ("operator", "webhook"):
             self.dev.stop_process(name)
         asyncio.run(remove_webhook_configurations(WEBHOOK_CONFIGURATION, str(self.dev.kubeconfig)))
+        # and the operator's node-keys policy (start_services puts it back), which a release of the chart
+        # brings under the same name
+        from gate.devcluster.services import remove_node_keys_policy
+
+        asyncio.run(remove_node_keys_policy(self.dev))
         # Their RBAC too (start_services puts it back): a Helm release of the chart names its own
         # objects the same (cluster roles, roles in other namespaces) and refuses to take over
         # objects it did not create.
