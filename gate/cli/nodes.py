@@ -88,7 +88,7 @@ async def _node_ignore(args: argparse.Namespace, *, ignore: bool) -> int:
     for name in todo:
         if ignore:
             changed(f"node/{name}: labelled {keys.IGNORE_LABEL}=true. Every NodeGate leaves it alone from now on "
-                    "(a round running there finishes first).", args.dry_run)
+                    "(a round running there stops once its stage pod ends).", args.dry_run)
         else:
             changed(f"node/{name}: removed the label {keys.IGNORE_LABEL}. NodeGates that select it take it "
                     "back into their rollouts.", args.dry_run)

@@ -53,7 +53,8 @@ async def test_node_requests_take_several_nodes_or_a_label_selector(scenario: Sc
 
     out = (await cli.ok("node", "ignore", gpu[0], cpu)).lines
     assert sorted(out) == sorted([f"node/{n}: labelled {keys.IGNORE_LABEL}=true. Every NodeGate leaves it alone "
-                                  "from now on (a round running there finishes first)." for n in (gpu[0], cpu)])
+                                  "from now on (a round running there stops once its stage pod ends)."
+                                  for n in (gpu[0], cpu)])
     both = (await cli.ok("node", "ignore", "-l", selector)).lines
     assert f"node/{gpu[0]} is already ignored; nothing changed." in both
     assert any(line.startswith(f"node/{gpu[1]}: labelled") for line in both)
