@@ -60,6 +60,9 @@ def index_of_taint(kubectl: Kubectl, name: str) -> int:
 def _without_taint(kubectl: Kubectl, name: str, *, apply: bool = False) -> str:
     obj = json.loads(kubectl.run("get", "node", name, "-o", "json").stdout)
     obj["spec"]["taints"] = [t for t in obj["spec"]["taints"] if t["key"] != READINESS_TAINT_KEY]
+    # Unconditional (Nodes allow it): the node lifecycle controller may write the node between our
+    # read and the PUT, and a 409 Conflict would come before admission ever saw the write.
+    del obj["metadata"]["resourceVersion"]
     if apply:  # what a person would apply: the fields they care about, no server-set metadata
         obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
                "spec": {"taints": obj["spec"]["taints"]}}
