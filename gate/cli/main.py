@@ -113,14 +113,22 @@ def cmd_dev_kubeconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_images(args: argparse.Namespace) -> int:
+    from gate.devcluster import services
     from gate.devcluster.cluster import DevCluster
-    from gate.devcluster.images import ensure_images, format_references
+    from gate.devcluster.images import NODEGATE, ensure_images, format_references
     from gate.devcluster.network import gateway_ip
 
     cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
     if not cluster.running():
         raise CliError("the dev cluster's control plane is not running; start it with `nodegate dev up`")
     refs = ensure_images(cluster, host=gateway_ip(cluster.dir), progress=_err)
+    running = services.running_agent_image(cluster)
+    if running is not None and running != refs[NODEGATE]:
+        # The operator names the agent image in every stage pod it starts: the one just built is the
+        # one this source tree would run.
+        _err(f"Restarting the operator: its agent image is now {refs[NODEGATE]}")
+        cluster.stop_process("operator")
+        services.start_operator(cluster, _err, env={services.AGENT_IMAGE_ENV: refs[NODEGATE]})
     sys.stdout.write(format_references(refs))
     return 0
 

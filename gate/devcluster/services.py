@@ -24,6 +24,8 @@ from gate.kube.client import SERVICEACCOUNTS
 
 Progress = Callable[[str], None]
 NODE_KEYS_POLICY = "nodegate-node-keys"  # the chart's name for release "nodegate"
+AGENT_IMAGE_ENV = "NODEGATE_AGENT_IMAGE"
+AGENT_IMAGE_FILE = "agent-image"  # <process>.agent-image: what a running operator was given, for `dev images`
 SOURCE_ROOT = Path(gate.__file__).resolve().parent.parent
 
 
@@ -119,9 +121,39 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
         cluster, OPERATOR_SERVICE_ACCOUNT, NAMESPACE, cluster.dir / "operator.kubeconfig"))
     port = free_port()
     cluster.set_port(name, port)
-    cluster.register(name, operator_argv(kubeconfig, port, name, extra), {**python_env(), **(env or {})})
+    env = {**python_env(), **(env or {})}
+    if AGENT_IMAGE_ENV not in env and cluster.real_nodes_enabled():
+        env[AGENT_IMAGE_ENV] = agent_image(cluster, progress)
+    recorded = cluster.dir / f"{name}.{AGENT_IMAGE_FILE}"
+    if AGENT_IMAGE_ENV in env:
+        recorded.write_text(env[AGENT_IMAGE_ENV])
+    else:
+        recorded.unlink(missing_ok=True)
+    cluster.register(name, operator_argv(kubeconfig, port, name, extra), env)
     wait_ready(cluster, name, port, want="leader" if wait_leader else None)
     return port
+
+
+def agent_image(cluster: DevCluster, progress: Progress) -> str:
+    """NodeGate's image as the cluster's real nodes pull it: built from this source tree if it changed,
+    pushed to the cluster's registry, by digest. Simulated nodes never pull, so only a cluster with
+    real nodes needs it; without it the operator would name `ghcr.io/nodegate/nodegate`, which a dev
+    machine cannot reach (the stage pods would sit in ImagePullBackOff)."""
+    from gate.devcluster.images import NODEGATE, ensure_images
+    from gate.devcluster.network import gateway_ip
+
+    progress("Building NodeGate's image for the real nodes (once per change of the source) ...")
+    return ensure_images(cluster, host=gateway_ip(cluster.dir), progress=progress, only=(NODEGATE,))[NODEGATE]
+
+
+def running_agent_image(cluster: DevCluster, name: str = "operator") -> str | None:
+    """The agent image the running operator `name` was started with, None when it is not running or
+    was started with the default."""
+    proc = cluster.processes().get(name)
+    path = cluster.dir / f"{name}.{AGENT_IMAGE_FILE}"
+    if proc is None or not proc.alive() or not path.exists():
+        return None
+    return path.read_text().strip() or None
 
 
 def wait_ready(cluster: DevCluster, name: str, port: int, *, want: str | None, timeout: float = 60.0) -> None:

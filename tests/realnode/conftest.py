@@ -50,10 +50,12 @@ class RealCluster:
         from gate.devcluster import services
 
         services.start_webhook(self.dev, self.progress)
-        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes.
-        services.start_operator(self.dev, self.progress, env={
-            "NODEGATE_AGENT_IMAGE": self.images["nodegate"], "NODEGATE_POLL_SECONDS": "2",
-            "NODEGATE_IMAGE_PULL_GRACE": "20"})
+        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes. No
+        # agent image is given: on a cluster with real nodes the dev operator takes the one built for
+        # them from the cluster's registry, as `nodegate dev up --real-nodes` does for a person.
+        services.start_operator(self.dev, self.progress, env={"NODEGATE_POLL_SECONDS": "2",
+                                                              "NODEGATE_IMAGE_PULL_GRACE": "20"})
+        assert services.running_agent_image(self.dev) == self.images["nodegate"]
 
     def services_running(self) -> bool:
         procs = self.dev.processes()
