@@ -243,7 +243,7 @@ def ensure_images(cluster: DevCluster, *, host: str, progress: Progress = print,
     """Build what changed, push it to the cluster's registry (started if needed) and return
     name -> `<host>:<port>/nodegate/<name>@sha256:...`, `host` being the address nodes reach this
     machine at (`network.gateway_ip(cluster.dir)`)."""
-    port = registry.start_registry(cluster, progress)
+    port = registry.start_registry(cluster.procs, progress)
     chosen, base_ids = _prepare(progress, only, source)
     refs = {}
     # Build and push under one lock: another process must not remove an image between the two.
@@ -271,7 +271,7 @@ def build_package(directory: Path, progress: Progress = print, *, cluster: DevCl
     target = package_target(directory)
     if cluster is not None and host is None:
         raise ValueError("pushing needs the host the nodes reach the registry at")
-    port = registry.start_registry(cluster, progress) if cluster is not None else None
+    port = registry.start_registry(cluster.procs, progress) if cluster is not None else None
     base_ids = ensure_bases(progress)
     with locked(progress):
         built = _build_one(target, from_map(), base_ids, progress)

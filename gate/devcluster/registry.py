@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from gate.devcluster import build
-from gate.devcluster.cluster import ClusterError, DevCluster, free_port
+from gate.devcluster.processes import ClusterError, ProcessTable, free_port, tail
 
 Progress = Callable[[str], None]
 
@@ -86,38 +86,39 @@ def _v2_ok(port: int) -> bool:
         return False
 
 
-def running_port(cluster: DevCluster) -> int | None:
+def running_port(procs: ProcessTable) -> int | None:
     """The port of this cluster's registry when it runs and answers `GET /v2/`, else None."""
-    proc = cluster.processes().get(PROCESS)
-    port = cluster.ports().get(PROCESS)
+    proc = procs.all().get(PROCESS)
+    port = procs.ports().get(PROCESS)
     if proc is None or port is None or not proc.alive():
         return None
     return port if _v2_ok(port) else None
 
 
-def start_registry(cluster: DevCluster, progress: Progress = print, *, timeout: float = 30.0) -> int:
-    """Start the cluster's registry (or reuse the running one) and return its port.
+def start_registry(procs: ProcessTable, progress: Progress = print, *, timeout: float = 30.0) -> int:
+    """Start the cluster's registry (or reuse the running one) as a process of `procs` (a
+    `DevCluster.procs`) and return its port.
 
     Builds the registry binary first when the cache lacks it. Returns once `GET /v2/` answers 200.
     """
-    if (port := running_port(cluster)) is not None:
+    if (port := running_port(procs)) is not None:
         return port
-    if PROCESS in cluster.processes():
-        cluster.stop_process(PROCESS)  # recorded but dead or not answering: start it afresh
+    if PROCESS in procs.all():
+        procs.stop(PROCESS)  # recorded but dead or not answering: start it afresh
     binary = build.ensure_built(("registry",), progress=progress)["registry"]
     storage = data_dir()
     storage.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config = cluster.dir / "registry.yml"
+    config = procs.dir / "registry.yml"
     config.write_text(yaml.safe_dump(registry_config(port, storage, secrets.token_hex(16)), sort_keys=False))
     progress(f"Starting the image registry on port {port} (storage {storage}) ...")
-    proc = cluster.register(PROCESS, registry_argv(binary, config), env={"OTEL_TRACES_EXPORTER": "none"})
-    cluster.set_port(PROCESS, port)
+    proc = procs.register(PROCESS, registry_argv(binary, config), env={"OTEL_TRACES_EXPORTER": "none"})
+    procs.set_port(PROCESS, port)
     deadline = time.monotonic() + timeout
     while not _v2_ok(port):
         if not proc.alive():
             raise ClusterError(f"the registry exited during start-up; last lines of {proc.log}:\n"
-                               f"{_tail(Path(proc.log))}")
+                               f"{tail(Path(proc.log))}")
         if time.monotonic() > deadline:
             raise ClusterError(f"the registry did not answer GET /v2/ within {timeout:.0f}s; see {proc.log}")
         time.sleep(0.1)
@@ -142,9 +143,3 @@ def catalog(port: int) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/_catalog", timeout=10) as resp:
         return list(json.load(resp).get("repositories") or [])
 
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
-    except OSError:
-        return "(no log)"

@@ -55,7 +55,7 @@ class Pushed:
 
 @pytest.fixture(scope="module")
 def pushed(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
-    port = registry.start_registry(cluster, progress=lambda m: None)
+    port = registry.start_registry(cluster.procs, progress=lambda m: None)
     out = tmp_path_factory.mktemp("oci")
     version = f"{CHART_VERSION}-oci.{uuid.uuid4().hex[:8]}"
     packaged = helm("package", str(CHART_DIR), "--version", version, "--destination", str(out))

@@ -111,7 +111,7 @@ def test_an_unchanged_tree_builds_nothing_and_hands_out_the_same_digests(pushed:
     from gate.devcluster.registry import start_registry
 
     assert pushed.again == pushed.refs
-    assert start_registry(cluster, _progress) == pushed.port, "a running registry is reused"
+    assert start_registry(cluster.procs, _progress) == pushed.port, "a running registry is reused"
 
 
 def test_references_name_the_gateway_and_the_digest_the_registry_serves_for_the_tag(pushed: Pushed) -> None:
