@@ -25,9 +25,17 @@ RUN python -m venv /opt/nodegate \
  && rm -rf build gate nodegate.egg-info
 COPY gate ./gate
 RUN /opt/nodegate/bin/pip install --quiet --no-deps . \
+ # What the image does not run goes: the `kubernetes` package (about 125 MB of generated clients;
+ # in a pod NodeGate reads its ServiceAccount itself, gate/kube/config.py, and only a kubeconfig
+ # needs that package's loader) with the packages only it pulls in, and pip and setuptools.
+ && /opt/nodegate/bin/pip uninstall --quiet --yes kubernetes aiohttp-retry durationpy oauthlib python-dateutil \
+      six requests requests-oauthlib urllib3 websocket-client charset-normalizer certifi \
  # bytecode compiled now: at run time the root filesystem is read-only
  && /opt/nodegate/bin/python -m compileall -q /opt/nodegate/lib \
- && /opt/nodegate/bin/nodegate version --client
+ && /opt/nodegate/bin/nodegate version --client \
+ # every module the image runs imports without what was removed
+ && /opt/nodegate/bin/python -m gate.kube.imagecheck \
+ && /opt/nodegate/bin/python -m pip uninstall --quiet --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="nodegate" \

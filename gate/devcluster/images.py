@@ -143,6 +143,13 @@ def build_images(progress: Progress = print, *, only: tuple[str, ...] | None = N
         return {t.name: _build_one(t, from_map(), base_ids, progress).local for t in chosen}
 
 
+def build(target: ImageTarget, progress: Progress = print) -> Built:
+    """Build one target (any Dockerfile and context) as `build_images` builds those of the tree."""
+    base_ids = ensure_bases(progress)
+    with locked(progress):
+        return _build_one(target, from_map(), base_ids, progress)
+
+
 def _prepare(progress: Progress, only: tuple[str, ...] | None,
              source: Path) -> tuple[list[ImageTarget], dict[str, str]]:
     everything = targets(source)

@@ -1,9 +1,9 @@
 """A thin async Kubernetes client: raw JSON over one aiohttp session.
 
-Configuration (kubeconfig, in-cluster service account, token refresh) comes from `kubernetes.aio`;
-requests are plain dicts in and out. The operator handles thousands of nodes: decoding every object
-into generated model classes would cost more than the rest of a reconcile, and the pure layers work
-on dicts and pydantic models of our own anyway.
+Where the server is and who asks is a `gate.kube.config.Connection` (a pod's ServiceAccount, or a
+kubeconfig read by `kubernetes.aio`); requests are plain dicts in and out. The operator handles
+thousands of nodes: decoding every object into generated model classes would cost more than the
+rest of a reconcile, and the pure layers work on dicts and pydantic models of our own anyway.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import orjson
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
-from kubernetes.aio import config as kconfig
-from kubernetes.aio.client import Configuration
 
+from gate.kube import config as kubeconfig
 from gate.kube.errors import ApiError, ConnectionFailed, Gone, api_error
 from gate.kube.fence import Fence
 
@@ -168,14 +167,14 @@ class KubeClient:
     work client, whose writes must stop with its leadership.
     """
 
-    def __init__(self, configuration: Configuration, *, user_agent: str = "nodegate",
+    def __init__(self, connection: kubeconfig.Connection, *, user_agent: str = "nodegate",
                  timeout: float = 30.0, connections: int = CONNECTIONS, fence: Fence | None = None) -> None:
-        self._cfg = configuration
-        self.base_url = configuration.host.rstrip("/")
-        ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-        if configuration.cert_file:
-            ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
-        if not configuration.verify_ssl:
+        self._cfg = connection
+        self.base_url = connection.host.rstrip("/")
+        ctx = ssl.create_default_context(cafile=connection.ca_file)
+        if connection.cert_file:
+            ctx.load_cert_chain(connection.cert_file, connection.key_file)
+        if not connection.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         self._ssl = ctx
@@ -191,17 +190,11 @@ class KubeClient:
 
     @classmethod
     async def from_kubeconfig(cls, path: str | None = None, context: str | None = None, **kw: Any) -> KubeClient:
-        cfg = Configuration()
-        await kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, client_configuration=cfg,
-                                       persist_config=False)
-        return cls(cfg, **kw)
+        return cls(await kubeconfig.from_kubeconfig(path, context), **kw)
 
     @classmethod
     def in_cluster(cls, **kw: Any) -> KubeClient:
-        cfg = Configuration()
-        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(cfg, **kw)
+        return cls(kubeconfig.in_cluster(), **kw)
 
     @classmethod
     async def from_environment(cls, kubeconfig: str | None = None, **kw: Any) -> KubeClient:
@@ -214,9 +207,8 @@ class KubeClient:
 
     def with_token(self, token: str) -> KubeClient:
         """A client for the same server authenticated by a bearer token instead (e.g. a TokenRequest)."""
-        cfg = Configuration(host=self._cfg.host, ssl_ca_cert=self._cfg.ssl_ca_cert)
-        cfg.api_key = {"BearerToken": f"Bearer {token}"}
-        return KubeClient(cfg, user_agent=self.user_agent, timeout=self._timeout, connections=self._connections)
+        return KubeClient(self._cfg.with_bearer(token), user_agent=self.user_agent, timeout=self._timeout,
+                          connections=self._connections)
 
     def sibling(self, *, user_agent: str, connections: int = CONNECTIONS, timeout: float | None = None,
                 fence: Fence | None = None) -> KubeClient:
@@ -227,7 +219,7 @@ class KubeClient:
 
     @property
     def ca_file(self) -> str | None:
-        return self._cfg.ssl_ca_cert
+        return self._cfg.ca_file
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -252,11 +244,9 @@ class KubeClient:
 
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers: dict[str, str] = {}
-        # kubernetes.aio stores kubeconfig and service-account tokens under "BearerToken", already
-        # prefixed ("Bearer ..."); the in-cluster loader adds a hook that re-reads the rotated token file.
-        token = await self._cfg.get_api_key_with_prefix("BearerToken")
-        if token:
-            headers["Authorization"] = token
+        authorization = await self._cfg.authorization()  # a rotated token file or exec token, refreshed
+        if authorization:
+            headers["Authorization"] = authorization
         if content_type:
             headers["Content-Type"] = content_type
         return headers

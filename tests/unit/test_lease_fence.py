@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes.aio.client import Configuration
 
 from gate.kube.client import CONFIGMAPS, KubeClient
+from gate.kube.config import Connection
 from gate.kube.errors import ConnectionFailed, LeadershipLost
 from gate.kube.fence import Fence, LeaseTiming
 
@@ -109,7 +109,7 @@ def test_the_fence_closes_before_any_standby_may_take_over(timing: LeaseTiming,
 
 
 async def test_a_fenced_client_sends_no_write_after_the_deadline_but_still_reads() -> None:
-    cfg = Configuration(host="https://127.0.0.1:9")  # nothing listens: a request that goes out fails to connect
+    cfg = Connection("https://127.0.0.1:9")  # nothing listens: a request that goes out fails to connect
     clock = Clock(0.0)
     fence = Fence(10, clock)
     async with KubeClient(cfg, fence=fence, timeout=2) as client:
@@ -139,7 +139,7 @@ def test_the_writes_the_fence_kept_back_are_a_metric() -> None:
     from gate.controller.settings import OperatorSettings
 
     fence = Fence(10, Clock(0.0))
-    client = KubeClient(Configuration(host="https://127.0.0.1:9"), fence=fence)
+    client = KubeClient(Connection("https://127.0.0.1:9"), fence=fence)
     for _ in range(3):
         with pytest.raises(LeadershipLost):
             fence.check("POST /api/v1/namespaces/x/events")
