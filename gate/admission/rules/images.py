@@ -111,8 +111,9 @@ class ImagePolicy:
             if problem:
                 raise ValueError(problem)
         names = [name for name, _ in self.package_repositories]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a package is bound twice: {', '.join(sorted(names))}")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"package {', '.join(twice)} is bound more than once: bind each package in one entry")
         for name, repositories in self.package_repositories:
             problem = binding_problem(name, repositories)
             if problem:

@@ -171,3 +171,9 @@ def test_settings_refuse_bad_bindings_at_start_naming_the_setting_and_entry(raw:
     assert problem in str(caught.value)
     with pytest.raises(ValueError, match="must be allow or refuse, not 'deny'"):
         _parsed([], {"NODEGATE_WEBHOOK_UNBOUND_PACKAGES": "deny"})
+
+
+def test_a_package_bound_twice_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="package kdump is bound more than once"):
+        ImagePolicy(package_repositories=(("kdump", ("ghcr.io/a",)), ("lvm", ("ghcr.io/b",)),
+                                          ("kdump", ("ghcr.io/c",))))
