@@ -6,12 +6,13 @@ Every setting has a flag and an environment variable `NODEGATE_WEBHOOK_<NAME>` (
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from gate.admission.rules.images import ImagePolicy
+from gate.admission.rules.images import UNBOUND_CHOICES, ImagePolicy, PackageBindings, UnboundPackages, bindings
 
 CertMode = Literal["self-managed", "files"]
 
@@ -61,11 +62,19 @@ class WebhookSettings:
     whole path components, names fully qualified); empty: any."""
     require_image_digest: bool = False
     """Package images must be pinned by digest (image@sha256:...)."""
+    package_repositories: PackageBindings = ()
+    """Package names bound to the repositories their images must come from, read as a JSON object
+    `{"sysctl-tuning": ["ghcr.io/example/nodegate-sysctl-tuning"], ...}` (JSON: a repository may hold
+    ':' and a list needs no separator of its own); empty: no package is bound. The chart binds its
+    catalog (webhook.imagePolicy.packages)."""
+    unbound_packages: UnboundPackages = "allow"
+    """allow: a package name with no binding may use any image the other rules allow; refuse: refused."""
     log_level: str = "info"
 
     @property
     def image_policy(self) -> ImagePolicy:
-        return ImagePolicy(self.allowed_image_repositories, self.require_image_digest)
+        return ImagePolicy(self.allowed_image_repositories, self.require_image_digest, self.package_repositories,
+                           self.unbound_packages)
 
     @property
     def operator_username(self) -> str:
@@ -103,6 +112,9 @@ _HELP = {
     "allowed_image_repositories": "comma-separated registry hosts or repository prefixes package images must come "
                                   "from, e.g. ghcr.io/acme,registry.internal:5000 (empty: any)",
     "require_image_digest": "true: package images must carry an @sha256: digest",
+    "package_repositories": "JSON object binding package names to the repositories their images must come from, "
+                            "e.g. '{\"sysctl-tuning\": [\"ghcr.io/acme/sysctl-tuning\"]}' (empty: none bound)",
+    "unbound_packages": "allow or refuse a package whose name has no binding",
     "log_level": "debug, info, warning or error",
 }
 
@@ -115,6 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"default": None, "help": f"{_HELP[f.name]} (default {shown}; env {env_name(f.name)})"}
         if f.name == "cert_mode":
             kw["choices"] = ["self-managed", "files"]
+        if f.name == "unbound_packages":
+            kw["choices"] = list(UNBOUND_CHOICES)
         if isinstance(default, bool):
             kw.update(nargs="?", const="true", metavar="true|false")
         parser.add_argument(flag, dest=f.name, **kw)
@@ -135,7 +149,9 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         if raw is None:
             continue
         default = WebhookSettings.__dataclass_fields__[f.name].default
-        if isinstance(default, tuple):
+        if f.name == "package_repositories":
+            values[f.name] = _package_repositories(str(raw))
+        elif isinstance(default, tuple):
             values[f.name] = tuple(h.strip() for h in str(raw).split(",") if h.strip())
         elif isinstance(default, bool):
             values[f.name] = _boolean(f.name, str(raw))
@@ -155,9 +171,31 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     if settings.max_bodies_bytes * 3 // 4 < settings.max_body_bytes:
         raise ValueError(f"{env_name('max_bodies_bytes')} ({settings.max_bodies_bytes}) must hold at least one "
                          f"largest body in three quarters of it (max_body_bytes {settings.max_body_bytes})")
+    if settings.unbound_packages not in UNBOUND_CHOICES:
+        raise ValueError(f"{env_name('unbound_packages')} (--unbound-packages) must be allow or refuse, "
+                         f"not {settings.unbound_packages!r}")
     settings.host_port  # noqa: B018 - fail early on a malformed --listen
     settings.image_policy  # noqa: B018 - and on an allowed repository that is not one
     return settings
+
+
+def _package_repositories(raw: str) -> PackageBindings:
+    """The bindings of the JSON object `raw` ("" or "{}": none); a ValueError names the setting and the entry."""
+    where = f"{env_name('package_repositories')} (--package-repositories)"
+    if not raw.strip():
+        return ()
+    try:
+        mapping = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not JSON ({exc}); expected an object such as "
+                         '{"sysctl-tuning": ["ghcr.io/acme/sysctl-tuning"]}') from None
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where} must be a JSON object of package name to a list of repositories, "
+                         f"not {type(mapping).__name__}")
+    try:
+        return bindings(mapping)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _boolean(name: str, raw: str) -> bool:

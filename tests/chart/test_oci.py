@@ -109,8 +109,10 @@ def test_the_pulled_chart_is_the_packaged_one_with_its_crds_and_schema(
             "nodegate/crds/nodegate.io_deploymentpolicies.yaml", "nodegate/templates/_rules.tpl"} <= names
 
 
-# The safe image policy of the chart's docs, set at install: the release's own webhook enforces it.
-IMAGE_POLICY: Obj = {"allowedRepositories": ["registry.example.com/nodegate", "ghcr.io/acme"], "requireDigest": True}
+# The safe image policy of the chart's docs, set at install: the release's own webhook enforces it. The
+# catalog's tuned is bound to this cluster's mirrors of it (merged over the chart's default binding).
+IMAGE_POLICY: Obj = {"allowedRepositories": ["registry.example.com/nodegate", "ghcr.io/acme"], "requireDigest": True,
+                     "packages": {"tuned": ["ghcr.io/acme/tuned", "registry.example.com/nodegate/tuned"]}}
 DIGEST = "sha256:" + "0c" * 32
 
 
@@ -171,6 +173,8 @@ async def test_helm_install_from_the_oci_registry_deploys_every_object_of_the_ch
     ("quay.io/evil/tuned@" + DIGEST, "is outside the allowed repositories (imagePolicy.allowedRepositories: "
                                      "registry.example.com/nodegate, ghcr.io/acme"),
     ("ghcr.io/acme/tuned", "has no digest, and the cluster requires one (imagePolicy.requireDigest: true)"),
+    ("ghcr.io/acme/other@" + DIGEST, "is not from a repository bound to that package (imagePolicy.packages.tuned: "
+                                     "ghcr.io/acme/tuned, registry.example.com/nodegate/tuned"),
 ])
 def test_the_oci_installed_webhook_enforces_the_image_policy_set_in_values(
         oci_release: OciRelease, kubectl: Kubectl, image: str, refusal: str | None) -> None:

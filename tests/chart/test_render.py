@@ -21,7 +21,8 @@ import yaml
 
 import gate
 from gate.admission.configuration import webhook_configurations
-from gate.admission.rules.images import ALLOW_ALL, ImagePolicy, prefix_problem
+from gate.admission.rules import syntax
+from gate.admission.rules.images import ImagePolicy, image_violations, prefix_problem
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
 from gate.cli.manifests import helm_path, stale
@@ -132,6 +133,11 @@ def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -
     ({"operator": {"replicas": 0}}, "replicas"),
     ({"webhook": {"imagePolicy": {"allowedRepositories": ["acme"]}}}, "/webhook/imagePolicy/allowedRepositories/0"),
     ({"webhook": {"imagePolicy": {"requireDigest": "yes"}}}, "/webhook/imagePolicy/requireDigest"),
+    ({"webhook": {"imagePolicy": {"packages": {"tuned": ["acme/tuned"]}}}}, "/webhook/imagePolicy/packages/tuned/0"),
+    ({"webhook": {"imagePolicy": {"packages": {"tuned": []}}}}, "/webhook/imagePolicy/packages/tuned"),
+    ({"webhook": {"imagePolicy": {"packages": {"tuned": "ghcr.io/a/tuned"}}}}, "/webhook/imagePolicy/packages/tuned"),
+    ({"webhook": {"imagePolicy": {"packages": {"Tuned": ["ghcr.io/acme/tuned"]}}}}, "'Tuned' does not match pattern"),
+    ({"webhook": {"imagePolicy": {"unboundPackages": "deny"}}}, "/webhook/imagePolicy/unboundPackages"),
     ({"operator": {"leaderElection": {"leaseSeconds": 10, "renewSeconds": 5, "renewDeadlineSeconds": 12}}},
      "renewSeconds < renewDeadlineSeconds < leaseSeconds"),
 ])
@@ -388,12 +394,62 @@ def test_the_image_policy_values_reach_the_webhook_settings() -> None:
         env = _resolve(env_of(webhook["containers"][0]), "nodegate-system", "pod")
         return webhook_settings_from(argparse.Namespace(), env).image_policy
 
-    assert policy({}) == ALLOW_ALL
+    catalog = policy({}).package_repositories
+    assert policy({}) == ImagePolicy(package_repositories=catalog)
     assert policy({"webhook": {"imagePolicy": SAFE_IMAGE_POLICY}}) == ImagePolicy(
-        ("registry.example.com/nodegate", "ghcr.io/acme"), require_digest=True)
+        ("registry.example.com/nodegate", "ghcr.io/acme"), require_digest=True, package_repositories=catalog)
     # the safe setting the values comments show is this one
     comment = (CHART_DIR / "values.yaml").read_text()
     assert "allowedRepositories: [registry.example.com/nodegate, ghcr.io/acme]" in comment.replace("\n  # ", " ")
+
+
+def catalog_images() -> dict[str, str]:
+    """Each package of packages/ by its name, with the repository of its example gate's image."""
+    out = {}
+    for manifest in sorted(REPO.glob("packages/*/package.yaml")):
+        name = yaml.safe_load(manifest.read_text())["name"]
+        example = yaml.safe_load((manifest.parent / "nodegate.yaml").read_text())
+        ref = syntax.parse_image(example["spec"]["packages"][name]["image"])
+        assert not isinstance(ref, str), ref
+        out[name] = ref.name
+    return out
+
+
+def test_the_chart_binds_every_catalog_package_to_its_own_image_repository_and_nothing_else() -> None:
+    """Fails when a package joins or leaves packages/, or its image moves, and the chart's default
+    binding does not follow (webhook.imagePolicy.packages in values.yaml)."""
+    catalog = catalog_images()
+    assert len(catalog) >= 14 and "sysctl-tuning" in catalog
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["webhook"]["imagePolicy"]
+    assert defaults["packages"] == {name: [repository] for name, repository in catalog.items()}
+    assert defaults["unboundPackages"] == "allow"
+    # ... and each binding admits its own package's image and no other catalog package's
+    webhook = find(rendered({}), "Deployment", "nodegate-webhook")["spec"]["template"]["spec"]
+    policy = webhook_settings_from(argparse.Namespace(), _resolve(env_of(webhook["containers"][0]), "ns", "pod")) \
+        .image_policy
+    for name in catalog:
+        for other, image in catalog.items():
+            refused = image_violations({name: {"version": "1.0.0", "image": image}}, [name], policy)
+            assert (refused == []) is (other == name), (name, image)
+
+
+def test_the_binding_values_reach_the_webhook_settings_merged_over_the_catalog() -> None:
+    def policy(values: Obj) -> ImagePolicy:
+        webhook = find(rendered(values), "Deployment", "nodegate-webhook")["spec"]["template"]["spec"]
+        env = _resolve(env_of(webhook["containers"][0]), "nodegate-system", "pod")
+        return webhook_settings_from(argparse.Namespace(), env).image_policy
+
+    mirror = {"sysctl-tuning": ["registry.internal:5000/mirror/sysctl-tuning"], "kdump": None,
+              "my-own": ["ghcr.io/acme/my-own", "quay.io/acme"]}
+    changed = policy({"webhook": {"imagePolicy": {"packages": mirror, "unboundPackages": "refuse"}}})
+    assert changed.unbound_packages == "refuse"
+    assert changed.bound_repositories("sysctl-tuning") == ("registry.internal:5000/mirror/sysctl-tuning",)
+    assert changed.bound_repositories("kdump") is None  # null removes a default binding
+    assert changed.bound_repositories("my-own") == ("ghcr.io/acme/my-own", "quay.io/acme")
+    assert changed.bound_repositories("tuned") == ("ghcr.io/example/nodegate-tuned",)  # the rest stays
+    # no binding at all: the variable is left out, and the webhook binds nothing
+    every = {name: None for name in catalog_images()}
+    assert policy({"webhook": {"imagePolicy": {"packages": every}}}).package_repositories == ()
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
@@ -413,8 +469,12 @@ def test_no_env_var_renders_an_empty_value(name: str) -> None:
                                    "ghcr.io/acme,quay.io", ""])
 def test_the_schema_and_the_webhook_agree_on_what_an_allowed_repository_is(entry: str) -> None:
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
-    item = schema["properties"]["webhook"]["properties"]["imagePolicy"]["properties"]["allowedRepositories"]["items"]
+    policy = schema["properties"]["webhook"]["properties"]["imagePolicy"]["properties"]
+    item = policy["allowedRepositories"]["items"]
     assert (re.search(item["pattern"], entry) is not None) is (prefix_problem(entry) is None)
+    # a package's bound repositories are entries of the same kind
+    assert policy["packages"]["additionalProperties"]["items"] == item
+    assert (re.search(item["pattern"], entry) is not None) is (prefix_problem(entry, "bound repository") is None)
 
 
 def test_one_image_serves_webhook_operator_agent_and_hook() -> None:

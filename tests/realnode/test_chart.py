@@ -51,10 +51,13 @@ def chart(real_nodes: RealCluster) -> Iterator[RealCluster]:
     if restart:
         real.stop_services()
     repository, digest = real.images["nodegate"].split("@")
+    # The chart binds the catalog's sysctl-tuning to its published repository; this cluster runs the
+    # one built here, so the release binds that, as a cluster with its own mirror would.
+    sysctl = real.images["sysctl-tuning"].split("@")[0]
     values = {
         "image": {"repository": repository, "digest": digest},
         "operator": {"replicas": 1, "pollSeconds": 2},
-        "webhook": {"replicas": 1},
+        "webhook": {"replicas": 1, "imagePolicy": {"packages": {"sysctl-tuning": [sysctl]}}},
     }
     real.kubectl.run("create", "namespace", NAMESPACE)
     # Package pods run privileged in NodeGate's namespace (docs/install.md).
