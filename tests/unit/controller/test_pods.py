@@ -285,6 +285,7 @@ def test_package_images_are_pulled_as_resolved_with_an_explicit_pull_policy() ->
     assert payload["imagePullPolicy"] == "IfNotPresent"
     # Left out (resolution off): the tag, pulled Always so a node asks the registry what it names now.
     pod = stage_pod(g, "n", req, SETTINGS)
-    pulls = {c["image"]: c["imagePullPolicy"] for c in pod["spec"]["initContainers"] if c["name"].startswith("payload-")}
+    pulls = {c["image"]: c["imagePullPolicy"] for c in pod["spec"]["initContainers"]
+             if c["name"].startswith("payload-")}
     assert pulls == {"registry.example.com/base:2.0.0": "Always",
                      "registry.example.com:5000/team/tuned:1.2.0": "Always"}

@@ -54,7 +54,8 @@ def test_bearer_and_basic_challenges_are_parsed() -> None:
     assert params == {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
                       "scope": "repository:library/ubuntu:pull"}
     assert parse_challenge('Basic realm="Registry Realm"') == ("basic", {"realm": "Registry Realm"})
-    assert parse_challenge("bearer realm=https://h/t, service=h") == ("bearer", {"realm": "https://h/t", "service": "h"})
+    assert parse_challenge("bearer realm=https://h/t, service=h") == ("bearer",
+                                                                       {"realm": "https://h/t", "service": "h"})
 
 
 def _secret(config: dict[str, object], kind: str = "kubernetes.io/dockerconfigjson") -> dict[str, object]:
