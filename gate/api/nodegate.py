@@ -397,7 +397,8 @@ class NodeGateStatus(Model):
         "when the rollout needs a person (kstatus' abnormal-true conditions: present only while True); "
         "Deleting while the gate is being deleted (its reason "
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
-        "(annotation nodegate.io/disabled=true).",
+        "(annotation nodegate.io/disabled=true); ImagesResolved while the operator resolves package images to "
+        "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
