@@ -37,7 +37,6 @@ from gate.api.digests import text_config_digest
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
-from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, stuck_wait
@@ -65,11 +64,6 @@ def label_value(text: str) -> str:
     if len(text) <= 63:
         return text
     return text[:52].rstrip("-.") + "-" + hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def image_ref(package: Package) -> str:
-    """The package image at its version (see `gate.api.versions.image_reference`)."""
-    return image_reference(package.image, package.version)
 
 
 def config_map_name(gate: NodeGate, package: str, pkg: Package) -> str:
