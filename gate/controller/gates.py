@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -119,26 +119,28 @@ class GateReconciler:
         current = gate.status.images if gate.status is not None else []
         records = merged_records(gate, resolved)
         status: Obj = {}
+        message = unresolved_message(problems) if problems else ""
         if not same_records(current, records):
             status["images"] = records_wire(records)
         if problems:
-            message = unresolved_message(problems)
+            # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
             previous = gate.status.conditions if gate.status is not None else []
             now, generation = datetime.now(UTC), gate.metadata.generation or 0
-            kept = [c for c in (obj.get("status") or {}).get("conditions") or []
-                    if c.get("type") not in ("ImagesResolved", "Degraded")]
-            status["conditions"] = [*kept, *(condition(type_, "False" if type_ == "ImagesResolved" else "True",
-                                                       "ResolveFailed", message, previous, now, generation).to_wire()
-                                              for type_ in ("ImagesResolved", "Degraded"))]
-            status["status"] = "Degraded"
-        if status:
+            held: dict[str, Literal["True", "False"]] = {"ImagesResolved": "False", "Ready": "False",
+                                                         "Degraded": "True"}
+            kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
+            status["conditions"] = [*kept, *(condition(type_, value, "ResolveFailed", message, previous, now,
+                                                       generation).to_wire() for type_, value in held.items())]
+            status.update({"status": "Degraded", "observedGeneration": generation})
+        current_status = obj.get("status") or {}
+        if status and not _same_status(current_status, {**current_status, **status}):
             patched = await self.client.patch(NODEGATES, gate.name, {"status": status, "metadata": {
                 "resourceVersion": obj["metadata"]["resourceVersion"]}}, subresource="status")
             self.world.gates.observe(patched)
             obj, gate = patched, self.world.gate(gate.name) or gate
         if problems:
-            await self.recorder.emit(obj, "Warning", "ResolveFailed", unresolved_message(problems))
-            raise ImagesUnresolved(unresolved_message(problems))
+            await self.recorder.emit(obj, "Warning", "ResolveFailed", message)
+            raise ImagesUnresolved(message)
         return gate, obj
 
     def _with_images(self, gate: NodeGate, status: Obj) -> Obj:

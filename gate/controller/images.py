@@ -19,6 +19,7 @@ import logging
 from datetime import UTC, datetime
 
 from gate.api.nodegate import ImageRecord, NodeGate
+from gate.controller.metrics import OperatorMetrics
 from gate.controller.registry import RegistryError, credentials_for, docker_config, resolve_digest, target_of
 from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
@@ -34,9 +35,10 @@ class ImagesUnresolved(Exception):
 
 
 class ImageResolver:
-    def __init__(self, settings: OperatorSettings, client: KubeClient) -> None:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics) -> None:
         self.settings = settings
         self.client = client
+        self.metrics = metrics
 
     async def resolve(self, gate: NodeGate) -> tuple[list[ImageRecord], dict[str, str]]:
         """Records of the packages resolved now, and the packages that failed with why."""
@@ -59,8 +61,10 @@ class ImageResolver:
         try:
             digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout)
         except RegistryError as exc:
+            self.metrics.image_resolutions.labels("failed").inc()
             log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate.name, package, reference, exc)
             return f"{exc}{''.join(f'; {n}' for n in notes)}"
+        self.metrics.image_resolutions.labels("resolved").inc()
         log.info("Resolved image; gate=%s package=%s image=%s digest=%s", gate.name, package, reference, digest)
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return ImageRecord(package=package, reference=reference, digest=digest, resolved_at=now)

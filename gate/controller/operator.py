@@ -62,7 +62,7 @@ class Operator:
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
-                                    ImageResolver(settings, client))
+                                    ImageResolver(settings, client, self.metrics))
         self.policies = PolicyReconciler(client, self.world)
         self.nodes = NodeReconciler(settings, client, timing, self.world, executor)
         self.joins = JoinReconciler(self.world, executor)

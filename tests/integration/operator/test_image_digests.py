@@ -174,6 +174,9 @@ async def test_an_image_that_does_not_resolve_holds_the_rollout_and_says_which(
     assert condition["reason"] == "ResolveFailed"
     assert f"{image}:2.0.0" in condition["message"] and "HTTP 404" in condition["message"]
     assert f"registry 127.0.0.1:{registry_port}" in condition["message"]
+    held = {c["type"]: c for c in gate["status"]["conditions"]}
+    assert (held["Ready"]["status"], held["Degraded"]["status"]) == ("False", "True")
+    assert gate["status"]["status"] == "Degraded"
     assert "pkg" not in images_of(gate)
     # Nothing started anywhere: no stage pod, and no node in a round.
     assert pulls.of(scenario.name) == []
