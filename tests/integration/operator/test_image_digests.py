@@ -10,6 +10,7 @@ pod's payload image and pull policy, recorded by a watch of our own as the pods 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import urllib.parse
@@ -21,12 +22,19 @@ from typing import Any
 import pytest
 
 from gate.api import keys
+from gate.api.nodegate import NodeGate
+from gate.controller.images import ImageResolver
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.rbac import OPERATOR_SERVICE_ACCOUNT
+from gate.controller.settings import OperatorSettings
 from gate.devcluster import registry
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import start_operator
 from gate.kube.cache import WatchCache
-from gate.kube.client import EVENTS, PODS, KubeClient
+from gate.kube.client import EVENTS, PODS, ROLEBINDINGS, ROLES, SECRETS, KubeClient
+from tests.conftest import unique
 from tests.integration.operator.conftest import NAMESPACE, OPERATOR_FLAGS, Scenario, wait_for
+from tests.unit.controller.test_registry_client import DIGEST, Registry, serve
 
 Obj = dict[str, Any]
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -196,3 +204,56 @@ async def test_an_image_that_does_not_resolve_holds_the_rollout_and_says_which(
     assert images_of(gate)["pkg"]["digest"] == digest
     assert {c["type"]: c for c in gate["status"]["conditions"]}["ImagesResolved"]["status"] == "True"
     assert {p["payloads"]["pkg"] for p in pulls.of(scenario.name)} == {(f"{image}@{digest}", "IfNotPresent")}
+
+
+async def test_pull_credentials_come_from_a_pull_secret_the_operator_was_granted_by_name(
+        cluster: DevCluster, operator: int, kube: KubeClient) -> None:
+    """As the operator's ServiceAccount, against the real API server: with the chart's RBAC it reads no
+    Secret, so a registry that wants credentials refuses, and the message names the Secret it could not
+    read; with `get` on that one Secret by name (docs/security.md), the Bearer token is fetched with its
+    credentials and the tag resolves. The registry is the test's own (the dev registry serves
+    anonymously): it asks for a Bearer token that only robot:pw gets."""
+    served = Registry(auth="bearer")
+    runner = await serve(served)
+    name = unique("pull")
+    host = served.base.removeprefix("http://")
+    config = {"auths": {host: {"auth": base64.b64encode(b"robot:pw").decode()}}}
+    await kube.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                                "metadata": {"name": name, "namespace": NAMESPACE},
+                                "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}},
+                      NAMESPACE)
+    gate = NodeGate.model_validate({"metadata": {"name": name}, "spec": {"packages": {"pkg": {
+        "version": "1.0.0", "image": f"{host}/team/pkg", "imagePullSecrets": [{"name": name}]}}}})
+    as_operator = await KubeClient.from_kubeconfig(str(cluster.dir / "operator.kubeconfig"))
+    resolver = ImageResolver(OperatorSettings(namespace=NAMESPACE, resolve_timeout=5), as_operator,
+                             OperatorMetrics())
+    try:
+        records, problems = await resolver.resolve(gate)
+        assert records == []
+        assert f"pull Secret {NAMESPACE}/{name} not read (403 Forbidden)" in problems["pkg"]
+        assert "refused a pull token (without credentials) (HTTP 401)" in problems["pkg"]
+        assert f"{host}/team/pkg:1.0.0" in problems["pkg"]
+
+        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [name]}]}
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": name, "namespace": NAMESPACE},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                   "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SERVICE_ACCOUNT, "namespace": NAMESPACE}]}
+        await kube.create(ROLES, role, NAMESPACE)
+        await kube.create(ROLEBINDINGS, binding, NAMESPACE)
+
+        async def resolved() -> bool:  # RBAC changes reach the authorizer within moments
+            records, problems = await resolver.resolve(gate)
+            return [(r.package, r.reference, r.digest) for r in records] == [("pkg", f"{host}/team/pkg:1.0.0",
+                                                                             DIGEST)] and not problems
+
+        await wait_for(resolved, what="the tag resolved with the granted pull Secret")
+        basic = "Basic " + base64.b64encode(b"robot:pw").decode()
+        assert f"token test-registry repository:team/pkg:pull {basic}" in served.seen
+    finally:
+        await as_operator.close()
+        await runner.cleanup()
+        for resource in (ROLEBINDINGS, ROLES, SECRETS):
+            await kube.delete(resource, name, NAMESPACE)

@@ -57,14 +57,16 @@ class Registry:
         return web.Response(status=200, body=MANIFEST, headers={**headers, "Docker-Content-Digest": self.named})
 
     async def token(self, request: web.Request) -> web.Response:
-        self.seen.append(f"token {request.query.get('service')} {request.query.get('scope')} "
-                         f"{request.headers.get('Authorization', '-')}")
+        """A private repository: a pull token only for robot:pw."""
+        header = request.headers.get("Authorization", "-")
+        self.seen.append(f"token {request.query.get('service')} {request.query.get('scope')} {header}")
+        if header != "Basic " + base64.b64encode(b"robot:pw").decode():
+            return web.json_response({"errors": [{"code": "UNAUTHORIZED"}]}, status=401)
         return web.json_response({"token": "t0ken"})
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[Registry]:
-    registry = Registry()
+async def serve(registry: Registry) -> web.AppRunner:
+    """Serve `registry` on a free loopback port (its `base` says where); cleanup() stops it."""
     app = web.Application()
     app.router.add_route("*", "/v2/{repo:.+}/manifests/{tag}", registry.manifest)
     app.router.add_get("/token", registry.token)
@@ -72,8 +74,14 @@ async def served() -> AsyncIterator[Registry]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = runner.addresses[0][1]
-    registry.base = f"http://127.0.0.1:{port}"
+    registry.base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    return runner
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Registry]:
+    registry = Registry()
+    runner = await serve(registry)
     try:
         yield registry
     finally:
@@ -96,6 +104,13 @@ async def test_a_bearer_challenge_gets_a_token_from_its_realm_with_the_pull_cred
     assert served.seen == ["HEAD /v2/team/pkg/manifests/1.0.0 -",
                            f"token test-registry repository:team/pkg:pull {basic}",
                            "HEAD /v2/team/pkg/manifests/1.0.0 Bearer t0ken"]
+
+
+async def test_a_private_repositorys_token_service_refuses_an_anonymous_pull(served: Registry) -> None:
+    served.auth = "bearer"
+    with pytest.raises(RegistryError, match=r"token service .*/token refused a pull token \(without credentials\)"
+                                            r" \(HTTP 401\)"):
+        await resolve_digest(ref(served))
 
 
 async def test_a_basic_challenge_needs_credentials(served: Registry) -> None:
