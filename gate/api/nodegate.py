@@ -367,6 +367,23 @@ class CompartmentStatus(Model):
     )
 
 
+class ImageRecord(Model):
+    """A package image resolved to the digest its stage pods pull (`gate.lifecycle.images`)."""
+
+    package: str = Field(max_length=43, description="The package whose image this is.")
+    reference: str = Field(
+        max_length=1024,
+        description="The tagged reference it was resolved from (image:version): it is reused while the package's "
+        "image and version stay these, and resolved again when either changes.",
+    )
+    digest: str = Field(
+        max_length=128,
+        description="The manifest digest the registry served for the reference (sha256:...); stage pods pull "
+        "<repository>@<digest>, so a tag pushed again later cannot change what this rollout runs.",
+    )
+    resolved_at: str | None = Field(default=None, description="When the operator read the digest (RFC 3339).")
+
+
 class NodeGateStatus(Model):
     observed_generation: int | None = Field(default=None, description="The generation last acted on.")
     rollout_hash: str | None = Field(
@@ -380,7 +397,8 @@ class NodeGateStatus(Model):
         "when the rollout needs a person (kstatus' abnormal-true conditions: present only while True); "
         "Deleting while the gate is being deleted (its reason "
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
-        "(annotation nodegate.io/disabled=true).",
+        "(annotation nodegate.io/disabled=true); ImagesResolved while the operator resolves package images to "
+        "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
@@ -393,6 +411,14 @@ class NodeGateStatus(Model):
         default_factory=list,
         description="Rollout progress per compartment.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    images: list[ImageRecord] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Per package, the digest its tagged image was resolved to once for the rollout; stage pods "
+        "pull by this digest. Absent for an image pinned by digest in the spec, and when the operator runs "
+        "with --resolve-digests=false.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["package"]},
     )
 
 

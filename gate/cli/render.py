@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from gate.api.nodegate import ImageRecord
 from gate.api.policy import DEFAULT_COMPARTMENT
 from gate.cli.report import ActiveNode, CompartmentReport, FailedNode, GateReport, WaitGroup
 from gate.rollout import Simulation
@@ -158,7 +159,16 @@ def _gate_text(r: GateReport, durations: bool, limit: int) -> str:
     if r.waits:
         lines.append("  Waiting:")
         lines += _aligned([(w.compartment, _wait_nodes(w), f"{w.reason}: {w.message}") for w in r.waits])
+    if r.images:
+        lines.append("  Images (resolved for this rollout):")
+        lines += _aligned([_image_row(i) for i in r.images])
     return "\n".join(lines) + "\n"
+
+
+def _image_row(record: ImageRecord) -> tuple[str, str, str]:
+    """A package, its tag and the digest its stage pods pull (-o yaml shows the digest whole)."""
+    algorithm, _, hexdigits = record.digest.partition(":")
+    return record.package, record.reference, f"{algorithm}:{hexdigits[:12]}"
 
 
 def _aligned(rows: Sequence[tuple[str, str, str]]) -> list[str]:
@@ -212,6 +222,9 @@ def _gate_rich(r: GateReport, limit: int) -> RenderableType:
         parts.append(_section("Waiting", "grey50",
                               [(w.compartment, _wait_nodes(w), f"{w.reason}: {w.message}") for w in r.waits],
                               len(r.waits), r.name))
+    if r.images:
+        parts.append(_section("Images (resolved for this rollout)", "cyan", [_image_row(i) for i in r.images],
+                              len(r.images), r.name))
     title = Text.assemble((f"NodeGate {r.name}", "bold"), "  ", (r.summary, SUMMARY_STYLE.get(r.summary, "")),
                           f"  {r.complete}/{r.matched} complete")
     subtitle = "  ".join(x for x in (f"policy {r.policy}" if r.policy else "", "paused" if r.paused else "",
@@ -258,6 +271,7 @@ def report_data(r: GateReport) -> dict[str, Any]:
                     "reason": f.reason, "message": f.message, "cordoned": f.cordoned} for f in r.failed],
         "waiting": [{"compartment": w.compartment, "reason": w.reason, "message": w.message, "nodes": list(w.nodes)}
                     for w in r.waits],
+        "images": [{"package": i.package, "reference": i.reference, "digest": i.digest} for i in r.images],
     }
 
 

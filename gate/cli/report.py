@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from gate.api.nodegate import CompartmentStatus, NodeGate
+from gate.api.nodegate import CompartmentStatus, ImageRecord, NodeGate
 from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
 from gate.cli.stagepods import running as running_steps
@@ -132,6 +132,7 @@ class GateReport:
     waits: tuple[WaitGroup, ...]
     notes: tuple[str, ...] = ()  # gate-wide: policy missing, operator behind, Degraded message
     node_states: Mapping[str, NodeState] = field(default_factory=dict)
+    images: tuple[ImageRecord, ...] = ()  # each package's tag as the operator resolved it for this rollout
 
     @property
     def done(self) -> bool:
@@ -254,7 +255,7 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
         observed_generation=observed, policy=wanted, paused=gate.spec.paused, compartments=tuple(compartments),
         active=tuple(sorted(active, key=lambda a: (order.get(a.compartment, 0), a.name))),
         failed=tuple(sorted(failed, key=lambda f: (order.get(f.compartment, 0), f.name))),
-        waits=tuple(waits), notes=tuple(notes), node_states=node_states,
+        waits=tuple(waits), notes=tuple(notes), node_states=node_states, images=_images(gate),
     )
 
 
@@ -346,8 +347,12 @@ def _without_plan(gate: NodeGate, fleet: Sequence[FleetNode], running: Mapping[t
         complete=sum(1 for s in node_states.values() if s == "complete"), generation=gate.metadata.generation or 0,
         observed_generation=gate.status.observed_generation if gate.status else None,
         policy=gate.spec.deployment_policy, paused=gate.spec.paused, compartments=(), active=tuple(active),
-        failed=tuple(failed), waits=(), notes=tuple(notes), node_states=node_states,
+        failed=tuple(failed), waits=(), notes=tuple(notes), node_states=node_states, images=_images(gate),
     )
+
+
+def _images(gate: NodeGate) -> tuple[ImageRecord, ...]:
+    return tuple(gate.status.images) if gate.status is not None else ()
 
 
 def progress_counts(report: GateReport) -> dict[str, int]:

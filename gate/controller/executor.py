@@ -28,6 +28,7 @@ from gate.controller.pods import (
     config_map_problems,
     container_name,
     facts_of,
+    request_packages,
     stage_pod,
     stage_pod_view,
 )
@@ -40,6 +41,7 @@ from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, pod_ended, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
+from gate.lifecycle.images import pod_images
 from gate.lifecycle.machine import (
     Decision,
     EventRequest,
@@ -168,6 +170,15 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
+            images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests)
+            if unresolved:
+                # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet.
+                # The gate reconcile resolves it (or says why it cannot); this node looks again after it.
+                log.info("Stage pod held until its images are resolved; gate=%s node=%s pod=%s packages=%s",
+                         gate.name, node, request.name, ",".join(unresolved))
+                self.world.gate_later(gate.name)
+                self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
+                continue
             try:
                 foreign = await self._ensure_configs(gate, request)
             except _ConfigMapRefused as refused:
@@ -181,7 +192,7 @@ class Executor:
                 return
             facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
             try:
-                created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts))
+                created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts, images))
             except ApiError as exc:
                 if not refused_for_good(exc):
                     raise

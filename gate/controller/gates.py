@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -25,6 +25,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
+from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.triggers import GateKey, NodeKey, PolicyKey
 from gate.controller.views import fleet_node, node_view
@@ -33,7 +34,8 @@ from gate.kube.client import NODEGATES, POLICIES, KubeClient
 from gate.kube.errors import ApiError, NotFound
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import NodeUpdate, disabled, plan_gate, readiness_clear, selects
-from gate.lifecycle.health import KSTATUS_TYPES, STALLED, policy_status
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, policy_status
+from gate.lifecycle.images import merged_records, records_wire, same_records, unresolved_message
 from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.removal import plan_removal
 
@@ -44,12 +46,13 @@ Obj = dict[str, Any]
 
 class GateReconciler:
     def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
-                 executor: Executor) -> None:
+                 executor: Executor, resolver: ImageResolver) -> None:
         self.client = client
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
         self.executor = executor
+        self.resolver = resolver
 
     async def reconcile(self, key: GateKey) -> None:
         name = key.gate
@@ -65,6 +68,9 @@ class GateReconciler:
         if gate is None:
             return
         if gate.metadata.deletion_timestamp:
+            # An uninstall runs the package's image too; one that cannot resolve holds only its own pods.
+            with contextlib.suppress(ImagesUnresolved):
+                gate, obj = await self._resolve_images(gate, obj)
             await self._finalize(gate, obj)
             return
         if keys.FINALIZER not in gate.metadata.finalizers:
@@ -79,6 +85,8 @@ class GateReconciler:
         found, policy = await self._policy_of(gate, obj)
         if not found:
             return
+        # Before any plan: no round starts on any node before its packages' images are pinned by digest.
+        gate, obj = await self._resolve_images(gate, obj)
         now = datetime.now(UTC)
         created = parse_time(gate.metadata.creation_timestamp)
         fleet = self.world.fleet()
@@ -89,7 +97,7 @@ class GateReconciler:
         # compartment progress is never written ahead of the nodes it counts.
         await self.executor.write_node_updates(gate, gplan.updates)
         await self.executor.sync_failure_conditions(name)
-        await self._write_status(obj, gplan.status.to_wire())
+        await self._write_status(obj, self._with_images(gate, gplan.status.to_wire()))
         if gplan.requests_done:
             annotations: dict[str, str | None] = dict.fromkeys(gplan.requests_done)
             patched = await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}})
@@ -99,6 +107,59 @@ class GateReconciler:
         self._gate_metrics(gate, gplan.status.to_wire())
         self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
                                  self._packages_in_use())
+
+    async def _resolve_images(self, gate: NodeGate, obj: Obj) -> tuple[NodeGate, Obj]:
+        """Resolve the images of the gate's packages that have no record of their image:version yet
+        (`gate.lifecycle.images`), and record them in the status, before anything is planned. Returns the
+        gate and its object as they are after that write. Raises `ImagesUnresolved` (the reconcile is
+        retried with backoff) once the status and an Event say which image failed and why."""
+        if not self.resolver.settings.resolve_digests:
+            return gate, obj
+        resolved, problems = await self.resolver.resolve(gate)
+        current = gate.status.images if gate.status is not None else []
+        records = merged_records(gate, resolved)
+        status: Obj = {}
+        message = unresolved_message(problems) if problems else ""
+        if not same_records(current, records):
+            status["images"] = records_wire(records)
+        if problems:
+            # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
+            previous = gate.status.conditions if gate.status is not None else []
+            now, generation = datetime.now(UTC), gate.metadata.generation or 0
+            held: dict[str, Literal["True", "False"]] = {"ImagesResolved": "False", "Ready": "False",
+                                                         "Degraded": "True"}
+            kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
+            status["conditions"] = [*kept, *(condition(type_, value, "ResolveFailed", message, previous, now,
+                                                       generation).to_wire() for type_, value in held.items())]
+            status.update({"status": "Degraded", "observedGeneration": generation})
+        current_status = obj.get("status") or {}
+        if status and not _same_status(current_status, {**current_status, **status}):
+            patched = await self.client.patch(NODEGATES, gate.name, {"status": status, "metadata": {
+                "resourceVersion": obj["metadata"]["resourceVersion"]}}, subresource="status")
+            self.world.gates.observe(patched)
+            obj, gate = patched, self.world.gate(gate.name) or gate
+        if problems:
+            await self.recorder.emit(obj, "Warning", "ResolveFailed", message)
+            raise ImagesUnresolved(message)
+        return gate, obj
+
+    def _with_images(self, gate: NodeGate, status: Obj) -> Obj:
+        """A planned status with the gate's image records kept (the planner does not know them) and the
+        ImagesResolved condition, while the operator resolves images."""
+        if not self.resolver.settings.resolve_digests:
+            status["images"] = []  # pods pull tags then; a record would claim what they do not do
+            return status
+        records = gate.status.images if gate.status is not None else []
+        status["images"] = records_wire(records)
+        previous = gate.status.conditions if gate.status is not None else []
+        pinned = sum(1 for p in gate.spec.packages.values() if "@" in p.image)
+        message = f"{len(records)} package image(s) resolved to a digest for this rollout"
+        if pinned:
+            message += f", {pinned} pinned by digest in the spec"
+        resolved = condition("ImagesResolved", "True", "Resolved", message, previous, datetime.now(UTC),
+                             gate.metadata.generation or 0)
+        status["conditions"] = [*status.get("conditions", []), resolved.to_wire()]
+        return status
 
     def _packages_in_use(self) -> set[str]:
         """Packages of every gate, those being deleted included (their uninstalls still record stages)."""
@@ -180,7 +241,7 @@ class GateReconciler:
             await self.executor.write_node_updates(gate, rplan.updates)
             self.world.removal_release[gate.name] = rplan.releasable
             await self.executor.sync_failure_conditions(gate.name)  # a failed uninstall shows on its node too
-            await self._write_status(obj, rplan.status.to_wire())
+            await self._write_status(obj, self._with_images(gate, rplan.status.to_wire()))
             if rplan.resumed:
                 annotations = {keys.RESUME_ANNOTATION: None}
                 self.world.gates.observe(await self.client.patch(NODEGATES, gate.name,

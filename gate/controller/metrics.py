@@ -83,6 +83,9 @@ class OperatorMetrics:
                                     registry=r)
         self.api_requests_by = Counter("nodegate_api_requests_by_resource",
                                        "API requests sent, by verb and resource", ["verb", "resource"], registry=r)
+        self.image_resolutions = Counter("nodegate_image_resolutions_total",
+                                         "Package image tags resolved to a digest (result: resolved or failed)",
+                                         ["result"], registry=r)
         self.queue_depth = Gauge("nodegate_work_queue_depth", "Keys waiting in the work queue", registry=r)
         labels = ["gate", "compartment"]
         self.c_matched = gauge("nodegate_compartment_matched_nodes", "Nodes in the compartment", labels)

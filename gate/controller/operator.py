@@ -33,6 +33,7 @@ from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
+from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.queue import WorkQueue
@@ -60,7 +61,8 @@ class Operator:
                         reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds)
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
-        self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor)
+        self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
+                                    ImageResolver(settings, client, self.metrics))
         self.policies = PolicyReconciler(client, self.world)
         self.nodes = NodeReconciler(settings, client, timing, self.world, executor)
         self.joins = JoinReconciler(self.world, executor)
@@ -161,7 +163,8 @@ class Operator:
                 queue.forget(key)
             except asyncio.CancelledError:
                 raise
-            except (ApiError, ConnectionFailed) as exc:
+            except (ApiError, ConnectionFailed, ImagesUnresolved) as exc:
+                # Temporary: asked again with backoff (ImagesUnresolved: the gate's status and an Event say why).
                 delay = queue.retry(key)
                 level = logging.DEBUG if isinstance(exc, ApiError) and exc.status == 409 else logging.WARNING
                 log.log(level, "Reconcile failed; key=%s error=%s retry_in=%.2fs", key, exc, delay)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from gate.api import keys
@@ -36,10 +37,10 @@ from gate.api.digests import text_config_digest
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
-from gate.api.versions import image_reference
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, stuck_wait
+from gate.lifecycle.images import PodImage, pod_images
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 
 Obj = dict[str, Any]
@@ -63,11 +64,6 @@ def label_value(text: str) -> str:
     if len(text) <= 63:
         return text
     return text[:52].rstrip("-.") + "-" + hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def image_ref(package: Package) -> str:
-    """The package image at its version (see `gate.api.versions.image_reference`)."""
-    return image_reference(package.image, package.version)
 
 
 def config_map_name(gate: NodeGate, package: str, pkg: Package) -> str:
@@ -207,11 +203,22 @@ def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[
     }
 
 
+def request_packages(request: PodRequest) -> list[str]:
+    """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
+    return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
+
+
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
-              facts: OperatorFacts | None = None) -> Obj:
+              facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
     """The pod of one phase on one node: its steps as containers run one after another (init
     containers, the last step as the pod's container), each package's payload copied from its image
-    just before its first step; `facts` default to the node's name alone (see `gate.api.facts`)."""
+    just before its first step; `facts` default to the node's name alone (see `gate.api.facts`).
+
+    `images` are the packages' images as `gate.lifecycle.images.pod_images` gives them (by digest,
+    once resolved); the operator always passes them. Left out, each image is the spec's, as with
+    resolution turned off (a tag pulled Always)."""
+    if images is None:
+        images = pod_images(gate, request_packages(request), resolve=False)[0]
     labels = {
         keys.MANAGED_BY_LABEL: keys.MANAGER,
         keys.STAGE_GATE_LABEL: label_value(gate.name),
@@ -249,8 +256,10 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                     {"name": f"config-{step.package}", "configMap": {
                         "name": config_map_name(gate, step.package, pkg), "optional": True}},
                 ]
+                image = images[step.package]
                 containers.append({
-                    "name": payload_container(step.package), "image": image_ref(pkg),
+                    "name": payload_container(step.package), "image": image.image,
+                    "imagePullPolicy": image.pull_policy,
                     "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
                     "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
                 })

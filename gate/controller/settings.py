@@ -33,6 +33,13 @@ class OperatorSettings:
         "help": "image of the agent container in stage pods (NodeGate's own image)"})
     package_service_account: str = field(default="nodegate-package", metadata={
         "help": "service account of package pods (no API access is needed; its token is not mounted)"})
+    resolve_digests: bool = field(default=True, metadata={
+        "help": "resolve each package's tagged image to a digest once per rollout, record it in the gate's status "
+                "and pull it by digest (IfNotPresent); false: pull tags with imagePullPolicy Always, for "
+                "clusters whose operator cannot reach the registry (a tag pushed again mid-rollout may then run "
+                "on some nodes)"})
+    resolve_timeout: float = field(default=15.0, metadata={
+        "help": "seconds one image resolution (token and manifest requests together) may take"})
     workers: int = field(default=16, metadata={"help": "node reconciles run concurrently"})
     metrics_port: int = field(default=8080, metadata={"help": "port of /metrics, /healthz and /readyz (0: off)"})
     metrics_host: str = field(default="0.0.0.0", metadata={"help": "address /metrics listens on"})
@@ -77,8 +84,20 @@ class OperatorSettings:
         return cls(**values)
 
 
+def _bool(text: str) -> bool:
+    """A flag's or environment variable's true/false (also 1/0, yes/no, on/off)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
 def _kind(annotation: object) -> Any:
     text = str(annotation)
+    if text == "bool":
+        return _bool
     if "int" in text and "str" not in text:
         return int
     if "float" in text:

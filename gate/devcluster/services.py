@@ -102,9 +102,12 @@ async def install_crds(cluster: DevCluster) -> None:
 
 
 def operator_argv(kubeconfig: Path, port: int, identity: str, extra: list[str] | None = None) -> list[str]:
+    """The dev operator's command line. Image resolution is off unless `extra` turns it on
+    (`--resolve-digests true`, later flags win): the simulated nodes' package images
+    (ghcr.io/example/...) are served by no registry, and kwok pulls nothing."""
     return [sys.executable, "-m", "gate.cli.main", "operator", "run", "--kubeconfig", str(kubeconfig),
             "--namespace", NAMESPACE, "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-            "--identity", identity, *(extra or [])]
+            "--identity", identity, "--resolve-digests", "false", *(extra or [])]
 
 
 def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "operator",

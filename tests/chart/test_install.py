@@ -159,7 +159,9 @@ async def test_two_operators_as_the_charts_service_account_only_the_leader_acts_
     lease_seconds = 6
     overrides = {"NODEGATE_LEASE_SECONDS": str(lease_seconds), "NODEGATE_RENEW_SECONDS": "1",
                  "NODEGATE_RENEW_DEADLINE": "4", "NODEGATE_POLL_SECONDS": "0.5", "NODEGATE_METRICS_HOST": "127.0.0.1",
-                 "NODEGATE_REBOOT_TIMEOUT": "60", "NODEGATE_PENDING_TIMEOUT": "60", "NODEGATE_LOG_FORMAT": "text"}
+                 "NODEGATE_REBOOT_TIMEOUT": "60", "NODEGATE_PENDING_TIMEOUT": "60", "NODEGATE_LOG_FORMAT": "text",
+                 # registry.example.com serves nothing here: as the chart value operator.images.resolveDigests=false
+                 "NODEGATE_RESOLVE_DIGESTS": "false"}
     names = [f"{release.prefix}-op-a", f"{release.prefix}-op-b"]
     ports = {n: free_port() for n in names}
     name = unique("ha")

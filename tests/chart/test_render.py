@@ -650,6 +650,28 @@ def test_network_policies_let_in_only_webhook_and_metrics_ports_and_out_only_dns
         assert all("to" not in rule for rule in spec["egress"])
 
 
+
+def test_the_operator_reaches_registries_only_while_it_resolves_image_digests() -> None:
+    def operator(values: Obj) -> Obj:
+        objs = rendered(values)
+        env = {e["name"]: e.get("value") for e in find(objs, "Deployment", "nodegate-operator")["spec"]["template"]
+               ["spec"]["containers"][0]["env"]}
+        return {"env": (env["NODEGATE_RESOLVE_DIGESTS"], env["NODEGATE_RESOLVE_TIMEOUT"]),
+                "egress": find(objs, "NetworkPolicy", "nodegate-operator")["spec"]["egress"]}
+
+    on = operator(EVERYTHING)
+    assert on["env"] == ("true", "15")
+    # DNS, the API server, and the registries (any address on 443 unless registryTo names them)
+    assert on["egress"][-1] == {"ports": [{"port": 443, "protocol": "TCP"}]}
+    peers = [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
+    named = operator({**EVERYTHING, "networkPolicy": {**EVERYTHING["networkPolicy"], "registryTo": peers,
+                                                      "registryPorts": [5000]}})
+    assert named["egress"][-1] == {"ports": [{"port": 5000, "protocol": "TCP"}], "to": peers}
+    off = operator({**EVERYTHING, "operator": {"images": {"resolveDigests": False}}})
+    assert off["env"] == ("false", "15")
+    assert len(off["egress"]) == len(on["egress"]) - 1 and all("to" not in rule for rule in off["egress"])
+
+
 # -- generated files ------------------------------------------------------------------------------------
 
 def test_chart_crds_are_the_top_level_crds_byte_for_byte() -> None:

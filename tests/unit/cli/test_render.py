@@ -106,3 +106,17 @@ def test_the_plan_lists_batches_per_compartment_and_cuts_long_node_lists() -> No
     assert ", +1 more" in text
     data = plan_data(sim, None)
     assert sorted(n for b in data["compartments"][0]["batches"] for n in b["nodes"]) == [f"n{i}" for i in range(8)]
+
+
+def test_status_shows_each_package_tag_and_the_digest_its_pods_pull() -> None:
+    digest = "sha256:" + "c0ffee" * 10 + "abcd"
+    raw = gate(interruptionBudget={"count": 2})
+    raw["status"] = {**(raw.get("status") or {}), "images": [
+        {"package": "pkg", "reference": "registry.example.com/pkg:1.0.0", "digest": digest}]}
+    [report] = build_reports(Snapshot([raw], {}, [node("n1")]), NOW)
+    assert "    pkg  registry.example.com/pkg:1.0.0  sha256:c0ffeec0ffee" in render_text([report]).splitlines()
+    assert report_data(report)["images"] == [{"package": "pkg", "reference": "registry.example.com/pkg:1.0.0",
+                                              "digest": digest}]
+    console = Console(width=200, record=True)
+    console.print(render_rich([report]))
+    assert "registry.example.com/pkg:1.0.0" in console.export_text()

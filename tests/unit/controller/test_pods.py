@@ -265,3 +265,27 @@ def test_a_config_map_found_under_its_name_is_taken_only_when_it_is_exactly_the_
     assert config_map_problems(disguised, ours) == ["its controller is not NodeGate g (uid u-1)"]
     assert config_map_problems({**ours, "data": {"a.conf": "x=2"}}, ours) == ["its data differs in key(s) a.conf"]
     assert config_map_problems({**ours, "data": {}}, ours) == ["its data differs in key(s) a.conf"]
+
+
+def test_package_images_are_pulled_as_resolved_with_an_explicit_pull_policy() -> None:
+    from gate.api.nodegate import ImageRecord, NodeGateStatus
+    from gate.lifecycle.images import pod_images
+
+    digest = "sha256:" + "ab" * 32
+    g = gate()
+    g.status = NodeGateStatus(images=[ImageRecord(package="tuned", digest=digest,
+                                                  reference="registry.example.com:5000/team/tuned:1.2.0")])
+    req = request(("base", "apply"), ("tuned", "apply"))
+    images, missing = pod_images(g, ["base", "tuned"], resolve=True)
+    assert missing == ["base"]  # no record: the executor creates no pod with it
+    images, missing = pod_images(g, ["tuned"], resolve=True)
+    pod = stage_pod(g, "n", request(("tuned", "apply")), SETTINGS, images=images)
+    [payload] = [c for c in pod["spec"]["initContainers"] if c["name"] == "payload-tuned"]
+    assert payload["image"] == f"registry.example.com:5000/team/tuned@{digest}"
+    assert payload["imagePullPolicy"] == "IfNotPresent"
+    # Left out (resolution off): the tag, pulled Always so a node asks the registry what it names now.
+    pod = stage_pod(g, "n", req, SETTINGS)
+    pulls = {c["image"]: c["imagePullPolicy"] for c in pod["spec"]["initContainers"]
+             if c["name"].startswith("payload-")}
+    assert pulls == {"registry.example.com/base:2.0.0": "Always",
+                     "registry.example.com:5000/team/tuned:1.2.0": "Always"}

@@ -1,0 +1,293 @@
+"""A small OCI registry client: what digest does a tag name now (the distribution API, over aiohttp).
+
+`resolve_digest(reference, credentials)` asks the registry for the manifest of `repository:tag`
+(`HEAD /v2/<repository>/manifests/<tag>`, falling back to `GET` when a registry answers a HEAD
+without `Docker-Content-Digest` or refuses it) and returns its digest. The operator calls it once per
+package and rollout (`gate.lifecycle.images`).
+
+Decisions:
+
+* **The digest is the one a node would pull.** The Accept header lists the OCI and Docker manifests
+  and indexes, so a multi-platform image resolves to its index, as containerd resolves it; the
+  kubelet then picks its platform's manifest from that index by itself.
+* **A body is verified.** After a GET the digest is computed over the body; a
+  `Docker-Content-Digest` that differs from it is refused (a proxy or a registry that serves one
+  thing and names another).
+* **Names are qualified as containerd does**, the same rule as the image policy's
+  (`gate.admission.rules.images.qualified`, a sibling layer this one may not import): `nvidia/x` is
+  `docker.io/nvidia/x`, `ubuntu` is `docker.io/library/ubuntu`; Docker Hub's API lives at
+  registry-1.docker.io.
+* **Authentication as a kubelet does it**: anonymous first; a `401` with a Bearer challenge gets a
+  token from the realm it names (with the package's pull credentials, if any, else anonymously), a
+  Basic challenge the credentials themselves. The credentials come from the package's
+  `imagePullSecrets` (`kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg`), matched by
+  registry host (`credentials_for`).
+* **Plain HTTP only to the loopback** (localhost, 127.0.0.0/8, ::1), as Docker and containerd treat
+  it; every other registry is HTTPS with the system's trust store.
+* **Bounded.** Every request has a connect and a total timeout; an error names the image, the
+  registry and the HTTP status (`RegistryError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+MAX_MANIFEST = 4 * 1024 * 1024  # distribution's own limit on a manifest's size
+_DIGEST = re.compile(r"^(sha256|sha512):[0-9a-f]{64,128}$")
+
+
+class RegistryError(Exception):
+    """A reference could not be resolved; the message names the image, the registry and what it answered."""
+
+    def __init__(self, reference: str, registry: str, problem: str, status: int | None = None) -> None:
+        where = f"registry {registry}" if registry else "no registry"
+        answered = f" (HTTP {status})" if status is not None else ""
+        super().__init__(f"cannot resolve image {reference} at {where}: {problem}{answered}")
+        self.reference = reference
+        self.registry = registry
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a tagged reference's manifest lives."""
+
+    registry: str  # as the reference names it, qualified (docker.io for Docker Hub)
+    repository: str  # path inside the registry
+    tag: str
+
+    @property
+    def api_host(self) -> str:
+        return DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+
+    @property
+    def scheme(self) -> str:
+        return "http" if loopback(self.api_host) else "https"
+
+    @property
+    def manifest_url(self) -> str:
+        return f"{self.scheme}://{self.api_host}/v2/{self.repository}/manifests/{self.tag}"
+
+
+def loopback(host: str) -> bool:
+    """The host (with an optional port) is this machine: localhost or a loopback address."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+_HUB_ALIASES = (DOCKER_HUB, "index.docker.io", DOCKER_HUB_API)
+_PATH = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*)*$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+
+
+def _is_host(component: str) -> bool:
+    # distribution/reference: the first component is a registry host when it has a dot or a port, or
+    # is localhost; otherwise the name is on Docker Hub.
+    return "." in component or ":" in component or component == "localhost" or component.startswith("[")
+
+
+def target_of(reference: str) -> Target | str:
+    """The registry (qualified as containerd does), repository and tag of a tagged reference, or why
+    it has none."""
+    if "@" in reference:
+        return f"{reference} is pinned by digest already"
+    head, slash, last = reference.rpartition("/")
+    name, colon, tag = last.partition(":")
+    if not colon or not _TAG.match(tag):
+        return f"{reference} has no tag (or not one a registry accepts)"
+    first, sep, rest = f"{head}{slash}{name}".partition("/")
+    if not sep or not _is_host(first):
+        registry, repository = DOCKER_HUB, (f"{first}/{rest}" if sep else f"library/{first}")
+    else:
+        registry, repository = (DOCKER_HUB if first in _HUB_ALIASES else first), rest
+    if not _PATH.match(repository):
+        return f"{reference}: {repository!r} is not a repository path (lowercase components joined by /)"
+    return Target(registry, repository, tag)
+
+
+_PARAM = re.compile(r'([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))')
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """A `WWW-Authenticate` header as its scheme (lower case) and parameters:
+    `Bearer realm="https://auth.example/token",service="registry",scope="repository:a/b:pull"`."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)).replace('\\"', '"')
+              for m in _PARAM.finditer(rest)}
+    return scheme.lower(), params
+
+
+def _host_of(key: str) -> str:
+    """A dockerconfig `auths` key (`https://index.docker.io/v1/`, `host:5000`, `host/path`) as a registry host."""
+    host = re.sub(r"^[a-z]+://", "", key.strip()).split("/", 1)[0]
+    return DOCKER_HUB if host in _HUB_ALIASES else host
+
+
+def credentials_for(registry: str, config: Mapping[str, Any]) -> tuple[str, str] | None:
+    """User and password for `registry` from a docker config (`{"auths": {...}}`, or the legacy
+    dockercfg's bare mapping): its `auth` (base64 of user:password) or `username`/`password`."""
+    nested = config.get("auths")
+    auths: Mapping[str, Any] = nested if isinstance(nested, Mapping) else config
+    for key, entry in auths.items():
+        if not isinstance(entry, Mapping) or _host_of(str(key)) != registry:
+            continue
+        if entry.get("auth"):
+            try:
+                user, sep, password = base64.b64decode(str(entry["auth"])).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                continue
+            if sep:
+                return user, password
+        if entry.get("username") is not None:
+            return str(entry["username"]), str(entry.get("password") or "")
+    return None
+
+
+def docker_config(secret: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The docker config a pull Secret holds, or None when it is of another type or unreadable."""
+    data = secret.get("data") or {}
+    raw = {"kubernetes.io/dockerconfigjson": data.get(".dockerconfigjson"),
+           "kubernetes.io/dockercfg": data.get(".dockercfg")}.get(secret.get("type") or "")
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(base64.b64decode(raw))
+    except (binascii.Error, ValueError):
+        return None
+    return parsed if isinstance(parsed, Mapping) else None
+
+
+def body_digest(algorithm: str, body: bytes) -> str:
+    return f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}"
+
+
+async def resolve_digest(reference: str, credentials: tuple[str, str] | None = None, *,
+                         timeout: float = 15.0) -> str:
+    """The manifest digest `reference` (repository:tag) names now at its registry."""
+    target = target_of(reference)
+    if isinstance(target, str):
+        raise RegistryError(reference, "", target)
+    limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
+    try:
+        async with aiohttp.ClientSession(timeout=limits) as session:
+            return await _Resolve(session, reference, target, credentials).run()
+    except TimeoutError as exc:
+        raise RegistryError(reference, target.registry, f"no answer within {timeout:g}s") from exc
+    except aiohttp.ClientError as exc:
+        raise RegistryError(reference, target.registry, f"{type(exc).__name__}: {exc}") from exc
+
+
+class _Resolve:
+    """One resolution: the manifest request, and the authentication it asks for on the way."""
+
+    def __init__(self, session: aiohttp.ClientSession, reference: str, target: Target,
+                 credentials: tuple[str, str] | None) -> None:
+        self.session = session
+        self.reference = reference
+        self.target = target
+        self.credentials = credentials
+        self.authorization: str | None = None
+
+    def error(self, problem: str, status: int | None = None) -> RegistryError:
+        return RegistryError(self.reference, self.target.registry, problem, status)
+
+    async def run(self) -> str:
+        status, headers, _ = await self._manifest("HEAD")
+        digest = headers.get("Docker-Content-Digest", "")
+        if status == 200 and _DIGEST.match(digest):
+            return digest
+        if status not in (200, 405):
+            raise self._refusal(status)
+        # No digest in the answer to HEAD (or HEAD refused): the body tells, and is checked against it.
+        status, headers, body = await self._manifest("GET")
+        if status != 200:
+            raise self._refusal(status)
+        named = headers.get("Docker-Content-Digest", "")
+        algorithm = named.partition(":")[0] if _DIGEST.match(named) else "sha256"
+        computed = body_digest(algorithm, body)
+        if named and named != computed:
+            raise self.error(f"the registry named the manifest {named} but its body is {computed}")
+        return computed
+
+    def _refusal(self, status: int) -> RegistryError:
+        if status == 404:
+            return self.error("the registry has no manifest under that tag (not pushed, or a typo)", status)
+        if status in (401, 403):
+            who = "with the package's pull credentials" if self.credentials else "anonymously"
+            return self.error(f"access refused {who}; give the package an imagePullSecret that may pull it, "
+                              "and let the operator read it (docs/security.md)", status)
+        return self.error("unexpected answer", status)
+
+    async def _manifest(self, method: str) -> tuple[int, Mapping[str, str], bytes]:
+        for _ in range(2):  # once, and once more after a 401 told how to authenticate
+            headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+            if self.authorization:
+                headers["Authorization"] = self.authorization
+            async with self.session.request(method, self.target.manifest_url, headers=headers,
+                                            allow_redirects=True) as resp:
+                body = b""
+                if method == "GET" and resp.status == 200:
+                    if (resp.content_length or 0) > MAX_MANIFEST:
+                        raise self.error(f"the manifest is larger than {MAX_MANIFEST} bytes")
+                    body = await resp.content.read(MAX_MANIFEST + 1)
+                    if len(body) > MAX_MANIFEST:
+                        raise self.error(f"the manifest is larger than {MAX_MANIFEST} bytes")
+                if resp.status != 401 or self.authorization is not None:
+                    return resp.status, resp.headers, body
+                challenge = resp.headers.get("WWW-Authenticate", "")
+            self.authorization = await self._authorize(challenge)
+        return 401, {}, b""
+
+    async def _authorize(self, challenge: str) -> str:
+        scheme, params = parse_challenge(challenge)
+        if scheme == "basic":
+            if self.credentials is None:
+                raise self._refusal(401)
+            return _basic(self.credentials)
+        if scheme != "bearer" or not params.get("realm"):
+            raise self.error(f"the registry asked for authentication it did not name as Bearer or Basic: "
+                             f"{challenge or '(no WWW-Authenticate header)'}", 401)
+        query = {"scope": params.get("scope") or f"repository:{self.target.repository}:pull"}
+        if params.get("service"):
+            query["service"] = params["service"]
+        headers = {"Authorization": _basic(self.credentials)} if self.credentials else {}
+        async with self.session.get(params["realm"], params=query, headers=headers) as resp:
+            if resp.status != 200:
+                raise self.error(f"the token service {params['realm']} refused a pull token "
+                                 f"({'with' if self.credentials else 'without'} credentials)", resp.status)
+            try:
+                answer = await resp.json(content_type=None)
+            except ValueError as exc:
+                raise self.error(f"the token service {params['realm']} answered no JSON") from exc
+        token = answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
+        if not token:
+            raise self.error(f"the token service {params['realm']} answered no token")
+        return f"Bearer {token}"
+
+
+def _basic(credentials: tuple[str, str]) -> str:
+    return "Basic " + base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()

@@ -1,0 +1,130 @@
+"""Which image each package's stage pods pull, and which tags must be resolved first (pure: no I/O).
+
+A tag names whatever was pushed under it last. Pulled as a tag, one rollout could run two different
+images on two nodes: a tag pushed again between the first node's pull and the tenth node's (by a
+release pipeline, or by someone who may push to the repository). So the operator resolves each
+package's tagged image (`image:version`, `gate.api.versions.image_reference`) to its manifest digest
+once, records it in the gate's status (`status.images`), and every stage pod of the rollout pulls
+`<repository>@<digest>`.
+
+Decisions:
+
+* **A record is reused while the package's image and version are the same.** The record keeps the
+  reference it was resolved from; a package whose `image:version` differs from it is resolved again.
+  So a new version (or image) resolves anew, and nothing else does: a resync, an operator restart
+  or a tag pushed again never moves a rollout to other code. (To take a re-pushed tag on purpose,
+  publish a new version, or pin the image by digest.)
+* **An image pinned by digest in the spec needs no resolution** and gets no record: the spec already
+  says exactly what runs.
+* **Fail closed.** A package with a tagged image and no matching record has no pod image
+  (`pod_images` lists it as unresolved): no stage pod of it is created, on any node, until the record
+  exists. The gate's plan does not start rounds meanwhile (`gate.controller.gates`).
+* **Pull policy is explicit.** By digest, `IfNotPresent`: the content cannot differ, so a node that
+  has it need not ask the registry again. With resolution turned off (`--resolve-digests=false`,
+  for clusters whose operator cannot reach the registry) a tag is pulled with `Always`, so each node
+  at least asks the registry what the tag names now, rather than running whatever old image it
+  cached under that tag; two nodes may then still run different code if the tag moves mid-rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gate.api.nodegate import ImageRecord, NodeGate, Package
+from gate.api.versions import image_reference
+
+PullPolicy = Literal["IfNotPresent", "Always"]
+
+
+@dataclass(frozen=True)
+class PodImage:
+    """The image a package's stage pods name, and how the kubelet pulls it."""
+
+    image: str
+    pull_policy: PullPolicy
+
+
+def tagged_reference(package: Package) -> str | None:
+    """The tagged reference of a package's image (image:version), or None when the spec pins it by digest."""
+    if "@" in package.image:
+        return None
+    return image_reference(package.image, package.version)
+
+
+def by_digest(reference: str, digest: str) -> str:
+    """`repository@digest` for a tagged `repository:tag` (a colon before the last slash is a port)."""
+    head, slash, last = reference.rpartition("/")
+    name = last.partition(":")[0]
+    return f"{head}{slash}{name}@{digest}"
+
+
+def recorded(gate: NodeGate) -> dict[str, ImageRecord]:
+    return {r.package: r for r in (gate.status.images if gate.status is not None else [])}
+
+
+def to_resolve(gate: NodeGate) -> dict[str, str]:
+    """Package -> tagged reference, for each package whose image has no record of that very reference."""
+    records = recorded(gate)
+    wanted: dict[str, str] = {}
+    for name, package in gate.spec.packages.items():
+        ref = tagged_reference(package)
+        record = records.get(name)
+        if ref is not None and (record is None or record.reference != ref):
+            wanted[name] = ref
+    return wanted
+
+
+def merged_records(gate: NodeGate, resolved: Iterable[ImageRecord]) -> list[ImageRecord]:
+    """The records the status should hold: one per package with a tagged image, the kept ones that
+    still match its reference and the ones just resolved; the records of packages that went, or were
+    pinned by digest, are dropped. Sorted by package, so the status does not change by order."""
+    fresh = {r.package: r for r in resolved}
+    records = recorded(gate)
+    out = []
+    for name, package in sorted(gate.spec.packages.items()):
+        ref = tagged_reference(package)
+        if ref is None:
+            continue
+        record = fresh.get(name) or records.get(name)
+        if record is not None and record.reference == ref:
+            out.append(record)
+    return out
+
+
+def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tuple[dict[str, PodImage], list[str]]:
+    """The image of each of `packages` as its stage pods pull it, and the packages that cannot be
+    pulled yet (a tagged image without a record of its reference, while resolution is on)."""
+    records = recorded(gate)
+    images: dict[str, PodImage] = {}
+    missing: list[str] = []
+    for name in packages:
+        package = gate.spec.packages[name]
+        ref = tagged_reference(package)
+        if ref is None:
+            images[name] = PodImage(image_reference(package.image, package.version), "IfNotPresent")
+        elif not resolve:
+            images[name] = PodImage(ref, "Always")
+        elif (record := records.get(name)) is not None and record.reference == ref:
+            images[name] = PodImage(by_digest(ref, record.digest), "IfNotPresent")
+        else:
+            missing.append(name)
+    return images, missing
+
+
+def same_records(current: Iterable[ImageRecord], wanted: Iterable[ImageRecord]) -> bool:
+    def key(records: Iterable[ImageRecord]) -> list[tuple[str, str, str]]:
+        return sorted((r.package, r.reference, r.digest) for r in records)
+
+    return key(current) == key(wanted)
+
+
+def records_wire(records: Iterable[ImageRecord]) -> list[dict[str, str]]:
+    return [r.to_wire() for r in records]
+
+
+def unresolved_message(problems: Mapping[str, str]) -> str:
+    """The ImagesResolved=False message: each package's reference and why it could not be resolved."""
+    return "; ".join(f"package {name}: {why}" for name, why in sorted(problems.items())) + (
+        ". No stage pod of these packages starts on any node until their images resolve (retried with backoff)")

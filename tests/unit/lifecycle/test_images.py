@@ -1,0 +1,71 @@
+"""Which image a package's stage pods pull, and when a tag is resolved (again): gate.lifecycle.images."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.api.nodegate import ImageRecord, NodeGate
+from gate.lifecycle.images import by_digest, merged_records, pod_images, tagged_reference, to_resolve
+
+D1 = "sha256:" + "1" * 64
+D2 = "sha256:" + "2" * 64
+PINNED = "registry.example.com/pinned@sha256:" + "3" * 64
+
+
+def gate(packages: dict[str, Any], images: list[dict[str, str]] | None = None) -> NodeGate:
+    return NodeGate.model_validate({"metadata": {"name": "g"}, "spec": {"packages": packages},
+                                    "status": {"images": images or []}})
+
+
+def record(package: str, reference: str, digest: str) -> dict[str, str]:
+    return {"package": package, "reference": reference, "digest": digest}
+
+
+def test_a_tagged_image_is_resolved_once_and_its_record_reused_while_image_and_version_stay() -> None:
+    packages = {"a": {"version": "1.0.0", "image": "host:5000/team/a"}}
+    assert to_resolve(gate(packages)) == {"a": "host:5000/team/a:1.0.0"}
+    resolved = gate(packages, [record("a", "host:5000/team/a:1.0.0", D1)])
+    assert to_resolve(resolved) == {}
+    images, missing = pod_images(resolved, ["a"], resolve=True)
+    assert missing == [] and images["a"].image == f"host:5000/team/a@{D1}"
+    assert images["a"].pull_policy == "IfNotPresent"
+
+
+def test_a_changed_version_or_image_is_resolved_again_and_its_old_record_is_not_used() -> None:
+    old = [record("a", "host/team/a:1.0.0", D1)]
+    for changed in ({"version": "1.1.0", "image": "host/team/a"}, {"version": "1.0.0", "image": "host/team/b"}):
+        g = gate({"a": changed}, old)
+        assert to_resolve(g) == {"a": tagged_reference(g.spec.packages["a"])}
+        images, missing = pod_images(g, ["a"], resolve=True)
+        assert images == {} and missing == ["a"], "fail closed: the old digest is never pulled for new code"
+
+
+def test_an_image_pinned_by_digest_needs_no_resolution_and_is_pulled_as_given() -> None:
+    g = gate({"p": {"version": "1.0.0", "image": PINNED}})
+    assert to_resolve(g) == {} and tagged_reference(g.spec.packages["p"]) is None
+    for resolve in (True, False):
+        images, missing = pod_images(g, ["p"], resolve=resolve)
+        assert missing == [] and images["p"].image == PINNED and images["p"].pull_policy == "IfNotPresent"
+
+
+def test_with_resolution_off_a_tag_is_pulled_always() -> None:
+    g = gate({"a": {"version": "1.0.0", "image": "host/team/a"}})
+    images, missing = pod_images(g, ["a"], resolve=False)
+    assert missing == [] and images["a"].image == "host/team/a:1.0.0" and images["a"].pull_policy == "Always"
+
+
+def test_records_keep_what_still_matches_add_the_new_and_drop_packages_gone_or_pinned() -> None:
+    g = gate({"a": {"version": "1.0.0", "image": "h/a"}, "b": {"version": "2.0.0", "image": "h/b"},
+              "p": {"version": "1.0.0", "image": PINNED}},
+             [record("a", "h/a:1.0.0", D1), record("b", "h/b:1.0.0", D1), record("gone", "h/gone:1.0.0", D1),
+              record("p", "h/pinned:1.0.0", D1)])
+    fresh = ImageRecord(package="b", reference="h/b:2.0.0", digest=D2)
+    assert [(r.package, r.reference, r.digest) for r in merged_records(g, [fresh])] == [
+        ("a", "h/a:1.0.0", D1), ("b", "h/b:2.0.0", D2)]
+    # without a fresh record, b's stale one (1.0.0) is dropped rather than kept for 2.0.0
+    assert [r.package for r in merged_records(g, [])] == ["a"]
+
+
+def test_by_digest_drops_the_tag_and_keeps_a_registry_port() -> None:
+    assert by_digest("host:5000/team/a:1.0.0", D1) == f"host:5000/team/a@{D1}"
+    assert by_digest("ubuntu:24.04", D1) == f"ubuntu@{D1}"
