@@ -13,10 +13,9 @@ Decisions:
 * **A body is verified.** After a GET the digest is computed over the body; a
   `Docker-Content-Digest` that differs from it is refused (a proxy or a registry that serves one
   thing and names another).
-* **Names are qualified as containerd does**, the same rule as the image policy's
-  (`gate.admission.rules.images.qualified`, a sibling layer this one may not import): `nvidia/x` is
-  `docker.io/nvidia/x`, `ubuntu` is `docker.io/library/ubuntu`; Docker Hub's API lives at
-  registry-1.docker.io.
+* **Names are qualified as containerd does**, by the rule the image policy follows too
+  (`gate.api.references`): `nvidia/x` is `docker.io/nvidia/x`, `ubuntu` is
+  `docker.io/library/ubuntu`; Docker Hub's API lives at registry-1.docker.io.
 * **Authentication as a kubelet does it**: anonymous first; a `401` with a Bearer challenge gets a
   token from the realm it names (with the package's pull credentials, if any, else anonymously), a
   Basic challenge the credentials themselves. The credentials come from the package's
@@ -42,13 +41,14 @@ from typing import Any
 
 import aiohttp
 
+from gate.api.references import DOCKER_HUB, registry_of_host, split_name
+
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 )
-DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 MAX_MANIFEST = 4 * 1024 * 1024  # distribution's own limit on a manifest's size
 _DIGEST = re.compile(r"^(sha256|sha512):[0-9a-f]{64,128}$")
@@ -99,15 +99,8 @@ def loopback(host: str) -> bool:
         return False
 
 
-_HUB_ALIASES = (DOCKER_HUB, "index.docker.io", DOCKER_HUB_API)
 _PATH = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*)*$")
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
-
-
-def _is_host(component: str) -> bool:
-    # distribution/reference: the first component is a registry host when it has a dot or a port, or
-    # is localhost; otherwise the name is on Docker Hub.
-    return "." in component or ":" in component or component == "localhost" or component.startswith("[")
 
 
 def target_of(reference: str) -> Target | str:
@@ -119,11 +112,7 @@ def target_of(reference: str) -> Target | str:
     name, colon, tag = last.partition(":")
     if not colon or not _TAG.match(tag):
         return f"{reference} has no tag (or not one a registry accepts)"
-    first, sep, rest = f"{head}{slash}{name}".partition("/")
-    if not sep or not _is_host(first):
-        registry, repository = DOCKER_HUB, (f"{first}/{rest}" if sep else f"library/{first}")
-    else:
-        registry, repository = (DOCKER_HUB if first in _HUB_ALIASES else first), rest
+    registry, repository = split_name(f"{head}{slash}{name}")
     if not _PATH.match(repository):
         return f"{reference}: {repository!r} is not a repository path (lowercase components joined by /)"
     return Target(registry, repository, tag)
@@ -144,7 +133,7 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
 def _host_of(key: str) -> str:
     """A dockerconfig `auths` key (`https://index.docker.io/v1/`, `host:5000`, `host/path`) as a registry host."""
     host = re.sub(r"^[a-z]+://", "", key.strip()).split("/", 1)[0]
-    return DOCKER_HUB if host in _HUB_ALIASES else host
+    return registry_of_host(host)
 
 
 def credentials_for(registry: str, config: Mapping[str, Any]) -> tuple[str, str] | None:

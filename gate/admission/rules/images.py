@@ -42,37 +42,17 @@ from typing import Literal
 from gate.admission.rules import syntax
 from gate.admission.rules.review import Violation
 from gate.api.nodegate import PACKAGE_NAME_PATTERN, PACKAGE_NAME_RULE
+from gate.api.references import is_registry_host, qualified, registry_of_host
 
 UnboundPackages = Literal["allow", "refuse"]
 UNBOUND_CHOICES: tuple[UnboundPackages, ...] = ("allow", "refuse")
 PackageBindings = tuple[tuple[str, tuple[str, ...]], ...]
 """(package name, bound repositories) pairs, sorted by name: a hashable, comparable mapping."""
 
-DOCKER_HUB = "docker.io"
-_HUB_ALIASES = ("index.docker.io", "registry-1.docker.io")
-
-
-def _is_host(component: str) -> bool:
-    # distribution/reference: the first component is a registry host when it has a dot or a port, or
-    # is localhost; otherwise the name is on Docker Hub.
-    return "." in component or ":" in component or component == "localhost" or component.startswith("[")
-
-
-def qualified(name: str) -> str:
-    """A repository name with its registry, as containerd resolves it."""
-    first, slash, rest = name.partition("/")
-    if not slash or not _is_host(first):
-        path = name if slash else f"library/{name}"
-        return f"{DOCKER_HUB}/{path}"
-    if first in _HUB_ALIASES:
-        return f"{DOCKER_HUB}/{rest}"
-    return name
-
-
 def _qualified_prefix(prefix: str) -> str:
     """An entry (which starts with a host, see `prefix_problem`) with Docker Hub's aliases folded."""
     host, slash, rest = prefix.rstrip("/").partition("/")
-    host = DOCKER_HUB if host in _HUB_ALIASES else host
+    host = registry_of_host(host)
     return f"{host}/{rest}" if slash else host
 
 
@@ -82,7 +62,7 @@ def prefix_problem(prefix: str, what: str = "allowed repository") -> str | None:
     if not entry:
         return f"an {what} must not be empty" if what[0] in "aeiou" else f"a {what} must not be empty"
     first = entry.partition("/")[0]
-    if not _is_host(first):
+    if not is_registry_host(first):
         return (f"{what} {prefix!r} must start with a registry host, e.g. docker.io/{entry} or "
                 f"ghcr.io/{entry}: a bare first component would mean Docker Hub's {entry!r}")
     # Parsed as the parent of a repository: "host:5000" alone would read as a name with a tag.
