@@ -106,7 +106,7 @@ def resolving_operator(cluster: DevCluster, operator: int) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def registry_port(cluster: DevCluster) -> int:
-    return registry.start_registry(cluster, lambda m: None)
+    return registry.start_registry(cluster.procs, lambda m: None)
 
 
 @pytest.fixture
