@@ -99,8 +99,7 @@ class Operator:
             await self._start_caches(world.caches)
             for pod in world.pods.items():
                 world.index.pod_event("ADDED", pod)
-            if adopt:
-                await self._adopt_records()
+            await self._sign_records(adopt=adopt)
             self.ready = True
             gc.freeze()  # the first lists and the imports live long: out of the collector's scans (gate.cli.operator)
             log.info("Caches synced; gates=%d nodes=%d", len(world.gates), len(world.nodes))
@@ -143,12 +142,16 @@ class Operator:
                      self.settings.state_key_secret, len(ring.keys), ring.signing_id)
         return pending
 
-    async def _adopt_records(self) -> None:
-        """Trust on first use: sign the records an operator that did not sign left (an upgrade), then
-        mark the adoption done; from then on an unsigned record is not the operator's."""
+    async def _sign_records(self, *, adopt: bool) -> None:
+        """Before any work: sign anew, with the newest key, the records that need it
+        (`gate.controller.signing.needs_signing`): those of an older key after a rotation, and with
+        `adopt` (trust on first use, the key was just created) those an operator that did not sign left,
+        then mark the adoption done: from then on an unsigned record is not the operator's."""
         world, signer = self.world, self.world.signer
         assert signer is not None
-        adopted: dict[str, int] = {}
+        if not adopt and len(signer.ring.keys) == 1:
+            return
+        signed: dict[str, int] = {}
         for name in [n["metadata"]["name"] for n in world.nodes.items()]:
             for _ in range(100):
                 node = world.nodes.get(name)
@@ -164,31 +167,37 @@ class Operator:
                         state = load_state(raw)
                     except StateParseError:
                         continue  # reported as unreadable, as before
-                    if signer.check(gate.name, node, state) is None:
-                        continue
-                    annotations[key] = signer.sign(gate, node, unsigned(state)).dump()
-                    adopted[gate.name] = adopted.get(gate.name, 0) + 1
+                    if signing.needs_signing(signer, gate.name, node, state, adopt=adopt):
+                        annotations[key] = signer.sign(gate, node, unsigned(state)).dump()
                 if not annotations:
                     break
                 patch = {"metadata": {"annotations": annotations,
                                       "resourceVersion": node["metadata"]["resourceVersion"]}}
                 try:
                     world.nodes.observe(await self.client.patch(NODES, name, patch))
-                    break
-                except Conflict:  # the node changed since the cache saw it: adopt what it holds now
-                    for gate_name in {keys.gate_of_state_annotation(k) for k in annotations}:
-                        adopted[str(gate_name)] -= 1
+                except Conflict:  # the node changed since the cache saw it: look at what it holds now
                     await asyncio.sleep(0.1)
-        await signing.adoption_done(self.client, self.settings.namespace, self.settings.state_key_secret)
+                    continue
+                for key in annotations:
+                    gname = str(keys.gate_of_state_annotation(key))
+                    signed[gname] = signed.get(gname, 0) + 1
+                break
+        if adopt:
+            await signing.adoption_done(self.client, self.settings.namespace, self.settings.state_key_secret)
         world.trust_epoch += 1
-        log.warning("Adopted the node records written before records were signed; records=%d gates=%s",
-                    sum(adopted.values()), ",".join(sorted(adopted)) or "-")
-        for gate_name, count in sorted(adopted.items()):
+        what = "Adopted the node records written before records were signed" if adopt else \
+            "Signed the node records of older keys with the newest"
+        log.warning("%s; records=%d gates=%s key=%s", what, sum(signed.values()), ",".join(sorted(signed)) or "-",
+                    signer.ring.signing_id)
+        if not adopt:
+            return
+        for gate_name, count in sorted(signed.items()):
             obj = world.gates.get(gate_name)
             if obj is not None:
                 await self.recorder.emit(obj, "Normal", "RecordsAdopted",
                                          f"NodeGate signed {count} node record{'s' if count != 1 else ''} of this gate "
-                                         "that an operator without record signing wrote (trust on first use)")
+                                         "that it found unsigned when it created its signing key (trust on first "
+                                         "use: an upgrade from an operator that did not sign)")
 
     async def _start_caches(self, caches: tuple[WatchCache, ...]) -> None:
         delay = 0.5

@@ -7,7 +7,8 @@ that does not exist yet). Each data entry is one key: its name is the key id, it
 random bytes; the greatest id signs (`gate.api.records.KeyRing`).
 
 * **Loaded once**, when this replica first leads; a rotation takes effect at the next restart
-  (docs/operations.md). A standby never touches the Secret.
+  (docs/operations.md), when the leader signs every record of an older key with the newest before it
+  starts work, so that the old key can then be removed. A standby never touches the Secret.
 * **Created when missing**, with 32 random bytes, and marked `nodegate.io/adopt-records: pending`.
   Records on the nodes at that moment were written by an operator that did not sign (an upgrade):
   the leader signs every well-formed record of an existing gate it finds (trust on first use, one log
@@ -58,6 +59,15 @@ class Signer:
         if uid is None:
             return f"NodeGate {gate} does not exist"
         return refusal(state, self.ring, _binding(gate, uid, node))
+
+
+def needs_signing(signer: Signer, gate: str, node: Obj, state: NodeGateState, *, adopt: bool) -> bool:
+    """Whether the leader signs this record anew before it starts work: one of its own signed with an
+    older key (a rotation: the old key can then be removed), or, while adopting (`adopt`), one it did not
+    write (trust on first use)."""
+    if signer.check(gate, node, state) is None:
+        return state.sig.partition(":")[0] != signer.ring.signing_id
+    return adopt
 
 
 def _binding(gate: str, gate_uid: str, node: Obj) -> Binding:

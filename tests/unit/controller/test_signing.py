@@ -11,7 +11,7 @@ import pytest
 from gate.api import keys
 from gate.api.records import KeyRing, KeyRingError
 from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
-from gate.controller.signing import Signer, new_key_id, ring_of
+from gate.controller.signing import Signer, needs_signing, new_key_id, ring_of
 from gate.controller.views import fleet_node
 from gate.lifecycle.fleet import plan_gate, replan
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate
@@ -139,3 +139,21 @@ def test_the_signer_refuses_to_sign_for_a_gate_without_a_uid() -> None:
     g = gate({"fix": PKG})
     with pytest.raises(ValueError, match=r"metadata\.uid"):
         _signer(g).sign(g, _node("n1"), NodeGateState())
+
+
+def test_before_work_the_leader_signs_anew_only_older_keys_records_and_while_adopting_unsigned_ones() -> None:
+    g = _gate()
+    old, new = "20261201T000000Z", "20261202T000000Z"
+    before = Signer(KeyRing({old: b"o" * 32}), lambda name: "uid-g")
+    after = Signer(KeyRing({old: b"o" * 32, new: b"n" * 32}), lambda name: "uid-g")
+    node = _node("n1")
+    of_old = before.sign(g, node, _complete(g))
+    of_new = after.sign(g, node, _complete(g))
+    assert needs_signing(after, "g", node, of_old, adopt=False)
+    assert not needs_signing(after, "g", node, of_new, adopt=False)
+    unsigned_record = _complete(g)
+    assert not needs_signing(after, "g", node, unsigned_record, adopt=False), "after adoption, unsigned is forged"
+    assert needs_signing(after, "g", node, unsigned_record, adopt=True)
+    # a record copied from another node is adopted too while adopting, and never otherwise
+    copied = after.sign(g, _node("n2"), _complete(g))
+    assert not needs_signing(after, "g", node, copied, adopt=False)
