@@ -80,6 +80,9 @@ class NodeGateState(Model):
                            "(batch and compartment are the removal's).")
     passed: bool = Field(default=False, description="The node completed this gate once: later rounds (an upgrade, "
                          "a config change, a reset) never put the readiness taint back.")
+    sig: str = Field(default="", description="The operator's signature of this record: `<key id>:<HMAC-SHA256, hex>` "
+                     "over the record without it, bound to the gate's and the node's names and uids "
+                     "(`gate.api.records`). A record without a valid one is not the operator's and is never acted on.")
 
     def dump(self) -> str:
         return json.dumps(self.model_dump(by_alias=True, exclude_defaults=True, mode="json"),

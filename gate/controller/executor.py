@@ -19,7 +19,6 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
-from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.events import EventRecorder
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
@@ -33,6 +32,7 @@ from gate.controller.pods import (
     stage_pod_view,
 )
 from gate.controller.settings import OperatorSettings
+from gate.controller.signing import Signer
 from gate.controller.triggers import NodeKey
 from gate.controller.views import node_view
 from gate.controller.world import World
@@ -190,7 +190,7 @@ class Executor:
                             gate.name, node, request.name, foreign[1])
                 await self.execute(gate, node_obj, config_refused(seen, request, *foreign), seen)
                 return
-            facts = facts_of(node, node_obj, decision.state or _parsed_or_none(old_state))
+            facts = facts_of(node, node_obj, seen.state)
             try:
                 created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts, images))
             except ApiError as exc:
@@ -213,7 +213,7 @@ class Executor:
                                      refused.error)
             return
         if blocked:
-            state = decision.state or load_state(old_state)
+            state = decision.state or ctx.state  # the record as checked, never the annotation's text
             if state.drain_blocked_by != blocked:  # once per blocking budget, not at every retry
                 self.metrics.drains_blocked.labels(gate.name).inc()
                 state = state.model_copy(update={"drain_blocked_by": blocked})
@@ -393,16 +393,25 @@ class Executor:
             await self.write_failure_condition(gate.name, node_view(node_obj),
                                                failure_condition(gate.name, decision.state))
 
+    def _signer(self) -> Signer:
+        if self.world.signer is None:
+            raise RuntimeError("the operator's record signing key is not loaded: no record can be written")
+        return self.world.signer
+
     def _gate_obj(self, gate: NodeGate) -> Obj:
         return self.world.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
                                                    "metadata": {"name": gate.name}}
 
     async def write_node_update(self, gate: NodeGate, node: str, update: NodeUpdate,
                                  base: Obj | None = None) -> Obj:
-        """One merge patch: state annotation, status label, cordon and taint, guarded by resourceVersion."""
+        """One merge patch: state annotation, status label, cordon and taint, guarded by resourceVersion.
+        The state is signed for this gate and node here, the one place the operator writes a record
+        (`gate.controller.signing`): whatever state it writes is its own from then on."""
         obj = base or self.world.nodes.get(node)
         if obj is None:
             return {}
+        if update.state is not None:
+            update = replace(update, state=self._signer().sign(gate, obj, update.state))
         built = node_patch(gate.name, obj, update)
         if built.body is None:
             for event in update.events:
@@ -447,9 +456,3 @@ def _blocking_pdb(exc: TooManyRequests, namespace: str, pod: str) -> str:
             return f"pod {namespace}/{pod}: {cause.get('message', '')}"
     return f"pod {namespace}/{pod}: {exc.message}"
 
-
-def _parsed_or_none(raw: str | None) -> NodeGateState | None:
-    try:
-        return load_state(raw) if raw else None
-    except StateParseError:
-        return None

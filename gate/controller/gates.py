@@ -28,12 +28,12 @@ from gate.controller.executor import Executor
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.triggers import GateKey, NodeKey, PolicyKey
-from gate.controller.views import fleet_node, node_view
+from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import NODEGATES, POLICIES, KubeClient
 from gate.kube.errors import ApiError, NotFound
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import NodeUpdate, disabled, plan_gate, readiness_clear, selects
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, disabled, plan_gate, readiness_clear, selects
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, policy_status
 from gate.lifecycle.images import merged_records, records_wire, same_records, unresolved_message
 from gate.lifecycle.machine import EventRequest
@@ -104,6 +104,7 @@ class GateReconciler:
             self.world.gates.observe(patched)
         for event in gplan.events:
             await self.recorder.emit(obj, event.type, event.reason, event.message)
+        await self._report_refused(obj, name, fleet)
         self._gate_metrics(gate, gplan.status.to_wire())
         self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
                                  self._packages_in_use())
@@ -160,6 +161,28 @@ class GateReconciler:
                              gate.metadata.generation or 0)
         status["conditions"] = [*status.get("conditions", []), resolved.to_wire()]
         return status
+
+    async def _report_refused(self, obj: Obj, name: str, fleet: list[FleetNode]) -> None:
+        """Records of this gate that the operator did not write (`FleetNode.refused`): the plan took each
+        node as having no record; here each distinct one is reported once, in a Warning Event on the gate
+        that names the node, and counted. The annotation stays until the operator writes its own record
+        there (when it picks the node) or removes the gate's keys (the node left the gate, the gate went)."""
+        for node in fleet:
+            refused = node.refused.get(name)
+            if refused is None:
+                continue
+            seen = (name, node.view.name, refused.record)
+            if seen in self.world.reported:
+                continue
+            self.world.reported.add(seen)
+            self.metrics.records_refused.labels(name).inc()
+            log.warning("Record not the operator's, ignored; gate=%s node=%s why=%s", name, node.view.name,
+                        refused.why)
+            await self.recorder.emit(obj, "Warning", "RecordNotOurs",
+                                     f"NodeGate {name}: the record {keys.state_annotation(name)} on node "
+                                     f"{node.view.name} was not written by the operator ({refused.why}). It is "
+                                     "ignored: the node counts as having no record for this gate. Find out who "
+                                     "wrote it (the API server's audit log); docs/security.md")
 
     def _packages_in_use(self) -> set[str]:
         """Packages of every gate, those being deleted included (their uninstalls still record stages)."""
@@ -270,7 +293,7 @@ class GateReconciler:
         for node_obj in self.world.nodes.items():
             view = node_view(node_obj)
             if (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
-                    and readiness_clear(gate.name, fleet_node(node_obj), self.world.all_gates())):
+                    and readiness_clear(gate.name, self.world.fleet_node(node_obj), self.world.all_gates())):
                 update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
                                                          f"NodeGate {gate.name} is disabled; no other gate holds "
                                                          "the node back")])
@@ -301,7 +324,7 @@ class GateReconciler:
         annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
         view = node_view(node_obj)
         taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
-                 and readiness_clear(gate.name, fleet_node(node_obj), self.world.all_gates()))
+                 and readiness_clear(gate.name, self.world.fleet_node(node_obj), self.world.all_gates()))
         requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
         if keys.status_label(gate.name) not in labels and not any(r in annotations for r in requests) and not taint:
             return None

@@ -73,6 +73,9 @@ class OperatorMetrics:
                                       "Readiness taints removed from nodes", ["gate"])
         self.taints_added = counter("nodegate_readiness_taints_added_total",
                                     "Readiness taints the operator added (missed joins, reboots)", ["gate"])
+        self.records_refused = counter("nodegate_records_refused_total",
+                                       "Node records of a gate that the operator did not write (no valid signature): "
+                                       "ignored and reported, once per distinct record", ["gate"])
         self.reconcile_errors = Counter("nodegate_reconcile_errors_total", "Reconciles that raised",
                                         ["kind", "error"], registry=r)
         self.reconcile_duration = Histogram("nodegate_reconcile_duration_seconds", "Reconcile duration", ["kind"],

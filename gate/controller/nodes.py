@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gate.api import keys
-from gate.api.state import NodeGateState, StateParseError, load_state
+from gate.api.state import NodeGateState, StateParseError
 from gate.controller.executor import Executor
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import JoinKey, NodeKey, TaintKey
-from gate.controller.views import fleet_node, node_view, pod_view
+from gate.controller.views import node_view, pod_view
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
@@ -41,17 +41,20 @@ class NodeReconciler:
         node_obj = self.world.nodes.get(node_name)
         if gate is None or node_obj is None:
             return
-        raw = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate_name))
-        if raw is None:
+        if keys.state_annotation(gate_name) not in (node_obj["metadata"].get("annotations") or {}):
             return
         removing = bool(gate.metadata.deletion_timestamp)
-        try:
-            state = load_state(raw)
-        except StateParseError:
+        fnode = self.world.fleet_node(node_obj)
+        recorded = fnode.states.get(gate_name)
+        if isinstance(recorded, NodeGateState):
+            state = recorded
+        else:
+            # Unreadable (StateParseError), or not the operator's (`fnode.refused`: no valid signature):
+            # never acted on. The gate reconcile reports it; nothing here may overwrite it while the gate
+            # lives. When the gate is going away, what the node ran is unknown, so nothing can be
+            # uninstalled, but the gate's keys must go, or the deletion would never finish.
             if not removing:
-                return  # the gate reconcile reports it; nothing here may overwrite it while the gate lives
-            # The gate is going away: what the node ran is unknown, so nothing can be uninstalled, but
-            # the gate's keys (and a cordon it placed) must go, or the deletion would never finish.
+                return
             state = NodeGateState(status="failed")
         view = node_view(node_obj)
         if not removing and state.status != "in-progress":
@@ -66,8 +69,6 @@ class NodeReconciler:
         pods = None
         if state.phase in ("wait-pods", "drain"):
             pods = await self._pods_on(node_name)
-        fleet = self.world.fleet_memo.get(node_name)
-        fnode = fleet[1] if fleet is not None else fleet_node(node_obj)
         ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self.world.stage_pods_of(gate_name, node_name),
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
@@ -92,7 +93,7 @@ class JoinReconciler:
         node_obj = self.world.nodes.get(node_name)
         if gate is None or node_obj is None or gate.metadata.deletion_timestamp or disabled(gate):
             return
-        fnode = fleet_node(node_obj)
+        fnode = self.world.fleet_node(node_obj)
         raw = fnode.states.get(gate_name)
         state = raw if isinstance(raw, NodeGateState) else None
         if not selects(gate, fnode.view) or isinstance(raw, StateParseError):
@@ -116,6 +117,6 @@ class TaintReconciler:
         node_obj = self.world.nodes.get(key.node)
         if node_obj is None:
             return
-        why = orphan_taint(fleet_node(node_obj), self.world.all_gates())
+        why = orphan_taint(self.world.fleet_node(node_obj), self.world.all_gates())
         if why is not None:
             await self.executor.lift_readiness_taint(node_obj, why)

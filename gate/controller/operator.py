@@ -27,7 +27,9 @@ from typing import Any
 
 from gate import __version__
 from gate.api import keys
-from gate.controller import triggers
+from gate.api.records import unsigned
+from gate.api.state import StateParseError, load_state
+from gate.controller import signing, triggers
 from gate.controller.clients import OperatorClients
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
@@ -41,7 +43,8 @@ from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.world import World
 from gate.kube.cache import WatchCache
-from gate.kube.errors import ApiError, ConnectionFailed
+from gate.kube.client import NODES
+from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
 from gate.lifecycle.machine import Timing
 
@@ -56,7 +59,7 @@ class Operator:
         self.settings = settings
         client = self.client = clients.work
         self.metrics = metrics or OperatorMetrics()
-        recorder = EventRecorder(client, settings.identity)
+        recorder = self.recorder = EventRecorder(client, settings.identity)
         timing = Timing(image_pull_grace=settings.image_pull_grace, pending_timeout=settings.pending_timeout,
                         reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds)
         self.world = World(settings, client)
@@ -94,9 +97,11 @@ class Operator:
         world.gates.subscribe(self._on_gate)
         world.policies.subscribe(self._on_policy)
         try:
+            adopt = await self._load_key()
             await self._start_caches(world.caches)
             for pod in world.pods.items():
                 world.index.pod_event("ADDED", pod)
+            await self._sign_records(adopt=adopt)
             self.ready = True
             gc.freeze()  # the first lists and the imports live long: out of the collector's scans (gate.cli.operator)
             log.info("Caches synced; gates=%d nodes=%d", len(world.gates), len(world.nodes))
@@ -117,6 +122,84 @@ class Operator:
             for cache in world.caches:
                 await cache.stop()
                 cache._listeners.clear()
+
+    async def _load_key(self) -> bool:
+        """The record signing key, loaded (or created) once, when this replica first leads; whether the
+        records on the nodes still wait for adoption (`gate.controller.signing`)."""
+        delay = 0.5
+        while True:
+            try:
+                ring, pending = await signing.load_or_create(self.client, self.settings.namespace,
+                                                             self.settings.state_key_secret)
+                break
+            except (ApiError, ConnectionFailed) as exc:
+                log.warning("Signing key not loaded; secret=%s/%s error=%s retry_in=%.1fs", self.settings.namespace,
+                            self.settings.state_key_secret, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        if self.world.signer is None:
+            self.world.signer = signing.Signer(ring, self.world.gate_uid)
+            self.world.trust_epoch += 1
+            log.info("Loaded the record signing key; secret=%s/%s keys=%d signing=%s", self.settings.namespace,
+                     self.settings.state_key_secret, len(ring.keys), ring.signing_id)
+        return pending
+
+    async def _sign_records(self, *, adopt: bool) -> None:
+        """Before any work: sign anew, with the newest key, the records that need it
+        (`gate.controller.signing.needs_signing`): those of an older key after a rotation, and with
+        `adopt` (trust on first use, the key was just created) those an operator that did not sign left,
+        then mark the adoption done: from then on an unsigned record is not the operator's."""
+        world, signer = self.world, self.world.signer
+        assert signer is not None
+        if not adopt and len(signer.ring.keys) == 1:
+            return
+        signed: dict[str, int] = {}
+        for name in [n["metadata"]["name"] for n in world.nodes.items()]:
+            for _ in range(100):
+                node = world.nodes.get(name)
+                if node is None:
+                    break
+                annotations: dict[str, str] = {}
+                for key, raw in (node["metadata"].get("annotations") or {}).items():
+                    gname = keys.gate_of_state_annotation(key)
+                    gate = world.gate(gname) if gname is not None else None
+                    if gate is None:
+                        continue
+                    try:
+                        state = load_state(raw)
+                    except StateParseError:
+                        continue  # reported as unreadable, as before
+                    if signing.needs_signing(signer, gate.name, node, state, adopt=adopt):
+                        annotations[key] = signer.sign(gate, node, unsigned(state)).dump()
+                if not annotations:
+                    break
+                patch = {"metadata": {"annotations": annotations,
+                                      "resourceVersion": node["metadata"]["resourceVersion"]}}
+                try:
+                    world.nodes.observe(await self.client.patch(NODES, name, patch))
+                except Conflict:  # the node changed since the cache saw it: look at what it holds now
+                    await asyncio.sleep(0.1)
+                    continue
+                for key in annotations:
+                    gname = str(keys.gate_of_state_annotation(key))
+                    signed[gname] = signed.get(gname, 0) + 1
+                break
+        if adopt:
+            await signing.adoption_done(self.client, self.settings.namespace, self.settings.state_key_secret)
+        world.trust_epoch += 1
+        what = "Adopted the node records written before records were signed" if adopt else \
+            "Signed the node records of older keys with the newest"
+        log.warning("%s; records=%d gates=%s key=%s", what, sum(signed.values()), ",".join(sorted(signed)) or "-",
+                    signer.ring.signing_id)
+        if not adopt:
+            return
+        for gate_name, count in sorted(signed.items()):
+            obj = world.gates.get(gate_name)
+            if obj is not None:
+                await self.recorder.emit(obj, "Normal", "RecordsAdopted",
+                                         f"NodeGate signed {count} node record{'s' if count != 1 else ''} of this gate "
+                                         "that it found unsigned when it created its signing key (trust on first "
+                                         "use: an upgrade from an operator that did not sign)")
 
     async def _start_caches(self, caches: tuple[WatchCache, ...]) -> None:
         delay = 0.5
@@ -191,6 +274,8 @@ class Operator:
     def _on_gate(self, kind: str, obj: Obj) -> None:
         name = obj["metadata"]["name"]
         world = self.world
+        if kind in ("ADDED", "DELETED"):
+            world.trust_epoch += 1  # records check against the gates' uids: parse the fleet again
         self._queue(triggers.on_gate(obj, world.gate_seen.get(name), world.nodes.items(), world.policies.items(),
                                      kind=kind))
         world.gate_seen[name] = triggers.gate_seen(obj)

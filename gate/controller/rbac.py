@@ -28,6 +28,8 @@ CONFIGURATION = "{configuration}"
 """the name of both webhook configurations"""
 SECRET = "{secret}"
 """the name of the webhook's self-managed certificate Secret"""
+STATE_KEY = "{state_key}"
+"""the name of the Secret holding the operator's record signing keys (gate.controller.signing)"""
 
 
 class Rule(NamedTuple):
@@ -82,6 +84,11 @@ NAMESPACE_RULES: list[Rule] = [
          "read a package ConfigMap that already exists under its name, to refuse one that is not NodeGate's"),
     Rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"],
          "leader election: read, create and renew (compare-and-swap) the Lease"),
+    Rule([""], ["secrets"], ["create"],
+         "create the record signing key Secret on first start (RBAC cannot name an object not yet created)"),
+    Rule([""], ["secrets"], ["get", "patch"],
+         "read the key that signs the operator's node records; mark the adoption of older records done",
+         [STATE_KEY]),
 ]
 
 # Role in the namespace where Kubernetes keeps Events of cluster-scoped objects (kubectl describe
@@ -174,20 +181,27 @@ def _binding(kind: str, name: str, namespace: str | None, role_kind: str, role: 
 def operator_rbac(namespace: str, *, prefix: str = "nodegate") -> list[Obj]:
     """The operator's ServiceAccount (and the package pods' one, with no token) and its roles.
 
-    `prefix` names everything (`<prefix>-operator`, ...): the chart's fullname; "nodegate" by default.
+    `prefix` names everything (`<prefix>-operator`, the key Secret `<prefix>-state-key`, ...): the chart's
+    fullname; "nodegate" by default.
     """
     sa_name, role = f"{prefix}-operator", f"{prefix}-operator"
+    names = {STATE_KEY: state_key_secret(prefix)}
     sa = {"kind": "ServiceAccount", "name": sa_name, "namespace": namespace}
     return [
         _sa(sa_name, namespace, "operator"),
         _sa(f"{prefix}-package", namespace, "operator", automount=False),
         _role("ClusterRole", role, None, _rules(CLUSTER_RULES), "operator"),
         _binding("ClusterRoleBinding", role, None, "ClusterRole", role, sa, "operator"),
-        _role("Role", role, namespace, _rules(NAMESPACE_RULES), "operator"),
+        _role("Role", role, namespace, _rules(NAMESPACE_RULES, names), "operator"),
         _binding("RoleBinding", role, namespace, "Role", role, sa, "operator"),
         _role("Role", f"{role}-events", EVENTS_NAMESPACE, _rules(EVENTS_RULES), "operator"),
         _binding("RoleBinding", f"{role}-events", EVENTS_NAMESPACE, "Role", f"{role}-events", sa, "operator"),
     ]
+
+
+def state_key_secret(prefix: str = "nodegate") -> str:
+    """The Secret of the operator's record signing keys, for an install named `prefix`."""
+    return f"{prefix}-state-key"
 
 
 def webhook_rbac(namespace: str, *, prefix: str = "nodegate", self_managed: bool = True,

@@ -24,6 +24,9 @@ class OperatorSettings:
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", metadata={
         "help": "this replica's name in the leader Lease (default: hostname-pid)"})
     lease_name: str = field(default="nodegate-operator", metadata={"help": "name of the leader election Lease"})
+    state_key_secret: str = field(default="nodegate-state-key", metadata={
+        "help": "Secret of the operator's namespace holding the keys that sign its node records "
+                "(created at first start; docs/security.md)"})
     lease_seconds: int = field(default=15, metadata={"help": "lease duration; a standby takes over after it"})
     renew_seconds: float = field(default=5.0, metadata={"help": "how often the leader renews the lease"})
     renew_deadline: float = field(default=10.0, metadata={

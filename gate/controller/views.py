@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from gate.api import keys
+from gate.api.records import Refusal, record_digest, unsigned
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.kube.cache import slim
 from gate.kube.objects import node_ready, parse_time
@@ -70,9 +71,43 @@ def node_states(node: Obj, gates: Iterable[str] | None = None) -> dict[str, Node
     return out
 
 
-def fleet_node(node: Obj) -> FleetNode:
+class RecordCheck(Protocol):
+    def __call__(self, gate: str, node: Obj, state: NodeGateState) -> str | None:
+        """Why the node's record for `gate` is not the operator's, or None when it is (`gate.api.records`)."""
+
+
+def node_records(node: Obj, check: RecordCheck | None) -> tuple[dict[str, NodeGateState | StateParseError],
+                                                               dict[str, Refusal]]:
+    """The node's states as the operator may act on them, and the records it refused.
+
+    With `check` (the operator's, `gate.controller.signing.Signer.check`), a record that parses but that
+    the operator did not write is left out of the states, as if the node had none for that gate, and
+    returned with why; the states kept lose their signature (it is written anew with each write). A
+    record that does not parse stays a `StateParseError`, reported as before. Without `check` (the
+    CLI, which holds no key) every record is taken as it reads."""
+    states = node_states(node)
+    if check is None:
+        return states, {}
+    annotations = node.get("metadata", {}).get("annotations") or {}
+    kept: dict[str, NodeGateState | StateParseError] = {}
+    refused: dict[str, Refusal] = {}
+    for gate, state in states.items():
+        if isinstance(state, StateParseError):
+            kept[gate] = state
+            continue
+        why = check(gate, node, state)
+        if why is None:
+            kept[gate] = unsigned(state)
+        else:
+            refused[gate] = Refusal(why, record_digest(annotations[keys.state_annotation(gate)]))
+    return kept, refused
+
+
+def fleet_node(node: Obj, check: RecordCheck | None = None) -> FleetNode:
+    """The node as the planners see it; the operator passes its `check` (`World.fleet_node`)."""
     created = node.get("metadata", {}).get("creationTimestamp")
-    return FleetNode(node_view(node), parse_time(created), node_states(node))
+    states, refused = node_records(node, check)
+    return FleetNode(node_view(node), parse_time(created), states, refused)
 
 
 def pod_view(pod: Obj, operator_namespace: str) -> PodView:

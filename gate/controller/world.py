@@ -21,6 +21,7 @@ from gate.controller.index import StageIndex
 from gate.controller.pods import stage_pod_fields, stage_pod_view
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
+from gate.controller.signing import Signer
 from gate.controller.triggers import GateKey, GateSeen, WorkKey
 from gate.controller.views import fleet_node, node_fields
 from gate.kube.cache import WatchCache
@@ -57,6 +58,12 @@ class World:
         self.gate_seen: dict[str, GateSeen] = {}
         self.gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self.removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
+        # Checks and signs the node records (`gate.controller.signing`); set when this replica first leads.
+        self.signer: Signer | None = None
+        # Bumped when a gate comes or goes: whose records check depends on the gates' uids, so the
+        # parsed fleet views (`fleet_memo`, by resourceVersion) of before are parsed again.
+        self.trust_epoch = 0
+        self.reported: set[tuple[str, str, str]] = set()  # (gate, node, record digest) reported not ours
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
@@ -75,6 +82,7 @@ class World:
     def forget_gate(self, name: str) -> None:
         for memo in (self.gate_memo, self.gate_seen, self.gate_cost, self.removal_release):
             memo.pop(name, None)
+        self.reported = {r for r in self.reported if r[0] != name}
 
     def gate(self, name: str) -> NodeGate | None:
         obj = self.gates.get(name)
@@ -101,16 +109,29 @@ class World:
         return out
 
     def fleet(self) -> list[FleetNode]:
-        return [self._fleet_node(obj) for obj in self.nodes.items()]
+        return [self.fleet_node(obj) for obj in self.nodes.items()]
 
-    def _fleet_node(self, obj: Any) -> FleetNode:
+    def fleet_node(self, obj: Any) -> FleetNode:
+        """The node as the planners see it, its records checked (`gate.controller.views.node_records`):
+        every part of the operator reads nodes through here, never through `views.fleet_node` alone."""
         name = obj["metadata"]["name"]
-        rv = obj["metadata"].get("resourceVersion", "")
+        version = f'{obj["metadata"].get("resourceVersion", "")}/{self.trust_epoch}'
         memo = self.fleet_memo.get(name)
-        if memo is None or memo[0] != rv:
-            memo = (rv, fleet_node(obj))
+        if memo is None or memo[0] != version:
+            memo = (version, fleet_node(obj, self.check))
             self.fleet_memo[name] = memo
         return memo[1]
+
+    def check(self, gate: str, node: Any, state: NodeGateState) -> str | None:
+        """`gate.controller.views.RecordCheck`. Before the key is loaded no record is the operator's:
+        nothing reads the fleet then (the key is loaded before the caches start)."""
+        if self.signer is None:
+            return "the operator has not loaded its signing key yet"
+        return self.signer.check(gate, node, state)
+
+    def gate_uid(self, name: str) -> str | None:
+        obj = self.gates.get(name)
+        return None if obj is None else obj["metadata"].get("uid")
 
     def node_replans(self, kind: str, obj: Any) -> Replan:
         """A node event: whether and how soon it calls for plans of the fleet (`gate.lifecycle.fleet.replan`).
@@ -122,7 +143,7 @@ class World:
         if kind == "DELETED":
             self.fleet_memo.pop(name, None)
             return "now"
-        after = self.node_seen[name] = self._fleet_node(obj)
+        after = self.node_seen[name] = self.fleet_node(obj)
         return replan(before, after)
 
     def rounds_on(self, node: str) -> frozenset[str]:
@@ -138,7 +159,7 @@ class World:
         obj = self.nodes.get(node)
         if obj is None:
             return False
-        state = self._fleet_node(obj).states.get(gate)
+        state = self.fleet_node(obj).states.get(gate)
         return isinstance(state, NodeGateState) and state.status == "in-progress"
 
     def busy_nodes(self, gate: str) -> set[str]:

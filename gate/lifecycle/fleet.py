@@ -16,6 +16,7 @@ from typing import Literal
 from gate.api import keys
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
+from gate.api.records import Refusal
 from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
@@ -28,6 +29,9 @@ class FleetNode:
     view: NodeView
     created: datetime | None
     states: Mapping[str, NodeGateState | StateParseError]  # by gate name: what each gate recorded
+    # By gate name: records that parse but that the operator did not write (`gate.api.records`). They are
+    # not in `states`: for every decision the node has no record for that gate; they are only reported.
+    refused: Mapping[str, Refusal] = field(default_factory=dict)
 
     @functools.cached_property
     def progresses(self) -> Mapping[str, GateProgress]:
@@ -193,8 +197,9 @@ def _inputs(node: FleetNode, *, detail: bool) -> tuple[object, ...]:
     annotations = tuple(sorted((k, v) for k, v in view.annotations.items()
                                if keys.gate_of_state_annotation(k) is None and (detail or k != keys.CORDONED_BY)))
     labels = tuple(sorted((k, v) for k, v in view.labels.items() if detail or not k.startswith(_STATUS_LABELS)))
+    refused = tuple(sorted((gate, r.record) for gate, r in node.refused.items()))  # a forged record is reported
     return (view.name, labels, annotations, view.taints, view.unschedulable if detail else None, view.boot_id,
-            node.created, tuple(sorted(view.conditions.items())), tuple(states))
+            node.created, tuple(sorted(view.conditions.items())), tuple(states), refused)
 
 
 def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:

@@ -174,6 +174,15 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-namespace", "leases", "create"): lambda i: op(i).create(LEASES, _lease(i.namespace), dry_run=True),
     ("operator-namespace", "leases", "update"): lambda i: _absent_ok(
         op(i).replace(LEASES, _lease(i.namespace, update=True))),
+    # the record signing key (gate.controller.signing.load_or_create, adoption_done)
+    ("operator-namespace", "secrets", "create"): lambda i: op(i).create(SECRETS, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": unique("probe"), "namespace": i.namespace},
+        "data": {}}, dry_run=True),
+    ("operator-namespace", "secrets", "get"): lambda i: _absent_ok(
+        op(i).get(SECRETS, rbac.state_key_secret(i.prefix), i.namespace)),
+    ("operator-namespace", "secrets", "patch"): lambda i: _absent_ok(op(i).patch(
+        SECRETS, rbac.state_key_secret(i.prefix), {"metadata": {"annotations": {"nodegate.io/adopt-records": None}}},
+        namespace=i.namespace)),
     ("operator-events", "events", "create"): lambda i: op(i).create(EVENTS, _event("default"), dry_run=True),
     # the webhook (gate.admission.authz, gate.admission.facts, gate.admission.certificates)
     ("webhook-cluster", "subjectaccessreviews", "create"): lambda i: wh(i).create(SUBJECT_ACCESS_REVIEWS, SAR),
@@ -311,6 +320,9 @@ async def test_named_rules_reach_only_their_names(identities: Identities) -> Non
         assert await _refused(lambda i, r=res: wh(i).get(r, other), ids)
         assert await _refused(lambda i, r=res: hook(i).delete(r, other, missing_ok=False), ids)
     assert await _refused(lambda i: wh(i).get(SECRETS, other, i.namespace), ids)
+    # the operator reads its own signing key and no other Secret
+    assert await _refused(lambda i: op(i).get(SECRETS, other, i.namespace), ids)
+    assert await _refused(lambda i: op(i).get(SECRETS, i.secret, i.namespace), ids)
     # the operator may create Events only where Kubernetes keeps those of Nodes and NodeGates
     assert await _refused(lambda i: op(i).create(EVENTS, _event(i.namespace), dry_run=True), ids)
     # stage pods are bare pods: the operator may neither create nor read Jobs, here or anywhere

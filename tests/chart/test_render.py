@@ -360,6 +360,11 @@ def test_processes_read_the_settings_the_chart_sets(name: str) -> None:
     settings = OperatorSettings.from_args(None, env=env)
     assert settings.namespace == "ops" and settings.identity == "pod-a"
     assert settings.lease_name == f"{prefix}-operator"
+    # the Secret the operator reads its record signing keys from is the one its Role names
+    assert settings.state_key_secret == rbac.state_key_secret(prefix)
+    [role] = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == f"{prefix}-operator"]
+    assert any(r["resources"] == ["secrets"] and r.get("resourceNames") == [settings.state_key_secret]
+               for r in role["rules"]), role["rules"]
     assert settings.package_service_account == find(objs, "ServiceAccount", f"{prefix}-package")["metadata"]["name"]
     assert settings.agent_image == operator["containers"][0]["image"]
     assert settings.lease_seconds == values.get("operator", {}).get("leaderElection", {}).get("leaseSeconds", 15)

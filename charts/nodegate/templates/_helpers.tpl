@@ -17,6 +17,7 @@ processes use when nothing is configured (gate/controller/settings.py, gate/admi
 {{/* Self-managed: the Secret the webhook keeps its CA and serving certificate in.
      cert-manager: the Secret the Certificate writes. */}}
 {{- define "nodegate.webhookSecretName" -}}{{ include "nodegate.fullname" . }}-webhook-tls{{- end -}}
+{{- define "nodegate.stateKeySecretName" -}}{{ include "nodegate.fullname" . }}-state-key{{- end -}}
 {{- define "nodegate.certificateName" -}}{{ include "nodegate.fullname" . }}-webhook{{- end -}}
 {{- define "nodegate.operatorUsername" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodegate.operatorName" . }}

@@ -66,6 +66,15 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "update"]
+# create the record signing key Secret on first start (RBAC cannot name an object not yet created)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# read the key that signs the operator's node records; mark the adoption of older records done
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ include "nodegate.stateKeySecretName" . | quote }}]
+  verbs: ["get", "patch"]
 {{- end }}
 {{- define "nodegate.rules.operator-events" }}
 # Events on NodeGates and Nodes

@@ -1,0 +1,124 @@
+"""Which `nodegate.io/state.<gate>` records are the operator's own: signing and checking them, without I/O.
+
+The node-keys policy (`gate.admission.node_keys`) lets only the operator, or a holder of `bypass`, write
+a state annotation. This is the defence behind it, for when the policy is missing (deleted, never
+installed with the plain manifests) or a `bypass` identity is abused: the operator signs every record
+it writes and acts only on records that carry its signature, so a forged "complete" cannot make it
+skip a CVE fix, and a forged round in progress cannot make it run a stage or reboot a node.
+
+Decisions:
+
+* **HMAC-SHA256, not a public-key signature.** Only the operator signs and only the operator checks,
+  so a shared secret is enough, and it is small and fast (a plan of 5,000 nodes checks every record).
+* **What is signed**: the record's canonical encoding (`NodeGateState.dump` without `sig`: sorted keys,
+  defaults left out, so a field the format does not know is not part of it) together with the gate's
+  name and uid and the node's name and uid. A record copied to another node, or kept across a gate
+  deleted and created again under its name, does not check.
+* **Key ring**: several keys, each with an id; the newest signs (the greatest id, ids sort by time),
+  any verifies. `sig` is `<key id>:<hex digest>`, so a check tries one key, and rotation is: add a new
+  key, restart, let records be rewritten, remove the old one (docs/operations.md).
+* **Not defended**: a replay of a record the operator once wrote for the same gate and node (it still
+  checks). The policy is the first line against that; the record's `round`, `generation` and
+  `rollout_hash` keep an old one from skipping a newer rollout (it reads as out of date).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass, field
+
+from gate.api.state import NodeGateState
+
+KEY_BYTES_MIN = 32
+KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
+SIGNATURE_DOMAIN = "nodegate.io/state.v1"  # names what is signed, so the key signs nothing else by accident
+
+
+class KeyRingError(ValueError):
+    """The key ring cannot be used as it is; the message names the key and why."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a record is about: it checks only on this gate (name and uid) and this node (name and uid)."""
+
+    gate: str
+    gate_uid: str
+    node: str
+    node_uid: str
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """The operator's signing keys, by id. The greatest id signs; every key verifies."""
+
+    keys: dict[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise KeyRingError("the key ring holds no key: the operator cannot sign its records")
+        for kid, secret in self.keys.items():
+            if not KEY_ID.match(kid):
+                raise KeyRingError(f"key id {kid!r} must be 1-63 characters of letters, digits, '.', '_' or '-'")
+            if len(secret) < KEY_BYTES_MIN:
+                raise KeyRingError(f"key {kid!r} has {len(secret)} bytes; a signing key needs at least "
+                                   f"{KEY_BYTES_MIN} random bytes")
+
+    @property
+    def signing_id(self) -> str:
+        return max(self.keys)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A record that is not the operator's: why, and which record (a digest of its text), so that it is
+    reported once, not at every look."""
+
+    why: str
+    record: str
+
+
+def _message(state: NodeGateState, binding: Binding) -> bytes:
+    body = state.model_copy(update={"sig": ""}).dump()
+    return json.dumps([SIGNATURE_DOMAIN, binding.gate, binding.gate_uid, binding.node, binding.node_uid, body],
+                      separators=(",", ":")).encode()
+
+
+def _digest(secret: bytes, state: NodeGateState, binding: Binding) -> str:
+    return hmac.new(secret, _message(state, binding), hashlib.sha256).hexdigest()
+
+
+def sign(state: NodeGateState, ring: KeyRing, binding: Binding) -> NodeGateState:
+    """The record as the operator writes it: signed with the newest key for this gate and node."""
+    kid = ring.signing_id
+    return state.model_copy(update={"sig": f"{kid}:{_digest(ring.keys[kid], state, binding)}"})
+
+
+def refusal(state: NodeGateState, ring: KeyRing, binding: Binding) -> str | None:
+    """Why the record is not the operator's (a message naming what is wrong), or None when it is."""
+    if not state.sig:
+        return "it carries no signature"
+    kid, sep, digest = state.sig.partition(":")
+    if not sep or not digest:
+        return "its signature is not <key id>:<digest>"
+    secret = ring.keys.get(kid)
+    if secret is None:
+        return f"it is signed with key {kid!r}, which the operator does not hold"
+    if not hmac.compare_digest(digest, _digest(secret, state, binding)):
+        return (f"its signature does not match it for gate {binding.gate} (uid {binding.gate_uid}) on node "
+                f"{binding.node} (uid {binding.node_uid}): it was changed, copied from another node, or "
+                "written for an earlier gate of that name")
+    return None
+
+
+def unsigned(state: NodeGateState) -> NodeGateState:
+    """The record as the operator keeps it in memory: without its signature (written anew at each write)."""
+    return state.model_copy(update={"sig": ""}) if state.sig else state
+
+
+def record_digest(raw: str) -> str:
+    """A short digest of a record's text: the same forged record is reported once."""
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
