@@ -90,7 +90,10 @@ class GateReconciler:
         await self.executor.write_node_updates(gate, gplan.updates)
         await self.executor.sync_failure_conditions(name)
         await self.executor.write_blocked_conditions(name, gplan.conditions)
-        await self._write_status(obj, gplan.status.to_wire())
+        status = gplan.status.to_wire()
+        if "waitingForPodsSince" in (obj.get("status") or {}) and "waitingForPodsSince" not in status:
+            status["waitingForPodsSince"] = None  # a merge patch removes a field only when told so
+        await self._write_status(obj, status)
         if gplan.requests_done:
             annotations: dict[str, str | None] = dict.fromkeys(gplan.requests_done)
             patched = await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}})
@@ -99,6 +102,8 @@ class GateReconciler:
             await self.recorder.emit(obj, event.type, event.reason, event.message)
         self._gate_metrics(gate, gplan.status.to_wire())
         self._wait_metrics(name, gplan.status)
+        if gplan.recheck_after is not None:  # a node reaches waitTimeout then, with no event to say so
+            self.world.queue.add_after(GateKey(name), gplan.recheck_after + 0.5)
         self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
                                  self._packages_in_use())
 

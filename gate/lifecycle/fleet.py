@@ -75,6 +75,7 @@ class GatePlan:
     events: list[EventRequest]
     rollout: Plan | None
     conditions: dict[str, NodeCondition | None] = field(default_factory=dict)  # blocked conditions to write
+    recheck_after: float | None = None  # seconds until a node waiting for protected pods reaches waitTimeout
     resumed: bool = False  # a resume request was acted on: the operator removes the annotation
     restarted: bool = False  # likewise a restart request (`nodegate reset GATE`)
 
@@ -297,7 +298,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                                boot_id=node.view.boot_id, now=now)
         up.change.status = "in-progress"
     _holds(gate, rollout, states, updates)
-    timed_out = _wait_timeouts(gate, rollout, states, updates, now, spec_hash)
+    timed_out, recheck_after = _wait_timeouts(gate, rollout, states, updates, now, spec_hash)
     for node_name, wait in rollout.waits.items():
         if node_name in timed_out or (node_name in updates and updates[node_name].change.status == "in-progress"):
             continue
@@ -326,7 +327,8 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                         waiting_for_pods=for_pods, ignored=ignored)
     status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet))
     status.waiting_for_pods_since = waiting_since
-    return GatePlan(updates, status, active, events, rollout, conditions, resumed=resumed, restarted=restarted)
+    return GatePlan(updates, status, active, events, rollout, conditions, recheck_after, resumed=resumed,
+                    restarted=restarted)
 
 
 def _holds(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate]) -> None:
@@ -370,20 +372,25 @@ def _blocked_since(gate: str, node: FleetNode, now: datetime) -> datetime:
 
 
 def _wait_timeouts(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate],
-                   now: datetime, spec_hash: str) -> set[str]:
+                   now: datetime, spec_hash: str) -> tuple[set[str], float | None]:
     """Fail the nodes that waited for their protected pods longer than `waitTimeout` (WaitTimeout,
     naming the pods), as a round does that waits for pods picked up after its node was picked. Such a
-    node was never picked: it is in no batch, and its failure counts in no batch's judgement."""
+    node was never picked: it is in no batch, and its failure counts in no batch's judgement. Returns
+    them, and the seconds until the next waiting node reaches the timeout (for the operator to plan
+    again then: nothing else may happen meanwhile)."""
     limit = gate.spec.wait_timeout
     if not limit:
-        return set()
+        return set(), None
     seconds = parse_duration(limit).total_seconds()
     failed: set[str] = set()
+    recheck: float | None = None
     for node_name, wait in rollout.waits.items():
         if wait.reason != "protected-pods":
             continue
         node = states[node_name]
-        if (now - _blocked_since(gate.name, node, now)).total_seconds() < seconds:
+        left = seconds - (now - _blocked_since(gate.name, node, now)).total_seconds()
+        if left > 0:
+            recheck = left if recheck is None else min(recheck, left)
             continue
         current = updates.get(node_name)
         base = (current.state if current and current.state else None) or _state(node.states.get(gate.name))
@@ -398,7 +405,7 @@ def _wait_timeouts(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode
         up.events.append(EventRequest("node", "Warning", "WaitTimeout", text))
         up.events.append(EventRequest("gate", "Warning", "WaitTimeout", text))
         failed.add(node_name)
-    return failed
+    return failed, recheck
 
 
 def _blocked_conditions(gate: NodeGate, fleet: Sequence[FleetNode], rollout: Plan,

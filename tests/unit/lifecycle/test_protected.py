@@ -161,6 +161,7 @@ def test_wait_timeout_fails_a_node_that_waited_longer_than_it() -> None:
     assert "ns/p" in up.state.failure.message
     assert p.conditions["a"] is None  # the failure condition says it from now on
     assert "b" not in p.updates or p.updates["b"].state is None
+    assert p.recheck_after == 1800  # b reaches the timeout in half an hour: the operator plans again then
 
 
 def test_a_drain_held_by_a_pdb_sets_drain_blocked_on_the_gate_and_the_node() -> None:
