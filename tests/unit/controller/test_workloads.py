@@ -62,3 +62,10 @@ def test_the_cache_keeps_only_what_the_index_reads() -> None:
     assert slim == {"metadata": {"name": "a", "namespace": "default", "labels": {"workload": "training"},
                                  "resourceVersion": "7"},
                     "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+
+
+def test_a_selector_becomes_the_query_the_api_server_filters_by() -> None:
+    selector = LabelSelector.model_validate({"matchLabels": {"workload": "training", "a": "b"}, "matchExpressions": [
+        {"key": "team", "operator": "In", "values": ["y", "x"]}, {"key": "tier", "operator": "NotIn", "values": ["z"]},
+        {"key": "gpu", "operator": "Exists"}, {"key": "spot", "operator": "DoesNotExist"}]})
+    assert selector.query() == "a=b,workload=training,team in (x,y),tier notin (z),gpu,!spot"
