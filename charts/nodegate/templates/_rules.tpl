@@ -36,7 +36,7 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: [""]
   resources: ["nodes/status"]
   verbs: ["patch"]
-# pods on a node (every namespace) to drain; the cache of every pod's node and labels, so a node whose protected pods run is not picked; also the first list of the stage pod cache
+# pods on a node (every namespace) to drain; the cache of every pod's node and labels, so a node whose protected pods run is not picked; also the cache of stage pods (their steps' ends and termination messages)
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
@@ -46,10 +46,6 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
   verbs: ["create"]
 {{- end }}
 {{- define "nodegate.rules.operator-namespace" }}
-# the cache of stage pods: their steps' ends and termination messages (list: the cluster rule)
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["watch"]
 # run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded
 - apiGroups: [""]
   resources: ["pods"]
