@@ -6,23 +6,26 @@ wait their turn. Listing the pods of every waiting node at every plan would cost
 per plan (1,000 a plan at 1,000 nodes); instead the operator keeps one more informer, a watch of
 every pod in the cluster, and an index of the pods running on each node, as client-go's indexers do.
 
-What it costs: one watch connection, and per pod a few hundred bytes (`workload_fields` keeps the
-name, namespace, labels, node and phase only): about 10 MB for 30,000 pods. Each pod event updates the
-index in O(1) and is matched against the protected selectors of the gates, which plans only those
-gates whose protected pods changed on a node. A plan then asks the index for its waiting nodes only:
-O(pods on those nodes), no request. Pods that ended (Succeeded, Failed) and NodeGate's own stage pods
+What it costs: one watch connection, and per pod about 800 bytes, cache and index together
+(`workload_fields` keeps the name, namespace, labels, node and phase only): 24 MB for 30,000 pods.
+Each pod event updates the index in O(1) and is matched against the protected selectors of the
+gates, which plans only those gates whose protected pods changed on a node. A plan then asks the
+index for its waiting nodes only, with no request: a dictionary lookup per pod on them once each pod
+was matched (measured on this machine, 30,000 pods on 1,000 waiting nodes: 40-150 ms the first plan,
+16 ms each later one; a plan of 1,000 nodes takes about 80 ms without it). Pods that ended (Succeeded, Failed) and NodeGate's own stage pods
 never protect a node; a pod being deleted still does until it is gone (its job may still be running
 its shutdown).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from gate.api import keys
 from gate.api.common import LabelSelector
 from gate.kube.cache import slim
+from gate.rollout.snapshot import memo_match
 
 Obj = dict[str, Any]
 
@@ -47,12 +50,24 @@ def _running_on(pod: Obj, operator_namespace: str) -> str | None:
     return str(node)
 
 
+class _Running:
+    """A pod in the index: its labels, and which selectors match them, filled in as plans ask (labels
+    change only with a new event, which replaces the entry): each pod is matched once per selector,
+    not at every plan."""
+
+    __slots__ = ("labels", "matched")
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self.labels = labels
+        self.matched: dict[Hashable, bool] = {}
+
+
 class WorkloadIndex:
     """Pods running on each node, by node: fed every event of the workload cache."""
 
     def __init__(self, operator_namespace: str) -> None:
         self.namespace = operator_namespace
-        self._by_node: dict[str, dict[str, Mapping[str, str]]] = {}  # node -> "ns/name" -> labels
+        self._by_node: dict[str, dict[str, _Running]] = {}  # node -> "ns/name" -> the pod
         self._node_of: dict[str, str] = {}  # "ns/name" -> node
 
     def pod_event(self, kind: str, pod: Obj) -> tuple[Mapping[str, str], ...]:
@@ -63,18 +78,19 @@ class WorkloadIndex:
         labels: Mapping[str, str] = meta.get("labels") or {}
         node = None if kind == "DELETED" else _running_on(pod, self.namespace)
         before = self._node_of.get(key)
-        old_labels = self._by_node.get(before, {}).get(key) if before is not None else None
+        entry = self._by_node.get(before, {}).get(key) if before is not None else None
+        old_labels = entry.labels if entry is not None else None
         if before is not None and (before != node or old_labels != labels):
             pods = self._by_node[before]
             pods.pop(key, None)
             if not pods:
                 del self._by_node[before]
             del self._node_of[key]
-        if node is not None:
-            self._by_node.setdefault(node, {})[key] = labels
-            self._node_of[key] = node
         if before == node and old_labels == labels:
             return ()
+        if node is not None:
+            self._by_node.setdefault(node, {})[key] = _Running(labels)
+            self._node_of[key] = node
         return tuple(ls for ls in (old_labels, labels if node is not None else None) if ls is not None)
 
     def matching(self, selector: LabelSelector, nodes: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -88,7 +104,8 @@ class WorkloadIndex:
             pods = self._by_node.get(node)
             if not pods:
                 continue
-            found = tuple(sorted(key for key, labels in pods.items() if selector.matches(labels)))
+            found = tuple(sorted(key for key, pod in pods.items()
+                                 if memo_match(pod.matched, selector, pod.labels)))
             if found:
                 out[node] = found
         return out
