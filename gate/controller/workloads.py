@@ -14,8 +14,8 @@ index for its waiting nodes only, with no request: a dictionary lookup per pod o
 was matched (measured on this machine, 30,000 pods on 1,000 waiting nodes: 40-150 ms the first plan,
 16 ms each later one; a plan of 1,000 nodes takes about 80 ms without it).
 
-Pods that ended (Succeeded, Failed) and NodeGate's own stage pods never protect a node; a pod being deleted still does until it is gone (its job may still be running
-its shutdown).
+Pods that ended (Succeeded, Failed) and NodeGate's own stage pods never protect a node; a pod being
+deleted still does until it is gone (its job may still be running its shutdown).
 """
 
 from __future__ import annotations
