@@ -7,6 +7,12 @@ derived from the gate's state on the node alone, level-triggered: it is there ex
 says failed, and goes when the node gets another round (a rerun, a reset, a spec change), leaves the
 gate, or the gate is deleted.
 
+A node the gate cannot go on with for something outside it carries `nodegate.io/blocked.<gate>`
+(`blocked_condition`): reason ProtectedPods while it is not picked because its protected pods run,
+DrainBlocked while a PodDisruptionBudget holds its drain; the gate's plan decides it and it goes
+when the wait ends. Its lastTransitionTime is the start of the wait (the oldest wait of the gate's
+status is read from it).
+
 Conditions live in the Node's status, which kubelets write too: the operator sends a strategic merge
 patch of the status subresource that touches only its own entry (the list is merged by `type`).
 """
