@@ -51,10 +51,8 @@ async def fetch_snapshot(client: KubeClient, namespace: str, gate: str | None = 
                     workloads=await _protected_pods(client, gates), namespace=namespace)
 
 
-async def _protected_pods(client: KubeClient, gates: list[Obj]) -> list[Obj]:
-    """The pods of every namespace that some gate's podNonInterruptLabels match: one list per distinct
-    selector, filtered by the API server. None when the reader may not list pods: the status then
-    cannot tell which nodes wait for protected pods, as the operator can."""
+def protected_queries(gates: list[Obj]) -> list[str]:
+    """The label selector queries of the gates' podNonInterruptLabels, each once."""
     queries = set()
     for raw in gates:
         selector = (raw.get("spec") or {}).get("podNonInterruptLabels")
@@ -62,8 +60,15 @@ async def _protected_pods(client: KubeClient, gates: list[Obj]) -> list[Obj]:
             parsed = LabelSelector.model_validate(selector) if selector else None
             if parsed is not None and not parsed.is_empty():
                 queries.add(parsed.query())
+    return sorted(queries)
+
+
+async def _protected_pods(client: KubeClient, gates: list[Obj]) -> list[Obj]:
+    """The pods of every namespace that some gate's podNonInterruptLabels match: one list per distinct
+    selector, filtered by the API server. None when the reader may not list pods: the status then
+    cannot tell which nodes wait for protected pods, as the operator can."""
     found: dict[str, Obj] = {}
-    for query in sorted(queries):
+    for query in protected_queries(gates):
         try:
             for pod in await _items(client, PODS, label_selector=query):
                 found[f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"] = pod

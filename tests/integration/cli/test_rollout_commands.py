@@ -316,5 +316,17 @@ async def test_status_says_which_nodes_wait_for_their_protected_pods(scenario: S
         assert f"for its protected pods to finish: default/{job}" in text and nodes[0] in text
         data = json.loads((await cli.ok("status", g, "-o", "json")).out)
         assert json.dumps(data).count("protected-pods") >= 1
+        # The live status says the same, and says when the job ended.
+        env = {**os.environ, "KUBECONFIG": str(scenario.cluster.kubeconfig)}
+        async with async_group_process(sys.executable, "-m", "gate.cli.main", "status", g, "--watch",
+                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                       env=env) as watch:
+            assert watch.stdout is not None
+            await _read_until(watch.stdout, f"for its protected pods to finish: default/{job}")
+            await scenario.kube.delete(PODS, job, "default", body={"gracePeriodSeconds": 0})
+            await _read_until(watch.stdout, f"NodeGate {g}  Ready  2/2 complete")
+            ctrl_c(watch.pid)
+            _, err = await asyncio.wait_for(watch.communicate(), HANG_GUARD)
+        assert b"Traceback" not in err
     finally:
         await scenario.kube.delete(PODS, job, "default", body={"gracePeriodSeconds": 0})
