@@ -121,6 +121,16 @@ class LabelSelector(Model):
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
 
+    def query(self) -> str:
+        """The selector as a `labelSelector` query parameter (`k=v,k in (a,b),k notin (c),k,!k`), for a
+        list the API server filters."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for r in self.match_expressions:
+            values = ",".join(sorted(set(r.values)))
+            parts.append({"In": f"{r.key} in ({values})", "NotIn": f"{r.key} notin ({values})",
+                          "Exists": r.key, "DoesNotExist": f"!{r.key}"}[r.operator])
+        return ",".join(parts)
+
     @functools.cached_property
     def key(self) -> Hashable:
         """`canonical()`, worked out once: what a plan's memo of matches per node is keyed by

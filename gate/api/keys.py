@@ -80,6 +80,14 @@ def failed_condition(gate: str) -> str:
     return f"{GROUP}/failed.{gate}"
 
 
+def blocked_condition(gate: str) -> str:
+    """Type of the Node condition a node carries while `gate` cannot go on there for something outside
+    it: reason ProtectedPods (pods matching podNonInterruptLabels still run, named in the message) or
+    DrainBlocked (a PodDisruptionBudget refuses an eviction: the pod and the budget are named). Its
+    lastTransitionTime says since when the node waits."""
+    return f"{GROUP}/blocked.{gate}"
+
+
 def gate_of_state_annotation(key: str) -> str | None:
     prefix = f"{GROUP}/state."
     return key[len(prefix) :] if key.startswith(prefix) else None

@@ -328,7 +328,15 @@ class NodeGateSpec(Memoized):
     )
     wait_timeout: Duration | None = Field(
         default=None,
-        description=f"How long to wait for protected pods; forever when unset. At most {WAIT_TIMEOUT_MAX}.",
+        description=f"How long a node waits for its protected pods before it fails with WaitTimeout; forever "
+        f"when unset. At most {WAIT_TIMEOUT_MAX}.",
+    )
+    cordon_while_protected: bool = Field(
+        default=False,
+        description="Cordon a node whose protected pods still run, so that no new job lands there while they "
+        "finish; the node counts against the budget while it is so cordoned, and is cordoned only when no node "
+        "free of protected pods is left to start. When false (the default) such a node is neither picked nor "
+        "cordoned: the rollout takes the next node, and this one in its turn once its pods ended.",
     )
     drain: Drain = Field(default_factory=Drain, description="Drain settings.")
     additional_tolerations: list[Toleration] = Field(
@@ -347,7 +355,10 @@ class NodeCounts(Model):
     in_progress: int = Field(default=0, description="Nodes with work running.")
     failed: int = Field(default=0, description="Nodes where a stage failed for good.")
     waiting: int = Field(default=0, description="Nodes waiting for their turn.")
-    blocked: int = Field(default=0, description="Nodes blocked by a higher-priority gate or a stopped compartment.")
+    blocked: int = Field(default=0, description="Nodes blocked by a higher-priority gate, a stopped compartment or "
+                         "protected pods still running on them.")
+    waiting_for_pods: int = Field(default=0, description="Of the blocked nodes, those whose protected pods "
+                                  "(podNonInterruptLabels) still run: they start once the pods ended.")
     ignored: int = Field(default=0, description="Nodes the selector matches that carry nodegate.io/ignore=true: the "
                          "gate skips them, and Ready says so (they are not in matched).")
 
@@ -398,7 +409,8 @@ class NodeGateStatus(Model):
         "Deleting while the gate is being deleted (its reason "
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
         "(annotation nodegate.io/disabled=true); ImagesResolved while the operator resolves package images to "
-        "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image).",
+        "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image); "
+        "DrainBlocked while a PodDisruptionBudget holds a drain (it names the node, the pod and the budget).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(
@@ -407,6 +419,10 @@ class NodeGateStatus(Model):
     )
     progress: str | None = Field(default=None, description="Complete of matched nodes, e.g. 12/40.")
     nodes: NodeCounts = Field(default_factory=NodeCounts, description="Node counts by state.")
+    waiting_for_pods_since: str | None = Field(
+        default=None, description="Since when the node that has waited longest for its protected pods waits "
+        "(RFC 3339); unset while none waits.",
+    )
     compartments: list[CompartmentStatus] = Field(
         default_factory=list,
         description="Rollout progress per compartment.",

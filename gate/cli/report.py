@@ -22,6 +22,7 @@ from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
 from gate.cli.stagepods import running as running_steps
 from gate.controller.views import fleet_node
+from gate.controller.workloads import WorkloadIndex
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
 from gate.rollout import PolicyMismatch, Wait
@@ -40,7 +41,8 @@ PHASE_TEXT = {
     "post-interrupt": "post-interrupt checks",
     "finish": "finishing",
 }
-WAIT_ORDER = ("starting", "stopped", "paused", "priority", "outside-window", "batch-running", "budget-full", "queued")
+WAIT_ORDER = ("starting", "stopped", "paused", "priority", "protected-pods", "outside-window", "batch-running",
+              "budget-full", "queued")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class Snapshot:
     nodes: Sequence[Obj]
     pods: Sequence[Obj] = ()  # the operator's stage pods
     pods_visible: bool = True  # False when the reader may not list pods there: no stage names then
+    workloads: Sequence[Obj] = ()  # pods of any namespace matching some gate's podNonInterruptLabels
+    namespace: str = "nodegate-system"  # the operator's: its stage pods protect no node
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ def build_reports(snapshot: Snapshot, now: datetime, names: Sequence[str] | None
             broken[name] = str(exc).splitlines()[0]
     fleet = [fleet_node(n) for n in snapshot.nodes]
     running = running_steps(snapshot.pods)
+    workloads = WorkloadIndex(snapshot.namespace)
+    for pod in snapshot.workloads:
+        workloads.pod_event("ADDED", pod)
+    node_names = [n.view.name for n in fleet]
     live = [g for g in gates.values() if not g.metadata.deletion_timestamp]
     wanted = list(names) if names is not None else sorted({*gates, *broken})
     reports = []
@@ -158,14 +166,16 @@ def build_reports(snapshot: Snapshot, now: datetime, names: Sequence[str] | None
         if name in broken:
             reports.append(_unreadable(name, broken[name]))
         elif name in gates:
+            selector = gates[name].spec.pod_non_interrupt_labels
+            protected = workloads.matching(selector, node_names) if selector is not None else {}
             reports.append(gate_report(gates[name], snapshot.policies, fleet, live, running, now,
-                                       pods_visible=snapshot.pods_visible))
+                                       pods_visible=snapshot.pods_visible, protected=protected))
     return reports
 
 
 def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[FleetNode], gates: Sequence[NodeGate],
                 running: Mapping[tuple[str, str], tuple[str, ...]], now: datetime, *,
-                pods_visible: bool = True) -> GateReport:
+                pods_visible: bool = True, protected: Mapping[str, Sequence[str]] | None = None) -> GateReport:
     notes: list[str] = []
     policy: DeploymentPolicy | None = None
     wanted = gate.spec.deployment_policy
@@ -185,7 +195,7 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
 
     try:
         gplan = plan_gate(gate, policy, fleet, gates=gates, now=now,
-                          gate_created=parse_time(gate.metadata.creation_timestamp))
+                          gate_created=parse_time(gate.metadata.creation_timestamp), protected=protected)
     except PolicyMismatch:
         notes.insert(0, f"DeploymentPolicy {wanted} does not exist: the operator starts nothing until it does")
         return _without_plan(gate, fleet, running, now, notes)

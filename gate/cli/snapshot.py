@@ -9,10 +9,14 @@ missing API (the CRDs not installed) is left to `gate.cli.kubectx.api_errors` to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from gate.api import keys
+from gate.api.common import LabelSelector
 from gate.cli import stagepods
 from gate.cli.errors import CliError
 from gate.cli.kubectx import missing_api
@@ -43,7 +47,34 @@ async def fetch_snapshot(client: KubeClient, namespace: str, gate: str | None = 
     if gate is not None and not any(g["metadata"]["name"] == gate for g in gates):
         raise CliError(f"no NodeGate named {gate} (`kubectl get ng` lists them)")
     return Snapshot(gates=gates, policies={p["metadata"]["name"]: p for p in policies}, nodes=nodes,
-                    pods=pod_items or [], pods_visible=pod_items is not None)
+                    pods=pod_items or [], pods_visible=pod_items is not None,
+                    workloads=await _protected_pods(client, gates), namespace=namespace)
+
+
+def protected_queries(gates: list[Obj]) -> list[str]:
+    """The label selector queries of the gates' podNonInterruptLabels, each once."""
+    queries = set()
+    for raw in gates:
+        selector = (raw.get("spec") or {}).get("podNonInterruptLabels")
+        with contextlib.suppress(ValidationError):
+            parsed = LabelSelector.model_validate(selector) if selector else None
+            if parsed is not None and not parsed.is_empty():
+                queries.add(parsed.query())
+    return sorted(queries)
+
+
+async def _protected_pods(client: KubeClient, gates: list[Obj]) -> list[Obj]:
+    """The pods of every namespace that some gate's podNonInterruptLabels match: one list per distinct
+    selector, filtered by the API server. None when the reader may not list pods: the status then
+    cannot tell which nodes wait for protected pods, as the operator can."""
+    found: dict[str, Obj] = {}
+    for query in protected_queries(gates):
+        try:
+            for pod in await _items(client, PODS, label_selector=query):
+                found[f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"] = pod
+        except Forbidden:
+            return []
+    return list(found.values())
 
 
 def reports_of(snapshot: Snapshot, gate: str | None) -> list[GateReport]:

@@ -27,7 +27,8 @@ from gate.cli.kubectx import api_errors, connect
 from gate.cli.output import print_data
 from gate.cli.render import render_rich, render_text, report_data
 from gate.cli.report import GateReport, Snapshot
-from gate.cli.snapshot import fetch_snapshot, reports_of
+from gate.cli.snapshot import fetch_snapshot, protected_queries, reports_of
+from gate.controller.workloads import workload_fields
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed, Forbidden
 
@@ -51,6 +52,10 @@ class StatusFeed:
         self.pods = WatchCache(client, PODS, namespace=namespace, label_selector=stagepods.SELECTOR,
                                give_up_after=give_up_after)
         self.caches = (self.gates, self.policies, self.nodes, self.pods)
+        self.client = client
+        self.namespace = namespace
+        self.give_up_after = give_up_after
+        self.protected: list[WatchCache] = []  # per podNonInterruptLabels of the gates at the start
         self.pods_visible = True
         for cache in self.caches:
             cache.subscribe(lambda kind, obj: self.changed.set())
@@ -61,15 +66,29 @@ class StatusFeed:
             await self.pods.start()
         except Forbidden:
             self.pods_visible = False
+        # The protected pods of the gates there are now, for which nodes wait for them (a gate created
+        # while the status runs is planned without its protected pods until the next run).
+        from gate.kube.cache import WatchCache
+
+        for query in protected_queries(self.gates.items()):
+            cache = WatchCache(self.client, PODS, label_selector=query, give_up_after=self.give_up_after,
+                               transform=workload_fields)
+            try:
+                await cache.start()
+            except Forbidden:
+                break
+            cache.subscribe(lambda kind, obj: self.changed.set())
+            self.protected.append(cache)
 
     async def stop(self) -> None:
-        for cache in self.caches:
+        for cache in (*self.caches, *self.protected):
             await cache.stop()
 
     def snapshot(self) -> Snapshot:
         return Snapshot(gates=self.gates.items(),
                         policies={p["metadata"]["name"]: p for p in self.policies.items()},
-                        nodes=self.nodes.items(), pods=self.pods.items(), pods_visible=self.pods_visible)
+                        nodes=self.nodes.items(), pods=self.pods.items(), pods_visible=self.pods_visible,
+                        workloads=[p for c in self.protected for p in c.items()], namespace=self.namespace)
 
     def failing(self) -> ConnectionFailed | ApiError | None:
         """Why a cache cannot reach the API server right now (it is retrying), or None."""

@@ -97,6 +97,28 @@ class Executor:
 
         await asyncio.gather(*(sync(node, patch) for node, patch in patches))
 
+    async def write_blocked_conditions(self, gate: str, wanted: Mapping[str, NodeCondition | None], *,
+                                       only_present: bool = False) -> None:
+        """Write the blocked conditions a plan decided (node -> wanted, None: remove), 16 at a time,
+        where the node's differs (`only_present`: only removals of one the node carries)."""
+        sem = asyncio.Semaphore(16)
+        kind, now = keys.blocked_condition(gate), datetime.now(UTC)
+        patches = []
+        for node, condition in wanted.items():
+            obj = self.world.nodes.get(node)
+            current = node_view(obj).conditions.get(kind) if obj is not None else None
+            if only_present and current is None:
+                continue
+            patch = condition_patch(current, condition, kind, now)
+            if patch is not None:
+                patches.append((node, patch))
+
+        async def sync(node: str, patch: Obj) -> None:
+            async with sem:
+                await self._patch_condition(node, patch)
+
+        await asyncio.gather(*(sync(node, patch) for node, patch in patches))
+
     async def write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
         kind = keys.failed_condition(gate)
         patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from gate.api import keys
 from gate.api.common import Condition
-from gate.api.nodegate import NodeGate
+from gate.api.nodegate import NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
 from gate.controller.events import EventRecorder
@@ -91,13 +91,17 @@ class GateReconciler:
         created = parse_time(gate.metadata.creation_timestamp)
         fleet = self.world.fleet()
         gplan = plan_gate(gate, policy, fleet, gates=self.world.all_gates(), now=now, gate_created=created,
-                          busy=self.world.busy_nodes(name))
+                          busy=self.world.busy_nodes(name), protected=self.world.protected_pods(gate, fleet))
         self.metrics.drains_blocked_now.labels(name).set(sum(1 for n in fleet if _drain_blocked(n.states.get(name))))
         # Node writes that lost a race are retried through the queue; status waits for them so that
         # compartment progress is never written ahead of the nodes it counts.
         await self.executor.write_node_updates(gate, gplan.updates)
         await self.executor.sync_failure_conditions(name)
-        await self._write_status(obj, self._with_images(gate, gplan.status.to_wire()))
+        await self.executor.write_blocked_conditions(name, gplan.conditions)
+        status = self._with_images(gate, gplan.status.to_wire())
+        if "waitingForPodsSince" in (obj.get("status") or {}) and "waitingForPodsSince" not in status:
+            status["waitingForPodsSince"] = None  # a merge patch removes a field only when told so
+        await self._write_status(obj, status)
         if gplan.requests_done:
             annotations: dict[str, str | None] = dict.fromkeys(gplan.requests_done)
             patched = await self.client.patch(NODEGATES, name, {"metadata": {"annotations": annotations}})
@@ -106,6 +110,9 @@ class GateReconciler:
             await self.recorder.emit(obj, event.type, event.reason, event.message)
         await self._report_refused(obj, name, fleet)
         self._gate_metrics(gate, gplan.status.to_wire())
+        self._wait_metrics(name, gplan.status)
+        if gplan.recheck_after is not None:  # a node reaches waitTimeout then, with no event to say so
+            self.world.queue.add_after(GateKey(name), gplan.recheck_after + 0.5)
         self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
                                  self._packages_in_use())
 
@@ -250,6 +257,14 @@ class GateReconciler:
             self.metrics.c_failures.labels(*labels).set(c.get("consecutiveFailures", 0))
             self.metrics.c_stopped.labels(*labels).set(1 if c.get("state") == "stopped" else 0)
 
+    def _wait_metrics(self, gate: str, status: NodeGateStatus) -> None:
+        self.metrics.waiting_for_pods.labels(gate).set(status.nodes.waiting_for_pods)
+        since = parse_time(status.waiting_for_pods_since) if status.waiting_for_pods_since else None
+        if since is not None:
+            self.metrics.waiting_for_pods_since.labels(gate).set(since.timestamp())
+        else:
+            self.metrics.waiting_for_pods_since.remove_where(lambda s: s.get("gate") == gate)
+
     async def _finalize(self, gate: NodeGate, obj: Obj) -> None:
         """Deleting a gate: uninstall what can be, uncordon, remove every node key, then let go."""
         annotation = keys.state_annotation(gate.name)
@@ -280,6 +295,8 @@ class GateReconciler:
             if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
                 await self.executor.write_node_update(gate, node_obj["metadata"]["name"], leftover, base=node_obj)
             await self.executor.write_failure_condition(gate.name, node_view(node_obj), None)
+            await self.executor.write_blocked_conditions(gate.name, {node_obj["metadata"]["name"]: None},
+                                                         only_present=True)
         if keys.FINALIZER in gate.metadata.finalizers:
             rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
             with contextlib.suppress(ApiError):

@@ -69,6 +69,12 @@ class OperatorMetrics:
                                       ["gate"])
         self.drains_blocked_now = gauge("nodegate_drains_blocked",
                                         "Nodes whose drain a PodDisruptionBudget holds up right now", ["gate"])
+        self.waiting_for_pods = gauge("nodegate_nodes_waiting_for_pods",
+                                      "Nodes not picked (or held cordoned) while their protected pods run", ["gate"])
+        self.waiting_for_pods_since = gauge(
+            "nodegate_waiting_for_pods_since_timestamp_seconds",
+            "Unix time since when the node that has waited longest for its protected pods waits (absent while "
+            "none waits): `time() - ...` is the oldest wait", ["gate"])
         self.taint_removals = counter("nodegate_readiness_taint_removals_total",
                                       "Readiness taints removed from nodes", ["gate"])
         self.taints_added = counter("nodegate_readiness_taints_added_total",

@@ -41,6 +41,7 @@ from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconcile
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
+from gate.controller.workloads import gates_protecting
 from gate.controller.world import World
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES
@@ -93,6 +94,7 @@ class Operator:
         for cache in world.caches:
             cache.synced = False
         world.pods.subscribe(self._on_pod)
+        world.workloads.subscribe(self._on_workload)
         world.nodes.subscribe(self._on_node)
         world.gates.subscribe(self._on_gate)
         world.policies.subscribe(self._on_policy)
@@ -101,6 +103,8 @@ class Operator:
             await self._start_caches(world.caches)
             for pod in world.pods.items():
                 world.index.pod_event("ADDED", pod)
+            for pod in world.workloads.items():
+                world.workload_index.pod_event("ADDED", pod)
             await self._sign_records(adopt=adopt)
             self.ready = True
             gc.freeze()  # the first lists and the imports live long: out of the collector's scans (gate.cli.operator)
@@ -287,6 +291,15 @@ class Operator:
         replan = self.world.node_replans(kind, obj)
         self._queue(triggers.on_node(kind, obj, self.world.gates.items(), replan=replan,
                                      in_round=self.world.rounds_on(obj["metadata"]["name"])))
+
+    def _on_workload(self, kind: str, pod: Obj) -> None:
+        """A pod anywhere started or ended on a node: plan the gates it is a protected pod of, so that
+        a node whose protected job ended is picked in its turn."""
+        changed = self.world.workload_index.pod_event(kind, pod)
+        if changed:
+            gates = [(g.name, g.spec.pod_non_interrupt_labels) for g in self.world.all_gates()]
+            for gate in gates_protecting(changed, gates):
+                self.world.gate_later(gate)
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         self.world.index.pod_event(kind, pod)

@@ -66,16 +66,17 @@ CLUSTER_RULES: list[Rule] = [
     Rule([""], ["nodes"], ["patch"],
          "one write per step: state annotation, status label, cordon and the readiness taint"),
     Rule([""], ["nodes/status"], ["patch"],
-         "the condition nodegate.io/failed.<gate> on a failed node (kubectl describe node shows why)"),
-    Rule([""], ["pods"], ["list"],
-         "pods on a node (every namespace) to wait for and to drain; also the first list of the stage pod cache"),
+         "the conditions nodegate.io/failed.<gate> on a failed node and nodegate.io/blocked.<gate> on one "
+         "held by protected pods or a PodDisruptionBudget (kubectl describe node shows why)"),
+    Rule([""], ["pods"], ["list", "watch"],
+         "pods on a node (every namespace) to drain; the cache of every pod's node and labels, so a node whose "
+         "protected pods run is not picked; also the cache of stage pods (their steps' ends and termination "
+         "messages)"),
     Rule([""], ["pods/eviction"], ["create"], "drain with the Eviction API so PodDisruptionBudgets are respected"),
 ]
 
 # Role in the operator's namespace: stage pods and their config, the leader Lease.
 NAMESPACE_RULES: list[Rule] = [
-    Rule([""], ["pods"], ["watch"],
-         "the cache of stage pods: their steps' ends and termination messages (list: the cluster rule)"),
     Rule([""], ["pods"], ["create", "delete"],
          "run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded"),
     Rule([""], ["configmaps"], ["create"],

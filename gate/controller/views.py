@@ -42,7 +42,7 @@ def node_view(node: Obj) -> NodeView:
     ready = node_ready(node)
     taints = tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or [])
     ours = {c["type"]: NodeCondition(c["type"], str(c.get("status", "")), str(c.get("reason", "")),
-                                     str(c.get("message", "")))
+                                     str(c.get("message", "")), c.get("lastTransitionTime"))
             for c in status.get("conditions") or [] if str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)}
     return NodeView(
         name=meta.get("name", ""),

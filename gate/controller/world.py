@@ -24,6 +24,7 @@ from gate.controller.settings import OperatorSettings
 from gate.controller.signing import Signer
 from gate.controller.triggers import GateKey, GateSeen, WorkKey
 from gate.controller.views import fleet_node, node_fields
+from gate.controller.workloads import WorkloadIndex, workload_fields
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.objects import pod_ended
@@ -51,6 +52,9 @@ class World:
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
                                transform=stage_pod_fields)
         self.index = StageIndex()
+        # Every pod of the cluster, slimmed, for the pods running on each node (gate.controller.workloads).
+        self.workloads = WatchCache(client, PODS, transform=workload_fields)
+        self.workload_index = WorkloadIndex(settings.namespace)
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}
         self.node_seen: dict[str, FleetNode] = {}  # each node as its last watch event showed it
@@ -67,7 +71,7 @@ class World:
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
-        return (self.gates, self.policies, self.nodes, self.pods)
+        return (self.gates, self.policies, self.nodes, self.pods, self.workloads)
 
     def gate_later(self, gate: str, *, soon: bool = False) -> None:
         # Debounce node events into gate reconciles, and never spend more than about a fifth of the
@@ -161,6 +165,20 @@ class World:
             return False
         state = self.fleet_node(obj).states.get(gate)
         return isinstance(state, NodeGateState) and state.status == "in-progress"
+
+    def protected_pods(self, gate: NodeGate, fleet: list[FleetNode]) -> dict[str, tuple[str, ...]]:
+        """Per node not started for `gate` (not in a round, not finished), the pods matching its
+        podNonInterruptLabels that run there: what keeps the planner from picking the node. Only those
+        nodes are looked at, so a rollout's cost shrinks as it goes."""
+        selector = gate.spec.pod_non_interrupt_labels
+        if selector is None or selector.is_empty():
+            return {}
+        candidates = []
+        for node in fleet:
+            progress = node.progresses.get(gate.name)
+            if progress is None or not (progress.finished or progress.in_flight):
+                candidates.append(node.view.name)
+        return self.workload_index.matching(selector, candidates)
 
     def busy_nodes(self, gate: str) -> set[str]:
         """Nodes where a stage pod of `gate` has not ended."""

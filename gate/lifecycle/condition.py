@@ -7,13 +7,20 @@ derived from the gate's state on the node alone, level-triggered: it is there ex
 says failed, and goes when the node gets another round (a rerun, a reset, a spec change), leaves the
 gate, or the gate is deleted.
 
+A node the gate cannot go on with for something outside it carries `nodegate.io/blocked.<gate>`
+(`blocked_condition`): reason ProtectedPods while it is not picked because its protected pods run,
+DrainBlocked while a PodDisruptionBudget holds its drain; the gate's plan decides it and it goes
+when the wait ends. Its lastTransitionTime is the start of the wait (the oldest wait of the gate's
+status is read from it).
+
 Conditions live in the Node's status, which kubelets write too: the operator sends a strategic merge
 patch of the status subresource that touches only its own entry (the list is merged by `type`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +36,7 @@ class NodeCondition:
     status: str
     reason: str
     message: str
+    since: str | None = field(default=None, compare=False)  # lastTransitionTime, as read from the Node
 
 
 def failure_condition(gate: str, state: NodeGateState | StateParseError | None) -> NodeCondition | None:
@@ -43,6 +51,26 @@ def failure_condition(gate: str, state: NodeGateState | StateParseError | None) 
     where = f"package {f.package} failed in stage {f.stage}" if f.package else f"failed in step {f.stage}"
     detail = failure_message(f.message)
     return NodeCondition(kind, "True", f.reason, f"NodeGate {gate}: {where}" + (f": {detail}" if detail else ""))
+
+
+def blocked_condition(gate: str, node: str, state: NodeGateState | StateParseError | None,
+                      protected: Sequence[str] = ()) -> NodeCondition | None:
+    """The condition saying why the gate cannot go on at the node for something outside it, or None.
+
+    DrainBlocked: the round is draining and a PodDisruptionBudget refused an eviction (the state's
+    `drainBlockedBy` names the pod and the budget); it goes once the drain goes on. ProtectedPods:
+    the node is not picked while `protected` (pods matching podNonInterruptLabels) run; it goes once
+    they ended and the node is picked. Both name the node, for an alert that quotes the message."""
+    kind = keys.blocked_condition(gate)
+    if (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
+            and state.drain_blocked_by):
+        return NodeCondition(kind, "True", "DrainBlocked", f"NodeGate {gate}: the drain of node {node} is held by a "
+                             f"PodDisruptionBudget: {state.drain_blocked_by}")
+    if protected:
+        names = ", ".join(protected[:10]) + (f" and {len(protected) - 10} more" if len(protected) > 10 else "")
+        return NodeCondition(kind, "True", "ProtectedPods", f"NodeGate {gate} waits to interrupt node {node} until "
+                             f"its protected pods finish: {names}")
+    return None
 
 
 def condition_patch(current: NodeCondition | None, wanted: NodeCondition | None, kind: str,

@@ -7,6 +7,7 @@ this module turns that into node updates and the gate's status.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,10 +15,12 @@ from datetime import datetime
 from typing import Literal
 
 from gate.api import keys
+from gate.api.common import parse_duration
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.records import Refusal
 from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
+from gate.lifecycle.condition import NodeCondition, blocked_condition
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
@@ -75,6 +78,8 @@ class GatePlan:
     active: list[str]  # nodes in progress: the node-level reconcile drives them
     events: list[EventRequest]
     rollout: Plan | None
+    conditions: dict[str, NodeCondition | None] = field(default_factory=dict)  # blocked conditions to write
+    recheck_after: float | None = None  # seconds until a node waiting for protected pods reaches waitTimeout
     resumed: bool = False  # a resume request was acted on: the operator removes the annotation
     restarted: bool = False  # likewise a restart request (`nodegate reset GATE`)
 
@@ -90,7 +95,9 @@ def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
         return GateProgress()
     if isinstance(state, StateParseError):
         return GateProgress(status="failed")
-    disrupted = state.status == "in-progress" or (state.status == "failed" and state.cordoned)
+    # A waiting node the gate cordoned (while its protected pods finish, or left so by a failed round)
+    # is out of service as much as one in a round: it counts against the ceiling until it finishes.
+    disrupted = state.status == "in-progress" or (state.status in ("failed", "waiting") and state.cordoned)
     return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
 
 
@@ -208,9 +215,11 @@ def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
 
 def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
               gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
-              busy: Collection[str] = ()) -> GatePlan:
+              busy: Collection[str] = (), protected: Mapping[str, Sequence[str]] | None = None) -> GatePlan:
     """`busy`: nodes where a stage pod of this gate has not ended;
-    a person's reset or rerun waits for them, so it never uncordons a node under a running stage."""
+    a person's reset or rerun waits for them, so it never uncordons a node under a running stage.
+    `protected`: per node, the pods matching the gate's podNonInterruptLabels that still run there
+    ("namespace/name"; the operator looks only at nodes that have not started)."""
     name = gate.name
     generation = gate.metadata.generation or 0
     spec_hash = rollout_hash(gate)
@@ -283,7 +292,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     if resumed:
         gate_for_plan = resumed_gate(gate_for_plan, gate.metadata.annotations[keys.RESUME_ANNOTATION])
         events.append(EventRequest("gate", "Normal", "Resumed", "A person resumed the rollout"))
-    rollout = plan(gate_for_plan, policy, snapshots, now=now, gates=gates)
+    rollout = plan(gate_for_plan, policy, snapshots, now=now, gates=gates, protected=protected)
     states = {n.view.name: n for n in fleet}
     for start in rollout.starts:
         node = states[start.node]
@@ -293,15 +302,19 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         up.state = start_round(base, gate=gate, batch=start.batch, compartment=start.compartment,
                                boot_id=node.view.boot_id, now=now)
         up.change.status = "in-progress"
+    _holds(gate, rollout, states, updates)
+    timed_out, recheck_after = _wait_timeouts(gate, rollout, states, updates, now, spec_hash)
     for node_name, wait in rollout.waits.items():
-        if node_name in updates and updates[node_name].change.status in ("in-progress",):
+        if node_name in timed_out or (node_name in updates and updates[node_name].change.status == "in-progress"):
             continue
         if states[node_name].view.labels.get(keys.status_label(name)) != wait.status:
             _update(updates, node_name).change.status = wait.status
     events += rollout_events(rollout)
+    conditions, waiting_since = _blocked_conditions(gate, fleet, rollout, updates, timed_out, now)
 
     active = []
     by_status = dict.fromkeys(("in-progress", "complete", "failed", "blocked", "waiting"), 0)
+    for_pods = 0
     for node in selected:
         queued = updates.get(node.view.name)
         recorded = node.states.get(name)
@@ -312,12 +325,127 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
         elif node_status not in ("complete", "failed"):
             node_wait = rollout.waits.get(node.view.name)
             node_status = "blocked" if node_wait is not None and node_wait.status == "blocked" else "waiting"
+            for_pods += node_wait is not None and node_wait.reason == "protected-pods"
         by_status[node_status] += 1
     counts = NodeCounts(matched=len(selected), in_progress=by_status["in-progress"], complete=by_status["complete"],
                         failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"],
-                        ignored=ignored)
-    return GatePlan(updates, gate_status(gate, counts, rollout.statuses(), now, spec_hash), active, events,
-                    rollout, resumed=resumed, restarted=restarted)
+                        waiting_for_pods=for_pods, ignored=ignored)
+    status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet))
+    status.waiting_for_pods_since = waiting_since
+    return GatePlan(updates, status, active, events, rollout, conditions, recheck_after, resumed=resumed,
+                    restarted=restarted)
+
+
+def _holds(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate]) -> None:
+    """Cordon the nodes the plan holds while their protected pods finish, and uncordon those it lets go:
+    the cordon, `cordoned-by` and the state's `cordoned` in one write. A node someone else cordoned is
+    left as it is (it takes no new job already, and NodeGate never takes over another's cordon)."""
+    name = gate.name
+    for node_name in rollout.holds:
+        node = states[node_name]
+        if node.view.unschedulable:
+            continue
+        current = updates.get(node_name)
+        base = (current.state if current and current.state else None) or _state(node.states.get(name))
+        up = _update(updates, node_name)
+        up.state = base.model_copy(update={"status": "waiting", "batch": 0, "cordoned": True})
+        up.change.unschedulable = True
+        up.change.cordoned_by = name
+        up.events.append(EventRequest("node", "Normal", "Cordoned", f"NodeGate {name} cordoned the node while its "
+                                      "protected pods finish (spec.cordonWhileProtected), so that no new job lands"))
+    for node_name in rollout.releases:
+        node = states[node_name]
+        current = updates.get(node_name)
+        base = (current.state if current and current.state else None) or _state(node.states.get(name))
+        up = _update(updates, node_name)
+        up.state = base.model_copy(update={"cordoned": False})
+        if node.view.cordoned_by == name:
+            up.change.unschedulable = False
+            up.change.clear_cordoned_by = True
+            up.events.append(EventRequest("node", "Normal", "Uncordoned", f"NodeGate {name} uncordoned the node: it "
+                                          "does not hold nodes while protected pods run (spec.cordonWhileProtected)"))
+
+
+def _blocked_since(gate: str, node: FleetNode, now: datetime) -> datetime:
+    """Since when the node waits for its protected pods: the ProtectedPods condition's transition, now
+    when it has none yet (it is written after this plan)."""
+    current = node.view.conditions.get(keys.blocked_condition(gate))
+    if current is not None and current.reason == "ProtectedPods" and current.since:
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(current.since.replace("Z", "+00:00"))
+    return now
+
+
+def _wait_timeouts(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate],
+                   now: datetime, spec_hash: str) -> tuple[set[str], float | None]:
+    """Fail the nodes that waited for their protected pods longer than `waitTimeout` (WaitTimeout,
+    naming the pods), as a round does that waits for pods picked up after its node was picked. Such a
+    node was never picked: it is in no batch, and its failure counts in no batch's judgement. Returns
+    them, and the seconds until the next waiting node reaches the timeout (for the operator to plan
+    again then: nothing else may happen meanwhile)."""
+    limit = gate.spec.wait_timeout
+    if not limit:
+        return set(), None
+    seconds = parse_duration(limit).total_seconds()
+    failed: set[str] = set()
+    recheck: float | None = None
+    for node_name, wait in rollout.waits.items():
+        if wait.reason != "protected-pods":
+            continue
+        node = states[node_name]
+        left = seconds - (now - _blocked_since(gate.name, node, now)).total_seconds()
+        if left > 0:
+            recheck = left if recheck is None else min(recheck, left)
+            continue
+        current = updates.get(node_name)
+        base = (current.state if current and current.state else None) or _state(node.states.get(gate.name))
+        names = ", ".join(wait.pods[:5])
+        message = f"protected pods still running after {limit}: {names}"
+        up = _update(updates, node_name)
+        up.state = base.model_copy(update={"status": "failed", "batch": 0, "failure": Failure(
+            stage="wait-pods", reason="WaitTimeout", message=message, generation=gate.metadata.generation or 0,
+            rollout_hash=spec_hash)})
+        up.change.status = "failed"
+        text = f"Node {node_name} failed in step wait-pods: WaitTimeout: {message}"
+        up.events.append(EventRequest("node", "Warning", "WaitTimeout", text))
+        up.events.append(EventRequest("gate", "Warning", "WaitTimeout", text))
+        failed.add(node_name)
+    return failed, recheck
+
+
+def _blocked_conditions(gate: NodeGate, fleet: Sequence[FleetNode], rollout: Plan,
+                        updates: Mapping[str, NodeUpdate], timed_out: Collection[str],
+                        now: datetime) -> tuple[dict[str, NodeCondition | None], str | None]:
+    """The blocked conditions to write (node -> wanted, None: remove), and since when the node that has
+    waited longest for its protected pods waits (None: none waits)."""
+    name, kind = gate.name, keys.blocked_condition(gate.name)
+    out: dict[str, NodeCondition | None] = {}
+    oldest: datetime | None = None
+    for node in fleet:
+        node_name = node.view.name
+        wait = rollout.waits.get(node_name)
+        pods = wait.pods if wait is not None and wait.reason == "protected-pods" and node_name not in timed_out else ()
+        queued = updates.get(node_name)
+        state = queued.state if queued is not None and queued.state is not None else node.states.get(name)
+        wanted = blocked_condition(name, node_name, state, pods) if node.selected_by(gate) else None
+        if pods:
+            since = _blocked_since(name, node, now)
+            oldest = since if oldest is None else min(oldest, since)
+        if node.view.conditions.get(kind) != wanted:
+            out[node_name] = wanted
+    stamp = oldest.isoformat(timespec="seconds").replace("+00:00", "Z") if oldest is not None else None
+    return out, stamp
+
+
+def _blocked_drains(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str]]:
+    """(node, what holds its drain) for every node whose drain a PodDisruptionBudget holds."""
+    out = []
+    for node in fleet:
+        state = node.states.get(gate)
+        if (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
+                and state.drain_blocked_by):
+            out.append((node.view.name, state.drain_blocked_by))
+    return out
 
 
 def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
@@ -451,7 +579,9 @@ def _word(value: bool) -> Literal["True", "False"]:
 
 
 def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
-                now: datetime, spec_hash: str) -> NodeGateStatus:
+                now: datetime, spec_hash: str, drains: Sequence[tuple[str, str]] = ()) -> NodeGateStatus:
+    """`drains`: (node, what holds it) for each drain a PodDisruptionBudget holds: the DrainBlocked
+    condition, present only while one is (abnormal-true, like kstatus' Stalled)."""
     generation = gate.metadata.generation or 0
     previous = gate.status.conditions if gate.status is not None else []
     stopped = [c.name for c in compartments if c.state == "stopped"]
@@ -491,6 +621,12 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
         condition("Paused", _word(paused), "Paused" if paused else "NotPaused",
                   "spec.paused is true" if paused else "spec.paused is false", previous, now, generation),
     ]
+    if drains:
+        held = "; ".join(f"node {node}: {what}" for node, what in drains[:5])
+        more = f"; and {len(drains) - 5} more nodes" if len(drains) > 5 else ""
+        conditions.append(condition("DrainBlocked", "True", "PodDisruptionBudget",
+                                    f"A PodDisruptionBudget holds the drain of {len(drains)} node(s): {held}{more}",
+                                    previous, now, generation))
     verdict = rollout_verdict(gate.name, counts, compartments, paused)
     conditions = with_verdict(conditions, verdict, previous, now, generation)
     summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"

@@ -64,13 +64,22 @@ IANA zone; an unknown zone never opens). Running nodes always finish. A paused g
 `sequencing: all`: the gate waits until every higher-priority gate is complete on all its nodes.
 Equal priorities do not wait for each other.
 
+**Protected pods.** A node where pods matching the gate's `podNonInterruptLabels` still run is not
+picked, cordoned or counted against the budget: the planner takes the next node, so one long job
+holds back its own node only (`Wait` reason `protected-pods`, status `blocked`, naming the pods).
+When they end, the node is picked in its turn. With `cordonWhileProtected` the gate cordons such
+nodes, so that no new job lands there, but only once every node free of protected pods has started,
+and only within the budget left: a held node counts against the ceiling until it finishes, and
+starts without taking more (`CompartmentPlan.hold`; `release` lets them go if the setting is turned
+off).
+
 **Order.** Within a compartment, nodes are picked by the SHA-256 of their name (see
 `gate.rollout.order`): reproducible everywhere, the same for every gate, and spread across racks
 and zones that node names usually encode.
 
 **Why a node waits** (`Plan.waits`, most fundamental reason first): stopped, paused, priority,
-outside-window, batch-running, budget-full, queued. `stopped` and `priority` make the node's status
-`blocked`; the others `waiting`.
+protected-pods, outside-window, batch-running, budget-full, queued. `stopped`, `priority` and
+`protected-pods` make the node's status `blocked`; the others `waiting`.
 
 `simulate` runs the same planner forward assuming every node succeeds: the batches `nodegate plan`
 prints.

@@ -21,19 +21,22 @@ from gate.rollout.snapshot import GateProgress, NodeSnapshot
 from gate.rollout.strategy import close_batch
 from gate.rollout.window import require_aware, windows_open
 
-WaitReason = Literal["stopped", "paused", "priority", "outside-window", "batch-running", "budget-full", "queued"]
+WaitReason = Literal["stopped", "paused", "priority", "protected-pods", "outside-window", "batch-running",
+                     "budget-full", "queued"]
 """Why a node that has not started does not start now, most fundamental first:
 
 * stopped        — its compartment hit failureThreshold; a person must resume it
 * paused         — the gate is paused
 * priority       — a higher-priority gate is not complete yet (`Wait.gates` names them)
+* protected-pods — pods matching the gate's podNonInterruptLabels still run on it (`Wait.pods` names
+                   them): it is not picked while they run, so a long job holds back only its own node
 * outside-window — no maintenance window is open
 * batch-running  — the compartment's current batch has not finished (batches are sticky)
 * budget-full    — disrupted nodes already fill the ceiling (e.g. failed nodes still cordoned)
 * queued         — a batch started now without it; it goes in a later batch
 """
 
-_BLOCKING: frozenset[WaitReason] = frozenset({"stopped", "priority"})
+_BLOCKING: frozenset[WaitReason] = frozenset({"stopped", "priority", "protected-pods"})
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,13 @@ class Wait:
     reason: WaitReason
     message: str
     gates: tuple[str, ...] = ()
+    pods: tuple[str, ...] = ()  # protected-pods: the pods ("namespace/name") it waits for
 
     @property
     def status(self) -> NodeStatus:
         """The node's status label: `blocked` needs something outside the rollout's own pace
-        (a person, or another gate); `waiting` clears by itself as the rollout proceeds."""
+        (a person, another gate, a workload's job to end); `waiting` clears by itself as the rollout
+        proceeds."""
         return "blocked" if self.reason in _BLOCKING else "waiting"
 
 
@@ -85,6 +90,8 @@ class CompartmentPlan:
     running: tuple[str, ...]
     closed: tuple[ClosedBatch, ...]
     stopped_now: bool
+    hold: tuple[str, ...] = ()  # cordon now, unpicked, while their protected pods finish
+    release: tuple[str, ...] = ()  # held nodes to uncordon: the gate no longer cordons while protected
 
     @property
     def name(self) -> str:
@@ -107,6 +114,14 @@ class Plan:
             Start(node, c.name, c.status.batch) for c in self.compartments for node in c.start
         )
 
+    @property
+    def holds(self) -> tuple[str, ...]:
+        return tuple(node for c in self.compartments for node in c.hold)
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        return tuple(node for c in self.compartments for node in c.release)
+
     def statuses(self) -> list[CompartmentStatus]:
         return [c.status for c in self.compartments]
 
@@ -124,6 +139,7 @@ class Member:
     name: str
     progress: GateProgress
     blockers: tuple[str, ...] = ()
+    protected: tuple[str, ...] = ()  # its protected pods still running ("namespace/name")
 
 
 @dataclass(frozen=True)
@@ -135,6 +151,7 @@ class Gating:
     window_open: bool
     windows_configured: bool
     sequencing: str
+    cordon_protected: bool = False
 
 
 def plan(
@@ -144,13 +161,16 @@ def plan(
     *,
     now: datetime,
     gates: Iterable[NodeGate] = (),
+    protected: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """Decide which nodes of `gate` start now.
 
     `policy` is the DeploymentPolicy the gate names (None when it names none); `nodes` is every node
     of the cluster with each gate's progress on it; `gates` is every NodeGate (for priorities; the
     planned gate may be among them); the previous durable state is `gate.status.compartments`;
-    `now` must be timezone-aware. Raises PolicyMismatch when `policy` is not the one the gate names.
+    `now` must be timezone-aware; `protected` names, per node, the pods matching the gate's
+    podNonInterruptLabels that still run there (nodes without any may be left out). Raises
+    PolicyMismatch when `policy` is not the one the gate names.
     """
     require_aware(now)
     specs = compartments_of(gate, policy)
@@ -161,8 +181,9 @@ def plan(
         window_open=windows_open(windows, now),
         windows_configured=bool(windows),
         sequencing=gate.spec.sequencing,
+        cordon_protected=gate.spec.cordon_while_protected,
     )
-    members = members_by_compartment(gate, specs, list(nodes), gates)
+    members = members_by_compartment(gate, specs, list(nodes), gates, protected or {})
     previous = previous_state(gate)
     planned: list[CompartmentPlan] = []
     waits: dict[str, Wait] = {}
@@ -197,7 +218,8 @@ def previous_state(gate: NodeGate) -> dict[str, CompartmentStatus]:
 
 
 def members_by_compartment(
-    gate: NodeGate, specs: Sequence[CompartmentSpec], nodes: Sequence[NodeSnapshot], gates: Iterable[NodeGate]
+    gate: NodeGate, specs: Sequence[CompartmentSpec], nodes: Sequence[NodeSnapshot], gates: Iterable[NodeGate],
+    protected: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[Member]]:
     """Each compartment's nodes in pick order.
 
@@ -211,12 +233,14 @@ def members_by_compartment(
             raise ValueError(f"node {node.name} appears twice in the snapshot")
         seen.add(node.name)
     held = blockers(gate, gates, nodes)
+    running = protected or {}
     members: dict[str, list[Member]] = {spec.name: [] for spec in specs}
     for node in sorted(nodes, key=lambda n: order_key(n.name)):
         progress = node.progress(gate.name)
         if selects(gate, node) or progress.occupies_budget:
             compartment = assign_compartment(specs, node.labels, matches=node.matches)
-            members[compartment].append(Member(node.name, progress, held.get(node.name, ())))
+            pods = tuple(running.get(node.name, ())) if not progress.finished and not progress.in_flight else ()
+            members[compartment].append(Member(node.name, progress, held.get(node.name, ()), pods))
     return members
 
 
@@ -233,9 +257,11 @@ class BatchTally:
 class CompartmentView:
     """What the decision needs to know about a compartment's nodes, counted once.
 
-    `waiting` (not picked, not finished) and `eligible` (waiting and not held by a higher-priority
-    gate) are in pick order; `decide` only iterates them from the front, so a simulation can hand in
-    queues it consumes as it goes.
+    `waiting` (not picked, not finished) and `eligible` (waiting, not held by a higher-priority
+    gate, no protected pod running) are in pick order; `decide` only iterates them from the front, so
+    a simulation can hand in queues it consumes as it goes. `protected` are the waiting nodes that
+    only their protected pods keep from being eligible; `held` names the waiting nodes the gate has
+    cordoned while their protected pods finish (they are counted in `occupied` already).
     """
 
     matched: int
@@ -246,6 +272,8 @@ class CompartmentView:
     waiting: Collection[Member]
     eligible: Collection[str]
     batches: Mapping[int, BatchTally]
+    protected: Sequence[Member] = ()
+    held: frozenset[str] = frozenset()
 
 
 def tally(members: Sequence[Member]) -> CompartmentView:
@@ -267,8 +295,10 @@ def tally(members: Sequence[Member]) -> CompartmentView:
         occupied=sum(1 for m in members if m.progress.occupies_budget),
         running=tuple(m.name for m in members if m.progress.in_flight),
         waiting=waiting,
-        eligible=[m.name for m in waiting if not m.blockers],
+        eligible=[m.name for m in waiting if not m.blockers and not m.protected],
         batches=batches,
+        protected=[m for m in waiting if not m.blockers and m.protected],
+        held=frozenset(m.name for m in waiting if m.progress.held),
     )
 
 
@@ -327,17 +357,27 @@ def decide(
     running = view.running
     room = ceiling - view.occupied
     start: tuple[str, ...] = ()
-    if not stopped and not gating.paused and gating.window_open and not running and room > 0:
-        take = min(size, room, len(view.eligible))
-        if take > 0:
-            start = tuple(islice(view.eligible, take))
-            size = take
+    spent = 0  # budget the picks take: a held node is counted in `occupied` already
+    may_start = not stopped and not gating.paused and gating.window_open
+    if may_start and not running:
+        picked: list[str] = []
+        for name in islice(view.eligible, size):
+            cost = 0 if name in view.held else 1
+            if spent + cost > room:
+                break
+            picked.append(name)
+            spent += cost
+        if picked:
+            start = tuple(picked)
+            size = len(picked)
+    hold, release = _holds(view, start, room - spent, may_start, gating)
 
     waits: dict[str, Wait] = {}
     if explain:
         started = set(start)
         waits = {
-            m.name: _wait(m, spec.name, batch, stopped, failures, view.occupied, ceiling, running, gating)
+            m.name: _wait(m, spec.name, batch, stopped, failures, view.occupied + len(hold) - len(release),
+                          ceiling, running, gating, held=m.name in view.held or m.name in hold)
             for m in view.waiting
             if m.name not in started
         }
@@ -358,7 +398,7 @@ def decide(
         name=spec.name,
         matched=matched,
         ceiling=ceiling,
-        in_progress=view.occupied + len(start),
+        in_progress=view.occupied + spent + len(hold) - len(release),
         complete=view.complete,
         failed=view.failed,
         batch=batch,
@@ -366,7 +406,26 @@ def decide(
         consecutive_failures=failures,
         state=state,
     )
-    return CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped), waits
+    return CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped, hold, release), waits
+
+
+def _holds(view: CompartmentView, start: tuple[str, ...], room: int, may_start: bool,
+           gating: Gating) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Which nodes to cordon now while their protected pods finish, and which held ones to let go.
+
+    Only with `cordonWhileProtected`, only where nodes may start (not stopped, paused or outside a
+    window), and only once every node free of protected pods has started (none is left in
+    `eligible` beyond `start`): holding a node takes budget, and a free node must never wait for a
+    held one. Holds take what budget is left, in pick order, so the ceiling still bounds every
+    node the gate has cordoned. Without the setting (it was turned off, or a failed round left
+    the node cordoned and protected pods run there now), held nodes with protected pods running are
+    let go; one whose pods ended keeps its cordon and starts in its turn, at no cost to the budget."""
+    if not gating.cordon_protected:
+        return (), tuple(m.name for m in view.waiting if m.protected and m.name in view.held)
+    if not may_start or room <= 0 or len(start) < len(view.eligible):
+        return (), ()
+    fresh = (m.name for m in view.protected if m.name not in view.held)
+    return tuple(islice(fresh, room)), ()
 
 
 def _wait(
@@ -379,6 +438,8 @@ def _wait(
     ceiling: int,
     running: tuple[str, ...],
     gating: Gating,
+    *,
+    held: bool = False,
 ) -> Wait:
     if stopped:
         return Wait(
@@ -398,6 +459,12 @@ def _wait(
             f"waits for higher-priority gate {names} to complete {where}",
             member.blockers,
         )
+    if member.protected:
+        names = ", ".join(member.protected[:5]) + (f" and {len(member.protected) - 5} more"
+                                                    if len(member.protected) > 5 else "")
+        how = "cordoned by the gate, it waits" if held else "not picked while they run; it waits"
+        return Wait(compartment, "protected-pods", f"{how} for its protected pods to finish: {names}",
+                    pods=member.protected)
     if not gating.window_open:
         return Wait(compartment, "outside-window", "no maintenance window is open")
     if running:

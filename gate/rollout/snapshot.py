@@ -15,8 +15,8 @@ class GateProgress:
 
     `batch` is the number of the batch the node was picked into (0: never picked); the operator keeps
     it in the node's `state.<gate>` annotation. `disrupted` is the operator's own verdict: the gate
-    holds the node out of service right now (work in progress, or failed and still cordoned by
-    NodeGate).
+    holds the node out of service right now (work in progress, failed and still cordoned by NodeGate,
+    or cordoned while its protected pods finish).
     """
 
     status: NodeStatus = "waiting"
@@ -33,6 +33,12 @@ class GateProgress:
         its label says meanwhile; `in-progress` without a batch number (state written by hand or
         by an older operator) counts too, so it can never slip past the budget."""
         return not self.finished and (self.batch > 0 or self.status == "in-progress")
+
+    @property
+    def held(self) -> bool:
+        """Cordoned by the gate while its protected pods finish, before it is picked (the gate's
+        `cordonWhileProtected`): out of service, so it counts against the ceiling, but in no batch."""
+        return self.disrupted and not self.finished and not self.in_flight
 
     @property
     def occupies_budget(self) -> bool:

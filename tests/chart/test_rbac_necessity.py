@@ -158,11 +158,12 @@ PROBES: dict[tuple[str, str, str], Call] = {
         NODES, MISSING, {"status": {"conditions": [{"type": "nodegate.io/failed.probe", "$patch": "delete"}]}},
         patch_type="strategic", subresource="status")),
     ("operator-cluster", "pods", "list"): lambda i: op(i).list(PODS, field_selector=f"spec.nodeName={MISSING}"),
+    # the workload cache (gate.controller.workloads) and the stage pod cache in its namespace
+    ("operator-cluster", "pods", "watch"): lambda i: _watch(op(i), PODS),
     ("operator-cluster", "pods/eviction", "create"): lambda i: _absent_ok(op(i).create(
         PODS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": MISSING, "namespace": "default"}},
         "default", subresource_of=MISSING, subresource="eviction")),
     # stage pods and their config, the Lease (Executor.execute, _ensure; gate.kube.lease)
-    ("operator-namespace", "pods", "watch"): lambda i: _watch(op(i), PODS, i.namespace),
     ("operator-namespace", "pods", "create"): lambda i: op(i).create(PODS, _stage_pod(i.namespace), dry_run=True),
     ("operator-namespace", "pods", "delete"): lambda i: _absent_ok(
         op(i).delete(PODS, MISSING, i.namespace, missing_ok=False)),

@@ -32,24 +32,20 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["patch"]
-# the condition nodegate.io/failed.<gate> on a failed node (kubectl describe node shows why)
+# the conditions nodegate.io/failed.<gate> on a failed node and nodegate.io/blocked.<gate> on one held by protected pods or a PodDisruptionBudget (kubectl describe node shows why)
 - apiGroups: [""]
   resources: ["nodes/status"]
   verbs: ["patch"]
-# pods on a node (every namespace) to wait for and to drain; also the first list of the stage pod cache
+# pods on a node (every namespace) to drain; the cache of every pod's node and labels, so a node whose protected pods run is not picked; also the cache of stage pods (their steps' ends and termination messages)
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # drain with the Eviction API so PodDisruptionBudgets are respected
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
 {{- end }}
 {{- define "nodegate.rules.operator-namespace" }}
-# the cache of stage pods: their steps' ends and termination messages (list: the cluster rule)
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["watch"]
 # run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded
 - apiGroups: [""]
   resources: ["pods"]

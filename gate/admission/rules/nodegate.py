@@ -93,6 +93,9 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
                                  f'DeploymentPolicy "{policy}" does not exist; create it first or fix the name'))
     out += syntax.selector_violations(spec.get("nodeSelector"), "spec.nodeSelector")
     out += syntax.selector_violations(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels")
+    if spec.get("cordonWhileProtected") is True and not spec.get("podNonInterruptLabels"):
+        out.append(Violation("spec.cordonWhileProtected", "cordons nodes while their protected pods finish, and "
+                             "no pod is protected: set spec.podNonInterruptLabels too, or drop this field"))
     out += toleration_violations(spec.get("additionalTolerations"), "spec.additionalTolerations")
     out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout", WAIT_TIMEOUT_MAX,
                                hint="leave it unset to wait for as long as they run")

@@ -295,3 +295,38 @@ async def test_deleting_a_paused_gate_uninstalls_nothing_until_delete_force(
         meta = (await scenario.node(node))["metadata"]
         ours = [k for k in (*meta.get("annotations", {}), *meta.get("labels", {})) if k.startswith("nodegate.io/")]
         assert ours == [], ours
+
+
+async def test_status_says_which_nodes_wait_for_their_protected_pods(scenario: Scenario, cli: Cli) -> None:
+    g = scenario.name
+    nodes = sorted(await scenario.add_nodes(2), key=order_key)
+    job = f"{g}-train"
+    await scenario.kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": job, "namespace": "default",
+                                                        "labels": {"workload": "training"}},
+        "spec": {"nodeName": nodes[0], "containers": [{"name": "main", "image": "busybox"}],
+                 "terminationGracePeriodSeconds": 0}})
+    try:
+        await scenario.apply_gate({"tool": {**PKG, "interrupt": {"type": "service", "services": ["tool"]}}},
+                                  interruptionBudget={"count": 1},
+                                  podNonInterruptLabels={"matchLabels": {"workload": "training"}})
+        await scenario.wait_node(nodes[1], "complete")
+        await scenario.wait_node(nodes[0], "blocked")
+        text = (await cli.ok("status", g)).out
+        assert f"for its protected pods to finish: default/{job}" in text and nodes[0] in text
+        data = json.loads((await cli.ok("status", g, "-o", "json")).out)
+        assert json.dumps(data).count("protected-pods") >= 1
+        # The live status says the same, and says when the job ended.
+        env = {**os.environ, "KUBECONFIG": str(scenario.cluster.kubeconfig)}
+        async with async_group_process(sys.executable, "-m", "gate.cli.main", "status", g, "--watch",
+                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                       env=env) as watch:
+            assert watch.stdout is not None
+            await _read_until(watch.stdout, f"for its protected pods to finish: default/{job}")
+            await scenario.kube.delete(PODS, job, "default", body={"gracePeriodSeconds": 0})
+            await _read_until(watch.stdout, f"NodeGate {g}  Ready  2/2 complete")
+            ctrl_c(watch.pid)
+            _, err = await asyncio.wait_for(watch.communicate(), HANG_GUARD)
+        assert b"Traceback" not in err
+    finally:
+        await scenario.kube.delete(PODS, job, "default", body={"gracePeriodSeconds": 0})

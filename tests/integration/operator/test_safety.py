@@ -6,6 +6,7 @@ import asyncio
 import urllib.request
 from typing import Any
 
+from gate.api import keys
 from gate.devcluster.stages import failing_stage
 from gate.kube.client import PDBS, PODS
 from tests.integration.operator.conftest import Scenario, StepLog, wait_for
@@ -34,18 +35,14 @@ async def test_protected_pods_are_waited_for_before_the_node_is_drained(scenario
     await _pod_running(scenario, pod)
     await scenario.apply_gate({"tuning": {**PKG, "interrupt": SERVICE}},
                               podNonInterruptLabels={"matchLabels": {"workload": "training"}})
-    await wait_for(lambda: _phase_is(scenario, node, "wait-pods"), what="node waiting for the protected pod")
-    await asyncio.sleep(2)  # several polls: it must keep waiting while the pod runs
-    state = await scenario.state(node)
-    assert state["phase"] == "wait-pods" and state["status"] == "in-progress"
-    assert (await scenario.node(node))["spec"].get("unschedulable") is True  # cordoned: nothing new lands
+    await scenario.wait_node(node, "blocked")
+    await asyncio.sleep(2)  # several plans: it must keep waiting while the pod runs
+    assert await scenario.node_status(node) == "blocked"
+    assert (await scenario.state(node)).get("status") != "in-progress"  # not picked
+    assert not (await scenario.node(node))["spec"].get("unschedulable")  # nor cordoned (no opt-in)
     assert (await scenario.kube.get(PODS, pod, "default"))["status"]["phase"] == "Running"  # not evicted
     await scenario.kube.delete(PODS, pod, "default", body={"gracePeriodSeconds": 0})  # the job finished
     await scenario.wait_ready()
-
-
-async def _phase_is(sc: Scenario, node: str, phase: str) -> bool:
-    return bool((await sc.state(node)).get("phase") == phase)
 
 
 async def test_wait_timeout_fails_the_node_naming_the_protected_pod(scenario: Scenario) -> None:
@@ -85,6 +82,17 @@ async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario:
         await wait_for(blocked, what="drain blocked by the PDB")
         state = await scenario.state(node)
         assert state["phase"] == "drain" and app in state["drainBlockedBy"]
+        # Where operators look: the gate's DrainBlocked condition and the node's NodeGate condition,
+        # each naming the node, the pod and the budget.
+        gate = await scenario.wait_condition("DrainBlocked")
+        [held] = [c for c in gate["status"]["conditions"] if c["type"] == "DrainBlocked"]
+        assert held["reason"] == "PodDisruptionBudget"
+        assert f"node {node}" in held["message"] and f"default/{app}-0" in held["message"]
+        assert f"disruption budget {app} " in held["message"]
+        node_condition = await _node_condition(scenario, node)
+        assert node_condition is not None and node_condition["reason"] == "DrainBlocked"
+        assert node_condition["status"] == "True" and f"node {node}" in node_condition["message"]
+        assert f"default/{app}-0" in node_condition["message"] and f"budget {app} " in node_condition["message"]
         gate_label = f'gate="{scenario.name}"'
 
         async def gauge_is(value: float) -> bool:
@@ -102,10 +110,23 @@ async def test_drain_blocked_by_a_pdb_waits_until_the_budget_allows_it(scenario:
                                                                         label_selector=f"app={app}"))[0]]
         assert f"{app}-0" not in pods  # evicted through the Eviction API
         await wait_for(lambda: gauge_is(0), what="nodegate_drains_blocked back at 0")
+
+        async def cleared() -> bool:
+            conditions = (await scenario.gate()).get("status", {}).get("conditions") or []
+            return not any(c["type"] == "DrainBlocked" for c in conditions) and (
+                await _node_condition(scenario, node)) is None
+
+        await wait_for(cleared, what="DrainBlocked cleared on the gate and the node")
     finally:
         await scenario.kube.delete(PDBS, app, "default")
         for i in (0, 1):
             await scenario.kube.delete(PODS, f"{app}-{i}", "default", body={"gracePeriodSeconds": 0})
+
+
+async def _node_condition(sc: Scenario, node: str) -> dict[str, Any] | None:
+    kind = keys.blocked_condition(sc.name)
+    conditions = (await sc.node(node)).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
 
 
 def _metric(sc: Scenario, name: str, label: str) -> float | None:

@@ -81,6 +81,8 @@ CASES = [
     (gate({"aa": package(dependsOn={"bb": "*"}), "bb": package(dependsOn={"aa": "*"})}),
      "dependency cycle aa → bb → aa"),
     (gate(waitTimeout="1d"), "spec.waitTimeout: '1d' is not a duration"),
+    (gate(cordonWhileProtected=True), "spec.cordonWhileProtected: cordons nodes while their protected pods finish, "
+                                      "and no pod is protected: set spec.podNonInterruptLabels too"),
     (gate(drain={"timeout": "soon"}), "spec.drain.timeout: 'soon' is not a duration"),
     (gate({"tuned": package(timeout="30")}), "spec.packages[tuned].timeout"),
     (gate(deploymentPolicy="missing"), 'spec.deploymentPolicy: DeploymentPolicy "missing" does not exist'),
