@@ -410,7 +410,9 @@ class NodeGateStatus(Model):
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
         "(annotation nodegate.io/disabled=true); ImagesResolved while the operator resolves package images to "
         "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image); "
-        "DrainBlocked while a PodDisruptionBudget holds a drain (it names the node, the pod and the budget).",
+        "DrainBlocked while a PodDisruptionBudget holds a drain (it names the node, the pod and the budget); "
+        "ImagePullFailing while the kubelet cannot pull a stage pod's image (it names the node, the image and "
+        "the kubelet's message, before the pull grace fails the node).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     status: str | None = Field(

@@ -70,6 +70,9 @@ class NodeGateState(Model):
     post_checked: list[str] = Field(default_factory=list, description="Packages whose check after the interrupt "
                                     "passed (post-interrupt; post-uninstall for one this round uninstalled).")
     drain_blocked_by: str | None = Field(default=None, description="The PodDisruptionBudget refusing an eviction.")
+    pull_failing: str | None = Field(default=None, description="While a stage pod's image cannot be pulled (before "
+                                     "the pull grace fails the node): the kubelet's reason and message, which name "
+                                     "the image.")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
                                      "step in this round (its retries are the package's `retries`).")
     retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "

@@ -305,7 +305,9 @@ def _active(name: str, compartment: str, state: NodeGateState, running: tuple[st
     since = parse_time(state.phase_since)
     seconds = max(0.0, (now - since).total_seconds()) if since is not None else None
     detail = ""
-    if state.phase == "drain" and state.drain_blocked_by:
+    if state.pull_failing:
+        detail = f"cannot pull: {state.pull_failing}"
+    elif state.phase == "drain" and state.drain_blocked_by:
         detail = f"blocked by {state.drain_blocked_by}"
     elif state.phase == "interrupt" and state.interrupt is not None and not running:
         detail = state.interrupt.type

@@ -9,8 +9,9 @@ gate, or the gate is deleted.
 
 A node the gate cannot go on with for something outside it carries `nodegate.io/blocked.<gate>`
 (`blocked_condition`): reason ProtectedPods while it is not picked because its protected pods run,
-DrainBlocked while a PodDisruptionBudget holds its drain; the gate's plan decides it and it goes
-when the wait ends. Its lastTransitionTime is the start of the wait (the oldest wait of the gate's
+DrainBlocked while a PodDisruptionBudget holds its drain, ImagePullFailing while the kubelet cannot
+pull a stage pod's image (before the pull grace fails the node); the gate's plan decides it and it
+goes when the wait ends. Its lastTransitionTime is the start of the wait (the oldest wait of the gate's
 status is read from it).
 
 Conditions live in the Node's status, which kubelets write too: the operator sends a strategic merge
@@ -66,6 +67,9 @@ def blocked_condition(gate: str, node: str, state: NodeGateState | StateParseErr
             and state.drain_blocked_by):
         return NodeCondition(kind, "True", "DrainBlocked", f"NodeGate {gate}: the drain of node {node} is held by a "
                              f"PodDisruptionBudget: {state.drain_blocked_by}")
+    if isinstance(state, NodeGateState) and state.status == "in-progress" and state.pull_failing:
+        return NodeCondition(kind, "True", "ImagePullFailing", f"NodeGate {gate}: a stage pod on node {node} cannot "
+                             f"pull its image: {state.pull_failing}")
     if protected:
         names = ", ".join(protected[:10]) + (f" and {len(protected) - 10} more" if len(protected) > 10 else "")
         return NodeCondition(kind, "True", "ProtectedPods", f"NodeGate {gate} waits to interrupt node {node} until "

@@ -168,10 +168,11 @@ def replan(before: FleetNode | None, after: FleetNode | None) -> Replan:
     writes), None when no plan reads what changed.
 
     Of a round in progress the plans read only where it stands in the rollout (status, batch,
-    compartment, cordon, boot, a blocked drain for the metric), never its phase or step: the node's own
-    reconcile drives those, and their writes, one per phase, are most of a rollout's node events. Of
-    any other state, everything. Of the node: labels, annotations, taints, cordon, boot ID, creation
-    and NodeGate's own conditions, not the kubelet's heartbeat or its other conditions."""
+    compartment, cordon, boot, and for the conditions a blocked drain or a failing pull), never its
+    phase or step: the node's own reconcile drives those, and their writes, one per phase, are most
+    of a rollout's node events. Of any other state, everything. Of the node: labels, annotations,
+    taints, cordon, boot ID, creation and NodeGate's own conditions, not the kubelet's heartbeat or its
+    other conditions."""
     if before is None or after is None:
         return "now"
     if _inputs(before, detail=False) != _inputs(after, detail=False):
@@ -198,7 +199,7 @@ def _inputs(node: FleetNode, *, detail: bool) -> tuple[object, ...]:
         if isinstance(state, NodeGateState) and state.status == "in-progress":
             states.append((gate, (state.status, state.removing, state.generation, state.rollout_hash, state.batch,
                                   state.compartment, state.cordoned, state.passed, state.boot_id,
-                                  state.phase == "drain" and bool(state.drain_blocked_by))))
+                                  state.phase == "drain" and bool(state.drain_blocked_by), state.pull_failing)))
         else:
             states.append((gate, state.dump() if isinstance(state, NodeGateState) else str(state)))
     annotations = tuple(sorted((k, v) for k, v in view.annotations.items()
@@ -330,7 +331,8 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     counts = NodeCounts(matched=len(selected), in_progress=by_status["in-progress"], complete=by_status["complete"],
                         failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"],
                         waiting_for_pods=for_pods, ignored=ignored)
-    status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet))
+    status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet),
+                         pulls=_failing_pulls(gate.name, fleet))
     status.waiting_for_pods_since = waiting_since
     return GatePlan(updates, status, active, events, rollout, conditions, recheck_after, resumed=resumed,
                     restarted=restarted)
@@ -435,6 +437,13 @@ def _blocked_conditions(gate: NodeGate, fleet: Sequence[FleetNode], rollout: Pla
             out[node_name] = wanted
     stamp = oldest.isoformat(timespec="seconds").replace("+00:00", "Z") if oldest is not None else None
     return out, stamp
+
+
+def _failing_pulls(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str]]:
+    """(node, the kubelet's reason and message) for every node whose stage pod cannot pull its image."""
+    return [(node.view.name, state.pull_failing) for node in fleet
+            if isinstance(state := node.states.get(gate), NodeGateState) and state.status == "in-progress"
+            and state.pull_failing]
 
 
 def _blocked_drains(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str]]:
@@ -579,9 +588,12 @@ def _word(value: bool) -> Literal["True", "False"]:
 
 
 def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
-                now: datetime, spec_hash: str, drains: Sequence[tuple[str, str]] = ()) -> NodeGateStatus:
+                now: datetime, spec_hash: str, drains: Sequence[tuple[str, str]] = (),
+                pulls: Sequence[tuple[str, str]] = ()) -> NodeGateStatus:
     """`drains`: (node, what holds it) for each drain a PodDisruptionBudget holds: the DrainBlocked
-    condition, present only while one is (abnormal-true, like kstatus' Stalled)."""
+    condition, present only while one is (abnormal-true, like kstatus' Stalled). `pulls`: (node, the
+    kubelet's reason and message) for each stage pod whose image cannot be pulled: ImagePullFailing,
+    the same way."""
     generation = gate.metadata.generation or 0
     previous = gate.status.conditions if gate.status is not None else []
     stopped = [c.name for c in compartments if c.state == "stopped"]
@@ -626,6 +638,12 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
         more = f"; and {len(drains) - 5} more nodes" if len(drains) > 5 else ""
         conditions.append(condition("DrainBlocked", "True", "PodDisruptionBudget",
                                     f"A PodDisruptionBudget holds the drain of {len(drains)} node(s): {held}{more}",
+                                    previous, now, generation))
+    if pulls:
+        failing = "; ".join(f"node {node}: {what}" for node, what in pulls[:5])
+        more = f"; and {len(pulls) - 5} more nodes" if len(pulls) > 5 else ""
+        conditions.append(condition("ImagePullFailing", "True", "KubeletPullError",
+                                    f"Stage pods on {len(pulls)} node(s) cannot pull their image: {failing}{more}",
                                     previous, now, generation))
     verdict = rollout_verdict(gate.name, counts, compartments, paused)
     conditions = with_verdict(conditions, verdict, previous, now, generation)

@@ -275,6 +275,7 @@ class _Round:
 
     def fail(self, reason: str, message: str, *, package: str | None = None, stage: str = "") -> Decision:
         self.state.status = "failed"
+        self.state.pull_failing = None  # the failure says it now
         self.state.failure = Failure(package=package, stage=stage or self.state.phase, reason=reason,
                                      message=message[:1000], generation=self.gate.metadata.generation or 0,
                                      rollout_hash=rollout_hash(self.gate))
@@ -551,6 +552,9 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
                 reason, message = failure(failed, pod.message or f"the {failed.stage} step failed")
                 return r.fail(reason, message, package=failed.package, stage=failed.stage)
         r.decision.delete_pods.append(pod.name)
+    if s.pull_failing is not None and not any(p.waiting_reason in PULL_ERRORS for p in ours if not p.ended):
+        s.pull_failing = None  # the pod it was about pulled, ended or went
+        r.changed = True
     running = [p for p in ctx.stage_pods.values() if not p.ended]
     if not steps:
         if running:
@@ -573,6 +577,7 @@ def _run_steps(r: _Round, kind: PodKind, plan: Callable[[], list[Step]], record:
             where = current.current_step or head
             r.decision.delete_pods.append(current.name)
             return r.fail(stuck[0], stuck[1], package=where.package, stage=where.stage)
+        _note_pull(r, current)
         _look_again_for(r, current)
         return r.finish_decision()
     if running or current is not None:
@@ -644,8 +649,26 @@ def _past_deadline(view: StagePod, ctx: NodeContext) -> float | None:
     return view.deadline + ctx.timing.deadline_grace - (ctx.now - view.created).total_seconds()
 
 
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+def _note_pull(r: _Round, view: StagePod) -> None:
+    """Say at once that the stage pod's image cannot be pulled (the state, hence the node's blocked
+    condition, the gate's ImagePullFailing condition and `nodegate status`), long before the pull
+    grace fails the node; unsaid once the pull goes on. The Event is sent when it starts failing."""
+    failing = f"{view.waiting_reason}: {view.message}"[:500] if view.waiting_reason in PULL_ERRORS else None
+    if r.state.pull_failing == failing:
+        return
+    if failing is not None and r.state.pull_failing is None:
+        grace = r.ctx.timing.image_pull_grace
+        r.event("node", "Warning", "ImagePullFailing", f"NodeGate {r.gate.name}: the stage pod {view.name} cannot "
+                f"pull its image ({failing}); the node fails if it still cannot after {grace:.0f}s")
+    r.state.pull_failing = failing
+    r.changed = True
+
+
 def _stuck(view: StagePod, ctx: NodeContext) -> tuple[str, str] | None:
-    if view.waiting_reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"):
+    if view.waiting_reason in PULL_ERRORS:
         since = view.waiting_since or view.created
         if since is None or (ctx.now - since).total_seconds() >= ctx.timing.image_pull_grace:
             return "ImagePullFailed", f"the stage image cannot be pulled: {view.waiting_reason}: {view.message}"

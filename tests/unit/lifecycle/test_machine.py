@@ -294,12 +294,34 @@ def test_image_pull_errors_fail_the_stage_after_the_grace() -> None:
     state = decide(ctx(g, started(g))).state or started(g)
     name = decide(ctx(g, state)).create_pods[0].name
     [req] = decide(ctx(g, state)).create_pods
-    view = ran(req, "pending", waiting_reason="ImagePullBackOff", waiting_since=NOW)
+    message = 'Back-off pulling image "example.com/pkg:1.0.0"'
+    view = ran(req, "pending", waiting_reason="ImagePullBackOff", waiting_since=NOW, message=message)
     early = decide(ctx(g, state, stage_pods={name: view}, now=NOW + timedelta(seconds=30)))
-    assert early.state is None and early.requeue_after == pytest.approx(30.05)
-    late = decide(ctx(g, state, stage_pods={name: view}, now=NOW + timedelta(seconds=61)))
+    assert early.requeue_after == pytest.approx(30.05)
+    # said at once, long before the grace ends: the state (and so the conditions and the CLI), an Event
+    assert early.state is not None and early.state.status == "in-progress" and early.state.failure is None
+    assert early.state.pull_failing == f"ImagePullBackOff: {message}"
+    [event] = early.events
+    assert (event.type, event.reason) == ("Warning", "ImagePullFailing") and "example.com/pkg:1.0.0" in event.message
+    again = decide(ctx(g, early.state, stage_pods={name: view}, now=NOW + timedelta(seconds=40)))
+    assert again.state is None and not again.events  # nothing new to write, nor to say
+    late = decide(ctx(g, early.state, stage_pods={name: view}, now=NOW + timedelta(seconds=61)))
     assert late.state is not None and late.state.failure is not None
-    assert late.state.failure.reason == "ImagePullFailed"
+    assert late.state.failure.reason == "ImagePullFailed" and late.state.pull_failing is None
+
+
+def test_a_pull_that_goes_on_is_no_longer_said_to_fail() -> None:
+    g = gate({"k": PKG})
+    state = decide(ctx(g, started(g))).state or started(g)
+    [req] = decide(ctx(g, state)).create_pods
+    failing = decide(ctx(g, state, stage_pods=one(req, "pending", waiting_reason="ErrImagePull",
+                                                   waiting_since=NOW, message="registry unreachable"))).state
+    assert failing is not None and failing.pull_failing == "ErrImagePull: registry unreachable"
+    pulled = decide(ctx(g, failing, stage_pods=one(req, "running"), now=NOW + timedelta(seconds=5))).state
+    assert pulled is not None and pulled.pull_failing is None
+    # the pod ends while the state still says it (a missed event): said no longer either
+    ended = decide(ctx(g, failing, stage_pods=one(req, "succeeded"), now=NOW + timedelta(seconds=9))).state
+    assert ended is not None and ended.pull_failing is None and "k" in ended.installed
 
 
 def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
