@@ -90,11 +90,12 @@ HOLD_BOOT_FILE = "hold-boot"
 
 def down_cause(code: int, power_cut: Path) -> str | None:
     """Why the node's init ended, when the node is to boot again: "rebooted" (reboot(2) in its PID
-    namespace: SIGHUP), "power cut" (SIGKILL with the power-cut file written first); None when it
-    stopped by itself or was killed by someone else, and must stay down."""
+    namespace: SIGHUP), "power cut" (the power-cut file written before its init was killed; `unshare`
+    then exits 1 rather than by the signal); None when it stopped by itself or was killed by someone
+    else, and must stay down."""
     if code == -REBOOT_SIGNAL:
         return "rebooted"
-    if code == -signal.SIGKILL and power_cut.exists():
+    if code != 0 and power_cut.exists():
         return "power cut"
     return None
 

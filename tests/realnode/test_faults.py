@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ import yaml
 
 from gate.api import keys
 from gate.devcluster import faults
+from gate.kube.client import KubeClient
 from gate.testing.watcher import InvariantWatcher, WatchReport
 from tests.realnode.conftest import OPERATOR_ENV, POOL_LABEL, RealCluster
 
@@ -111,19 +113,40 @@ def finish(real: RealCluster, gate: str, nodes: list[str]) -> None:
         real.node_sh(node, f"rm -f /etc/nodegate-fault-{gate} /var/tmp/{gate}.log", check=False)
 
 
-async def watched(real: RealCluster, scenario: Any) -> WatchReport:
-    """Run `scenario` (blocking) in a thread under the invariant watcher; the report once it is done."""
-    async with await real.dev.client() as kube:
-        watcher = InvariantWatcher(kube)
+def watched(real: RealCluster, scenario: Callable[[], None]) -> WatchReport:
+    """Run `scenario` under the invariant watcher; the watcher's report once it is done.
+
+    The watcher runs on an event loop of its own thread and the scenario in the test's, so that an
+    interrupted test (Ctrl-C) stops at once and its fixtures tear down the cluster."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="invariant-watcher", daemon=True)
+    thread.start()
+
+    async def start() -> tuple[KubeClient, InvariantWatcher]:
+        client = await real.dev.client()
+        watcher = InvariantWatcher(client)
         await watcher.start()
+        return client, watcher
+
+    async def stop(client: KubeClient, watcher: InvariantWatcher) -> WatchReport:
         try:
-            await asyncio.to_thread(scenario)
+            return await watcher.stop()
         finally:
-            report = await watcher.stop()
+            await client.close()
+
+    try:
+        client, watcher = asyncio.run_coroutine_threadsafe(start(), loop).result(120)
+        try:
+            scenario()
+        finally:
+            report = asyncio.run_coroutine_threadsafe(stop(client, watcher), loop).result(120)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
     return report
 
 
-async def test_the_kubelet_and_containerd_killed_under_a_running_step_leave_the_step_running(
+def test_the_kubelet_and_containerd_killed_under_a_running_step_leave_the_step_running(
         faulty: RealCluster, gate_name: str) -> None:
     real = faulty
     kubelet_node, containerd_node = real.nodes
@@ -150,12 +173,12 @@ async def test_the_kubelet_and_containerd_killed_under_a_running_step_leave_the_
         finally:
             finish(real, gate_name, real.nodes)
 
-    report = await watched(real, scenario)
+    report = watched(real, scenario)
     assert not report.violations, report.summary()
     assert not cordoned(real)
 
 
-async def test_a_power_cut_during_a_step_boots_the_node_again_and_the_round_runs_the_step_again(
+def test_a_power_cut_during_a_step_boots_the_node_again_and_the_round_runs_the_step_again(
         faulty: RealCluster, gate_name: str) -> None:
     real = faulty
     node = real.nodes[0]
@@ -174,7 +197,7 @@ async def test_a_power_cut_during_a_step_boots_the_node_again_and_the_round_runs
         finally:
             finish(real, gate_name, [node])
 
-    report = await watched(real, scenario)
+    report = watched(real, scenario)
     assert not report.violations, report.summary()
     assert not cordoned(real)
 
@@ -186,7 +209,7 @@ def pull_errors(real: RealCluster, gate: str) -> set[str]:
     return {reason for reason in out.split() if reason in ("ErrImagePull", "ImagePullBackOff")}
 
 
-async def test_a_registry_down_during_a_pull_and_back_lets_the_pull_finish(
+def test_a_registry_down_during_a_pull_and_back_lets_the_pull_finish(
         faulty: RealCluster, gate_name: str) -> None:
     real = faulty
     node = real.nodes[1]
@@ -213,13 +236,13 @@ async def test_a_registry_down_during_a_pull_and_back_lets_the_pull_finish(
         finally:
             finish(real, gate_name, [node])
 
-    report = await watched(real, scenario)
+    report = watched(real, scenario)
     assert seen, "the pull never failed while the registry was down"
     assert not report.violations, report.summary()
     assert not cordoned(real)
 
 
-async def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_returns_fails_the_node(
+def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_returns_fails_the_node(
         faulty: RealCluster, gate_name: str) -> None:
     """One gate with a reboot over both nodes, one at a time: the operator is killed while the first node
     is down and comes back to finish its round; the second node's boot is held past the reboot timeout,
@@ -266,7 +289,7 @@ async def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_
         outcome["second_boot"] = real.boot_id(outcome.get("second", real.nodes[1]))
         outcome["boots"] = boots
 
-    report = await watched(real, scenario)
+    report = watched(real, scenario)
     assert outcome["second_boot"] != outcome["boots"][outcome["second"]]
     assert not report.violations, report.summary()
     assert not cordoned(real)
