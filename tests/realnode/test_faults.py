@@ -203,10 +203,17 @@ def test_a_power_cut_during_a_step_boots_the_node_again_and_the_round_runs_the_s
 
 
 def pull_errors(real: RealCluster, gate: str) -> set[str]:
-    out = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-l", f"nodegate.io/gate={gate}", "-o",
-                           "jsonpath={range .items[*].status.containerStatuses[*]}{.state.waiting.reason}"
-                           "{'\\n'}{end}").stdout
-    return {reason for reason in out.split() if reason in ("ErrImagePull", "ImagePullBackOff")}
+    """The image pull reasons the gate's stage pods wait with (a step is an init container)."""
+    out = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-l", f"nodegate.io/gate={gate}",
+                           "-o", "json").stdout
+    reasons = set()
+    for pod in json.loads(out or "{}").get("items") or []:
+        status = pod.get("status") or {}
+        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+            if reason in ("ErrImagePull", "ImagePullBackOff"):
+                reasons.add(reason)
+    return reasons
 
 
 def test_a_registry_down_during_a_pull_and_back_lets_the_pull_finish(
