@@ -72,7 +72,7 @@ def node_up(dev: DevCluster, node: str) -> bool:
     try:
         faults.node_processes(faults.node_config(dev.dir, node), "kubelet")
         return True
-    except realnode.RealNodeError:
+    except (realnode.RealNodeError, OSError):  # no init, or it ended as we looked
         return False
 
 
@@ -97,7 +97,10 @@ async def one_round(client: KubeClient, dev: DevCluster, image: str, name: str, 
     reboot = fault in ("operator", "hold-boot")
     injected_at = ""
     if fault == "registry":
-        node_sh(dev, node, f"ctr -n k8s.io images rm {image} >/dev/null 2>&1; true")
+        # The sandbox image stays (as on a node that ran its DaemonSets); the package's image goes.
+        pause = f"{faults.node_config(dev.dir, node).registry}/{realnode.PAUSE_IMAGE}"
+        node_sh(dev, node, f"ctr -n k8s.io images pull --plain-http {pause} >/dev/null; "
+                           f"ctr -n k8s.io images rm {image} >/dev/null 2>&1; true")
         faults.registry_down(dev.dir)
     if fault == "hold-boot":
         faults.hold_boot(dev.dir, node, 3600)

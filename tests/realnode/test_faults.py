@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gate.api import keys
-from gate.devcluster import faults
+from gate.devcluster import faults, realnode
 from gate.kube.client import KubeClient
 from gate.testing.watcher import InvariantWatcher, WatchReport
 from tests.realnode.conftest import OPERATOR_ENV, POOL_LABEL, RealCluster
@@ -224,23 +224,30 @@ def test_a_registry_down_during_a_pull_and_back_lets_the_pull_finish(
     seen: set[str] = set()
 
     def scenario() -> None:
+        # The pod's sandbox image is on every node that ran a pod: the node has it, as a real node
+        # that ran its DaemonSets has (without it, the sandbox fails before any pull of the stage's).
+        pause = f"{real.config(node).registry}/{realnode.PAUSE_IMAGE}"
+        real.node_sh(node, f"ctr -n k8s.io images pull --plain-http {pause} >/dev/null")
         # The node must pull: it forgets the package's image (containerd's own client on the node).
         real.node_sh(node, f"ctr -n k8s.io images rm {image} >/dev/null 2>&1; "
                            f"! ctr -n k8s.io images ls -q | grep -qx '{image}'")
+
+        def pull_failed() -> bool:
+            seen.update(pull_errors(real, gate_name))
+            return bool(seen)
+
         faults.registry_down(real.dev.dir)
         try:
             apply_gate(real, gate_name, [node], sleep=1)
-            def pull_failed() -> bool:
-                seen.update(pull_errors(real, gate_name))
-                return bool(seen)
-
-            real.wait("the pull to fail", pull_failed, 180.0)
-        finally:
-            faults.registry_up(real.dev.dir)
-        try:
-            real.wait_complete(gate_name, 300.0)
+            try:
+                real.wait("the pull to fail", pull_failed, 180.0)
+            finally:
+                faults.registry_up(real.dev.dir)
+            status = real.wait_complete(gate_name, 300.0)
+            assert status["nodes"]["complete"] == 1, status
             assert real.node_file(node, f"/etc/nodegate-fault-{gate_name}") == f"{gate_name}\n"
         finally:
+            faults.registry_up(real.dev.dir)
             finish(real, gate_name, [node])
 
     report = watched(real, scenario)
