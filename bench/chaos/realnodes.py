@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import subprocess
 import tempfile
 import time
@@ -201,6 +202,9 @@ def main(args: argparse.Namespace) -> None:
                                                  args.timeout))
     finally:
         dev.down(quiet=True)
+        # The nodes' mounts lived in their own mount namespaces, gone with them; never delete through one.
+        if not any(line.split()[1].startswith(str(state)) for line in Path("/proc/mounts").read_text().splitlines()):
+            shutil.rmtree(state, ignore_errors=True)
     injected = Counter(r["fault"] for r in results)
     survived = Counter(r["fault"] for r in results if r["survived"])
     print()
