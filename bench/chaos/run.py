@@ -4,6 +4,8 @@
     python -m bench.chaos.run --long     # long: 100 nodes, an undisturbed run, three disturbed runs
                                          #       (36 operator kills, 6 leader failovers, 6 API server
                                          #       restarts, 3 etcd restarts)
+    python -m bench.chaos.run --real-nodes 2 --rounds 12   # the faults of real hosts on real nodes
+                                         #       (bench/chaos/realnodes.py; root only)
 
 Each run is a rollout with drains (one pod per node under a PodDisruptionBudget) and reboots over
 three compartments, with readiness-tainted nodes joining late; see `gate.testing.chaos`. The
@@ -102,7 +104,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="per run")
     parser.add_argument("--journal-dir", type=Path, help="write each run's event journal here (JSON lines)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--real-nodes", type=int, default=0,
+                        help="real-node mode: this many real nodes, the faults of real hosts at random moments "
+                             "(bench/chaos/realnodes.py)")
+    parser.add_argument("--rounds", type=int, default=12, help="real-node mode: rounds, one fault each")
     args = parser.parse_args()
+    if args.real_nodes:
+        from bench.chaos import realnodes
+
+        realnodes.main(args)
+        return
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("gate.kube.cache").setLevel(logging.ERROR)  # restarts interrupt watches: expected
     fleet, chaos, runs = modes(args)

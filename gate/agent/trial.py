@@ -1,9 +1,16 @@
 """`nodegate package test`: every stage of a package against a root filesystem, in a node's order.
 
-A rehearsal of what the operator does on a node: apply, config, the interrupt (when asked for),
-post-interrupt, upgrade, uninstall, and with an interrupt a second one and post-uninstall (as when the
-gate is deleted), each followed by its check, through the same code path as `nodegate agent run`.
-It stops at the first failing stage: later stages would only report noise.
+A rehearsal of what the operator does on a node: apply, apply again (as after a power cut, below),
+config, the interrupt (when asked for), post-interrupt, upgrade, uninstall, and with an interrupt a
+second one and post-uninstall (as when the gate is deleted), each followed by its check, through the
+same code path as `nodegate agent run`. It stops at the first failing stage: later stages would only
+report noise.
+
+"apply again" is the rule of docs/packages.md that every step is safe to run again: a node that loses
+power part-way through a stage boots again and the operator runs the stage again from its first step,
+and a power cut can land after a step finished but before the agent recorded it. So the second apply
+runs under another generation, where no step counts as done: `idempotent: true` steps run again too,
+and the check must pass after it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from gate.agent.summary import Summary
 
 TRIAL_GATE: Final = "package-test"
 TRIAL_GENERATION: Final = 1
+AGAIN: Final = "apply again"
 
 
 @dataclass(frozen=True)
@@ -76,10 +84,11 @@ def run_trial(
     package = load_package(directory)
     sink = echo if echo is not None else io.StringIO()
     rows: list[TrialStep] = []
-    pending: list[Stage | Literal["interrupt"]] = list(stages_to_run(directory))
+    pending: list[Stage | Literal["interrupt", "apply again"]] = list(stages_to_run(directory))
+    pending.insert(1, AGAIN)
     if interrupt is not None:
         # Where the operator interrupts: after apply and config, before the post-interrupt check.
-        at = pending.index("post-interrupt") if "post-interrupt" in pending else min(len(pending), 2)
+        at = pending.index("post-interrupt") if "post-interrupt" in pending else min(len(pending), 3)
         pending.insert(at, "interrupt")
         if "uninstall" in pending and package.manifest.stages.checks_of("post-uninstall"):
             # As when the gate is deleted: the uninstall's interrupt, then the check that it is gone.
@@ -95,12 +104,13 @@ def run_trial(
             assert interrupt is not None
             rows.append(_interrupt_row(interrupt, sink))
             continue
+        stage: Stage = "apply" if name == AGAIN else name
         request = StageRequest(
-            stage=name,
+            stage=stage,
             gate=TRIAL_GATE,
             package=package.name,
             version=package.version,
-            generation=TRIAL_GENERATION,
+            generation=TRIAL_GENERATION + (1 if name == AGAIN else 0),
             previous_version=(upgrade_from or package.version) if name == "upgrade" else None,
         )
         settings = StageSettings(request, root, directory, config_dir, dict(environ or {}))

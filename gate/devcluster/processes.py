@@ -41,6 +41,9 @@ class Process:
     started: str
     log: str
     argv: list[str] = field(default_factory=list)
+    # The environment given on top of the caller's (not the caller's own), so that a process killed by
+    # a fault starts again as it was started (the operator's settings are in its environment).
+    env: dict[str, str] = field(default_factory=dict)
 
     def alive(self) -> bool:
         return _proc_start_time(self.pid) == self.started
@@ -97,7 +100,7 @@ class ProcessTable:
             )
             self._unrecorded[name] = proc.pid
         started = _proc_start_time(proc.pid) or ""
-        return Process(name, proc.pid, started, str(log), argv)
+        return Process(name, proc.pid, started, str(log), argv, dict(env or {}))
 
     def register(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         """Start `name` unless it runs, and record it."""
@@ -122,9 +125,42 @@ class ProcessTable:
                 _kill(proc.pid)
         self.save(procs)
 
+    def kill(self, name: str, *, sig: int = signal.SIGKILL) -> Process:
+        """Kill `name` (its session, with `sig`; SIGKILL after 10 s) and keep its record, so that
+        `start_again` starts it as it was: a fault, where `stop` is an ending. Returns the old Process."""
+        procs = self.all()
+        if name not in procs:
+            raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
+        old = procs[name]
+        if old.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old.pid, sig)
+            if not _wait_exited(old.pid, 10):
+                _kill(old.pid)
+            if not _wait_exited(old.pid, 10):
+                raise ClusterError(f"{name} (pid {old.pid}) did not exit")
+        return old
+
+    def start_again(self, name: str, *, env: dict[str, str] | None = None) -> Process:
+        """Start `name` again with its recorded argv and environment (`env` on top), unless it runs."""
+        procs = self.all()
+        if name not in procs:
+            raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
+        old = procs[name]
+        if old.alive():
+            return old
+        if not old.argv:
+            raise ClusterError(f"{name} was recorded without its command line; it cannot be restarted")
+        new = self.spawn(name, old.argv, {**old.env, **(env or {})})
+        procs = self.all()  # re-read, so an entry another caller registered meanwhile is kept
+        procs[name] = new
+        self.save(procs)
+        return new
+
     def restart(self, name: str, *, sig: int = signal.SIGTERM, env: dict[str, str] | None = None) -> Process:
         """Stop `name` by its pid (`sig`, SIGKILL after 10 s) and start it again with the same argv, so it
-        keeps its ports, data directory and log; returns the new Process (not waited for)."""
+        keeps its ports, data directory, log and environment (`env` on top); returns the new Process (not
+        waited for)."""
         procs = self.all()
         if name not in procs:
             raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
@@ -138,7 +174,7 @@ class ProcessTable:
                 _kill(old.pid)
             if not _wait_exited(old.pid, 10):
                 raise ClusterError(f"{name} (pid {old.pid}) did not exit; not starting a second copy")
-        new = self.spawn(name, old.argv, env)
+        new = self.spawn(name, old.argv, {**old.env, **(env or {})})
         procs = self.all()  # re-read, so an entry another caller registered meanwhile is kept
         procs[name] = new
         self.save(procs)

@@ -91,7 +91,7 @@ class RealFleet:
                 config.save()
                 realnode.write_node_disk(config, self.plane.ca())
             progress(f"Starting real node {name} ...")
-            self.procs.register(supervisor(name), realnode.supervisor_argv(config.dir))
+            self.procs.register(supervisor(name), realnode.supervisor_argv(config.dir), realnode.supervisor_env())
         asyncio.run(self._wait_ready(set(names), timeout))
         return names
 

@@ -78,6 +78,36 @@ REBOOT_SIGNAL = signal.SIGHUP
 REBOOT_SECONDS = float(os.environ.get("NODEGATE_REALNODE_REBOOT_SECONDS", "20"))
 
 
+# A power cut (gate/devcluster/faults.py) is the node's init killed with SIGKILL after this file was
+# written in the node's directory: the supervisor boots the node again, as power coming back does. A
+# SIGKILL without it (someone killed the node) stops the node, so a broken node never boot-loops.
+POWER_CUT_FILE = "power-cut"
+POWER_CUT_SECONDS = 2.0
+# Seconds the node's next boot is held back after its shutdown (a reboot that does not come back in
+# time); removing the file releases it.
+HOLD_BOOT_FILE = "hold-boot"
+
+
+def down_cause(code: int, power_cut: Path) -> str | None:
+    """Why the node's init ended, when the node is to boot again: "rebooted" (reboot(2) in its PID
+    namespace: SIGHUP), "power cut" (the power-cut file written before its init was killed; `unshare`
+    then exits 1 rather than by the signal); None when it stopped by itself or was killed by someone
+    else, and must stay down."""
+    if code == -REBOOT_SIGNAL:
+        return "rebooted"
+    if code != 0 and power_cut.exists():
+        return "power cut"
+    return None
+
+
+def read_hold(path: Path) -> float:
+    """Seconds a held boot waits (`HOLD_BOOT_FILE`); 0 when there is no hold or it is not a number."""
+    try:
+        return max(0.0, float(path.read_text().strip()))
+    except (OSError, ValueError):
+        return 0.0
+
+
 class RealNodeError(RuntimeError):
     """A real node could not be built, started or stopped; the message says what to look at."""
 
@@ -466,19 +496,35 @@ class Supervisor:
                 code = self.unshare.wait()
                 if self.stopping:
                     break
-                if code == -REBOOT_SIGNAL:
+                cause = down_cause(code, self.config.dir / POWER_CUT_FILE)
+                if cause is not None:
                     # Down, as a machine between its shutdown and its next boot: no veth, no cgroups.
                     clean_up(self.config)
-                    self.log(f"rebooted: booting again in {REBOOT_SECONDS:.0f}s")
-                    deadline = time.monotonic() + REBOOT_SECONDS
-                    while not self.stopping and time.monotonic() < deadline:
-                        time.sleep(0.2)
+                    self._stay_down(cause)
                     continue
                 self.log(f"stopped by itself (exit {code}); see {self.config.dir / 'console.log'}")
                 return 1
             return 0
         finally:
             self.cleanup()
+
+    def _stay_down(self, cause: str) -> None:
+        """Wait as the machine is down: REBOOT_SECONDS after a reboot, POWER_CUT_SECONDS after a power
+        cut, and on top as long as a held boot says (`hold_boot`), until that hold is released."""
+        c = self.config
+        (c.dir / POWER_CUT_FILE).unlink(missing_ok=True)
+        now = time.monotonic()
+        deadline = now + (REBOOT_SECONDS if cause == "rebooted" else POWER_CUT_SECONDS)
+        hold = c.dir / HOLD_BOOT_FILE
+        held = read_hold(hold)
+        held_until = now + held if held else 0.0
+        self.log(f"{cause}: booting again in {max(deadline, held_until) - now:.0f}s"
+                 + (f" (boot held for {held:.0f}s)" if held else ""))
+        while not self.stopping and (time.monotonic() < deadline
+                                     or (hold.exists() and time.monotonic() < held_until)):
+            time.sleep(0.2)
+        if held:
+            hold.unlink(missing_ok=True)  # one boot is held, not every later one
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -545,6 +591,12 @@ def node_names(count: int) -> list[str]:
 
 def supervisor_argv(node_dir: Path) -> list[str]:
     return [sys.executable, "-m", "gate.devcluster.realnode", "supervise", str(node_dir)]
+
+
+def supervisor_env() -> dict[str, str]:
+    """The supervisor runs this source tree's realnode.py and node files (boot, prepare.sh), not those
+    of wherever `gate` is installed: it starts in the state directory, where `-m` finds no source."""
+    return {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONUNBUFFERED": "1"}
 
 
 def in_node(config: NodeConfig, *argv: str, namespaces: str = "--mount --uts --pid --net") -> list[str]:

@@ -728,6 +728,10 @@ def _interrupt(r: _Round, required: Interrupt, paused: bool) -> Decision | None:
         if view.phase == "failed" and not rebooted:
             return r.fail("InterruptFailed", view.message or "the reboot pod failed", stage="interrupt")
         if _since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
+            # The reboot pod goes too: on the boot that does come, the kubelet would run it again (its
+            # sandbox is gone, so it starts afresh) and reboot the node once more; and a release of
+            # the node waits until it is gone instead of uncordoning under it.
+            r.decision.delete_pods.append(name)
             return r.fail("RebootTimeout", f"no new boot ID and Ready within {ctx.timing.reboot_timeout:.0f}s",
                           stage="interrupt")
         r.decision.requeue_after = ctx.timing.poll

@@ -64,8 +64,9 @@ def test_package_test_reports_the_failing_stage_and_where_its_log_is(
     assert main(["package", "test", str(pkg), "--root", str(root)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("PASS  apply ")
-    assert out[1] == "FAIL  uninstall          uninstall/u exited 1 (accepted: 0)"
-    assert out[2].startswith("      log: ") and out[2].endswith("-uninstall.log")
+    assert out[1].startswith("PASS  apply again ")
+    assert out[2] == "FAIL  uninstall          uninstall/u exited 1 (accepted: 0)"
+    assert out[3].startswith("      log: ") and out[3].endswith("-uninstall.log")
     assert out[-1] == "FAILED"
 
 
@@ -77,3 +78,22 @@ def test_package_test_refuses_a_package_that_does_not_lint(
     out = capsys.readouterr().out
     assert "error: package.yaml: stages.apply has steps but stages.apply-check is empty" in out
     assert not (root / "etc/x").exists()
+
+
+def test_package_test_runs_apply_again_as_after_a_power_cut_and_fails_a_step_that_is_not_safe_to_rerun(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `mkdir` without -p fails when the first run made the directory: a node that lost power after this
+    # step would fail its retried stage. `idempotent: true` does not hide it: the second apply runs
+    # every step, as a power cut can land between a step's end and its record.
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, command: 'mkdir /etc/made-once', idempotent: true}]
+        apply-check: [{name: c, command: 'test -d /etc/made-once'}]
+        uninstall: [{name: u, command: 'rmdir /etc/made-once'}]
+        uninstall-check: [{name: uc, command: 'test ! -e /etc/made-once'}]
+    """)
+    (pkg / "Dockerfile").write_text("FROM busybox\nCOPY . /nodegate-package/\n")
+    assert main(["package", "test", str(pkg), "--root", str(root)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("PASS  apply "), out
+    assert out[1].startswith("FAIL  apply again ") and "apply/s exited 1" in out[1], out

@@ -52,8 +52,9 @@ def test_the_worked_example_passes_package_test_with_its_reboot_and_upgrade(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "[upgrade/reserve] upgrading hugepages from 1.0.0 to 1.1.0" in out
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("PASS  ")] == [
-        "apply", "interrupt", "post-interrupt", "upgrade", "uninstall", "interrupt", "post-uninstall"]
+    assert [line[6:24].strip() for line in out.splitlines() if line.startswith("PASS  ")] == [
+        "apply", "apply again", "interrupt reboot", "post-interrupt", "upgrade", "uninstall", "interrupt reboot",
+        "post-uninstall"]
     assert (root / "proc/sys/vm/nr_hugepages").read_text() == "0\n"
 
 

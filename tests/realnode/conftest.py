@@ -34,6 +34,9 @@ REAL_NODES = 2
 REAL_NODE_SUITES = ("bookworm", "trixie")
 POOL_LABEL = "nodegate.dev/pool"
 SIMULATED_TAINT = {"key": "nodegate.dev/simulated", "value": "true", "effect": "NoSchedule"}
+# The operator's settings in this tier: an image that cannot be pulled fails its stage after 20 s here,
+# not the default 2 minutes.
+OPERATOR_ENV = {"NODEGATE_POLL_SECONDS": "2", "NODEGATE_IMAGE_PULL_GRACE": "20"}
 
 
 @dataclass
@@ -50,11 +53,9 @@ class RealCluster:
         from gate.devcluster import services
 
         services.start_webhook(self.dev, self.progress)
-        # An image that cannot be pulled fails its stage after 20 s here, not the default 2 minutes. No
-        # agent image is given: on a cluster with real nodes the dev operator takes the one built for
+        # OPERATOR_ENV; no agent image is given: on a cluster with real nodes the dev operator takes the one built for
         # them from the cluster's registry, as `nodegate dev up --real-nodes` does for a person.
-        services.start_operator(self.dev, self.progress, env={"NODEGATE_POLL_SECONDS": "2",
-                                                              "NODEGATE_IMAGE_PULL_GRACE": "20"})
+        services.start_operator(self.dev, self.progress, env=dict(OPERATOR_ENV))
         assert services.running_agent_image(self.dev) == self.images["nodegate"]
 
     def services_running(self) -> bool:

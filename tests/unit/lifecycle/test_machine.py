@@ -341,6 +341,20 @@ def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
     assert back.state is not None and back.state.phase == "post-interrupt"
 
 
+def test_a_reboot_that_does_not_come_back_in_time_fails_the_node_and_deletes_its_reboot_pod() -> None:
+    # Found on a real node (tests/realnode/test_faults.py): left in place, the reboot pod ran again on
+    # the boot that came at last, and the gate's deletion uncordoned the node while it ran.
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    since = NOW - timedelta(seconds=Timing().reboot_timeout + 1)
+    state = started(g).model_copy(update={"phase": "interrupt", "phase_since": since.isoformat(),
+                                          "boot_id": "boot-1", **REBOOT})
+    [req] = decide(ctx(g, state.model_copy(update={"phase_since": NOW.isoformat()}))).create_pods
+    d = decide(ctx(g, state, stage_pods=one(req, "running"), n=node(boot_id="boot-1", ready=False)))
+    assert d.state is not None and d.state.status == "failed"
+    assert d.state.failure is not None and d.state.failure.reason == "RebootTimeout"
+    assert d.delete_pods == [req.name]
+
+
 def test_readiness_taint_is_lifted_only_when_every_readiness_gate_is_done() -> None:
     g = gate({"k": PKG}, readinessTaint=True)
     tainted = node(taints=((keys.READINESS_TAINT_KEY, "NoSchedule"),))
