@@ -128,55 +128,51 @@ class ProcessTable:
     def kill(self, name: str, *, sig: int = signal.SIGKILL) -> Process:
         """Kill `name` (its session, with `sig`; SIGKILL after 10 s) and keep its record, so that
         `start_again` starts it as it was: a fault, where `stop` is an ending. Returns the old Process."""
-        procs = self.all()
-        if name not in procs:
-            raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
-        old = procs[name]
-        if old.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(old.pid, sig)
-            if not _wait_exited(old.pid, 10):
-                _kill(old.pid)
-            if not _wait_exited(old.pid, 10):
-                raise ClusterError(f"{name} (pid {old.pid}) did not exit")
+        old = self._recorded(name)
+        self._end(old, sig)
         return old
 
     def start_again(self, name: str, *, env: dict[str, str] | None = None) -> Process:
         """Start `name` again with its recorded argv and environment (`env` on top), unless it runs."""
-        procs = self.all()
-        if name not in procs:
-            raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
-        old = procs[name]
+        old = self._recorded(name)
         if old.alive():
             return old
-        if not old.argv:
-            raise ClusterError(f"{name} was recorded without its command line; it cannot be restarted")
-        new = self.spawn(name, old.argv, {**old.env, **(env or {})})
-        procs = self.all()  # re-read, so an entry another caller registered meanwhile is kept
-        procs[name] = new
-        self.save(procs)
-        return new
+        return self._respawn(old, env)
 
     def restart(self, name: str, *, sig: int = signal.SIGTERM, env: dict[str, str] | None = None) -> Process:
         """Stop `name` by its pid (`sig`, SIGKILL after 10 s) and start it again with the same argv, so it
         keeps its ports, data directory, log and environment (`env` on top); returns the new Process (not
         waited for)."""
+        old = self._recorded(name)
+        if not old.argv:
+            raise ClusterError(f"{name} was recorded without its command line; it cannot be restarted")
+        self._end(old, sig, "; not starting a second copy")
+        return self._respawn(old, env)
+
+    def _recorded(self, name: str) -> Process:
         procs = self.all()
         if name not in procs:
             raise ClusterError(f"{name} is not a process of this cluster ({self.dir})")
-        old = procs[name]
+        return procs[name]
+
+    def _end(self, proc: Process, sig: int, note: str = "") -> None:
+        """Signal `proc`'s session and wait until it is gone (SIGKILL after 10 s)."""
+        if not proc.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        if not _wait_exited(proc.pid, 10):
+            _kill(proc.pid)
+        if not _wait_exited(proc.pid, 10):
+            raise ClusterError(f"{proc.name} (pid {proc.pid}) did not exit{note}")
+
+    def _respawn(self, old: Process, env: dict[str, str] | None) -> Process:
+        """Start `old` again with its recorded argv and environment (`env` on top), recorded."""
         if not old.argv:
-            raise ClusterError(f"{name} was recorded without its command line; it cannot be restarted")
-        if old.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(old.pid, sig)
-            if not _wait_exited(old.pid, 10):
-                _kill(old.pid)
-            if not _wait_exited(old.pid, 10):
-                raise ClusterError(f"{name} (pid {old.pid}) did not exit; not starting a second copy")
-        new = self.spawn(name, old.argv, {**old.env, **(env or {})})
+            raise ClusterError(f"{old.name} was recorded without its command line; it cannot be restarted")
+        new = self.spawn(old.name, old.argv, {**old.env, **(env or {})})
         procs = self.all()  # re-read, so an entry another caller registered meanwhile is kept
-        procs[name] = new
+        procs[old.name] = new
         self.save(procs)
         return new
 

@@ -583,6 +583,12 @@ def fresh_rollout(gate: NodeGate) -> NodeGate:
     return gate.model_copy(update={"status": gate.status.model_copy(update={"compartments": restarted})})
 
 
+def _per_node(items: Sequence[tuple[str, str]], shown: int = 5) -> str:
+    """`node N: what; ...` for the first `shown` nodes, and how many more."""
+    text = "; ".join(f"node {node}: {what}" for node, what in items[:shown])
+    return text + (f"; and {len(items) - shown} more nodes" if len(items) > shown else "")
+
+
 def _word(value: bool) -> Literal["True", "False"]:
     return "True" if value else "False"
 
@@ -634,17 +640,13 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
                   "spec.paused is true" if paused else "spec.paused is false", previous, now, generation),
     ]
     if drains:
-        held = "; ".join(f"node {node}: {what}" for node, what in drains[:5])
-        more = f"; and {len(drains) - 5} more nodes" if len(drains) > 5 else ""
         conditions.append(condition("DrainBlocked", "True", "PodDisruptionBudget",
-                                    f"A PodDisruptionBudget holds the drain of {len(drains)} node(s): {held}{more}",
-                                    previous, now, generation))
+                                    f"A PodDisruptionBudget holds the drain of {len(drains)} node(s): "
+                                    f"{_per_node(drains)}", previous, now, generation))
     if pulls:
-        failing = "; ".join(f"node {node}: {what}" for node, what in pulls[:5])
-        more = f"; and {len(pulls) - 5} more nodes" if len(pulls) > 5 else ""
         conditions.append(condition("ImagePullFailing", "True", "KubeletPullError",
-                                    f"Stage pods on {len(pulls)} node(s) cannot pull their image: {failing}{more}",
-                                    previous, now, generation))
+                                    f"Stage pods on {len(pulls)} node(s) cannot pull their image: "
+                                    f"{_per_node(pulls)}", previous, now, generation))
     verdict = rollout_verdict(gate.name, counts, compartments, paused)
     conditions = with_verdict(conditions, verdict, previous, now, generation)
     summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"
