@@ -25,7 +25,6 @@ from gate.kube.client import SERVICEACCOUNTS
 Progress = Callable[[str], None]
 NODE_KEYS_POLICY = "nodegate-node-keys"  # the chart's name for release "nodegate"
 AGENT_IMAGE_ENV = "NODEGATE_AGENT_IMAGE"
-AGENT_IMAGE_FILE = "agent-image"  # <process>.agent-image: what a running operator was given, for `dev images`
 SOURCE_ROOT = Path(gate.__file__).resolve().parent.parent
 
 
@@ -127,7 +126,7 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
     env = {**python_env(), **(env or {})}
     if AGENT_IMAGE_ENV not in env and cluster.real_nodes_enabled():
         env[AGENT_IMAGE_ENV] = agent_image(cluster, progress)
-    recorded = cluster.dir / f"{name}.{AGENT_IMAGE_FILE}"
+    recorded = _agent_image_file(cluster, name)
     if AGENT_IMAGE_ENV in env:
         recorded.write_text(env[AGENT_IMAGE_ENV])
     else:
@@ -149,11 +148,16 @@ def agent_image(cluster: DevCluster, progress: Progress) -> str:
     return ensure_images(cluster, host=gateway_ip(cluster.dir), progress=progress, only=(NODEGATE,))[NODEGATE]
 
 
+def _agent_image_file(cluster: DevCluster, name: str) -> Path:
+    """Where the agent image an operator process was started with is kept, for `dev images`."""
+    return cluster.dir / f"{name}.agent-image"
+
+
 def running_agent_image(cluster: DevCluster, name: str = "operator") -> str | None:
     """The agent image the running operator `name` was started with, None when it is not running or
     was started with the default."""
     proc = cluster.processes().get(name)
-    path = cluster.dir / f"{name}.{AGENT_IMAGE_FILE}"
+    path = _agent_image_file(cluster, name)
     if proc is None or not proc.alive() or not path.exists():
         return None
     return path.read_text().strip() or None
