@@ -84,6 +84,8 @@ def samples_of(url: str, query: str, body: Any) -> list[Sample]:
     if not isinstance(data, dict):
         raise QueryFailed(url, query, "the answer has no data")
     kind, result = data.get("resultType"), data.get("result")
+    if not isinstance(result, list):
+        raise QueryFailed(url, query, f"a {kind} answer without a result list")
     try:
         if kind in ("scalar", "string"):
             return [Sample(value=str(result[1]))]
