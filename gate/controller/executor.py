@@ -9,8 +9,10 @@ and metrics, and when to look again. The order is what makes a crash at any line
 A gate's plan (`gate.lifecycle.reconcile.ReconcilePlan`) is written by `apply_gate_plan`, the only
 writer of a gate reconcile, in this order: the node writes (16 at a time; a write that lost a race
 stops the rest, and the gate is retried), the node conditions (failed, blocked), the gate's status,
-the removal of the gate's requests acted on, Events, metrics, and when to look again. Like controller-runtime's client writes, every write here is observed
-into the cache at once, so the next reconcile of the same object sees it before its watch event.
+the removal of the gate's requests acted on, Events, metrics, and when to look again.
+
+Like controller-runtime's client writes, every write here is observed into the cache at once, so the
+next reconcile of the same object sees it before its watch event.
 """
 
 from __future__ import annotations

@@ -96,8 +96,9 @@ def test_the_status_keeps_the_image_records_and_says_images_resolved() -> None:
 
 def test_images_resolved_keeps_its_transition_time() -> None:
     earlier = (NOW - timedelta(days=2)).isoformat().replace("+00:00", "Z")
-    g = _with_status(gate({"k": PKG}), {"conditions": [{"type": "ImagesResolved", "status": "True", "reason": "Resolved",
-                                                        "message": "", "lastTransitionTime": earlier}]})
+    resolved = {"type": "ImagesResolved", "status": "True", "reason": "Resolved", "message": "",
+                "lastTransitionTime": earlier}
+    g = _with_status(gate({"k": PKG}), {"conditions": [resolved]})
     status = with_images(g, {}, resolve_digests=True, now=NOW)
     assert status["conditions"][0]["lastTransitionTime"] == earlier
 
