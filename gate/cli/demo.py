@@ -11,7 +11,10 @@ Ctrl-C is honoured at every moment, which takes three things. SIGINT gets Python
 the demo was started with SIGINT ignored (a `&` job of a script inherits that), and SIGTERM counts as
 a Ctrl-C, so the demo never leaves its control plane behind. A Ctrl-C inside an event loop reaches
 this module as KeyboardInterrupt: `asyncio.run` cancels its task and raises it, which holds only as
-long as no code on the way swallows the cancellation (`gate.kube.cache.WatchCache.stop` once did).
+long as no code on the way swallows the cancellation (`gate.kube.cache.WatchCache.stop` once did),
+and only once the loop exists: a Ctrl-C while `asyncio.run` is still building its loop leaves a
+half-made loop whose finaliser prints a traceback, so `run_async` builds the loop with the signals
+held back (they arrive the moment it is whole).
 And a command the demo runs for the person (`nodegate rerun ...`) turns a Ctrl-C into exit code 130,
 which the demo turns back into KeyboardInterrupt rather than a failed step.
 
@@ -34,10 +37,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -63,6 +66,7 @@ OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--image-pull-grace", "10", "--pendin
 
 Cli = Callable[[Sequence[str]], int]  # the `nodegate` entry point: argv -> exit code
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+T = TypeVar("T")
 
 
 class DemoError(RuntimeError):
@@ -162,6 +166,23 @@ class Narrator:
 # -- the story -----------------------------------------------------------------------------------
 
 
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run`, with SIGINT and SIGTERM held back while the event loop is built (a Ctrl-C
+    that lands inside the loop's constructor leaves a half-made loop that fails in its finaliser);
+    one held back arrives as soon as the loop is whole, and interrupts `run` as any other would."""
+    runner = asyncio.Runner()
+    try:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            runner.get_loop()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return runner.run(coro)
+    finally:
+        coro.close()  # no-op once run; a coroutine never started must not warn it was never awaited
+        runner.close()
+
+
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Inside: SIGINT raises KeyboardInterrupt (Python's handler, even if SIGINT was inherited ignored),
@@ -242,10 +263,10 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> Non
     names: dict[str, list[str]] = {}
     for pool, count in pools.items():
         spec = NodeSpec(count, {DEMO_LABEL: "true", POOL_LABEL: pool}, prefix=f"{pool}-")
-        names[pool] = asyncio.run(cluster.add_nodes(spec))
+        names[pool] = run_async(cluster.add_nodes(spec))
     say.progress("Nodes: " + ", ".join(f"{n} in {p}" for p, n in pools.items()) +
                  f" (kwok plays their kubelet; a stage takes {settings.job_seconds:g}s)")
-    asyncio.run(services.install_crds(cluster))
+    run_async(services.install_crds(cluster))
     services.start_webhook(cluster, say.progress)
     services.start_operator(cluster, say.progress, extra=OPERATOR_FLAGS)
     # Everything below talks to the demo cluster, as `export KUBECONFIG=...` would make it.
@@ -261,23 +282,23 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> Non
 def _rollout(settings: DemoSettings, say: Narrator, cli: Cli, names: dict[str, list[str]], ledger: PodLedger
              ) -> None:
     say.header("Admission: a bad spec is refused with its reason")
-    asyncio.run(_apply(manifest("policy.yaml")))
+    run_async(_apply(manifest("policy.yaml")))
     say.command("kubectl apply -f bad-gate.yaml   # sysctl-tuning 1.0.0 with the image tag :2.0.0")
-    refusal = asyncio.run(_refused(manifest("bad-gate.yaml")))
+    refusal = run_async(_refused(manifest("bad-gate.yaml")))
     say.say(f"[red]{_escape(refusal)}[/]" if say.rich else refusal)
     say.pause(3)
 
     bad_node = failing_node(names[FAILING_POOL])
     say.header(f"Rolling out NodeGate {GATE} under DeploymentPolicy {POLICY}")
-    asyncio.run(_plant_failure(bad_node))
+    run_async(_plant_failure(bad_node))
     say.say(f"Planted failure: node {bad_node} has no chrony, so {FAILING_PACKAGE} fails there "
             f"(a kwok Stage fails its pod with the agent's summary).")
-    asyncio.run(_apply(manifest("gate.yaml")))
+    run_async(_apply(manifest("gate.yaml")))
     say.command(f"kubectl apply -f {POLICY}.yaml -f {GATE}.yaml")
     say.pause(2)
     _follow(say, settings, f"{FAILING_POOL} stops at its failed batch; the other compartments carry on",
             lambda r: _compartment_state(r, FAILING_POOL) == "stopped")
-    report = asyncio.run(_report())
+    report = run_async(_report())
     failed = [f for f in report.failed if f.name == bad_node]
     if not failed:
         raise DemoError(f"{FAILING_POOL} stopped, but node {bad_node} is not among the failed nodes")
@@ -287,7 +308,7 @@ def _rollout(settings: DemoSettings, say: Narrator, cli: Cli, names: dict[str, l
     say.pause(4)
 
     say.header(f"Fix the node, rerun {FAILING_PACKAGE} there, resume {FAILING_POOL}")
-    asyncio.run(_remove_failure())
+    run_async(_remove_failure())
     say.say(f"(Installing chrony on {bad_node}: here, removing the planted failure.)")
     for argv in (["package", "logs", bad_node, FAILING_PACKAGE],
                  ["rerun", GATE, "--node", bad_node, "--package", FAILING_PACKAGE],
@@ -299,10 +320,10 @@ def _rollout(settings: DemoSettings, say: Narrator, cli: Cli, names: dict[str, l
     _follow(say, settings, "every node completes", lambda r: r.done and r.summary == "Ready")
 
     say.header("Summary")
-    report = asyncio.run(_report())
+    report = run_async(_report())
     if not report.done:
         raise DemoError(f"the rollout ended with {report.complete} of {report.matched} nodes complete")
-    evidence = asyncio.run(_settled_evidence(sorted(n for pool in names.values() for n in pool), ledger))
+    evidence = run_async(_settled_evidence(sorted(n for pool in names.values() for n in pool), ledger))
     for line in summary_lines(report, evidence, bad_node):
         say.say(line)
 
@@ -383,7 +404,7 @@ async def _report() -> Any:
 
 def _follow(say: Narrator, settings: DemoSettings, until_text: str, until: Callable[[Any], bool]) -> None:
     say.progress(f"Live status until {until_text} ...")
-    asyncio.run(_follow_async(say, settings, until))
+    run_async(_follow_async(say, settings, until))
 
 
 async def _follow_async(say: Narrator, settings: DemoSettings, until: Callable[[Any], bool]) -> None:
