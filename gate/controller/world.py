@@ -176,7 +176,7 @@ class World:
         candidates = []
         for node in fleet:
             progress = node.progresses.get(gate.name)
-            if progress is None or not (progress.finished or progress.in_flight):
+            if progress is None or progress.waiting:
                 candidates.append(node.view.name)
         return self.workload_index.matching(selector, candidates)
 

@@ -97,8 +97,11 @@ def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
         return GateProgress(status="failed")
     # A waiting node the gate cordoned (while its protected pods finish, or left so by a failed round)
     # is out of service as much as one in a round: it counts against the ceiling until it finishes.
-    disrupted = state.status == "in-progress" or (state.status in ("failed", "waiting") and state.cordoned)
-    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
+    # A soaking node serves again: it holds no disruption slot, yet its batch waits for it (`gate.rollout`).
+    soaking = state.status == "in-progress" and state.phase == "soak"
+    disrupted = (state.status == "in-progress" and not soaking) or (state.status in ("failed", "waiting")
+                                                                    and state.cordoned)
+    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted, soaking=soaking)
 
 
 def disabled(gate: NodeGate) -> bool:
