@@ -18,7 +18,13 @@ seven stage times. Figures printed:
   operator adds on top (gaps between batches, planning, its own requests);
 * the most nodes disrupted (cordoned) at once per compartment, seen by a watcher of our own, next
   to the ceiling;
-* API requests the operator sent per node; operator CPU seconds and peak RSS.
+* API requests the operator sent per node; operator CPU seconds and peak RSS;
+* with `--soak S` (default 30; 0: off), what a soak adds (DeploymentPolicy `health`): the same
+  rollout again on the same nodes, under the same policy plus `health: {soak: S, nodeConditions}`,
+  twice in the same run: with batches as large as the ceiling (each of the 11 batches waits for its
+  nodes' soak before the next starts), and with one batch per compartment (a soaking node frees its
+  slot, so nodes flow through the budget and only the last soak is waited for). Each makespan is
+  printed with what it adds to the rollout without soak, and the most nodes in a round at once.
 
 Nothing here asserts on time: it prints figures.
 """
@@ -163,6 +169,34 @@ async def timed_rollout(client: KubeClient, manifest: dict[str, Any], timeout: f
     return await wait_ready(client, manifest["metadata"]["name"], timeout) - start
 
 
+def fleet_policy(name: str, pools: list[str], budget: int, batch: int, soak: float | None = None) -> dict[str, Any]:
+    """A policy of one compartment per pool, `batch` the strategy's batch; with `soak`, nodes soak."""
+    health = {"soak": f"{soak:g}s", "nodeConditions": [{"type": "GpuUnhealthy", "status": "True"}]}
+    extra = {"health": health} if soak is not None else {}
+    return {"apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy", "metadata": {"name": name},
+            "spec": {"default": {"budget": {"percent": budget}, **extra},
+                     "compartments": [{"name": p, "selector": {"matchLabels": {"pool": p}},
+                                       "budget": {"percent": budget}, "strategy": {"fixed": {"initialBatch": batch}},
+                                       **extra} for p in pools]}}
+
+
+async def soak_rollouts(client: KubeClient, args: argparse.Namespace, pools: list[str], ceiling: int,
+                        without: float) -> dict[str, Any]:
+    """The rollout again under a soak, with batches of the ceiling and with one batch per compartment."""
+    out: dict[str, Any] = {"soak_s": args.soak}
+    for mode, batch in (("batches_of_the_ceiling", ceiling), ("one_batch_per_compartment", args.nodes)):
+        name = f"bench-soak-{'batched' if batch == ceiling else 'flow'}"
+        await client.apply(fleet_policy(name, pools, args.budget, batch, args.soak), field_manager="bench", force=True)
+        watch = DisruptionWatch(client, "pool")
+        await watch.cache.start()
+        makespan = await timed_rollout(client, gate_manifest(name, {"bench": "rollout"}, deploymentPolicy=name),
+                                       args.timeout)
+        await watch.cache.stop()
+        out[mode] = {"makespan_s": round(makespan, 2), "added_by_soak_s": round(makespan - without, 2),
+                     "peak_disrupted": dict(watch.peak)}
+    return out
+
+
 async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port: int) -> dict[str, Any]:
     client = await cluster.client(timeout=120)
     try:
@@ -214,7 +248,12 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             per_pool[pool] = {"matched": comp["matched"], "ceiling": comp["ceiling"], "batches": need,
                               "peak_disrupted": watch.peak.get(pool, 0)}
         simulated = (2 * len(PACKAGES) + 1) * args.stage_seconds  # applies, the interrupt, the checks
+        soak = None
+        if args.soak > 0 and len(pools) > 1:
+            ceiling = max(p["ceiling"] for p in per_pool.values())
+            soak = await soak_rollouts(client, args, pools, ceiling, makespan)
         return {
+            "soak": soak,
             "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
             "event_loop": args.event_loop,
             "stage_seconds": args.stage_seconds,
@@ -243,9 +282,10 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
                                     for kind, (n, s) in sorted(rec1.items())},
         }
     finally:
-        for name in ("bench-fleet", "bench-baseline", "bench-batch"):
+        for name in ("bench-fleet", "bench-baseline", "bench-batch", "bench-soak-batched", "bench-soak-flow"):
             await client.delete(NODEGATES, name)
-        await client.delete(POLICIES, "bench-fleet")
+        for name in ("bench-fleet", "bench-soak-batched", "bench-soak-flow"):
+            await client.delete(POLICIES, name)
         await client.close()
 
 
@@ -259,6 +299,8 @@ def main() -> None:
     parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the operator's event loop (its --event-loop), to compare the two")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--soak", type=float, default=30.0,
+                        help="seconds of soak for the rollouts that measure what a soak adds (0: none)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 

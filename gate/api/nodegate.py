@@ -370,6 +370,9 @@ class CompartmentStatus(Model):
     in_progress: int = Field(default=0, description="Nodes disrupted now.")
     complete: int = Field(default=0, description="Nodes done.")
     failed: int = Field(default=0, description="Nodes failed.")
+    soaking: int = Field(default=0, description="Nodes whose round went through and that serve while they prove "
+                         "healthy (DeploymentPolicy health.soak): they hold no disruption slot, but their batch is "
+                         "judged only once they passed.")
     batch: int = Field(default=0, description="Number of the current batch (1-based; 0 before the first).")
     batch_size: int = Field(default=0, description="Size of the current batch.")
     consecutive_failures: int = Field(default=0, description="Failed batches in a row.")

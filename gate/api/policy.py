@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
-from gate.api.common import Budget, Condition, LabelSelector, Model, ObjectMeta
+from gate.api.common import Budget, Condition, Duration, LabelSelector, Model, ObjectMeta, parse_duration
 
 DEFAULT_COMPARTMENT = "__default__"
 COMPARTMENT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -99,6 +99,51 @@ def default_strategy() -> Strategy:
     return Strategy(fixed=FixedStrategy())
 
 
+class NodeConditionMatch(Model):
+    """A Node condition that makes a node unhealthy, as node-problem-detector, NVSentinel or DCGM set them."""
+
+    type: str = Field(min_length=1, max_length=316, description="Condition type, e.g. GpuUnhealthy.")
+    status: Literal["True", "False", "Unknown"] = Field(
+        default="True", description="The status that means unhealthy (default True)."
+    )
+
+
+class PrometheusSignal(Model):
+    """A PromQL instant query per node: a non-empty result means the node is unhealthy."""
+
+    url: str = Field(
+        min_length=1, max_length=2048, pattern=r"^https?://",
+        description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.",
+    )
+    query: str = Field(
+        min_length=1, max_length=4096,
+        description="PromQL instant query; $NODE is replaced by the node's name. Any sample in the result "
+        "means unhealthy; a query that fails never counts as healthy.",
+    )
+
+
+class Health(Model):
+    """How a node proves it is healthy after its round: it soaks, uncordoned and serving, and must stay
+    Ready and free of the signals below; its batch is judged only when every node of it passed."""
+
+    soak: Duration = Field(
+        default="0s",
+        description="How long a node that completed its round must stay Ready and healthy before it counts "
+        "as complete (0s: judged once, as soon as its round ends).",
+    )
+    node_conditions: list[NodeConditionMatch] = Field(
+        default_factory=list, max_length=32,
+        description="Node conditions that make a node unhealthy: any match during the soak fails it.",
+    )
+    prometheus: PrometheusSignal | None = Field(
+        default=None, description="A query that must return nothing during the soak."
+    )
+
+    @property
+    def soak_seconds(self) -> float:
+        return parse_duration(self.soak).total_seconds()
+
+
 class CompartmentDefault(Model):
     """Budget and strategy of the nodes no compartment selects."""
 
@@ -106,6 +151,10 @@ class CompartmentDefault(Model):
         default_factory=lambda: Budget(percent=100), description="Hard ceiling of nodes disrupted at once."
     )
     strategy: Strategy = Field(default_factory=default_strategy, description="How batches grow.")
+    health: Health | None = Field(
+        default=None, description="Soak and health signals a node must pass after its round (none: a node is "
+        "complete when its round ends)."
+    )
 
 
 COMPARTMENT_RULES: list[JsonValue] = [
@@ -125,6 +174,10 @@ class Compartment(Model):
     selector: LabelSelector = Field(description="The nodes of this compartment.")
     budget: Budget = Field(description="Hard ceiling of nodes disrupted at once in this compartment.")
     strategy: Strategy = Field(default_factory=default_strategy, description="How batches grow.")
+    health: Health | None = Field(
+        default=None, description="Soak and health signals a node must pass after its round (none: a node is "
+        "complete when its round ends)."
+    )
 
 
 class Window(Model):

@@ -25,8 +25,11 @@ PACKAGE_STAGES: tuple[Stage, ...] = ("uninstall", "upgrade", "apply", "config")
 
 # The phases of one round on a node, in order. A round starts when the planner picks the node and
 # ends when everything the spec asks for is on the node (complete) or something failed for good.
-Phase = Literal["idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish"]
-PHASES: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish")
+# `soak` follows `finish` only under a DeploymentPolicy with `health`: the round's work is done and the
+# node serves again, but it is complete only once it stayed healthy until `soakUntil`.
+Phase = Literal["idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish", "soak"]
+PHASES: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt", "finish",
+                             "soak")
 
 
 class Installed(Model):
@@ -73,6 +76,11 @@ class NodeGateState(Model):
     pull_failing: str | None = Field(default=None, description="While a stage pod's image cannot be pulled (before "
                                      "the pull grace fails the node): the kubelet's reason and message, which name "
                                      "the image.")
+    soak_until: str | None = Field(default=None, description="In phase soak: when the soak ends (RFC 3339); the node "
+                                   "is complete then if it stayed Ready and healthy.")
+    health_unreadable: str | None = Field(default=None, description="In phase soak, while a health signal cannot "
+                                          "be read: which, and why (a signal that cannot be read never counts as "
+                                          "healthy).")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
                                      "step in this round (its retries are the package's `retries`).")
     retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "

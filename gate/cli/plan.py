@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from datetime import UTC, datetime
 
 from gate.cli.errors import CliError
 from gate.cli.kubectx import connect
@@ -24,8 +25,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 async def _plan(args: argparse.Namespace) -> int:
     from gate.api.nodegate import NodeGate
     from gate.api.policy import DeploymentPolicy
+    from gate.api.state import NodeGateState
     from gate.controller.views import fleet_node
     from gate.lifecycle.fleet import progress_of
+    from gate.lifecycle.soak import soak_left
     from gate.rollout import NodeSnapshot, simulate
 
     async with connect(args) as client:
@@ -40,13 +43,20 @@ async def _plan(args: argparse.Namespace) -> int:
                            "which does not exist")
         policy = DeploymentPolicy.model_validate(found)
     nodes = []
+    soaking: dict[str, float] = {}
+    now = datetime.now(UTC)
     for obj in snapshot.nodes:
         fnode = fleet_node(obj)
         nodes.append(NodeSnapshot(fnode.view.name, dict(fnode.view.labels),
                                   {g: progress_of(s) for g, s in fnode.states.items()}))
+        state = fnode.states.get(gate.name)
+        if isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "soak":
+            left = soak_left(state.soak_until, now)
+            if left is not None:
+                soaking[fnode.view.name] = left
     sim = simulate(gate, policy, nodes)
     if args.output == "text":
-        sys.stdout.write(plan_text(sim, gate.spec.deployment_policy))
+        sys.stdout.write(plan_text(sim, gate.spec.deployment_policy, soaking=soaking))
     else:
-        print_data(plan_data(sim, gate.spec.deployment_policy), args.output)
+        print_data(plan_data(sim, gate.spec.deployment_policy, soaking), args.output)
     return 0

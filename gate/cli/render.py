@@ -6,7 +6,7 @@ reads the cluster or the clock, so the output is a function of its input and uni
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -145,9 +145,8 @@ def _gate_text(r: GateReport, durations: bool, limit: int) -> str:
         lines.append("  (# complete  > in progress  ! failed  . waiting)")
     if r.active:
         lines.append(f"  In progress ({len(r.active)}):")
-        active = [(a.compartment, a.name, f"batch {a.batch}  {a.doing}" + (f"  for {duration(a.seconds)}"
-                                                                           if durations else ""))
-                for a in r.active[:limit]]
+        active = [(a.compartment, a.name, f"batch {a.batch}  {a.doing}" + (_times(a) if durations else ""))
+                  for a in r.active[:limit]]
         lines += _aligned(active)
         if len(r.active) > limit:
             lines.append("    " + _more(len(r.active), limit, r.name))
@@ -234,7 +233,15 @@ def _gate_rich(r: GateReport, limit: int) -> RenderableType:
 
 
 def _active_row(a: ActiveNode) -> tuple[str, str, str]:
-    return a.compartment, a.name, f"batch {a.batch}  {a.doing}  for {duration(a.seconds)}"
+    return a.compartment, a.name, f"batch {a.batch}  {a.doing}{_times(a)}"
+
+
+def _times(a: ActiveNode) -> str:
+    """How long the node is in its phase, and in a soak how long is left."""
+    text = f"  for {duration(a.seconds)}"
+    if a.soak_left is not None:
+        text += f", soak left {duration(a.soak_left)}"
+    return text
 
 
 def _section(title: str, style: str, rows: list[tuple[str, str, str]], total: int, gate: str) -> RenderableType:
@@ -266,7 +273,9 @@ def report_data(r: GateReport) -> dict[str, Any]:
         } for c in r.compartments],
         "inProgress": [{"node": a.name, "compartment": a.compartment, "batch": a.batch, "phase": a.phase,
                         "secondsInPhase": None if a.seconds is None else round(a.seconds, 1),
-                        "running": list(a.running), "detail": a.detail} for a in r.active],
+                        "running": list(a.running), "detail": a.detail,
+                        "soakLeftSeconds": None if a.soak_left is None else round(a.soak_left, 1)}
+                       for a in r.active],
         "failed": [{"node": f.name, "compartment": f.compartment, "package": f.package, "stage": f.stage,
                     "reason": f.reason, "message": f.message, "cordoned": f.cordoned} for f in r.failed],
         "waiting": [{"compartment": w.compartment, "reason": w.reason, "message": w.message, "nodes": list(w.nodes)}
@@ -281,7 +290,9 @@ PLAN_NOTE = ("Assumes every node succeeds; windows, a pause and a stop are treat
              "higher-priority gates as complete.")
 
 
-def plan_text(sim: Simulation, policy: str | None, *, names_per_line: int = 6) -> str:
+def plan_text(sim: Simulation, policy: str | None, *, names_per_line: int = 6,
+              soaking: Mapping[str, float] | None = None) -> str:
+    """`soaking`: seconds of soak left per soaking node, shown under its batch."""
     head = f"Plan of NodeGate {sim.gate}" + (f" (policy {policy})" if policy else "") + ":"
     lines = [head, f"  {PLAN_NOTE}"]
     for c in sim.compartments:
@@ -295,17 +306,23 @@ def plan_text(sim: Simulation, policy: str | None, *, names_per_line: int = 6) -
             if len(b.nodes) > names_per_line:
                 shown += f", +{len(b.nodes) - names_per_line} more"
             lines.append(f"    batch {b.number:<3} {b.phase:<8} {len(b.nodes):>4}  {shown}")
+            soaks = [f"{n} {duration(soaking[n])}" for n in b.nodes if soaking and n in soaking]
+            if soaks:
+                lines.append(f"              soak left: {', '.join(soaks)}")
         if c.unplanned:
             lines.append(f"    never reached: {len(c.unplanned)} nodes (failed nodes still cordoned fill the budget)")
     return "\n".join(lines) + "\n"
 
 
-def plan_data(sim: Simulation, policy: str | None) -> dict[str, Any]:
+def plan_data(sim: Simulation, policy: str | None, soaking: Mapping[str, float] | None = None) -> dict[str, Any]:
+    soaks = soaking or {}
     return {
         "gate": sim.gate, "deploymentPolicy": policy, "assumptions": PLAN_NOTE,
         "compartments": [{
             "name": c.name, "matched": c.matched, "ceiling": c.ceiling, "stopped": c.stopped,
-            "batches": [{"number": b.number, "phase": b.phase, "nodes": list(b.nodes)} for b in c.batches],
+            "batches": [{"number": b.number, "phase": b.phase, "nodes": list(b.nodes),
+                         "soakLeftSeconds": {n: round(soaks[n], 1) for n in b.nodes if n in soaks}}
+                        for b in c.batches],
             "unplanned": list(c.unplanned),
         } for c in sim.compartments],
     }

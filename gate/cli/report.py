@@ -25,6 +25,7 @@ from gate.controller.views import fleet_node
 from gate.controller.workloads import WorkloadIndex
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
+from gate.lifecycle.soak import soak_left
 from gate.rollout import PolicyMismatch, Wait
 
 Obj = dict[str, Any]
@@ -40,9 +41,10 @@ PHASE_TEXT = {
     "interrupt": "interrupting",
     "post-interrupt": "post-interrupt checks",
     "finish": "finishing",
+    "soak": "soaking (serving, must stay healthy)",
 }
 WAIT_ORDER = ("starting", "stopped", "paused", "priority", "protected-pods", "outside-window", "batch-running",
-              "budget-full", "queued")
+              "batch-soaking", "budget-full", "queued")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class ActiveNode:
     seconds: float | None  # in the current phase
     running: tuple[str, ...]  # "package stage" of the step its stage pods run now, or the interrupt, "reboot"
     detail: str = ""  # e.g. what blocks the drain
+    soak_left: float | None = None  # in phase soak: seconds until the soak ends (0: over, waiting for a signal)
 
     @property
     def doing(self) -> str:
@@ -305,7 +308,10 @@ def _active(name: str, compartment: str, state: NodeGateState, running: tuple[st
     since = parse_time(state.phase_since)
     seconds = max(0.0, (now - since).total_seconds()) if since is not None else None
     detail = ""
-    if state.pull_failing:
+    left = soak_left(state.soak_until, now) if state.phase == "soak" else None
+    if left is not None:
+        detail = state.health_unreadable or ("" if left > 0 else "soak over, waiting for a health reading")
+    elif state.pull_failing:
         detail = f"cannot pull: {state.pull_failing}"
     elif state.phase == "drain" and state.drain_blocked_by:
         detail = f"blocked by {state.drain_blocked_by}"
@@ -313,7 +319,7 @@ def _active(name: str, compartment: str, state: NodeGateState, running: tuple[st
         detail = state.interrupt.type
         if state.interrupt.services:
             detail += " " + ", ".join(state.interrupt.services)
-    return ActiveNode(name, compartment, state.batch, state.phase, seconds, running, detail)
+    return ActiveNode(name, compartment, state.batch, state.phase, seconds, running, detail, left)
 
 
 def _failed(name: str, compartment: str, raw: NodeGateState | StateParseError | None) -> FailedNode:

@@ -17,6 +17,7 @@ from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError
 from gate.controller.executor import Executor
 from gate.controller.settings import OperatorSettings
+from gate.controller.signals import SignalReader
 from gate.controller.triggers import JoinKey, NodeKey, TaintKey
 from gate.controller.views import node_view, pod_view
 from gate.controller.world import World
@@ -24,16 +25,18 @@ from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import NodeUpdate, disabled, orphan_taint, readiness_clear, selects, taint_reason
 from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal
+from gate.lifecycle.soak import health_of
 
 
 class NodeReconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient, timing: Timing, world: World,
-                 executor: Executor) -> None:
+                 executor: Executor, signals: SignalReader | None = None) -> None:
         self.settings = settings
         self.client = client
         self.timing = timing
         self.world = world
         self.executor = executor
+        self.signals = signals or SignalReader(interval=timing.health_poll)
 
     async def reconcile(self, key: NodeKey) -> None:
         gate_name, node_name = key.gate, key.node
@@ -69,10 +72,22 @@ class NodeReconciler:
         pods = None
         if state.phase in ("wait-pods", "drain"):
             pods = await self._pods_on(node_name)
+        health = None
+        if not removing:
+            known, policy = self.world.policy_of(gate)
+            if not known and state.phase == "soak":
+                return  # whether the node is healthy cannot be told without its policy: the gate says why
+            health = health_of(policy, state.compartment)
+        reading = None
+        if health is not None and health.prometheus is not None and state.phase == "soak":
+            reading = await self.signals.read(gate_name, node_name, health.prometheus)
+        else:
+            self.signals.forget(gate_name, node_name)
         ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self.world.stage_pods_of(gate_name, node_name),
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
-                          timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()))
+                          timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),
+                          health=health, reading=reading)
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self.executor.execute(gate, node_obj, decision, ctx)
 

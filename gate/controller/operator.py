@@ -40,6 +40,7 @@ from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
+from gate.controller.signals import SignalReader
 from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.workloads import gates_protecting
 from gate.controller.world import World
@@ -62,13 +63,15 @@ class Operator:
         self.metrics = metrics or OperatorMetrics()
         recorder = self.recorder = EventRecorder(client, settings.identity)
         timing = Timing(image_pull_grace=settings.image_pull_grace, pending_timeout=settings.pending_timeout,
-                        reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds)
+                        reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds,
+                        health_poll=settings.health_poll_seconds)
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
                                     ImageResolver(settings, client, self.metrics))
         self.policies = PolicyReconciler(client, self.world)
-        self.nodes = NodeReconciler(settings, client, timing, self.world, executor)
+        self.signals = SignalReader(interval=settings.health_poll_seconds, concurrency=settings.health_queries)
+        self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals)
         self.joins = JoinReconciler(self.world, executor)
         self.taints = TaintReconciler(self.world, executor)
         self.ready = False
@@ -123,6 +126,7 @@ class Operator:
             self.ready = False
             gc.unfreeze()  # what the caches held goes back to the collector: a standby holds none of it
             world.queue.close()
+            await self.signals.close()
             for cache in world.caches:
                 await cache.stop()
                 cache._listeners.clear()

@@ -54,6 +54,10 @@ class OperatorSettings:
         "help": "seconds a rebooted node has to come back with a new boot ID and Ready"})
     poll_seconds: float = field(default=5.0, metadata={
         "help": "how often to look again at nodes waiting on pods, drains or reboots"})
+    health_poll_seconds: float = field(default=15.0, metadata={
+        "help": "how often the Prometheus health query of a soaking node is asked again (DeploymentPolicy health)"})
+    health_queries: int = field(default=8, metadata={
+        "help": "Prometheus health queries in flight at once, across all soaking nodes"})
     resync_seconds: float = field(default=300.0, metadata={
         "help": "every gate is reconciled at least this often even without events"})
     event_loop: str = field(default="uvloop", metadata={

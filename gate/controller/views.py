@@ -17,17 +17,22 @@ from gate.lifecycle.machine import NodeView, PodView
 Obj = dict[str, Any]
 
 
+_SIGNAL_FIELDS = frozenset({"type", "status", "reason", "message", "lastTransitionTime"})
+
+
 def node_fields(node: Obj) -> Obj:
     """A Node as the operator's cache keeps it: what `node_view`, `fleet_node`, the node patches and
-    Events read (metadata less managedFields, the spec, the Ready condition and NodeGate's own, the
-    boot ID), and nothing of the rest of the status: images, capacity, addresses and the kubelet's
-    other conditions are most of a Node's size, and no part of the operator reads them: 5,000 kwok
-    Nodes take 2.6 times less memory kept so (`bench.rollout.footprint`), real ones, with their image
-    lists, more (`gate.kube.cache.WatchCache`'s transform)."""
+    Events read (metadata less managedFields, the spec, the Ready condition and NodeGate's own whole,
+    the other conditions without their heartbeat, which a soak reads as health signals, the boot ID),
+    and nothing of the rest of the status: images, capacity and addresses are most of a Node's size,
+    and no part of the operator reads them: 5,000 kwok Nodes take 2.6 times less memory kept so
+    (`bench.rollout.footprint`), real ones, with their image lists, more (`gate.kube.cache.WatchCache`'s
+    transform)."""
     meta = slim(node).get("metadata") or {}
     status = node.get("status") or {}
-    kept = [c for c in status.get("conditions") or []
-            if c.get("type") == "Ready" or str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)]
+    kept = [c if c.get("type") == "Ready" or str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)
+            else {k: v for k, v in c.items() if k in _SIGNAL_FIELDS}
+            for c in status.get("conditions") or []]
     return {
         "apiVersion": node.get("apiVersion", "v1"), "kind": node.get("kind", "Node"), "metadata": meta,
         "spec": node.get("spec") or {},
@@ -41,9 +46,15 @@ def node_view(node: Obj) -> NodeView:
     status = node.get("status", {}) or {}
     ready = node_ready(node)
     taints = tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or [])
-    ours = {c["type"]: NodeCondition(c["type"], str(c.get("status", "")), str(c.get("reason", "")),
-                                     str(c.get("message", "")), c.get("lastTransitionTime"))
-            for c in status.get("conditions") or [] if str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)}
+    ours: dict[str, NodeCondition] = {}
+    others: dict[str, NodeCondition] = {}
+    for c in status.get("conditions") or []:
+        kind = str(c.get("type", ""))
+        if kind == "Ready":
+            continue
+        into = ours if kind.startswith(keys.CONDITION_PREFIX) else others
+        into[kind] = NodeCondition(kind, str(c.get("status", "")), str(c.get("reason", "")), str(c.get("message", "")),
+                                   c.get("lastTransitionTime"))
     return NodeView(
         name=meta.get("name", ""),
         labels=meta.get("labels") or {},
@@ -53,6 +64,7 @@ def node_view(node: Obj) -> NodeView:
         ready=ready,
         taints=taints,
         conditions=ours,
+        health_conditions=others,
     )
 
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
+from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState
 from gate.controller.index import StageIndex
 from gate.controller.pods import stage_pod_fields, stage_pod_view
@@ -59,6 +60,7 @@ class World:
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}
         self.node_seen: dict[str, FleetNode] = {}  # each node as its last watch event showed it
         self.gate_memo: dict[str, tuple[str, NodeGate]] = {}
+        self.policy_memo: dict[str, tuple[str, DeploymentPolicy]] = {}
         self.gate_seen: dict[str, GateSeen] = {}
         self.gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self.removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
@@ -103,6 +105,26 @@ class World:
             return None
         self.gate_memo[name] = (rv, gate)
         return gate
+
+    def policy_of(self, gate: NodeGate) -> tuple[bool, DeploymentPolicy | None]:
+        """The DeploymentPolicy the gate names, parsed once per version: (True, None) when it names
+        none, (False, None) when it is missing or does not parse (the gate's plan reports which)."""
+        name = gate.spec.deployment_policy
+        if not name:
+            return True, None
+        obj = self.policies.get(name)
+        if obj is None:
+            return False, None
+        rv = obj["metadata"].get("resourceVersion", "")
+        memo = self.policy_memo.get(name)
+        if memo is not None and memo[0] == rv:
+            return True, memo[1]
+        try:
+            policy = DeploymentPolicy.model_validate(obj)
+        except ValidationError:
+            return False, None
+        self.policy_memo[name] = (rv, policy)
+        return True, policy
 
     def all_gates(self) -> list[NodeGate]:
         out = []
@@ -176,7 +198,7 @@ class World:
         candidates = []
         for node in fleet:
             progress = node.progresses.get(gate.name)
-            if progress is None or not (progress.finished or progress.in_flight):
+            if progress is None or progress.waiting:
                 candidates.append(node.view.name)
         return self.workload_index.matching(selector, candidates)
 

@@ -474,3 +474,19 @@ def slow_stage(name: str, *, nodes: list[str], package: str | None = None, stage
         delay_ms=int(seconds * 1000),
         labels={INJECTED_LABEL: "true"},
     )
+
+
+def node_down_stage(name: str, *, nodes: list[str]) -> Stage:
+    """A test's injected outage: `nodes`, once NotReady, stay NotReady. The default node-ready stage
+    would bring a simulated node back at once; this one wins over it (weight 1) and does nothing, so
+    the Node keeps whatever else is written to its status meanwhile."""
+    return _stage(
+        name,
+        "Node",
+        [{"key": ".metadata.name", "operator": "In", "values": nodes},
+         {"key": '.status.conditions.[] | select( .type == "Ready" ) | .status', "operator": "NotIn",
+          "values": ["True"]}],
+        {},
+        weight=1,
+        labels={INJECTED_LABEL: "true"},
+    )

@@ -97,8 +97,11 @@ def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
         return GateProgress(status="failed")
     # A waiting node the gate cordoned (while its protected pods finish, or left so by a failed round)
     # is out of service as much as one in a round: it counts against the ceiling until it finishes.
-    disrupted = state.status == "in-progress" or (state.status in ("failed", "waiting") and state.cordoned)
-    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted)
+    # A soaking node serves again: it holds no disruption slot, yet its batch waits for it (`gate.rollout`).
+    soaking = state.status == "in-progress" and state.phase == "soak"
+    disrupted = (state.status == "in-progress" and not soaking) or (state.status in ("failed", "waiting")
+                                                                    and state.cordoned)
+    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted, soaking=soaking)
 
 
 def disabled(gate: NodeGate) -> bool:
@@ -195,11 +198,14 @@ def _inputs(node: FleetNode, *, detail: bool) -> tuple[object, ...]:
         if isinstance(state, NodeGateState) and state.status in ("waiting", "in-progress") and not detail:
             if state.removing:
                 states.append((gate, "removing"))  # an uninstall ends with the state gone: that may start one
+            elif state.phase == "soak":
+                states.append((gate, "soak"))  # a node entering its soak frees its slot: that may start one
             continue  # waiting, picked, in a round: the plan's and the node reconcile's own writes
         if isinstance(state, NodeGateState) and state.status == "in-progress":
             states.append((gate, (state.status, state.removing, state.generation, state.rollout_hash, state.batch,
                                   state.compartment, state.cordoned, state.passed, state.boot_id,
-                                  state.phase == "drain" and bool(state.drain_blocked_by), state.pull_failing)))
+                                  state.phase == "drain" and bool(state.drain_blocked_by), state.pull_failing,
+                                  state.health_unreadable)))
         else:
             states.append((gate, state.dump() if isinstance(state, NodeGateState) else str(state)))
     annotations = tuple(sorted((k, v) for k, v in view.annotations.items()
@@ -332,7 +338,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                         failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"],
                         waiting_for_pods=for_pods, ignored=ignored)
     status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet),
-                         pulls=_failing_pulls(gate.name, fleet))
+                         pulls=_failing_pulls(gate.name, fleet), unreadable=_unreadable_signals(gate.name, fleet))
     status.waiting_for_pods_since = waiting_since
     return GatePlan(updates, status, active, events, rollout, conditions, recheck_after, resumed=resumed,
                     restarted=restarted)
@@ -444,6 +450,13 @@ def _failing_pulls(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str
     return [(node.view.name, state.pull_failing) for node in fleet
             if isinstance(state := node.states.get(gate), NodeGateState) and state.status == "in-progress"
             and state.pull_failing]
+
+
+def _unreadable_signals(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str]]:
+    """(node, which signal and why) for every soaking node whose health signal cannot be read."""
+    return [(node.view.name, state.health_unreadable) for node in fleet
+            if isinstance(state := node.states.get(gate), NodeGateState) and state.status == "in-progress"
+            and state.phase == "soak" and state.health_unreadable]
 
 
 def _blocked_drains(gate: str, fleet: Sequence[FleetNode]) -> list[tuple[str, str]]:
@@ -595,11 +608,13 @@ def _word(value: bool) -> Literal["True", "False"]:
 
 def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentStatus],
                 now: datetime, spec_hash: str, drains: Sequence[tuple[str, str]] = (),
-                pulls: Sequence[tuple[str, str]] = ()) -> NodeGateStatus:
+                pulls: Sequence[tuple[str, str]] = (),
+                unreadable: Sequence[tuple[str, str]] = ()) -> NodeGateStatus:
     """`drains`: (node, what holds it) for each drain a PodDisruptionBudget holds: the DrainBlocked
     condition, present only while one is (abnormal-true, like kstatus' Stalled). `pulls`: (node, the
     kubelet's reason and message) for each stage pod whose image cannot be pulled: ImagePullFailing,
-    the same way."""
+    the same way. `unreadable`: (node, which signal and why) for each soaking node whose health signal
+    cannot be read: HealthUnreadable, the same way (such a node stays in its soak, `gate.lifecycle.soak`)."""
     generation = gate.metadata.generation or 0
     previous = gate.status.conditions if gate.status is not None else []
     stopped = [c.name for c in compartments if c.state == "stopped"]
@@ -647,6 +662,10 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
         conditions.append(condition("ImagePullFailing", "True", "KubeletPullError",
                                     f"Stage pods on {len(pulls)} node(s) cannot pull their image: "
                                     f"{_per_node(pulls)}", previous, now, generation))
+    if unreadable:
+        conditions.append(condition("HealthUnreadable", "True", "SignalUnreadable",
+                                    f"The health signal of {len(unreadable)} soaking node(s) cannot be read, so they "
+                                    f"stay in their soak: {_per_node(unreadable)}", previous, now, generation))
     verdict = rollout_verdict(gate.name, counts, compartments, paused)
     conditions = with_verdict(conditions, verdict, previous, now, generation)
     summary = "Paused" if paused else "Degraded" if degraded else "Ready" if done else "Progressing"

@@ -2,9 +2,10 @@
 
 A round on a node runs through phases:
 
-    cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish
+    cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish [-> soak]
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
-     post-interrupt only when it does; an interrupt of type drain runs no interrupt pod)
+     post-interrupt only when it does; an interrupt of type drain runs no interrupt pod; soak only
+     under a DeploymentPolicy with `health`: `gate.lifecycle.soak` decides it)
 
 Each phase that runs something on the host runs it in one pod: all the package stages of the round
 (apply, upgrade, config, uninstall, in dependency order) are the steps of one stage pod, the
@@ -35,6 +36,7 @@ from typing import Literal
 from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.nodegate import Interrupt, NodeGate, Package
+from gate.api.policy import Health
 from gate.api.state import (
     Failure,
     NodeGateState,
@@ -48,6 +50,7 @@ from gate.api.state import (
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
+from gate.lifecycle.soak import Reading, judge, soak_end
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
 
 RunPhase = Literal["pending", "running", "succeeded", "failed"]
@@ -135,6 +138,9 @@ class NodeView:
     ready: bool
     taints: tuple[tuple[str, str], ...] = ()  # (key, effect)
     conditions: Mapping[str, NodeCondition] = field(default_factory=dict)  # NodeGate's own, by type
+    # Every other condition but Ready, by type (node-problem-detector's, DCGM's, ...): the health
+    # signals a soak reads (`gate.lifecycle.soak`). Not among what the fleet plans read.
+    health_conditions: Mapping[str, NodeCondition] = field(default_factory=dict, compare=False)
 
     @property
     def cordoned_by(self) -> str | None:
@@ -156,6 +162,7 @@ class Timing:
     # deadline, but not on a node that is gone or whose kubelet is down.
     deadline_grace: float = 30.0
     poll: float = 5.0  # how often to look again while waiting on pods or drains
+    health_poll: float = 15.0  # how often a soaking node's Prometheus query is asked again
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,8 @@ class NodeContext:
     readiness_clear: bool = True  # every other readinessTaint gate selecting the node is complete
     timing: Timing = Timing()
     release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
+    health: Health | None = None  # the `health` of the node's compartment (None: no soak)
+    reading: Reading | None = None  # the last Prometheus reading for the node, while it soaks
 
 
 _POD_LABELS: Mapping[str, str] = {"post-interrupt": "post", "post-uninstall": "post"}
@@ -316,6 +325,8 @@ def decide(ctx: NodeContext) -> Decision:
     s = r.state
     if s.status != "in-progress":
         return r.finish_decision()
+    if s.phase == "soak":
+        return _soak(r)
     work = round_work(ctx.gate, s)
     required = _require(r, {n: w.interrupt for n, w in work.items() if not w.done})
     needs_interrupt = required.type != "none"
@@ -336,7 +347,7 @@ def decide(ctx: NodeContext) -> Decision:
 _KIND_PHASE: Mapping[PodKind, Phase] = {"stages": "stages", "removal": "stages", "interrupt": "interrupt",
                                         "post-interrupt": "post-interrupt"}
 _PHASE_ORDER: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt",
-                                   "finish")
+                                   "finish", "soak")
 
 
 def _sweep(r: _Round) -> None:
@@ -800,12 +811,88 @@ def _finish(r: _Round) -> None:
     s.passed = True
     s.failure = None
     s.reruns = {}
-    _complete_round(r)
+    if ctx.health is not None:
+        _enter_soak(r, ctx.health)
+    else:
+        _complete_round(r)
     change = r.decision.node
     if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
         change.remove_readiness_taint = True
         r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
-    r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
+    if ctx.health is None:
+        r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
+
+
+def _enter_soak(r: _Round, health: Health) -> None:
+    """The round's work is done: the node serves again (uncordoned, its taint lifted by `_finish`),
+    but it is complete only once it stayed healthy through the soak (`gate.lifecycle.soak`)."""
+    ctx, s = r.ctx, r.state
+    until = soak_end(health, ctx.now)
+    s.phase = "soak"
+    s.phase_since = _iso(ctx.now)
+    s.soak_until = _iso(until)
+    s.health_unreadable = None
+    s.interrupt = None
+    s.interrupted = []
+    s.post_checked = []
+    s.drain_blocked_by = None
+    s.boot_id = ctx.node.boot_id
+    r.changed = True
+    _uncordon(r)
+    r.event("node", "Normal", "Soaking", f"NodeGate {ctx.gate.name} finished its round on the node; it serves again "
+            f"and must stay Ready and healthy for {health.soak} (until {until.isoformat(timespec='seconds')}) "
+            "before it counts as complete")
+    r.decision.requeue_after = _soak_look(ctx, health.soak_seconds)
+
+
+def _soak_look(ctx: NodeContext, left: float | None) -> float:
+    """When to look at a soaking node again: at the soak's end, sooner while a query is to be asked."""
+    wait = ctx.timing.poll if left is None else max(0.5, left)
+    health = ctx.health
+    if health is not None and health.prometheus is not None:
+        wait = min(wait, ctx.timing.health_poll)
+    return wait
+
+
+def _parsed(ts: str | None, default: datetime) -> datetime:
+    if not ts:
+        return default
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return default
+
+
+def _soak(r: _Round) -> Decision:
+    """One look at a soaking node: fail it (Unhealthy, HealthUnreadable), keep it soaking, or complete it."""
+    ctx, s = r.ctx, r.state
+    health = ctx.health
+    if health is None:
+        # The policy no longer asks for health (or the gate left it): nothing is left to prove.
+        _complete_round(r)
+        r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node (its policy no "
+                "longer asks for a soak)")
+        return r.finish_decision()
+    verdict = judge(health, ready=ctx.node.ready, conditions=ctx.node.health_conditions, reading=ctx.reading,
+                    soak_since=_parsed(s.phase_since, ctx.now), soak_until=_parsed(s.soak_until, ctx.now),
+                    now=ctx.now)
+    if verdict.outcome in ("unhealthy", "unreadable-failed"):
+        s.health_unreadable = None
+        return r.fail(verdict.reason, verdict.message, stage="soak")
+    if verdict.outcome == "passed":
+        _complete_round(r)
+        r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node: it stayed Ready "
+                f"and healthy through its soak of {health.soak}")
+        return r.finish_decision()
+    unreadable = verdict.message if verdict.outcome == "unreadable" else None
+    if s.health_unreadable != unreadable:
+        s.health_unreadable = unreadable
+        r.changed = True
+        if unreadable is not None:
+            r.event("node", "Warning", "HealthUnreadable", f"NodeGate {ctx.gate.name}: {unreadable}; the node stays "
+                    "in its soak (a signal that cannot be read never counts as healthy)")
+    r.decision.requeue_after = _soak_look(ctx, verdict.recheck_after)
+    return r.finish_decision()
 
 
 def _complete_round(r: _Round) -> None:
@@ -815,6 +902,8 @@ def _complete_round(r: _Round) -> None:
     s.status = "complete"
     s.phase = "idle"
     s.phase_since = _iso(ctx.now)
+    s.soak_until = None
+    s.health_unreadable = None
     s.interrupt = None
     s.interrupted = []
     s.post_checked = []
@@ -961,7 +1050,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     # A round that stopped before it finished (it failed, and a person or a spec change starts another)
     # may have applied packages whose interrupt never came, or whose check after it never passed:
     # they keep it, so the new round interrupts the node and checks them again.
-    unfinished = s.phase not in ("idle", "finish") and s.interrupt is not None
+    unfinished = s.phase not in ("idle", "finish", "soak") and s.interrupt is not None
     s.phase = "idle"
     s.phase_since = _iso(now)
     s.failure = None
@@ -972,6 +1061,8 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.attempts = {}
     s.retry_at = None
     s.drain_blocked_by = None
+    s.soak_until = None
+    s.health_unreadable = None
     s.boot_id = s.boot_id or boot_id
     return s
 

@@ -45,6 +45,14 @@ batch finishes, the batch is judged, and the next one is picked in the same step
 `min(strategy size, ceiling - disrupted now, nodes ready to start)`. A batch is picked whole: it is
 never topped up later, even when budget frees up while it runs.
 
+**Soak** (a compartment whose policy entry carries `health`, `gate.lifecycle.soak`): a node whose
+round went through soaks, serving, until it proved healthy. It holds no slot of the ceiling and is
+not finished either: its batch is judged only once every node of it left the soak (passed, or failed
+as `Unhealthy`). As nodes leave the budget before their batch is judged, such a batch is not capped
+by the room: its planned size is kept, and it fills in pick order as slots free (while nodes of it
+are in a round or soaking), never past its size nor the nodes there are; the ceiling still bounds
+the nodes in a round at once. Waiting nodes say `batch-soaking` while only soaks hold the batch.
+
 **Strategies** (sizes computed from the size the finished batch actually had; see
 `gate.rollout.strategy`): fixed returns to initialBatch after a good batch, linear adds delta,
 exponential multiplies by growthFactor. A batch is good when successes/size >= batchThreshold%.
@@ -78,7 +86,7 @@ off).
 and zones that node names usually encode.
 
 **Why a node waits** (`Plan.waits`, most fundamental reason first): stopped, paused, priority,
-protected-pods, outside-window, batch-running, budget-full, queued. `stopped`, `priority` and
+protected-pods, outside-window, batch-running, batch-soaking, budget-full, queued. `stopped`, `priority` and
 `protected-pods` make the node's status `blocked`; the others `waiting`.
 
 `simulate` runs the same planner forward assuming every node succeeds: the batches `nodegate plan`

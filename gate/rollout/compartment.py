@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gate.api.common import Budget, LabelSelector
 from gate.api.nodegate import NodeGate
-from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy, FixedStrategy, Strategy
+from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy, FixedStrategy, Health, Strategy
 
 
 class PolicyMismatch(ValueError):
@@ -32,12 +32,14 @@ class PolicyMismatch(ValueError):
 
 @dataclass(frozen=True)
 class CompartmentSpec:
-    """A compartment as the planner uses it. `strategy` None means: fill the budget."""
+    """A compartment as the planner uses it. `strategy` None means: fill the budget. With `health`,
+    nodes soak after their round, and batches fill as the budget frees (`gate.rollout.planner.decide`)."""
 
     name: str
     selector: LabelSelector | None
     budget: Budget
     strategy: Strategy | None
+    health: Health | None = None
 
     def strategy_for(self, ceiling: int) -> Strategy:
         if self.strategy is not None:
@@ -57,10 +59,10 @@ def compartments_of(gate: NodeGate, policy: DeploymentPolicy | None) -> tuple[Co
         found = "none" if policy is None else policy.name
         raise PolicyMismatch(f"gate {gate.name} needs DeploymentPolicy {wanted}, got {found}")
     listed = tuple(
-        CompartmentSpec(c.name, c.selector, c.budget, c.strategy) for c in policy.spec.compartments
+        CompartmentSpec(c.name, c.selector, c.budget, c.strategy, c.health) for c in policy.spec.compartments
     )
     default = policy.spec.default
-    return (*listed, CompartmentSpec(DEFAULT_COMPARTMENT, None, default.budget, default.strategy))
+    return (*listed, CompartmentSpec(DEFAULT_COMPARTMENT, None, default.budget, default.strategy, default.health))
 
 
 def assign_compartment(specs: Sequence[CompartmentSpec], labels: Mapping[str, str], *,

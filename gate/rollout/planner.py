@@ -22,7 +22,7 @@ from gate.rollout.strategy import close_batch
 from gate.rollout.window import require_aware, windows_open
 
 WaitReason = Literal["stopped", "paused", "priority", "protected-pods", "outside-window", "batch-running",
-                     "budget-full", "queued"]
+                     "batch-soaking", "budget-full", "queued"]
 """Why a node that has not started does not start now, most fundamental first:
 
 * stopped        — its compartment hit failureThreshold; a person must resume it
@@ -32,6 +32,7 @@ WaitReason = Literal["stopped", "paused", "priority", "protected-pods", "outside
                    them): it is not picked while they run, so a long job holds back only its own node
 * outside-window — no maintenance window is open
 * batch-running  — the compartment's current batch has not finished (batches are sticky)
+* batch-soaking  — the current batch's nodes finished their rounds but not yet their soak
 * budget-full    — disrupted nodes already fill the ceiling (e.g. failed nodes still cordoned)
 * queued         — a batch started now without it; it goes in a later batch
 """
@@ -92,6 +93,7 @@ class CompartmentPlan:
     stopped_now: bool
     hold: tuple[str, ...] = ()  # cordon now, unpicked, while their protected pods finish
     release: tuple[str, ...] = ()  # held nodes to uncordon: the gate no longer cordons while protected
+    soaking: tuple[str, ...] = ()  # nodes of the open batch proving healthy after their round
 
     @property
     def name(self) -> str:
@@ -274,6 +276,7 @@ class CompartmentView:
     batches: Mapping[int, BatchTally]
     protected: Sequence[Member] = ()
     held: frozenset[str] = frozenset()
+    soaking: tuple[str, ...] = ()
 
 
 def tally(members: Sequence[Member]) -> CompartmentView:
@@ -287,7 +290,7 @@ def tally(members: Sequence[Member]) -> CompartmentView:
                 b.finished + m.progress.finished,
                 b.successes + (m.progress.status == "complete"),
             )
-    waiting = [m for m in members if not m.progress.finished and not m.progress.in_flight]
+    waiting = [m for m in members if m.progress.waiting]
     return CompartmentView(
         matched=len(members),
         complete=sum(1 for m in members if m.progress.status == "complete"),
@@ -299,6 +302,7 @@ def tally(members: Sequence[Member]) -> CompartmentView:
         batches=batches,
         protected=[m for m in waiting if not m.blockers and m.protected],
         held=frozenset(m.name for m in waiting if m.progress.held),
+        soaking=tuple(m.name for m in members if m.progress.soaking),
     )
 
 
@@ -335,9 +339,15 @@ def decide(
     # `batch` is closed exactly when the stored number moves past it, so judging a batch twice is
     # impossible. Normally at most one batch closes per call; more close only when the status was
     # lost and the history is replayed from the batch numbers on the nodes.
+    # With `health`, a node leaves the budget when its round ends and soaks while serving, so a batch
+    # is no longer bounded by the ceiling: it fills in pick order as slots free, up to its planned
+    # size, and is judged once it is full (or nothing is left to put in it) and every node of it
+    # finished, its soak included. Without `health` a batch is picked whole, within the room.
+    filling = spec.health is not None
     closed: list[ClosedBatch] = []
     stop = False
-    while (current := view.batches.get(batch)) is not None and current.finished == current.size:
+    while ((current := view.batches.get(batch)) is not None and current.finished == current.size
+           and (not filling or current.size >= size or not view.eligible or (batch + 1) in view.batches)):
         result = close_batch(
             strategy,
             size=current.size,
@@ -359,9 +369,12 @@ def decide(
     start: tuple[str, ...] = ()
     spent = 0  # budget the picks take: a held node is counted in `occupied` already
     may_start = not stopped and not gating.paused and gating.window_open
-    if may_start and not running:
+    have = 0
+    if filling and (open_batch := view.batches.get(batch)) is not None:
+        have = open_batch.size
+    if may_start and (filling or not running):
         picked: list[str] = []
-        for name in islice(view.eligible, size):
+        for name in islice(view.eligible, max(0, size - have)):
             cost = 0 if name in view.held else 1
             if spent + cost > room:
                 break
@@ -369,7 +382,10 @@ def decide(
             spent += cost
         if picked:
             start = tuple(picked)
-            size = len(picked)
+            if not filling:
+                size = len(picked)
+    if filling and have + len(view.eligible) > 0:
+        size = min(size, have + len(view.eligible))  # a batch never waits for nodes that are not there
     hold, release = _holds(view, start, room - spent, may_start, gating)
 
     waits: dict[str, Wait] = {}
@@ -377,7 +393,8 @@ def decide(
         started = set(start)
         waits = {
             m.name: _wait(m, spec.name, batch, stopped, failures, view.occupied + len(hold) - len(release),
-                          ceiling, running, gating, held=m.name in view.held or m.name in hold)
+                          ceiling, running, gating, held=m.name in view.held or m.name in hold,
+                          soaking=view.soaking, filling=filling and have + len(start) < size)
             for m in view.waiting
             if m.name not in started
         }
@@ -387,7 +404,7 @@ def decide(
         state = "stopped"
     elif not view.waiting and not running:
         state = "complete"  # every node finished; failures show in `failed`
-    elif running or start:
+    elif running or start or view.soaking:
         state = "rolling"
     elif gating.windows_configured and not gating.window_open:
         state = "outside-window"
@@ -401,12 +418,14 @@ def decide(
         in_progress=view.occupied + spent + len(hold) - len(release),
         complete=view.complete,
         failed=view.failed,
+        soaking=len(view.soaking),
         batch=batch,
         batch_size=size,
         consecutive_failures=failures,
         state=state,
     )
-    return CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped, hold, release), waits
+    return (CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped, hold, release,
+                            view.soaking), waits)
 
 
 def _holds(view: CompartmentView, start: tuple[str, ...], room: int, may_start: bool,
@@ -440,6 +459,8 @@ def _wait(
     gating: Gating,
     *,
     held: bool = False,
+    soaking: tuple[str, ...] = (),
+    filling: bool = False,
 ) -> Wait:
     if stopped:
         return Wait(
@@ -467,8 +488,17 @@ def _wait(
                     pods=member.protected)
     if not gating.window_open:
         return Wait(compartment, "outside-window", "no maintenance window is open")
+    if filling and occupied >= ceiling:
+        return Wait(
+            compartment,
+            "budget-full",
+            f"budget of {compartment} is full: {occupied} of at most {ceiling} nodes disrupted",
+        )
     if running:
         return Wait(compartment, "batch-running", f"waits for batch {batch} of {compartment} to finish")
+    if soaking:
+        return Wait(compartment, "batch-soaking", f"waits for batch {batch} of {compartment} to pass its soak "
+                    f"({len(soaking)} node(s) soaking)")
     if occupied >= ceiling:
         return Wait(
             compartment,

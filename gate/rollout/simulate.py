@@ -85,16 +85,21 @@ def simulate(
         counted = tally(current)
         view = CompartmentView(
             counted.matched, counted.complete, counted.failed, counted.occupied, counted.running,
-            deque(counted.waiting), deque(counted.eligible), counted.batches,
+            deque(counted.waiting), deque(counted.eligible), counted.batches, soaking=counted.soaking,
         )
         batch_of = {m.name: m.progress.batch for m in current}
-        # Each pass either starts at least one node or finishes the ones already running, so the
-        # rollout ends within one pass per node plus one.
-        for _ in range(len(current) + 1):
+        # Each pass either starts at least one node or finishes the ones already running or soaking
+        # (a pass that starts none follows one that did), so the rollout ends within two passes per
+        # node plus two.
+        for _ in range(2 * len(current) + 2):
             step, _waits = decide(spec, view, state, gating, explain=False)
-            if not step.start and not step.running:
+            if not step.start and not step.running and not step.soaking:
                 break
-            if step.start:
+            if step.start and batches and batches[-1].number == step.status.batch:
+                # Under `health` a batch fills over several passes as the budget frees.
+                last = batches.pop()
+                batches.append(SimulatedBatch(last.number, last.nodes + step.start, last.phase))
+            elif step.start:
                 batches.append(SimulatedBatch(step.status.batch, step.start, "planned"))
             view = _all_succeed(view, step, batch_of)
             state = step.status
@@ -114,7 +119,7 @@ def simulate(
 def _all_succeed(view: CompartmentView, step: CompartmentPlan, batch_of: Mapping[str, int]) -> CompartmentView:
     """The counts after the running nodes and the ones `step` started all completed."""
     batches = dict(view.batches)
-    for name in step.running:
+    for name in (*step.running, *step.soaking):
         if (number := batch_of[name]) > 0:
             b = batches[number]
             batches[number] = BatchTally(b.size, b.finished + 1, b.successes + 1)
@@ -130,7 +135,7 @@ def _all_succeed(view: CompartmentView, step: CompartmentPlan, batch_of: Mapping
         view.eligible.popleft()
     return CompartmentView(
         matched=view.matched,
-        complete=view.complete + len(step.running) + take,
+        complete=view.complete + len(step.running) + len(step.soaking) + take,
         failed=view.failed,
         occupied=view.occupied - len(step.running),
         running=(),
@@ -144,13 +149,13 @@ def _history(members: list[Member]) -> list[SimulatedBatch]:
     """Batches already picked, from the batch numbers recorded on the nodes (pick order within)."""
     by_number: dict[int, list[Member]] = {}
     for m in members:
-        if m.progress.batch > 0 or m.progress.in_flight:
+        if m.progress.batch > 0 or m.progress.in_flight or m.progress.soaking:
             by_number.setdefault(m.progress.batch, []).append(m)
     return [
         SimulatedBatch(
             number,
             tuple(m.name for m in group),
-            "running" if any(m.progress.in_flight for m in group) else "done",
+            "running" if any(m.progress.in_flight or m.progress.soaking for m in group) else "done",
         )
         for number, group in sorted(by_number.items())
     ]

@@ -22,6 +22,7 @@ class GateProgress:
     status: NodeStatus = "waiting"
     batch: int = 0
     disrupted: bool = False
+    soaking: bool = False  # its round went through; it serves while it proves healthy (`gate.lifecycle.soak`)
 
     @property
     def finished(self) -> bool:
@@ -32,13 +33,18 @@ class GateProgress:
         """Picked and not finished. A picked node stays in its batch until it finishes, whatever
         its label says meanwhile; `in-progress` without a batch number (state written by hand or
         by an older operator) counts too, so it can never slip past the budget."""
-        return not self.finished and (self.batch > 0 or self.status == "in-progress")
+        return not self.finished and not self.soaking and (self.batch > 0 or self.status == "in-progress")
 
     @property
     def held(self) -> bool:
         """Cordoned by the gate while its protected pods finish, before it is picked (the gate's
         `cordonWhileProtected`): out of service, so it counts against the ceiling, but in no batch."""
-        return self.disrupted and not self.finished and not self.in_flight
+        return self.disrupted and not self.finished and not self.in_flight and not self.soaking
+
+    @property
+    def waiting(self) -> bool:
+        """Not picked yet (or back in line): neither finished, nor in a round, nor soaking."""
+        return not self.finished and not self.in_flight and not self.soaking
 
     @property
     def occupies_budget(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +13,7 @@ from gate.api.nodegate import NodeGate
 from gate.cli.render import bar_segments, duration, plan_data, plan_text, render_rich, render_text, report_data
 from gate.cli.report import Snapshot, build_reports
 from gate.rollout import NodeSnapshot, simulate
-from tests.unit.cli.builders import NOW, agent_summary, complete, failed, gate, node, running
+from tests.unit.cli.builders import NOW, agent_summary, complete, failed, gate, iso, node, running
 
 
 @given(st.lists(st.integers(min_value=0, max_value=10_000), min_size=4, max_size=4),
@@ -120,3 +121,17 @@ def test_status_shows_each_package_tag_and_the_digest_its_pods_pull() -> None:
     console = Console(width=200, record=True)
     console.print(render_rich([report]))
     assert "registry.example.com/pkg:1.0.0" in console.export_text()
+
+
+def test_status_and_plan_show_the_soak_time_left_of_a_soaking_node() -> None:
+    soaking = running(phase="soak", soak_until=iso(NOW + timedelta(minutes=7, seconds=30)))
+    [report] = build_reports(Snapshot([gate(interruptionBudget={"count": 1})], {}, [node("n1", states={
+        "g": soaking})]), NOW)
+    [active] = report.active
+    assert active.soak_left == 450 and "soaking" in active.doing
+    assert "soak left 7m30s" in render_text([report])
+    assert report_data(report)["inProgress"][0]["soakLeftSeconds"] == 450
+    g = NodeGate.model_validate(gate(interruptionBudget={"count": 1}))
+    sim = simulate(g, None, [NodeSnapshot("n1", {"pool": "x"})])
+    assert "soak left: n1 7m30s" in plan_text(sim, None, soaking={"n1": 450})
+    assert plan_data(sim, None, {"n1": 450})["compartments"][0]["batches"][0]["soakLeftSeconds"] == {"n1": 450}

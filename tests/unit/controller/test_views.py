@@ -51,7 +51,13 @@ def test_the_operator_reads_the_same_node_from_the_kept_fields() -> None:
     assert fleet_node(kept) == fleet_node(node)
     for field in ("images", "capacity", "allocatable", "addresses", "daemonEndpoints"):
         assert field not in kept["status"]
-    assert [c["type"] for c in kept["status"]["conditions"]] == ["Ready", keys.failed_condition("other")]
+    # Every condition stays (the others are health signals a soak reads), the others without heartbeat.
+    assert [c["type"] for c in kept["status"]["conditions"]] == ["MemoryPressure", "Ready",
+                                                                 keys.failed_condition("other")]
+    assert "lastHeartbeatTime" not in kept["status"]["conditions"][0]
+    assert node_view(kept).health_conditions == node_view(node).health_conditions
+    assert set(node_view(kept).health_conditions) == {"MemoryPressure"}
+    assert set(node_view(kept).conditions) == {keys.failed_condition("other")}
     assert kept["status"]["nodeInfo"] == {"bootID": "b-1"}
     assert "managedFields" not in kept["metadata"]
 

@@ -321,7 +321,7 @@ def test_compartment_status_counts_after_the_plan() -> None:
     status = fleet.plan().compartment(D).status
 
     # batch 1 failed (2 of 3) at 20% progress: the next is 3 // 2 = 1; in progress = 1 cordoned + 1 started
-    expected = dict(matched=10, ceiling=5, in_progress=2, complete=2, failed=1, batch=2, batch_size=1,
+    expected = dict(matched=10, ceiling=5, in_progress=2, complete=2, failed=1, soaking=0, batch=2, batch_size=1,
                     consecutive_failures=1, state="rolling")
     assert status.model_dump(exclude={"name"}) == expected
 
