@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).with_name("versions.toml")
-ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe")
+ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe", "prometheus")
 # Runs the control plane on another Kubernetes release than the pinned one (`make test-matrix`):
 # `NODEGATE_KUBE_VERSION=v1.33.13`. Unset, CI and `nodegate dev up` use versions.toml's pin.
 KUBE_VERSION_ENV = "NODEGATE_KUBE_VERSION"
@@ -51,6 +51,8 @@ class Component:
     # Go source of NodeGate's own, written into the wrapper module (name -> path beside this file): the
     # command is the wrapper itself, and `module` the library it is built on.
     sources: dict[str, str] = field(default_factory=dict)
+    # Go build tags (`go build -tags`): what the command leaves out (Prometheus's service discoveries).
+    tags: tuple[str, ...] = ()
 
     @property
     def fingerprint(self) -> str:
@@ -59,6 +61,8 @@ class Component:
         if self.sources:  # only then: every other component keeps the stamp it was built with
             fields.append({name: hashlib.sha256((VERSIONS_FILE.parent / rel).read_bytes()).hexdigest()
                            for name, rel in self.sources.items()})
+        if self.tags:  # likewise
+            fields.append({"tags": list(self.tags)})
         blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -109,6 +113,8 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
     helm = data["helm"]
     registry = data["registry"]
     probe = data["kstatus-probe"]
+    prom = data["prometheus"]
+    prom_version_pkg = "github.com/prometheus/common/version"
     return {
         "kubernetes": Component(
             "kubernetes",
@@ -158,6 +164,17 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
             dict(probe["binaries"]),
             sources=dict(probe["sources"]),
         ),
+        "prometheus": Component(
+            "prometheus",
+            prom["module"],
+            prom["version"],
+            dict(prom["binaries"]),
+            # `prometheus --version` says the release (3.x), not the Go module's v0.3xx tag.
+            ldflags=(f"-X {prom_version_pkg}.Version={prom['release']}",
+                     f"-X {prom_version_pkg}.Revision={prom['version']}",
+                     f"-X {prom_version_pkg}.Branch=release"),
+            tags=tuple(prom["tags"]),
+        ),
     }
 
 
@@ -188,7 +205,7 @@ def _go() -> str:
     if go is None:
         raise BuildError(
             "the Go toolchain was not found on PATH. NodeGate builds its local control plane "
-            "(etcd, kube-apiserver, kube-controller-manager, kwok, helm, the image registry) from the Go "
+            "(etcd, kube-apiserver, kube-controller-manager, kwok, helm, the image registry, Prometheus) from the Go "
             "module proxy once per machine; install Go 1.25 or newer (https://go.dev/dl/) and run this again."
         )
     return go
@@ -274,8 +291,9 @@ def build(component: Component, progress: Progress = print) -> Path:
         started = time.monotonic()
         _run([go, "mod", "tidy"], work, env, log, progress, f"{component.name}: go mod tidy")
         pkgs = sorted(set(component.binaries.values()))
+        tag_args = ["-tags", ",".join(component.tags)] if component.tags else []
         listed = subprocess.run(
-            [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *pkgs],
+            [go, "list", "-deps", *tag_args, "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *pkgs],
             cwd=work, env=env, capture_output=True, text=True,
         )
         total = len([ln for ln in listed.stdout.splitlines() if ln.strip()]) if listed.returncode == 0 else 0
@@ -285,7 +303,7 @@ def build(component: Component, progress: Progress = print) -> Path:
         ldflags = " ".join(["-s", "-w", *component.ldflags])
         for binary, pkg in component.binaries.items():
             _run(
-                [go, "build", "-v", "-ldflags", ldflags, "-o", str(staging / binary), pkg],
+                [go, "build", "-v", *tag_args, "-ldflags", ldflags, "-o", str(staging / binary), pkg],
                 work, env, log, progress, f"{component.name}: {binary}", total,
             )
         if component.assets:

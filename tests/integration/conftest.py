@@ -16,6 +16,7 @@ from tests.conftest import unique
 if TYPE_CHECKING:
     from gate.devcluster.cluster import DevCluster
     from gate.kube.client import KubeClient
+    from tests.prometheus import MetricsExporter
 
 TAINT = {"key": READINESS_TAINT_KEY, "effect": "NoSchedule"}
 OPERATOR_SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "nodegate-operator", "namespace": "nodegate-system"}
@@ -87,3 +88,20 @@ def webhook(cluster: DevCluster) -> Iterator[Webhook]:
     port = webhook_port(cluster)
     assert port is not None
     yield Webhook(port)
+
+
+@pytest.fixture(scope="session")
+def metrics_exporter() -> Iterator[MetricsExporter]:
+    """An exporter whose series the test sets (tests/prometheus.py), scraped by `prometheus`."""
+    from tests.prometheus import exporter_session
+
+    yield from exporter_session()
+
+
+@pytest.fixture(scope="session")
+def prometheus(metrics_exporter: MetricsExporter, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a real Prometheus scraping `metrics_exporter` every second and evaluating
+    `tests.prometheus.NODE_ALERT_RULES` (alerts `NodeUnhealthy`, `GpuXidErrors`) every second."""
+    from tests.prometheus import prometheus_session
+
+    yield from prometheus_session(tmp_path_factory.mktemp("prometheus"), metrics_exporter)

@@ -81,8 +81,21 @@ def test_a_component_without_own_sources_keeps_the_fingerprint_its_binaries_were
     import hashlib
 
     for name, comp in load_components(environ={}).items():
-        if comp.sources:
+        if comp.sources or comp.tags:  # these stamps name their sources or tags as well
             continue
         blob = json.dumps([comp.module, comp.version, comp.binaries, comp.replaces, list(comp.ldflags), comp.assets],
                           sort_keys=True)
         assert comp.fingerprint == hashlib.sha256(blob.encode()).hexdigest()[:16], name
+
+
+def test_prometheus_is_built_without_service_discoveries_and_stamped_with_its_release() -> None:
+    prom = load_components(environ={})["prometheus"]
+    gomod, tools = _wrapper(prom)
+    assert f"require github.com/prometheus/prometheus {prom.version}" in gomod
+    assert '_ "github.com/prometheus/prometheus/cmd/prometheus"' in tools
+    assert prom.tags == ("remove_all_sd",)  # and no builtinassets: the web UI needs npm
+    assert "-X github.com/prometheus/common/version.Version=3.16.0" in prom.ldflags
+    # The tags are part of what the stamp records: built with other tags, it is built again.
+    from dataclasses import replace
+
+    assert replace(prom, tags=()).fingerprint != prom.fingerprint
