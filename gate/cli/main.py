@@ -11,14 +11,15 @@ from pathlib import Path
 from gate.cli.errors import CliError
 
 Handler = Callable[[argparse.Namespace], int]
-HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "node", "delete", "demo", "dev", "package", "crds",
-              "api-docs", "version")
+HELP_ORDER = ("status", "plan", "pause", "resume", "rerun", "rollout", "node", "delete", "demo", "dev", "package",
+              "crds", "api-docs", "version")
 
 # Further command groups: each module has `register(subparsers)` adding its commands, whose handlers
 # import what they need lazily (so `nodegate version` stays fast). Add a module here to add commands.
 COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate.cli.webhook", "gate.cli.fleet",
                                   "gate.cli.manifests", "gate.cli.nodes", "gate.cli.reset",
-                                  "gate.cli.version", "gate.cli.logs", "gate.cli.disable")
+                                  "gate.cli.version", "gate.cli.logs", "gate.cli.disable",
+                                  "gate.cli.rollout")
 
 
 def _labels(values: Sequence[str]) -> dict[str, str]:

@@ -10,7 +10,8 @@
   - `GateKey` and `PolicyKey`: `gate.controller.gates` (plan the gate across the fleet, or its removal;
     a DeploymentPolicy's status), debounced: many node events make one gate reconcile;
   - `NodeKey`, `JoinKey` and `TaintKey`: `gate.controller.nodes` (one step of a node's state machine;
-    the readiness taint of a node that just joined, or that no gate holds back any longer).
+    the readiness taint of a node that just joined, or that no gate holds back any longer);
+  - `HistoryKey`: `gate.controller.history` (the gate's spec as its newest ControllerRevision).
   Each reads only the caches, decides with the pure core, and the executor (`gate.controller.executor`)
   performs the decision. Every Node write carries the resourceVersion it was decided on, so a
   decision made on a stale copy is refused by the API server (409) and simply decided again.
@@ -35,13 +36,14 @@ from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
+from gate.controller.history import HistoryReconciler
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
-from gate.controller.triggers import GateKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
+from gate.controller.triggers import GateKey, HistoryKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.workloads import gates_protecting
 from gate.controller.world import World
 from gate.kube.cache import WatchCache
@@ -74,6 +76,7 @@ class Operator:
         self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals)
         self.joins = JoinReconciler(self.world, executor)
         self.taints = TaintReconciler(self.world, executor)
+        self.history = HistoryReconciler(settings, client, self.world)
         self.ready = False
         self.elector = LeaderElector(clients.lease, settings.lease_name, settings.namespace, settings.identity,
                                      lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
@@ -94,6 +97,7 @@ class Operator:
         world = self.world
         self.metrics.leader.set(1)
         world.queue = WorkQueue()
+        self.history.recorded.clear()  # the history may have changed while another replica led
         for cache in world.caches:
             cache.synced = False
         world.pods.subscribe(self._on_pod)
@@ -251,6 +255,8 @@ class Operator:
                         await self.taints.reconcile(key)
                     case NodeKey():
                         await self.nodes.reconcile(key)
+                    case HistoryKey():
+                        await self.history.reconcile(key)
                 queue.forget(key)
             except asyncio.CancelledError:
                 raise

@@ -85,6 +85,9 @@ NAMESPACE_RULES: list[Rule] = [
          "read a package ConfigMap that already exists under its name, to refuse one that is not NodeGate's"),
     Rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"],
          "leader election: read, create and renew (compare-and-swap) the Lease"),
+    Rule(["apps"], ["controllerrevisions"], ["list", "create", "patch", "delete"],
+         "a gate's history (nodegate rollout history/undo): list a gate's revisions, record its spec as a new one, "
+         "renumber one applied again, delete those beyond the history limit or squatting a revision's name"),
     Rule([""], ["secrets"], ["create"],
          "create the record signing key Secret on first start (RBAC cannot name an object not yet created)"),
     Rule([""], ["secrets"], ["get", "patch"],

@@ -27,6 +27,9 @@ class OperatorSettings:
     state_key_secret: str = field(default="nodegate-state-key", metadata={
         "help": "Secret of the operator's namespace holding the keys that sign its node records "
                 "(created at first start; docs/security.md)"})
+    revision_history_limit: int = field(default=10, metadata={
+        "help": "previous specs kept per NodeGate as ControllerRevisions for `nodegate rollout history/undo`, "
+                "besides the current one (10, as a DaemonSet's revisionHistoryLimit)"})
     lease_seconds: int = field(default=15, metadata={"help": "lease duration; a standby takes over after it"})
     renew_seconds: float = field(default=5.0, metadata={"help": "how often the leader renews the lease"})
     renew_deadline: float = field(default=10.0, metadata={

@@ -15,6 +15,8 @@ Three kinds of keys:
 * `TaintKey(node)`: a node with the readiness taint, which must lose it once no readinessTaint gate
   selects it (`gate.lifecycle.fleet.orphan_taint`).
 * `PolicyKey(policy)`: a DeploymentPolicy's own status (accepted, the gates that use it).
+* `HistoryKey(gate)`: record the gate's current spec as its newest ControllerRevision
+  (`gate.controller.history`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,13 @@ class PolicyKey(_Key):
     kind = "policy"
 
 
-WorkKey = GateKey | NodeKey | JoinKey | TaintKey | PolicyKey
+@dataclass(frozen=True)
+class HistoryKey(_Key):
+    gate: str
+    kind = "history"
+
+
+WorkKey = GateKey | NodeKey | JoinKey | TaintKey | PolicyKey | HistoryKey
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,8 @@ def gate_seen(obj: Obj) -> GateSeen:
 
 def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], policies: Iterable[Obj] = (), *,
             kind: EventKind = "MODIFIED") -> Triggered:
-    """A gate changed: plan it; when its spec or deletion changed, step every node holding its state.
+    """A gate changed: plan it; when its spec or deletion changed, step every node holding its state,
+    and when its spec changed, look at its history (`HistoryKey`).
     A policy's status names the gates that use it, and a gate that left a policy no longer names it,
     so every policy is looked at (there are few, and an unchanged status is not written).
 
@@ -119,6 +128,8 @@ def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], polici
     # Its selector, readinessTaint, deletion or disabling may leave a tainted node with no gate to lift
     # the taint: every tainted node is looked at (few, and the look is cheap).
     now += [TaintKey(n["metadata"]["name"]) for n in nodes if has_readiness_taint(n)]
+    if kind != "DELETED" and not seen[1] and (seen_before is None or seen[0] != seen_before[0]):
+        now.append(HistoryKey(name))  # a spec write (or the first look): the history may need a revision
     return Triggered(now=tuple(now))
 
 

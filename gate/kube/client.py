@@ -77,6 +77,7 @@ PDBS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudg
 LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
 DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
+CONTROLLER_REVISIONS = Resource("apps", "v1", "controllerrevisions", True, "ControllerRevision")
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False, "CustomResourceDefinition")
 SUBJECT_ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", False, "SubjectAccessReview")
 VALIDATING_WEBHOOKS = Resource(
@@ -105,7 +106,7 @@ KWOK_STAGES = Resource("kwok.x-k8s.io", "v1alpha1", "stages", False, "Stage")
 
 _BUILTIN = [
     NODES, PODS, NAMESPACES, CONFIGMAPS, SECRETS, SERVICEACCOUNTS, SERVICES, LIMITRANGES, EVENTS, JOBS, PDBS, LEASES,
-    DAEMONSETS, DEPLOYMENTS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, VALIDATING_POLICIES,
+    DAEMONSETS, DEPLOYMENTS, CONTROLLER_REVISIONS, CRDS, VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS, VALIDATING_POLICIES,
     VALIDATING_POLICY_BINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS, ROLES, ROLEBINDINGS, NODEGATES, POLICIES,
     KWOK_STAGES,
 ]

@@ -30,6 +30,7 @@ from gate.admission.rules.review import AccessCheck, UserInfo, Violation
 from gate.controller import rbac
 from gate.kube.client import (
     CONFIGMAPS,
+    CONTROLLER_REVISIONS,
     EVENTS,
     JOBS,
     LEASES,
@@ -175,6 +176,17 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-namespace", "leases", "create"): lambda i: op(i).create(LEASES, _lease(i.namespace), dry_run=True),
     ("operator-namespace", "leases", "update"): lambda i: _absent_ok(
         op(i).replace(LEASES, _lease(i.namespace, update=True))),
+    # a gate's history (gate.controller.history.HistoryReconciler)
+    ("operator-namespace", "controllerrevisions", "list"): lambda i: op(i).list(
+        CONTROLLER_REVISIONS, i.namespace, label_selector="nodegate.io/gate=probe"),
+    ("operator-namespace", "controllerrevisions", "create"): lambda i: op(i).create(CONTROLLER_REVISIONS, {
+        "apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": {"name": unique("probe"), "namespace": i.namespace}, "data": {"spec": {}}, "revision": 1},
+        i.namespace, dry_run=True),
+    ("operator-namespace", "controllerrevisions", "patch"): lambda i: _absent_ok(op(i).patch(
+        CONTROLLER_REVISIONS, MISSING, {"revision": 2, "metadata": {"resourceVersion": "1"}}, namespace=i.namespace)),
+    ("operator-namespace", "controllerrevisions", "delete"): lambda i: _absent_ok(
+        op(i).delete(CONTROLLER_REVISIONS, MISSING, i.namespace, missing_ok=False)),
     # the record signing key (gate.controller.signing.load_or_create, adoption_done)
     ("operator-namespace", "secrets", "create"): lambda i: op(i).create(SECRETS, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": unique("probe"), "namespace": i.namespace},

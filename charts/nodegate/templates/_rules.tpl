@@ -62,6 +62,10 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "update"]
+# a gate's history (nodegate rollout history/undo): list a gate's revisions, record its spec as a new one, renumber one applied again, delete those beyond the history limit or squatting a revision's name
+- apiGroups: ["apps"]
+  resources: ["controllerrevisions"]
+  verbs: ["list", "create", "patch", "delete"]
 # create the record signing key Secret on first start (RBAC cannot name an object not yet created)
 - apiGroups: [""]
   resources: ["secrets"]

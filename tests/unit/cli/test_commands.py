@@ -56,7 +56,7 @@ def test_help_lists_the_everyday_commands_first(capsys: pytest.CaptureFixture[st
     parser().print_help()
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("    ")
               and not line.startswith("     ")]
-    assert listed[:7] == ["status", "plan", "pause", "resume", "rerun", "node", "delete"]
+    assert listed[:8] == ["status", "plan", "pause", "resume", "rerun", "rollout", "node", "delete"]
 
 
 def test_delete_forces_only_when_asked() -> None:

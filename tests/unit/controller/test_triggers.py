@@ -9,6 +9,7 @@ from gate.api.state import NodeGateState
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
 from gate.controller.triggers import (
     GateKey,
+    HistoryKey,
     JoinKey,
     NodeKey,
     PolicyKey,
@@ -48,7 +49,7 @@ def owned(kind: str, *, conditions: list[Obj] | None = None, phase: str | None =
 def test_a_gate_event_plans_the_gate_and_steps_its_nodes_only_when_its_spec_or_deletion_changed() -> None:
     nodes = [node("n1", states={"g": "complete"}), node("n2", states={"other": "in-progress"}), node("n3")]
     first = on_gate(gate("g"), None, nodes)
-    assert first == Triggered(now=(GateKey("g"), NodeKey("g", "n1")))
+    assert first == Triggered(now=(GateKey("g"), NodeKey("g", "n1"), HistoryKey("g")))
     # Its status written again (same generation, not deleted): the operator wrote it from its plan.
     assert on_gate(gate("g"), gate_seen(gate("g")), nodes) == Triggered()
     # A request or a finalizer: the plan reads them, its nodes do not.
@@ -58,12 +59,15 @@ def test_a_gate_event_plans_the_gate_and_steps_its_nodes_only_when_its_spec_or_d
     finalized = gate("g")
     finalized["metadata"]["finalizers"] = [keys.FINALIZER]
     assert on_gate(finalized, gate_seen(gate("g")), nodes) == Triggered(now=(GateKey("g"),))
-    assert on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes).now[1:] == (NodeKey("g", "n1"),)
+    assert on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes).now[1:] == (NodeKey("g", "n1"),
+                                                                                   HistoryKey("g"))
     # Gone: plan it once more (its metrics go), whatever it looked like last.
     assert on_gate(gate("g"), gate_seen(gate("g")), nodes, kind="DELETED").now == (GateKey("g"),)
     deleting = gate("g")
     deleting["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
     assert NodeKey("g", "n1") in on_gate(deleting, gate_seen(gate("g")), nodes).now
+    # A gate being deleted gets no new revision.
+    assert HistoryKey("g") not in on_gate(deleting, gate_seen(gate("g")), nodes).now
 
 
 def test_a_policy_event_plans_the_gates_that_use_it() -> None:
@@ -73,7 +77,7 @@ def test_a_policy_event_plans_the_gates_that_use_it() -> None:
     # A gate event looks at every policy: the one it left no longer lists it.
     policies = [{"metadata": {"name": "p"}}, {"metadata": {"name": "q"}}]
     assert on_gate(gate("g", generation=2), gate_seen(gate("g")), [], policies).now == (
-        GateKey("g"), PolicyKey("p"), PolicyKey("q"))
+        GateKey("g"), PolicyKey("p"), PolicyKey("q"), HistoryKey("g"))
 
 
 def test_a_node_event_steps_gates_in_progress_there_and_plans_the_rest_after_the_debounce() -> None:
