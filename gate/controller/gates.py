@@ -27,6 +27,7 @@ from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
+from gate.controller.prepull import Prepuller
 from gate.controller.triggers import GateKey, NodeKey, PolicyKey
 from gate.controller.views import node_view
 from gate.controller.world import World
@@ -46,13 +47,14 @@ Obj = dict[str, Any]
 
 class GateReconciler:
     def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
-                 executor: Executor, resolver: ImageResolver) -> None:
+                 executor: Executor, resolver: ImageResolver, prepuller: Prepuller | None = None) -> None:
         self.client = client
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
         self.executor = executor
         self.resolver = resolver
+        self.prepuller = prepuller
 
     async def reconcile(self, key: GateKey) -> None:
         name = key.gate
@@ -67,6 +69,8 @@ class GateReconciler:
             return
         if gate is None:
             return
+        if self.prepuller is not None and (gate.metadata.deletion_timestamp or disabled(gate)):
+            await self.prepuller.forget(gate)
         if gate.metadata.deletion_timestamp:
             # An uninstall runs the package's image too; one that cannot resolve holds only its own pods.
             with contextlib.suppress(ImagesUnresolved):
@@ -96,6 +100,8 @@ class GateReconciler:
         # Node writes that lost a race are retried through the queue; status waits for them so that
         # compartment progress is never written ahead of the nodes it counts.
         await self.executor.write_node_updates(gate, gplan.updates)
+        if self.prepuller is not None:  # after the picks are written: a picked node's round reads its pod
+            await self.prepuller.plan(gate, gplan, fleet)
         await self.executor.sync_failure_conditions(name)
         await self.executor.write_blocked_conditions(name, gplan.conditions)
         status = self._with_images(gate, gplan.status.to_wire())
