@@ -39,6 +39,9 @@ class Watched:
     succeeded: dict[str, int] = field(default_factory=dict)  # node -> revision its prepull pod succeeded at
     pods_of: dict[str, set[str]] = field(default_factory=dict)  # node -> its prepull pods' names
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> revision first seen unschedulable
+    created: dict[str, int] = field(default_factory=dict)  # node -> revision its first prepull pod was seen at
+    picked: dict[str, int] = field(default_factory=dict)  # node -> revision first seen in-progress for `gate`
+    gate: str = ""
 
     def on_pod(self, kind: str, pod: Obj) -> None:
         owner = prepull_owner(pod)
@@ -46,6 +49,7 @@ class Watched:
             return
         name, node = pod["metadata"]["name"], owner[1]
         self.pods_of.setdefault(node, set()).add(name)
+        self.created.setdefault(node, int(pod["metadata"]["resourceVersion"]))
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):
             self.live.discard(name)
@@ -57,8 +61,12 @@ class Watched:
 
     def on_node(self, kind: str, node: Obj) -> None:
         name = node["metadata"]["name"]
+        rv = int(node["metadata"]["resourceVersion"])
         if (node.get("spec") or {}).get("unschedulable") and name not in self.cordoned:
-            self.cordoned[name] = int(node["metadata"]["resourceVersion"])
+            self.cordoned[name] = rv
+        labels = node["metadata"].get("labels") or {}
+        if self.gate and labels.get(keys.status_label(self.gate)) == "in-progress":
+            self.picked.setdefault(name, rv)
 
 
 @pytest.fixture
@@ -80,6 +88,7 @@ async def watched(kube: KubeClient) -> AsyncIterator[Watched]:
 async def test_prepull_is_bounded_and_every_cordon_waits_for_its_images(scenario: Scenario, watched: Watched,
                                                                         kube: KubeClient) -> None:
     nodes = await scenario.add_nodes(6)
+    watched.gate = scenario.name
     await scenario.apply_gate({"svc-pkg": DRAIN}, interruptionBudget={"count": 2})
     await scenario.wait_ready(timeout=180)
 
@@ -89,6 +98,9 @@ async def test_prepull_is_bounded_and_every_cordon_waits_for_its_images(scenario
         assert node in watched.succeeded, f"{node} was cordoned with no prepull pod succeeded"
         assert watched.succeeded[node] < watched.cordoned[node], f"{node} was cordoned before its images were in"
         assert not (await scenario.node(node))["spec"].get("unschedulable")
+    # Pulled ahead: nodes further down the line got their pods while they still waited to be picked.
+    ahead = [n for n in nodes if watched.created[n] < watched.picked[n]]
+    assert ahead, (watched.created, watched.picked)
 
     async def swept() -> bool:  # the rounds are past their images: no prepull pod is left
         items, _ = await kube.list(PODS, NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={PREPULL_KIND}")
