@@ -323,8 +323,9 @@ def prepull_pod(gate: NodeGate, candidate: Candidate, settings: OperatorSettings
 
     Pinned to its node like a stage pod (`nodeName`: no scheduler, a cordon does not stop it) and
     tolerating what stage pods tolerate, but it changes nothing: not privileged, no host namespace or
-    path, no service account token, no requests (BestEffort: the kubelet admits it on a full node, and
-    it is the first to go under pressure, never a workload for it). Each image is an init container
+    path, no service account token, no resources of its own (the namespace's LimitRange defaults, as
+    for a stage step that states none: small, and with no priority class it never preempts a workload;
+    a kubelet that does not admit it fails it, and the round goes on without it). Each image is an init container
     that exits at once, the agent's the last container: the kubelet pulls each image just before its
     container starts, so a pod that succeeded left every image on the node. A package image holds `cp`
     and `/nodegate-package` (its contract, docs/images.md): its container copies the payload into an
