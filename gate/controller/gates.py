@@ -100,8 +100,6 @@ class GateReconciler:
         # Node writes that lost a race are retried through the queue; status waits for them so that
         # compartment progress is never written ahead of the nodes it counts.
         await self.executor.write_node_updates(gate, gplan.updates)
-        if self.prepuller is not None:  # after the picks are written: a picked node's round reads its pod
-            await self.prepuller.plan(gate, gplan, fleet)
         await self.executor.sync_failure_conditions(name)
         await self.executor.write_blocked_conditions(name, gplan.conditions)
         status = self._with_images(gate, gplan.status.to_wire())
@@ -121,6 +119,8 @@ class GateReconciler:
             self.world.queue.add_after(GateKey(name), gplan.recheck_after + 0.5)
         self.metrics.forget_gone(name, {c.name for c in gplan.status.compartments}, set(gate.spec.packages),
                                  self._packages_in_use())
+        if self.prepuller is not None:  # after the picks are written: a picked node's round reads its pod
+            await self.prepuller.plan(gate, gplan, fleet)
 
     async def _resolve_images(self, gate: NodeGate, obj: Obj) -> tuple[NodeGate, Obj]:
         """Resolve the images of the gate's packages that have no record of their image:version yet

@@ -8,6 +8,9 @@ candidates are not known yet (not planned since this replica leads) keeps its po
 deletes pods it has not decided about. Its pods go with the gate (owner references), and a deleted or
 disabled gate hands in no candidates.
 
+A prepull pod the API server refuses for good (admission, a quota) holds nothing back: said in a
+Warning Event on the gate, and the node's round goes on as without prepull (its stage pods pull).
+
 A prepull pod that cannot pull is said once, in a Warning Event on the gate naming the node and the
 kubelet's message, while the node still waits in line; once the node is picked, its round says it in
 the node's state and the gate's ImagePullFailing condition, and fails it before any cordon.
@@ -23,11 +26,13 @@ from typing import Any
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.controller.events import EventRecorder
+from gate.controller.executor import refused_for_good
 from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
+from gate.controller.triggers import NodeKey
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
-from gate.kube.errors import Conflict
+from gate.kube.errors import ApiError, Conflict
 from gate.kube.objects import pod_ended
 from gate.lifecycle.fleet import FleetNode, GatePlan
 from gate.lifecycle.machine import PULL_ERRORS, StagePod
@@ -47,6 +52,9 @@ class Prepuller:
         self.by_gate: dict[str, list[Candidate]] = {}
         self.gates: dict[str, NodeGate] = {}
         self.reported: set[str] = set()  # prepull pods whose failing pull was said in an Event
+        # Prepull pods the API server refused for good (admission, a quota): their rounds go on without
+        # them, as without prepull; asked again only once their node is a candidate anew.
+        self.refused: set[str] = set()
         self.lock = asyncio.Lock()
 
     @property
@@ -80,6 +88,8 @@ class Prepuller:
                 owner = self.gates.get(cand.gate)
                 if owner is None:
                     continue
+                if cand.pod in self.refused:
+                    continue
                 try:
                     created = await self.client.create(PODS, prepull_pod(owner, cand, self.settings),
                                                        self.settings.namespace)
@@ -87,11 +97,30 @@ class Prepuller:
                     if exc.already_exists:  # a name is its (gate, node, images): that very pod
                         continue
                     raise
+                except ApiError as exc:
+                    if not refused_for_good(exc):
+                        raise
+                    await self._refused(owner, cand, exc)
+                    continue
                 self.world.pods.observe(created)
                 log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
                          cand.picked)
             self.reported &= {p.name for p, _ in pods}
+            self.refused &= {c.pod for cands in self.by_gate.values() for c in cands}
             await self._report(gate, pods)
+
+    async def _refused(self, gate: NodeGate, cand: Candidate, exc: ApiError) -> None:
+        """A prepull pod the API server will not admit: said once, and its round is not held back by it
+        (a stage pod refused alike fails the node, uncordoned, as before)."""
+        self.refused.add(cand.pod)
+        log.warning("Prepull pod refused; gate=%s node=%s pod=%s error=%s", gate.name, cand.node, cand.pod, exc)
+        obj = self.world.gates.get(gate.name)
+        if obj is not None:
+            await self.recorder.emit(obj, "Warning", "PrepullRefused",
+                                     f"NodeGate {gate.name}: the API server refused the prepull pod of node "
+                                     f"{cand.node} ({exc}); its round pulls its images itself, after the cordon")
+        if cand.picked:
+            self.world.queue.add(NodeKey(gate.name, cand.node))
 
     def _pods(self) -> list[tuple[PrepullPod, StagePod]]:
         out = []
@@ -126,5 +155,7 @@ class Prepuller:
         if images is None:
             return False, None
         name = Candidate(gate.name, node, images, picked=True).pod
+        if name in self.refused:
+            return False, None
         pod = self.world.pods.get(name, self.settings.namespace)
         return True, stage_pod_view(pod) if pod is not None else None
