@@ -1,12 +1,12 @@
 """Prepull pods: the I/O around `gate.lifecycle.prepull`, which decides.
 
-Each gate's plan hands its candidates in (`sync`); the prepuller keeps the latest of every gate, and
-under one lock (the bound is fleet-wide, and gates are planned concurrently) reads every prepull pod
-from the cache, asks `plan_prepulls` what to create and delete, and does it. A pod it creates is
-taken into the cache at once, so the next sync counts it even before its watch event. A gate whose
-candidates are not known yet (not planned since this replica leads) keeps its pods: a restart never
-deletes pods it has not decided about. Its pods go with the gate (owner references), and a deleted or
-disabled gate hands in no candidates.
+Each gate's plan (`gate.lifecycle.reconcile.ReconcilePlan.prepull`) hands its candidates in (`sync`);
+the prepuller keeps the latest of every gate, and under one lock (the bound is fleet-wide, and gates
+are planned concurrently) reads every prepull pod from the cache, asks `plan_prepulls` what to create
+and delete, and does it. A pod it creates is taken into the cache at once, so the next sync counts it
+even before its watch event. A gate whose candidates are not known yet (not planned since this
+replica leads) keeps its pods: a restart never deletes pods it has not decided about. Its pods go
+with the gate (owner references), and a deleted or disabled gate hands in no candidates.
 
 A prepull pod the API server refuses for good (admission, a quota) holds nothing back: said in a
 Warning Event on the gate, and the node's round goes on as without prepull (its stage pods pull).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from gate.api.nodegate import NodeGate
@@ -34,9 +33,8 @@ from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.errors import ApiError, Conflict
 from gate.kube.objects import pod_ended
-from gate.lifecycle.fleet import FleetNode, GatePlan
 from gate.lifecycle.machine import PULL_ERRORS, StagePod
-from gate.lifecycle.prepull import Candidate, PrepullPod, awaits_images, candidates, plan_prepulls, round_images
+from gate.lifecycle.prepull import Candidate, Lookahead, PrepullPod, awaits_images, plan_prepulls, round_images
 
 log = logging.getLogger("nodegate.operator")
 
@@ -61,15 +59,12 @@ class Prepuller:
     def enabled(self) -> bool:
         return self.settings.prepull_concurrency > 0
 
-    async def plan(self, gate: NodeGate, gplan: GatePlan, fleet: Sequence[FleetNode]) -> None:
-        """A gate was planned: its candidates now, then the pods of every gate brought in line."""
+    @property
+    def lookahead(self) -> Lookahead | None:
+        """What a gate's plan needs to name its candidates; None while prepull is off."""
         if not self.enabled:
-            return
-        states = {n.view.name: s if isinstance(s := n.states.get(gate.name), NodeGateState) else None
-                  for n in fleet}
-        found = candidates(gate, gplan, states, ahead=self.settings.prepull_ahead,
-                           agent_image=self.settings.agent_image, resolve=self.settings.resolve_digests)
-        await self.sync(gate, found)
+            return None
+        return Lookahead(self.settings.prepull_ahead, self.settings.agent_image)
 
     async def forget(self, gate: NodeGate) -> None:
         """The gate plans nothing (deleted, disabled): none of its prepull pods is needed."""

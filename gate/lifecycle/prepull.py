@@ -70,6 +70,14 @@ class RoundImages:
 
 
 @dataclass(frozen=True)
+class Lookahead:
+    """The operator's prepull settings a gate's plan needs (`candidates`)."""
+
+    ahead: int
+    agent_image: str
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A node whose round's images should be on it before its turn."""
 
@@ -195,5 +203,5 @@ def plan_prepulls(by_gate: Mapping[str, Sequence[Candidate]], pods: Sequence[Pre
     return plan
 
 
-__all__ = ["AHEAD_REASONS", "Candidate", "PrepullPlan", "PrepullPod", "RoundImages",
+__all__ = ["AHEAD_REASONS", "Candidate", "Lookahead", "PrepullPlan", "PrepullPod", "RoundImages",
            "awaits_images", "candidates", "needs_cordon", "plan_prepulls", "prepull_pod_name", "round_images"]

@@ -15,6 +15,7 @@ from gate.lifecycle.images import PodImage
 from gate.lifecycle.machine import StagePod, Timing, decide
 from gate.lifecycle.prepull import (
     Candidate,
+    Lookahead,
     PrepullPod,
     RoundImages,
     candidates,
@@ -22,6 +23,7 @@ from gate.lifecycle.prepull import (
     plan_prepulls,
     round_images,
 )
+from gate.lifecycle.reconcile import plan_reconcile
 from tests.unit.lifecycle.test_fleet import fleet_node
 from tests.unit.lifecycle.test_machine import NOW, PKG, ctx, gate, started
 
@@ -191,3 +193,13 @@ def test_without_prepull_or_without_a_cordon_nothing_waits() -> None:
     c = ctx(plain, started(plain))
     d = decide(c.__class__(**{**c.__dict__, "prepull": True, "prepull_pod": None}))
     assert [r.kind for r in d.create_pods] == ["stages"]
+
+
+def test_the_gate_reconcile_plan_names_its_candidates_only_with_prepull_on() -> None:
+    g = gate({"k": REBOOT_PKG}, interruptionBudget={"count": 1})
+    fleet = [fleet_node(f"n{i}") for i in range(4)]
+    args: dict[str, Any] = {"status": {}, "gates": [g], "now": NOW, "resolve_digests": False, "packages_in_use": ()}
+    assert plan_reconcile(g, None, fleet, **args).prepull is None
+    found = plan_reconcile(g, None, fleet, prepull=Lookahead(2, AGENT), **args).prepull
+    assert found is not None and [c.picked for c in found] == [True, False, False]
+    assert {c.images.agent for c in found} == {AGENT}
