@@ -29,6 +29,7 @@ from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
+from gate.controller.prepull import Prepuller
 from gate.controller.triggers import GateKey, PolicyKey
 from gate.controller.views import node_view
 from gate.controller.world import World
@@ -54,13 +55,14 @@ Obj = dict[str, Any]
 
 class GateReconciler:
     def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
-                 executor: Executor, resolver: ImageResolver) -> None:
+                 executor: Executor, resolver: ImageResolver, prepuller: Prepuller | None = None) -> None:
         self.client = client
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
         self.executor = executor
         self.resolver = resolver
+        self.prepuller = prepuller
 
     async def reconcile(self, key: GateKey) -> None:
         name = key.gate
@@ -75,6 +77,8 @@ class GateReconciler:
             return
         if gate is None:
             return
+        if self.prepuller is not None and (gate.metadata.deletion_timestamp or disabled(gate)):
+            await self.prepuller.forget(gate)
         if gate.metadata.deletion_timestamp:
             # An uninstall runs the package's image too; one that cannot resolve holds only its own pods.
             with contextlib.suppress(ImagesUnresolved):
@@ -100,8 +104,11 @@ class GateReconciler:
                               now=datetime.now(UTC), gate_created=parse_time(gate.metadata.creation_timestamp),
                               busy=self.world.busy_nodes(name), protected=self.world.protected_pods(gate, fleet),
                               resolve_digests=self.resolver.settings.resolve_digests,
-                              packages_in_use=self._packages_in_use(), reported=self.world.reported)
+                              packages_in_use=self._packages_in_use(), reported=self.world.reported,
+                              prepull=self.prepuller.lookahead if self.prepuller is not None else None)
         await self.executor.apply_gate_plan(gate, obj, plan)
+        if self.prepuller is not None and plan.prepull is not None:  # after the picks are written
+            await self.prepuller.sync(gate, plan.prepull)
 
     async def _resolve_images(self, gate: NodeGate, obj: Obj) -> tuple[NodeGate, Obj]:
         """Resolve the images of the gate's packages that have no record of their image:version yet

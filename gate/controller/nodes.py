@@ -16,6 +16,7 @@ from typing import Any
 from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError
 from gate.controller.executor import Executor
+from gate.controller.prepull import Prepuller
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
 from gate.controller.triggers import JoinKey, NodeKey, TaintKey
@@ -30,8 +31,10 @@ from gate.lifecycle.soak import health_of
 
 class NodeReconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient, timing: Timing, world: World,
-                 executor: Executor, signals: SignalReader | None = None) -> None:
+                 executor: Executor, signals: SignalReader | None = None,
+                 prepuller: Prepuller | None = None) -> None:
         self.settings = settings
+        self.prepuller = prepuller
         self.client = client
         self.timing = timing
         self.world = world
@@ -83,11 +86,14 @@ class NodeReconciler:
             reading = await self.signals.read(gate_name, node_name, health.prometheus)
         else:
             self.signals.forget(gate_name, node_name)
+        prepull, prepull_pod = (False, None)
+        if self.prepuller is not None and not removing:
+            prepull, prepull_pod = self.prepuller.pod_for(gate, state, node_name)
         ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self.world.stage_pods_of(gate_name, node_name),
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
                           timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),
-                          health=health, reading=reading)
+                          health=health, reading=reading, prepull=prepull, prepull_pod=prepull_pod)
         decision = decide_removal(ctx) if removing else decide(ctx)
         await self.executor.execute(gate, node_obj, decision, ctx)
 

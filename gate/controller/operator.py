@@ -40,6 +40,7 @@ from gate.controller.history import HistoryReconciler
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
+from gate.controller.prepull import Prepuller
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
@@ -69,11 +70,13 @@ class Operator:
                         health_poll=settings.health_poll_seconds)
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
+        prepuller = Prepuller(settings, client, self.world, recorder)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
-                                    ImageResolver(settings, client, self.metrics))
+                                    ImageResolver(settings, client, self.metrics), prepuller)
         self.policies = PolicyReconciler(client, self.world)
         self.signals = SignalReader(interval=settings.health_poll_seconds, concurrency=settings.health_queries)
-        self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals)
+        self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals,
+                                   prepuller)
         self.joins = JoinReconciler(self.world, executor)
         self.taints = TaintReconciler(self.world, executor)
         self.history = HistoryReconciler(settings, client, self.world)
@@ -312,6 +315,13 @@ class Operator:
                 self.world.gate_later(gate)
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
+        prepull = triggers.on_prepull_pod(kind, pod)
+        if prepull is not None:
+            gate, node = prepull
+            # Its node's round may be waiting for it, and its end (or going) frees a slot of the bound.
+            self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
+                                  soon=(gate,)))
+            return
         self.world.index.pod_event(kind, pod)
         owner = triggers.stage_owner(pod)
         self._queue(triggers.on_pod(kind, pod, in_round=owner is not None and self.world.in_progress(*owner)))

@@ -55,6 +55,11 @@ class OperatorSettings:
         "help": "seconds a stage pod may stay pending before the stage fails"})
     reboot_timeout: float = field(default=900.0, metadata={
         "help": "seconds a rebooted node has to come back with a new boot ID and Ready"})
+    prepull_concurrency: int = field(default=10, metadata={
+        "help": "prepull pods pulling at once over the whole fleet: the images of a round that cordons are pulled "
+                "onto its node while it still serves, and its cordon waits for them (0: off; docs/operations.md)"})
+    prepull_ahead: int = field(default=10, metadata={
+        "help": "per gate, how many nodes ahead in pick order get their next round's images pulled ahead"})
     poll_seconds: float = field(default=5.0, metadata={
         "help": "how often to look again at nodes waiting on pods, drains or reboots"})
     health_poll_seconds: float = field(default=15.0, metadata={

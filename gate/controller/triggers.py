@@ -26,7 +26,7 @@ from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from gate.api import keys
-from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 from gate.lifecycle.fleet import Replan
 
@@ -209,6 +209,18 @@ def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     return Triggered()
 
 
+def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
+    """The (gate, node) a prepull pod event is about, when the pod is one and the event matters: it
+    ended, went, or its pull fails (its gate's plan then frees or fills a slot, and its node's round,
+    waiting before its cordon, goes on or fails). Its pulls in between matter to no one."""
+    owner = prepull_owner(pod)
+    if owner is None:
+        return None
+    if kind == "DELETED" or pod_ended(pod) or pod_may_be_stuck(pod):
+        return owner
+    return None
+
+
 def has_readiness_taint(node: Obj) -> bool:
     return any(t.get("key") == keys.READINESS_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or ())
 
@@ -221,5 +233,5 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
     "has_readiness_taint", "joined_after",
-    "on_gate", "on_node", "on_pod", "on_policy", "pod_may_be_stuck", "stage_owner",
+    "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
 ]

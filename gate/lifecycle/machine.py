@@ -229,6 +229,10 @@ class NodeContext:
     release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
     health: Health | None = None  # the `health` of the node's compartment (None: no soak)
     reading: Reading | None = None  # the last Prometheus reading for the node, while it soaks
+    # The operator pulls a round's images ahead (`gate.lifecycle.prepull`): a round that cordons waits
+    # for them first. `prepull_pod` is the node's prepull pod for this round, None while there is none.
+    prepull: bool = False
+    prepull_pod: StagePod | None = None
 
 
 _POD_LABELS: Mapping[str, str] = {"post-interrupt": "post", "post-uninstall": "post"}
@@ -335,6 +339,10 @@ def decide(ctx: NodeContext) -> Decision:
     if s.phase in ("cordon", "wait-pods", "drain") and not needs_interrupt:
         r.set_phase("stages")
     _sweep(r)
+    if s.phase == "idle" and needs_interrupt and ctx.prepull:
+        outcome = _await_images(r)
+        if outcome is not None:
+            return outcome
     outcome = _phases(r, required, paused, lambda: _stages(r, paused))
     if outcome is not None:
         return outcome
@@ -676,6 +684,29 @@ def _note_pull(r: _Round, view: StagePod) -> None:
                 f"pull its image ({failing}); the node fails if it still cannot after {grace:.0f}s")
     r.state.pull_failing = failing
     r.changed = True
+
+
+def _await_images(r: _Round) -> Decision | None:
+    """Before the cordon: the round's images are on the node (its prepull pod ended), or it waits.
+    A pull that keeps failing fails the node here, before anything touched it (`gate.lifecycle.prepull`);
+    until then the state says it fails (`pull_failing`). None once the round may go on."""
+    ctx, view = r.ctx, r.ctx.prepull_pod
+    if view is not None and view.ended:
+        if r.state.pull_failing is not None:
+            r.state.pull_failing = None
+            r.changed = True
+        return None
+    if view is not None:
+        stuck = _stuck(view, ctx)
+        if stuck:
+            return r.fail(stuck[0], f"prepull pod {view.name}: {stuck[1]} (the node was not cordoned)",
+                          stage="prepull")
+        _note_pull(r, view)
+        _look_again_for(r, view)
+    # Its pod's creation or end (an event) usually comes first.
+    current = r.decision.requeue_after
+    r.decision.requeue_after = ctx.timing.poll if current is None else min(current, ctx.timing.poll)
+    return r.finish_decision()
 
 
 def _stuck(view: StagePod, ctx: NodeContext) -> tuple[str, str] | None:

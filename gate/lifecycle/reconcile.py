@@ -54,6 +54,7 @@ from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_cle
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, timestamp
 from gate.lifecycle.images import records_wire
 from gate.lifecycle.machine import EventRequest
+from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
 
 Obj = dict[str, Any]
@@ -131,15 +132,20 @@ class ReconcilePlan:
     metrics: GateMetrics | None = None
     recheck_after: float | None = None  # seconds: look at the gate again then, with no event to say so
     node_keys: list[str] = field(default_factory=list)  # nodes whose own reconcile runs now
+    # The gate's prepull candidates (`gate.lifecycle.prepull`), for the prepuller once the picks are
+    # written; None: prepull is off, or this plan starts no round.
+    prepull: list[Candidate] | None = None
 
 
 def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *, status: Obj,
                    gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
                    busy: Collection[str] = frozenset(), protected: Mapping[str, Sequence[str]] | None = None,
                    resolve_digests: bool, packages_in_use: Collection[str],
-                   reported: Collection[tuple[str, str, str]] = frozenset()) -> ReconcilePlan:
+                   reported: Collection[tuple[str, str, str]] = frozenset(),
+                   prepull: Lookahead | None = None) -> ReconcilePlan:
     """The whole reconcile of an enabled gate: its rollout (`plan_gate`), with the gate's current
-    `status` (wire), and everything that follows from it."""
+    `status` (wire), and everything that follows from it; with `prepull`, the nodes whose round's
+    images are pulled ahead."""
     gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
                       protected=protected or {})
     planned = gplan.status.to_wire()
@@ -161,7 +167,11 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
         blocked_conditions=gplan.conditions, status=status_patch(status, wanted),
         drop_annotations=gplan.requests_done,
         events=[*gplan.events, *(refused_event(gate.name, r) for r in refused)], refused=refused,
-        metrics=metrics, recheck_after=gplan.recheck_after)
+        metrics=metrics, recheck_after=gplan.recheck_after,
+        prepull=None if prepull is None else candidates(
+            gate, gplan, {n.view.name: s if isinstance(s := n.states.get(gate.name), NodeGateState) else None
+                          for n in fleet},
+            ahead=prepull.ahead, agent_image=prepull.agent_image, resolve=resolve_digests))
 
 
 def plan_removal_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,

@@ -31,7 +31,9 @@ NAMESPACE = "nodegate-system"
 # Fast settings for simulated nodes: their stages take half a second.
 OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4",
                   "--image-pull-grace", "2", "--pending-timeout", "60",
-                  "--reboot-timeout", "60", "--resync-seconds", "30"]
+                  "--reboot-timeout", "60", "--resync-seconds", "30",
+                  # A small bound, so that test_prepull sees it hold over a rollout of six nodes.
+                  "--prepull-concurrency", "2", "--prepull-ahead", "3"]
 
 
 @pytest.fixture(scope="session")

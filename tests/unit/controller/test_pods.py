@@ -14,15 +14,21 @@ from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.versions import image_reference
 from gate.controller.index import StageIndex
 from gate.controller.pods import (
+    PREPULL_KIND,
     config_map,
     config_map_name,
     config_map_problems,
+    prepull_owner,
+    prepull_pod,
     stage_pod,
     stage_pod_fields,
     stage_pod_view,
 )
 from gate.controller.settings import OperatorSettings
+from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
+from gate.lifecycle.images import PodImage
 from gate.lifecycle.machine import PodRequest, Step
+from gate.lifecycle.prepull import Candidate, RoundImages
 
 SETTINGS = OperatorSettings(namespace="ng-system", agent_image="example.com/nodegate:9.9.9")
 
@@ -289,3 +295,36 @@ def test_package_images_are_pulled_as_resolved_with_an_explicit_pull_policy() ->
              if c["name"].startswith("payload-")}
     assert pulls == {"registry.example.com/base:2.0.0": "Always",
                      "registry.example.com:5000/team/tuned:1.2.0": "Always"}
+
+
+def test_a_prepull_pod_pulls_each_image_and_changes_nothing_on_the_host() -> None:
+    g = gate(imagePullSecrets=[{"name": "pull"}])
+    images = RoundImages({"tuned": PodImage("registry.example.com:5000/team/tuned@sha256:" + "1" * 64, "IfNotPresent"),
+                          "base": PodImage("registry.example.com/base:2.0.0", "Always")}, SETTINGS.agent_image)
+    cand = Candidate("g", "n1", images, picked=False)
+    pod = prepull_pod(g, cand, SETTINGS)
+    spec = pod["spec"]
+    containers = [*spec["initContainers"], *spec["containers"]]
+    assert pod["metadata"]["name"] == cand.pod and spec["nodeName"] == "n1"
+    assert [(c["name"], c["image"]) for c in containers] == [
+        ("pull-base", "registry.example.com/base:2.0.0"),
+        ("pull-tuned", "registry.example.com:5000/team/tuned@sha256:" + "1" * 64),
+        ("pull-agent", SETTINGS.agent_image)]
+    assert [c.get("imagePullPolicy") for c in containers[:2]] == ["Always", "IfNotPresent"]
+    # Nothing of the host: no privilege, no host namespace or path, no token, no requests.
+    assert not any(c.get("securityContext") or c.get("resources") for c in containers)
+    assert not any(k in spec for k in ("hostPID", "hostNetwork", "hostIPC"))
+    assert all("hostPath" not in v for v in spec["volumes"]) and spec["automountServiceAccountToken"] is False
+    assert spec["imagePullSecrets"] == [{"name": "pull"}]
+    assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == PREPULL_KIND
+    # Known as a prepull pod, never as a stage pod of the node (which would hold its stages back).
+    assert prepull_owner(pod) == ("g", "n1") and stage_owner(pod) is None
+    index = StageIndex()
+    index.pod_event("ADDED", pod)
+    assert index.pods_of("g", "n1") == []
+    assert on_pod("ADDED", pod).now == ()
+    assert on_prepull_pod("ADDED", pod) is None
+    ended = {**pod, "status": {"phase": "Succeeded"}}
+    assert on_prepull_pod("MODIFIED", ended) == ("g", "n1")

@@ -1,0 +1,133 @@
+"""Images on the node before its turn (`gate.lifecycle.prepull`), on kwok nodes against the real API
+server: the fleet-wide bound on prepull pods, no cordon before a node's prepull pod succeeded, and a
+pull that fails failing the node with no cordon at all.
+
+The session's operator runs with `--prepull-concurrency 2 --prepull-ahead 3` (conftest.OPERATOR_FLAGS).
+An independent watch records every prepull pod and every node of the test, each change with its
+etcd revision (resourceVersion), so "before" is the API server's order, not wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gate.api import keys
+from gate.controller.pods import PREPULL_KIND, prepull_owner
+from gate.devcluster.stages import failing_stage
+from gate.kube.cache import WatchCache
+from gate.kube.client import NODES, PODS, KubeClient
+from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
+from tests.integration.operator.test_safety import _PULL_ERROR
+
+PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
+DRAIN = {**PKG, "interrupt": {"type": "service", "services": ["svc"]}}
+LIMIT = 2  # conftest.OPERATOR_FLAGS --prepull-concurrency
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Watched:
+    """Prepull pods and nodes as an independent watch saw them."""
+
+    live: set[str] = field(default_factory=set)  # prepull pods that exist and have not ended
+    most: int = 0  # the most live at once
+    succeeded: dict[str, int] = field(default_factory=dict)  # node -> revision its prepull pod succeeded at
+    pods_of: dict[str, set[str]] = field(default_factory=dict)  # node -> its prepull pods' names
+    cordoned: dict[str, int] = field(default_factory=dict)  # node -> revision first seen unschedulable
+    created: dict[str, int] = field(default_factory=dict)  # node -> revision its first prepull pod was seen at
+    picked: dict[str, int] = field(default_factory=dict)  # node -> revision first seen in-progress for `gate`
+    gate: str = ""
+
+    def on_pod(self, kind: str, pod: Obj) -> None:
+        owner = prepull_owner(pod)
+        if owner is None:
+            return
+        name, node = pod["metadata"]["name"], owner[1]
+        self.pods_of.setdefault(node, set()).add(name)
+        self.created.setdefault(node, int(pod["metadata"]["resourceVersion"]))
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in ("Succeeded", "Failed"):
+            self.live.discard(name)
+        else:
+            self.live.add(name)
+        self.most = max(self.most, len(self.live))
+        if phase == "Succeeded" and node not in self.succeeded:
+            self.succeeded[node] = int(pod["metadata"]["resourceVersion"])
+
+    def on_node(self, kind: str, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        rv = int(node["metadata"]["resourceVersion"])
+        if (node.get("spec") or {}).get("unschedulable") and name not in self.cordoned:
+            self.cordoned[name] = rv
+        labels = node["metadata"].get("labels") or {}
+        if self.gate and labels.get(keys.status_label(self.gate)) == "in-progress":
+            self.picked.setdefault(name, rv)
+
+
+@pytest.fixture
+async def watched(kube: KubeClient) -> AsyncIterator[Watched]:
+    seen = Watched()
+    pods = WatchCache(kube, PODS, namespace=NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={PREPULL_KIND}")
+    nodes = WatchCache(kube, NODES)
+    pods.subscribe(seen.on_pod)
+    nodes.subscribe(seen.on_node)
+    await pods.start()
+    await nodes.start()
+    for pod in pods.items():
+        seen.on_pod("ADDED", pod)
+    yield seen
+    await pods.stop()
+    await nodes.stop()
+
+
+async def test_prepull_is_bounded_and_every_cordon_waits_for_its_images(scenario: Scenario, watched: Watched,
+                                                                        kube: KubeClient) -> None:
+    nodes = await scenario.add_nodes(6)
+    watched.gate = scenario.name
+    await scenario.apply_gate({"svc-pkg": DRAIN}, interruptionBudget={"count": 2})
+    await scenario.wait_ready(timeout=180)
+
+    assert 0 < watched.most <= LIMIT  # never more prepull pods pulling at once than the bound
+    for node in nodes:
+        assert node in watched.cordoned, f"{node} was never cordoned"
+        assert node in watched.succeeded, f"{node} was cordoned with no prepull pod succeeded"
+        assert watched.succeeded[node] < watched.cordoned[node], f"{node} was cordoned before its images were in"
+        assert not (await scenario.node(node))["spec"].get("unschedulable")
+    # Pulled ahead: nodes further down the line got their pods while they still waited to be picked.
+    ahead = [n for n in nodes if watched.created[n] < watched.picked[n]]
+    assert ahead, (watched.created, watched.picked)
+
+    async def swept() -> bool:  # the rounds are past their images: no prepull pod is left
+        items, _ = await kube.list(PODS, NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={PREPULL_KIND}")
+        return not [p for p in items if (prepull_owner(p) or ("", ""))[0] == scenario.name]
+
+    await wait_for(swept, timeout=30, what="prepull pods deleted")
+
+
+async def test_a_failed_pull_fails_the_node_before_any_cordon(scenario: Scenario, watched: Watched) -> None:
+    good, bad = await scenario.add_nodes(2)
+    # The kubelet of `bad` cannot pull: its prepull pod's containers wait in ImagePullBackOff.
+    pull_error = failing_stage("prepull-pull", nodes=[bad])
+    pull_error["spec"]["selector"]["matchExpressions"] = [
+        {"key": ".spec.nodeName", "operator": "In", "values": [bad]},
+        {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": [PREPULL_KIND]},
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}]
+    pull_error["spec"]["next"] = {"statusTemplate": _PULL_ERROR}
+    await scenario.inject(pull_error)
+    await scenario.apply_gate({"svc-pkg": DRAIN}, interruptionBudget={"count": 2})
+    await scenario.wait_node(bad, "failed", timeout=120)
+    await scenario.wait_node(good, "complete", timeout=120)
+
+    state = await scenario.state(bad)
+    failure = state["failure"]
+    assert failure["reason"] == "ImagePullFailed" and failure["stage"] == "prepull"
+    assert "ImagePullBackOff" in failure["message"] and "registry.example.com/pkg" in failure["message"]
+    assert bad not in watched.cordoned and not state.get("cordoned")
+    assert not (await scenario.node(bad))["spec"].get("unschedulable")
+    assert not state.get("installed")  # no stage ran on it
+    assert good in watched.cordoned and watched.succeeded[good] < watched.cordoned[good]
