@@ -38,17 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.realnode import idle
 from gate.api import keys
 from gate.devcluster import services
 from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES, PODS, KubeClient
-from gate.kube.objects import parse_time
+from gate.kube.objects import container_statuses, parse_time, pod_ended
 
 PACKAGES = ("sysctl-tuning", "chrony-conf", "grub-cmdline", "module-blocklist")
 NAMESPACE = "nodegate-system"
 PULLED = re.compile(r"in ([0-9.]+)(ms|s) \(")
+# gate -> node -> the round's transitions ([who, seconds, what]), for --json
+TRANSITIONS: dict[str, dict[str, list[list[Any]]]] = {}
 
 
 def gate_manifest(name: str, nodes: list[str], images: dict[str, str]) -> dict[str, Any]:
@@ -75,13 +78,40 @@ class PodTimes:
 
     def __init__(self, client: KubeClient, node: str) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, idle.PodSeen] = {}  # when the watch saw each pod created, ended, gone
         self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}",
                                 label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
         self.cache.subscribe(self._on)
 
     def _on(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind != "DELETED":
-            self.pods[pod["metadata"]["name"]] = pod
+        name, now = pod["metadata"]["name"], time.time()
+        seen = self.seen.setdefault(name, idle.PodSeen(name, keys.INTERRUPT_LABEL in (pod["metadata"].get("labels")
+                                                                                      or {}), added=now))
+        if kind == "DELETED":
+            seen.gone = seen.gone or now
+            return
+        self.pods[name] = pod
+        if seen.ended is None and pod_ended(pod):
+            seen.ended = now
+
+    def seen_pods(self) -> list[idle.PodSeen]:
+        """Each pod's watch times, with the API's own timestamps of its last status seen."""
+        for name, seen in self.seen.items():
+            pod = self.pods.get(name)
+            if pod is None:
+                continue
+            seen.created = _t(pod["metadata"].get("creationTimestamp"))
+            starts, ends = [], []
+            for container in container_statuses(pod):
+                for state in (container.get("state") or {}, container.get("lastState") or {}):
+                    run = state.get("terminated") or state.get("running") or {}
+                    if (at := _t(run.get("startedAt"))) is not None:
+                        starts.append(at)
+                    if (at := _t(run.get("finishedAt"))) is not None:
+                        ends.append(at)
+            seen.first_start = min(starts) if starts else None
+            seen.last_finish = max(ends) if ends else None
+        return list(self.seen.values())
 
     def intervals(self) -> dict[str, list[tuple[float, float]]]:
         """Wall-clock intervals of each kind of work on the node, from the stage pods' own timestamps."""
@@ -148,6 +178,9 @@ class NodeTrail:
         self.seen.append((time.time(), bool(obj["spec"].get("unschedulable")),
                           obj["status"].get("nodeInfo", {}).get("bootID", ""), ready))
 
+    def events(self) -> list[idle.NodeSeen]:
+        return [idle.NodeSeen(*seen) for seen in self.seen]
+
     def cordoned(self) -> tuple[float, float] | None:
         """From the first cordon to the uncordon after it, as the watch saw them."""
         start = next((t for t, cordoned, _, _ in self.seen if cordoned), None)
@@ -207,6 +240,11 @@ async def one_pass(client: KubeClient, name: str, nodes: list[str], images: dict
             figures["image pulls (summed)"], count = await pull_seconds(client, node)
             figures["images pulled"] = float(count)
         out[node] = figures
+        gaps = idle.transitions(times[node].seen_pods(), trails[node].events())
+        TRANSITIONS.setdefault(name, {})[node] = [[g.who, g.seconds, g.what] for g in gaps]
+        figures.update({f"idle: {who}": seconds for who, seconds in idle.summary(gaps).items()})
+        print(f"\nTransitions of {name} (watch times exact, API times whole seconds):")
+        print("\n".join(idle.table(node, gaps)))
     return out
 
 
@@ -278,7 +316,7 @@ def report(runs: dict[str, dict[str, dict[str, float]]], kwok_node: str, job_sec
     ]
     for label, value in rows:
         print(f"  {label:<64} {value:6.1f} s  {100 * value / total if total else 0:5.1f}%")
-    return {**summary, "passes": runs}
+    return {**summary, "passes": runs, "transitions": TRANSITIONS}
 
 
 def main() -> None:
