@@ -7,11 +7,14 @@ sandbox ready, its containers' start and finish: whole seconds, as the API write
 turns them into the gaps of each transition of the round, in the order they happened:
 
 * cordon → first pod created                        (the operator: drain, and the round's first pod)
-* pod N's last container finished → pod N seen ended  (the kubelet: its relist, then the pod status
+* pod N's last container finished → its end seen   (the kubelet: its relist, then the pod status
                                                        write; the finish time is truncated to the
                                                        second, so this reads up to 1 s long)
-* pod N seen ended → pod N+1 seen created             (the operator: the watch event, the work queue,
-                                                       the decision, the node write, the pod create)
+* its end seen → its terminal phase seen            (the kubelet stops the sandbox first; the
+                                                       operator need not wait for it)
+* pod N's end seen → pod N+1 seen created           (the operator: the watch event, the work queue,
+                                                       the decision, the node write, the pod create);
+                                                       its end is the first of the two above
 * pod N+1 created → its first container started       (the kubelet: the sandbox and the container
                                                        create; whole seconds)
 * reboot pod started → node seen with a new boot ID   (the reboot itself: down, boot, the kubelet's
@@ -36,6 +39,8 @@ class PodSeen:
     name: str
     reboot: bool = False  # the interrupt pod of a reboot
     added: float | None = None  # the watch saw it first (created)
+    running: float | None = None  # the watch saw a container of it running
+    steps_ended: float | None = None  # the watch saw its last step's container end (gate.controller.pods)
     ended: float | None = None  # the watch saw it Succeeded or Failed
     gone: float | None = None  # the watch saw it deleted
     created: float | None = None  # creationTimestamp (whole seconds)
@@ -58,7 +63,7 @@ class Gap:
     """One transition of a round: from what to what, and how long it took (None: not measured)."""
 
     what: str
-    who: str  # "operator", "kubelet", "reboot"
+    who: str  # "operator", "kubelet", "reboot"; "(kubelet)": overlaps the others, not summed
     seconds: float | None
 
 
@@ -80,29 +85,39 @@ def transitions(pods: Sequence[PodSeen], node: Sequence[NodeSeen]) -> list[Gap]:
         if pod.reboot:
             out += _reboot(pod, order[i + 1] if i + 1 < len(order) else None, node)
             continue
-        out.append(_gap(f"{pod.name}: finished -> seen ended", "kubelet", pod.last_finish, pod.ended))
+        end = _first(pod.steps_ended, pod.ended)
+        out.append(_gap(f"{pod.name}: finished -> end seen", "kubelet", pod.last_finish, end))
+        if pod.steps_ended is not None:
+            out.append(Gap(f"{pod.name}: end seen -> terminal phase seen", "(kubelet)",
+                           None if pod.ended is None else pod.ended - pod.steps_ended))
         if i + 1 < len(order):
             after = order[i + 1]
-            out.append(_gap(f"{pod.name} seen ended -> {after.name} created", "operator", pod.ended, after.added))
+            out.append(_gap(f"{pod.name} end seen -> {after.name} created", "operator", end, after.added))
     last = order[-1] if order else None
     if last is not None and cordon is not None:
         uncordon = next((n.at for n in node if n.at > cordon and not n.unschedulable), None)
-        out.append(_gap(f"{last.name} seen ended -> uncordon", "operator", last.ended, uncordon))
+        out.append(_gap(f"{last.name} end seen -> uncordon", "operator", _first(last.steps_ended, last.ended),
+                        uncordon))
     return out
+
+
+def _first(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 def _reboot(pod: PodSeen, after: PodSeen | None, node: Sequence[NodeSeen]) -> list[Gap]:
     """The reboot pod's start to the next pod: the reboot, the kubelet's return, the operator's look."""
-    start = pod.first_start
-    before = [n.boot_id for n in node if start is not None and n.at <= start + 1]
+    start = pod.running  # the watch's time: kwok's container times are not the node's
+    before = [n.boot_id for n in node if start is not None and n.at <= start]
     boot = before[-1] if before else None
     new_boot = next((n.at for n in node if boot is not None and n.boot_id != boot), None)
     ready = next((n.at for n in node if new_boot is not None and n.at >= new_boot and n.ready), None)
     out = [_gap(f"{pod.name}: started -> new boot ID seen", "reboot", start, new_boot),
            _gap("new boot ID seen -> node Ready seen", "kubelet", new_boot, ready)]
-    if pod.ended is not None or pod.gone is not None:
-        seen = min(t for t in (pod.ended, pod.gone) if t is not None)
-        out.append(_gap(f"node Ready -> {pod.name} seen ended or gone", "kubelet", ready, seen))
+    seen = _first(pod.steps_ended, pod.ended, pod.gone)
+    if seen is not None:
+        out.append(_gap(f"node Ready -> {pod.name} end seen (or gone)", "kubelet", ready, seen))
     if after is not None:
         out.append(_gap(f"node Ready -> {after.name} created", "operator", ready, after.added))
     return out
@@ -114,7 +129,7 @@ def summary(gaps: Sequence[Gap]) -> dict[str, float]:
     for gap in gaps:
         if gap.seconds is not None:
             out[gap.who] = out.get(gap.who, 0.0) + gap.seconds
-    between = [g.seconds for g in gaps if g.who == "operator" and g.seconds is not None and " seen ended -> " in g.what
+    between = [g.seconds for g in gaps if g.who == "operator" and g.seconds is not None and " end seen -> " in g.what
                and "uncordon" not in g.what]
     out["operator, pod ended to next created (sum)"] = sum(between)
     out["operator, pod ended to next created (transitions)"] = float(len(between))

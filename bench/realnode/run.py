@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.realnode import idle
 from gate.api import keys
+from gate.controller.pods import stage_pod_ended
 from gate.devcluster import services
 from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
@@ -91,6 +92,10 @@ class PodTimes:
             seen.gone = seen.gone or now
             return
         self.pods[name] = pod
+        if seen.running is None and any("running" in (c.get("state") or {}) for c in container_statuses(pod)):
+            seen.running = now
+        if seen.steps_ended is None and not pod_ended(pod) and stage_pod_ended(pod):
+            seen.steps_ended = now
         if seen.ended is None and pod_ended(pod):
             seen.ended = now
 
