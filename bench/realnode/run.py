@@ -44,6 +44,7 @@ from gate.controller.pods import stage_pod_ended
 from gate.devcluster import services
 from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
+from gate.devcluster.realnode import KUBELET_FEATURE_GATES_ENV, NODE_OS, feature_gates
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.objects import container_statuses, parse_time, pod_ended
@@ -332,13 +333,21 @@ def main() -> None:
                         help="how long a real node stays down in a reboot (default 20, as in the tests)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--suite", default="bookworm", choices=sorted(NODE_OS),
+                        help="Debian release of the real nodes' roots (default bookworm: containerd 1.6; "
+                             "trixie: containerd 1.7, which sends the container events EventedPLEG needs)")
+    parser.add_argument("--kubelet-feature-gates", default="", metavar="GATES",
+                        help="the real nodes' kubelet feature gates, e.g. EventedPLEG=true (default none)")
     args = parser.parse_args()
     os.environ["NODEGATE_REALNODE_REBOOT_SECONDS"] = str(args.reboot_seconds)
+    feature_gates(args.kubelet_feature_gates)  # refused here, before a cluster starts
+    os.environ[KUBELET_FEATURE_GATES_ENV] = args.kubelet_feature_gates
     with tempfile.TemporaryDirectory(prefix="ng-bench-realnode-") as tmp:
         dev = DevCluster(Path(tmp))
         try:
             spec = NodeSpec(1)
-            dev.up(spec, job_seconds=args.job_seconds, real_nodes=RealNodeSpec(args.real_nodes), progress=print)
+            dev.up(spec, job_seconds=args.job_seconds, real_nodes=RealNodeSpec(args.real_nodes, suites=[args.suite]),
+                   progress=print)
             images = ensure_images(dev, host=dev.network.gateway, progress=print)
             asyncio.run(services.install_crds(dev))
             services.start_webhook(dev, print)

@@ -18,8 +18,8 @@ from gate.controller.pods import (
     config_map_name,
     config_map_problems,
     stage_pod,
-    stage_pod_fields,
     stage_pod_ended,
+    stage_pod_fields,
     stage_pod_view,
 )
 from gate.controller.settings import OperatorSettings
