@@ -4,8 +4,15 @@ A node decision (`gate.lifecycle.machine.Decision`) becomes, in this order: one 
 annotation, status label, cordon, taint, guarded by the resourceVersion it was decided on), the
 deletion of the stage pods it is done with, the creation of the ones it asks for, evictions, Events
 and metrics, and when to look again. The order is what makes a crash at any line harmless
-(`gate.lifecycle.machine`). Like controller-runtime's client writes, every write here is observed
-into the cache at once, so the next reconcile of the same object sees it before its watch event.
+(`gate.lifecycle.machine`).
+
+A gate's plan (`gate.lifecycle.reconcile.ReconcilePlan`) is written by `apply_gate_plan`, the only
+writer of a gate reconcile, in this order: the node writes (16 at a time; a write that lost a race
+stops the rest, and the gate is retried), the node conditions (failed, blocked), the gate's status,
+the removal of the gate's requests acted on, Events, metrics, and when to look again.
+
+Like controller-runtime's client writes, every write here is observed into the cache at once, so the
+next reconcile of the same object sees it before its watch event.
 """
 
 from __future__ import annotations
@@ -34,10 +41,10 @@ from gate.controller.pods import (
 )
 from gate.controller.settings import OperatorSettings
 from gate.controller.signing import Signer
-from gate.controller.triggers import NodeKey
+from gate.controller.triggers import GateKey, NodeKey
 from gate.controller.views import node_view
 from gate.controller.world import World
-from gate.kube.client import CONFIGMAPS, NODES, PODS, KubeClient
+from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
@@ -53,6 +60,7 @@ from gate.lifecycle.machine import (
     config_refused,
     write_refused,
 )
+from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
 
 log = logging.getLogger("nodegate.operator")
 
@@ -80,34 +88,74 @@ class Executor:
         self.recorder = recorder
         self.world = world
 
-    async def sync_failure_conditions(self, gate: str) -> None:
-        """Every node carries the failure condition of `gate` exactly while the gate's state on it says
-        failed (gate.lifecycle.condition): added on a failure, removed once the node gets another round
-        or leaves the gate."""
+    async def apply_gate_plan(self, gate: NodeGate, gate_obj: Obj, plan: ReconcilePlan) -> None:
+        """Write what one gate reconcile decided (`gate.lifecycle.reconcile`), the only writes of a gate
+        reconcile, in an order that makes a crash between two of them harmless: the node writes (a
+        write that lost a race raises once all are done, and the gate is retried through the queue:
+        nothing after it is written, so the status never counts progress ahead of the nodes it counts),
+        the node conditions, the status, the removal of the requests acted on (once the status says
+        what they did), Events, metrics, and when to look again."""
+        await self.write_node_updates(gate, plan.updates)
+        if plan.releasable is not None:
+            self.world.removal_release[gate.name] = plan.releasable
+        await self._write_conditions(keys.failed_condition(gate.name), plan.failure_conditions)
+        await self._write_conditions(keys.blocked_condition(gate.name), plan.blocked_conditions)
+        if plan.status is not None:
+            patched = await self.client.patch(NODEGATES, gate.name, {"status": plan.status, "metadata": {
+                "resourceVersion": gate_obj["metadata"]["resourceVersion"]}}, subresource="status")
+            self.world.gates.observe(patched)
+        if plan.drop_annotations:
+            annotations: dict[str, str | None] = dict.fromkeys(plan.drop_annotations)
+            patched = await self.client.patch(NODEGATES, gate.name, {"metadata": {"annotations": annotations}})
+            self.world.gates.observe(patched)
+        for report in plan.refused:
+            self.world.reported.add((gate.name, report.node, report.record))
+            self.metrics.records_refused.labels(gate.name).inc()
+            log.warning("Record not the operator's, ignored; gate=%s node=%s why=%s", gate.name, report.node,
+                        report.why)
+        for event in plan.events:
+            await self.recorder.emit(gate_obj, event.type, event.reason, event.message)
+        if plan.metrics is not None:
+            self._gate_metrics(gate.name, plan.metrics)
+        if plan.recheck_after is not None:
+            self.world.queue.add_after(GateKey(gate.name), plan.recheck_after + 0.5)
+        for node in plan.node_keys:
+            self.world.queue.add(NodeKey(gate.name, node))
+
+    def _gate_metrics(self, gate: str, values: GateMetrics) -> None:
+        m = self.metrics
+        for state, count in values.nodes.items():
+            m.nodes.labels(gate, state).set(count)
+        for name, c in values.compartments.items():
+            for gauge, value in ((m.c_matched, c.matched), (m.c_ceiling, c.ceiling), (m.c_in_progress, c.in_progress),
+                                 (m.c_complete, c.complete), (m.c_failed, c.failed), (m.c_batch, c.batch),
+                                 (m.c_failures, c.consecutive_failures), (m.c_stopped, c.stopped)):
+                gauge.labels(gate, name).set(value)
+        if values.drains_blocked is not None:
+            m.drains_blocked_now.labels(gate).set(values.drains_blocked)
+        if values.wait is not None:
+            m.waiting_for_pods.labels(gate).set(values.wait.nodes)
+            if values.wait.since is not None:
+                m.waiting_for_pods_since.labels(gate).set(values.wait.since)
+            else:
+                m.waiting_for_pods_since.remove_where(lambda s: s.get("gate") == gate)
+        if values.forget is not None:
+            f = values.forget
+            m.forget_gone(gate, f.compartments, f.packages, f.all_packages)
+
+    async def _write_conditions(self, kind: str, wanted: Mapping[str, NodeCondition | None], *,
+                                only_present: bool = False) -> None:
+        """Write node conditions of type `kind` a plan decided (node -> wanted, None: remove), 16 at a
+        time, where the node's (as the cache has it now) differs (`only_present`: only removals of one
+        the node carries)."""
         sem = asyncio.Semaphore(16)
-        kind, now = keys.failed_condition(gate), datetime.now(UTC)
-        # Decided for the whole fleet first, written only where something changes: a plan looks at
-        # every node, and a task per node would cost more than the plan (most nodes need nothing).
-        patches = [(n.view.name, patch) for n in self.world.fleet()
-                   if (patch := condition_patch(n.view.conditions.get(kind),
-                                                failure_condition(gate, n.states.get(gate)), kind, now)) is not None]
-
-        async def sync(node: str, patch: Obj) -> None:
-            async with sem:
-                await self._patch_condition(node, patch)
-
-        await asyncio.gather(*(sync(node, patch) for node, patch in patches))
-
-    async def write_blocked_conditions(self, gate: str, wanted: Mapping[str, NodeCondition | None], *,
-                                       only_present: bool = False) -> None:
-        """Write the blocked conditions a plan decided (node -> wanted, None: remove), 16 at a time,
-        where the node's differs (`only_present`: only removals of one the node carries)."""
-        sem = asyncio.Semaphore(16)
-        kind, now = keys.blocked_condition(gate), datetime.now(UTC)
+        now = datetime.now(UTC)
         patches = []
         for node, condition in wanted.items():
             obj = self.world.nodes.get(node)
-            current = node_view(obj).conditions.get(kind) if obj is not None else None
+            if obj is None:
+                continue  # gone: nothing to write on
+            current = node_view(obj).conditions.get(kind)
             if only_present and current is None:
                 continue
             patch = condition_patch(current, condition, kind, now)
@@ -119,6 +167,11 @@ class Executor:
                 await self._patch_condition(node, patch)
 
         await asyncio.gather(*(sync(node, patch) for node, patch in patches))
+
+    async def write_blocked_conditions(self, gate: str, wanted: Mapping[str, NodeCondition | None], *,
+                                       only_present: bool = False) -> None:
+        """Write the blocked conditions decided for `gate` (node -> wanted, None: remove)."""
+        await self._write_conditions(keys.blocked_condition(gate), wanted, only_present=only_present)
 
     async def write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
         kind = keys.failed_condition(gate)

@@ -54,8 +54,12 @@ async def test_node_joining_while_the_webhook_is_down_is_tainted_by_the_operator
     first_job = min(r.resource_version for r in step_log.of(scenario.name, name))
     assert taint_revisions and min(taint_revisions) < first_job, "a stage pod was created before the taint"
     assert not _tainted(await scenario.node(name)), "the taint was not lifted after the node completed"
-    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={name}")
-    assert {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= {e["reason"] for e in events}
+    # Events follow the node write that they tell of (gate.controller.executor), so they may come a moment later.
+    async def both_told() -> bool:
+        events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={name}")
+        return {"ReadinessTaintAdded", "ReadinessTaintRemoved"} <= {e["reason"] for e in events}
+
+    await wait_for(both_told, what="the ReadinessTaintAdded and ReadinessTaintRemoved Events of the node")
 
 
 async def test_readiness_taint_stays_until_every_readiness_gate_is_complete(scenario: Scenario) -> None:

@@ -141,8 +141,12 @@ async def test_failure_threshold_stops_one_compartment_while_the_others_finish(s
     assert statuses.count("failed") == 2 and statuses.count("blocked") == 2
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Degraded"]["status"] == "True" and "bad" in conds["Degraded"]["message"]
-    events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
-    assert "CompartmentStopped" in {e["reason"] for e in events}
+
+    async def stop_told() -> bool:  # the Event follows the status write that it tells of
+        events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
+        return "CompartmentStopped" in {e["reason"] for e in events}
+
+    await wait_for(stop_told, what="a CompartmentStopped Event on the gate")
     await asyncio.sleep(2)  # nothing resumes by itself
     assert [await scenario.node_status(n) for n in bad].count("failed") == 2
 

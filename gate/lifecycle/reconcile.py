@@ -1,0 +1,327 @@
+"""Everything one gate reconcile writes, decided at once: `ReconcilePlan` (pure: no I/O).
+
+The gate reconcile reads the caches, resolves the packages' images (I/O, in the controller), and then
+asks one function here what to write; `gate.controller.executor.Executor.apply_gate_plan` writes it,
+and nothing else in the gate reconcile does. Four paths, one plan each:
+
+* `plan_reconcile`: an enabled gate with a usable policy. The rollout (`gate.lifecycle.fleet.plan_gate`)
+  decides the node updates, blocked conditions, status and Events; this adds what follows from them.
+* `plan_removal_reconcile`: a deleted gate whose nodes still hold its record (`gate.lifecycle.removal`).
+* `plan_disabled`: a disabled gate (only readiness taints let go, and its status says Disabled).
+* `plan_problem`: a gate whose DeploymentPolicy is missing or cannot be used (Degraded and Stalled).
+
+Decisions made here, rather than in the controller or the executor:
+
+* **Failure conditions follow the state the plan leaves on each node** (`failure_conditions`): the state
+  of the node's update when the plan writes one, none when it removes the record, else the node's. So a
+  node the plan fails (a wait timeout) gets its condition, and one it gives a new round loses it, in
+  the same reconcile. Only nodes whose condition differs are listed: most of a fleet needs nothing.
+* **The status carries the image records and ImagesResolved** (`with_images`): the rollout planner does
+  not know the records; they are kept as the gate's status has them (the controller resolved them just
+  before), or emptied when the operator does not resolve digests (pods pull tags then, and a record
+  would claim what they do not do). A field the new status lacks but the old one has
+  (`waitingForPodsSince`) is set to null, as a merge patch removes a field only when told so. A status
+  that differs from the current one only in lastTransitionTimes is not written (`status_patch`).
+* **Metric values are data** (`GateMetrics`): gauges per state and compartment, waiting-for-pods,
+  drains blocked, records refused, and which series the gate no longer has.
+* **A record not written by the operator is reported once** per (gate, node, record) (`refused_reports`):
+  `reported` is what was reported before.
+
+The order the executor writes in is what makes a crash between two writes harmless: node writes
+first (the status never counts progress ahead of the nodes it counts), then the node conditions, the
+status, the removal of the requests acted on (only once the status says what they did), Events,
+metrics, and when to look again.
+
+To add a decision: give `ReconcilePlan` a field with a harmless default (an empty list, None), fill
+it in the plan function that decides it (with a unit test on that function), and write it in
+`apply_gate_plan`, at the place in the order where a crash right after it is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gate.api import keys
+from gate.api.nodegate import NodeGate
+from gate.api.policy import DeploymentPolicy
+from gate.api.state import NodeGateState, StateParseError
+from gate.lifecycle.condition import NodeCondition, failure_condition
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, timestamp
+from gate.lifecycle.images import records_wire
+from gate.lifecycle.machine import EventRequest
+from gate.lifecycle.removal import plan_removal
+
+Obj = dict[str, Any]
+
+# The `state` label of nodegate_nodes, and the field of status.nodes it counts.
+NODE_STATES = (("complete", "complete"), ("in-progress", "inProgress"), ("failed", "failed"),
+               ("waiting", "waiting"), ("blocked", "blocked"))
+
+
+@dataclass(frozen=True)
+class CompartmentGauges:
+    """The gauges of one compartment, as its status says them."""
+
+    matched: int = 0
+    ceiling: int = 0
+    in_progress: int = 0
+    complete: int = 0
+    failed: int = 0
+    batch: int = 0
+    consecutive_failures: int = 0
+    stopped: int = 0  # 1 while the compartment is stopped
+
+
+@dataclass(frozen=True)
+class WaitGauges:
+    """Nodes waiting for protected pods, and since when (a Unix time; None: the series goes)."""
+
+    nodes: int
+    since: float | None
+
+
+@dataclass(frozen=True)
+class ForgetSeries:
+    """Series of the gate to remove: compartments not in `compartments`, packages not in `packages`, and
+    stage series of packages no gate has (`all_packages`)."""
+
+    compartments: frozenset[str]
+    packages: frozenset[str]
+    all_packages: frozenset[str]
+
+
+@dataclass
+class GateMetrics:
+    """The metric values one gate reconcile sets. A field left None is not touched."""
+
+    nodes: dict[str, int]  # by the `state` label
+    compartments: dict[str, CompartmentGauges]
+    wait: WaitGauges | None = None
+    drains_blocked: int | None = None
+    forget: ForgetSeries | None = None
+
+
+@dataclass(frozen=True)
+class RefusedReport:
+    """A record of the gate on a node that the operator did not write, reported now (once)."""
+
+    node: str
+    record: str  # the record's digest: a new one is reported again
+    why: str
+
+
+@dataclass
+class ReconcilePlan:
+    """What one gate reconcile writes, in the order the executor writes it."""
+
+    gate: str
+    updates: dict[str, NodeUpdate] = field(default_factory=dict)  # node writes (record, label, cordon, taint)
+    releasable: frozenset[str] | None = None  # removal: nodes done whose batch was judged (None: not a removal)
+    failure_conditions: dict[str, NodeCondition | None] = field(default_factory=dict)  # node -> wanted (None: go)
+    blocked_conditions: dict[str, NodeCondition | None] = field(default_factory=dict)  # likewise
+    status: Obj | None = None  # the status merge patch; None: the status stays as it is
+    drop_annotations: list[str] = field(default_factory=list)  # the gate's requests acted on
+    events: list[EventRequest] = field(default_factory=list)  # on the gate
+    refused: list[RefusedReport] = field(default_factory=list)  # each also has its Event in `events`
+    metrics: GateMetrics | None = None
+    recheck_after: float | None = None  # seconds: look at the gate again then, with no event to say so
+    node_keys: list[str] = field(default_factory=list)  # nodes whose own reconcile runs now
+
+
+def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *, status: Obj,
+                   gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
+                   busy: Collection[str] = frozenset(), protected: Mapping[str, Sequence[str]] | None = None,
+                   resolve_digests: bool, packages_in_use: Collection[str],
+                   reported: Collection[tuple[str, str, str]] = frozenset()) -> ReconcilePlan:
+    """The whole reconcile of an enabled gate: its rollout (`plan_gate`), with the gate's current
+    `status` (wire), and everything that follows from it."""
+    gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
+                      protected=protected or {})
+    planned = gplan.status.to_wire()
+    wanted = with_images(gate, gplan.status.to_wire(), resolve_digests=resolve_digests, now=now)
+    if "waitingForPodsSince" in status and "waitingForPodsSince" not in wanted:
+        wanted["waitingForPodsSince"] = None  # a merge patch removes a field only when told so
+    refused = refused_reports(gate.name, fleet, reported)
+    since = gplan.status.waiting_for_pods_since
+    since_at = _parse(since) if since else None
+    metrics = gate_metrics(planned)
+    metrics.wait = WaitGauges(gplan.status.nodes.waiting_for_pods,
+                              since_at.timestamp() if since_at is not None else None)
+    metrics.drains_blocked = sum(1 for n in fleet if _drain_blocked(n.states.get(gate.name)))
+    metrics.forget = ForgetSeries(frozenset(c.name for c in gplan.status.compartments),
+                                  frozenset(gate.spec.packages), frozenset(packages_in_use))
+    return ReconcilePlan(
+        gate=gate.name, updates=gplan.updates,
+        failure_conditions=failure_conditions(gate.name, fleet, gplan.updates),
+        blocked_conditions=gplan.conditions, status=status_patch(status, wanted),
+        drop_annotations=gplan.requests_done,
+        events=[*gplan.events, *(refused_event(gate.name, r) for r in refused)], refused=refused,
+        metrics=metrics, recheck_after=gplan.recheck_after)
+
+
+def plan_removal_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
+                           status: Obj, holders: Sequence[str], now: datetime,
+                           resolve_digests: bool) -> ReconcilePlan:
+    """A deleted gate whose records `holders` still carry: its removal (`plan_removal`) and what follows.
+    The node reconciles uninstall and remove the keys; their events bring the gate back."""
+    rplan = plan_removal(gate, policy, fleet, now=now)
+    planned = rplan.status.to_wire()
+    wanted = with_images(gate, rplan.status.to_wire(), resolve_digests=resolve_digests, now=now)
+    return ReconcilePlan(
+        gate=gate.name, updates=rplan.updates, releasable=rplan.releasable,
+        # A failed uninstall shows on its node too.
+        failure_conditions=failure_conditions(gate.name, fleet, rplan.updates),
+        status=status_patch(status, wanted),
+        drop_annotations=[keys.RESUME_ANNOTATION] if rplan.resumed else [],
+        events=rplan.events, metrics=gate_metrics(planned), node_keys=list(holders))
+
+
+def plan_disabled(gate: NodeGate, fleet: Sequence[FleetNode], *, status: Obj, gates: Sequence[NodeGate],
+                  now: datetime) -> ReconcilePlan:
+    """A disabled gate plans nothing: no round starts (one running finishes, as the node reconcile
+    drives it), and it lets go of the readiness taint on every node that no enabled gate holds back.
+    Its status says Disabled, and Progressing False; neither Reconciling nor Stalled: the gate does
+    nothing, and Ready decides (gate.lifecycle.health)."""
+    updates: dict[str, NodeUpdate] = {}
+    if gate.spec.readiness_taint:
+        for node in fleet:
+            if node.view.has_readiness_taint and selects(gate, node.view) and readiness_clear(gate.name, node, gates):
+                update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                         f"NodeGate {gate.name} is disabled; no other gate holds "
+                                                         "the node back")])
+                update.change.remove_readiness_taint = True
+                updates[node.view.name] = update
+    stamp = timestamp(now)
+    generation = gate.metadata.generation or 0
+    wanted = dict(status)
+    previous = {c.get("type"): c for c in status.get("conditions") or []}
+    conditions = [c for c in status.get("conditions") or []
+                  if c.get("type") not in ("Disabled", "Progressing", *KSTATUS_TYPES)]
+    for type_, value, reason, message in (
+            ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
+            ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
+        old = previous.get(type_) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == value else stamp
+        conditions.append({"type": type_, "status": value, "reason": reason, "message": message,
+                           "lastTransitionTime": since or stamp, "observedGeneration": generation})
+    wanted.update({"conditions": conditions, "status": "Disabled", "observedGeneration": generation})
+    return ReconcilePlan(gate=gate.name, updates=updates, status=status_patch(status, wanted))
+
+
+def plan_problem(gate: NodeGate, *, status: Obj, reason: str, message: str, now: datetime) -> ReconcilePlan:
+    """A gate that cannot go on until a person fixes what `message` names (its DeploymentPolicy is
+    missing or invalid): Degraded, and Stalled for kstatus, with a Warning Event saying why."""
+    stamp = timestamp(now)
+    generation = gate.metadata.generation or 0
+    wanted = dict(status)
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Degraded", *KSTATUS_TYPES)]
+    for type_ in ("Degraded", STALLED):
+        conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
+                           "lastTransitionTime": stamp, "observedGeneration": generation})
+    wanted.update({"conditions": conditions, "status": "Degraded", "observedGeneration": generation})
+    return ReconcilePlan(gate=gate.name, status=status_patch(status, wanted),
+                         events=[EventRequest("gate", "Warning", reason, message)])
+
+
+def with_images(gate: NodeGate, status: Obj, *, resolve_digests: bool, now: datetime) -> Obj:
+    """A planned status (wire) with the gate's image records kept and the ImagesResolved condition,
+    while the operator resolves images (`resolve_digests`); with no records when it does not."""
+    if not resolve_digests:
+        status["images"] = []  # pods pull tags then; a record would claim what they do not do
+        return status
+    records = gate.status.images if gate.status is not None else []
+    status["images"] = records_wire(records)
+    previous = gate.status.conditions if gate.status is not None else []
+    pinned = sum(1 for p in gate.spec.packages.values() if "@" in p.image)
+    message = f"{len(records)} package image(s) resolved to a digest for this rollout"
+    if pinned:
+        message += f", {pinned} pinned by digest in the spec"
+    resolved = condition("ImagesResolved", "True", "Resolved", message, previous, now, gate.metadata.generation or 0)
+    status["conditions"] = [*status.get("conditions", []), resolved.to_wire()]
+    return status
+
+
+def failure_conditions(gate: str, fleet: Iterable[FleetNode],
+                       updates: Mapping[str, NodeUpdate]) -> dict[str, NodeCondition | None]:
+    """The failure condition (gate.lifecycle.condition) of every node whose condition must change, once
+    the plan's `updates` are written: node -> the condition it must carry, None: it must carry none."""
+    kind = keys.failed_condition(gate)
+    out: dict[str, NodeCondition | None] = {}
+    for node in fleet:
+        state = node.states.get(gate)
+        update = updates.get(node.view.name)
+        if update is not None and update.remove_state:
+            state = None
+        elif update is not None and update.state is not None:
+            state = update.state
+        wanted = failure_condition(gate, state)
+        if node.view.conditions.get(kind) != wanted:
+            out[node.view.name] = wanted
+    return out
+
+
+def status_patch(current: Obj, wanted: Obj) -> Obj | None:
+    """`wanted`, unless it says what `current` says (lastTransitionTimes aside): None, nothing to write."""
+    return None if same_status(current, wanted) else wanted
+
+
+def same_status(current: Obj, new: Obj) -> bool:
+    """Two status objects that differ at most in their conditions' lastTransitionTimes."""
+
+    def strip(status: Obj) -> str:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+        return json.dumps({**status, "conditions": conds}, sort_keys=True)
+
+    return strip(current) == strip(new)
+
+
+def gate_metrics(status: Obj) -> GateMetrics:
+    """The gauges of the gate's nodes by state and of each compartment, from its status (wire)."""
+    nodes = status.get("nodes", {})
+    compartments = {
+        c["name"]: CompartmentGauges(
+            matched=c.get("matched", 0), ceiling=c.get("ceiling", 0), in_progress=c.get("inProgress", 0),
+            complete=c.get("complete", 0), failed=c.get("failed", 0), batch=c.get("batch", 0),
+            consecutive_failures=c.get("consecutiveFailures", 0), stopped=1 if c.get("state") == "stopped" else 0)
+        for c in status.get("compartments", [])}
+    return GateMetrics(nodes={state: nodes.get(field_, 0) for state, field_ in NODE_STATES},
+                       compartments=compartments)
+
+
+def refused_reports(gate: str, fleet: Iterable[FleetNode],
+                    reported: Collection[tuple[str, str, str]]) -> list[RefusedReport]:
+    """Records of this gate that the operator did not write (`FleetNode.refused`) and that were not
+    reported yet. The plan took each node as having no record; the annotation stays until the operator
+    writes its own record there (when it picks the node) or removes the gate's keys."""
+    out: list[RefusedReport] = []
+    for node in fleet:
+        refused = node.refused.get(gate)
+        if refused is not None and (gate, node.view.name, refused.record) not in reported:
+            out.append(RefusedReport(node.view.name, refused.record, refused.why))
+    return out
+
+
+def refused_event(gate: str, report: RefusedReport) -> EventRequest:
+    """The Warning Event on the gate that names the node whose record is not the operator's."""
+    return EventRequest("gate", "Warning", "RecordNotOurs",
+                        f"NodeGate {gate}: the record {keys.state_annotation(gate)} on node {report.node} was not "
+                        f"written by the operator ({report.why}). It is ignored: the node counts as having no "
+                        "record for this gate. Find out who wrote it (the API server's audit log); docs/security.md")
+
+
+def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
+    return (isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "drain"
+            and bool(state.drain_blocked_by))
+
+
+def _parse(value: str) -> datetime | None:
+    """An RFC 3339 time of the status (`...Z`), None when it does not parse."""
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
