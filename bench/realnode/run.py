@@ -38,17 +38,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.realnode import idle
 from gate.api import keys
+from gate.controller.pods import stage_pod_ended
 from gate.devcluster import services
 from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
+from gate.devcluster.realnode import KUBELET_FEATURE_GATES_ENV, NODE_OS, feature_gates
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, NODEGATES, NODES, PODS, KubeClient
-from gate.kube.objects import parse_time
+from gate.kube.objects import container_statuses, parse_time, pod_ended
 
 PACKAGES = ("sysctl-tuning", "chrony-conf", "grub-cmdline", "module-blocklist")
 NAMESPACE = "nodegate-system"
 PULLED = re.compile(r"in ([0-9.]+)(ms|s) \(")
+# gate -> node -> the round's transitions ([who, seconds, what]), for --json
+TRANSITIONS: dict[str, dict[str, list[list[Any]]]] = {}
 
 
 def gate_manifest(name: str, nodes: list[str], images: dict[str, str]) -> dict[str, Any]:
@@ -75,13 +80,44 @@ class PodTimes:
 
     def __init__(self, client: KubeClient, node: str) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, idle.PodSeen] = {}  # when the watch saw each pod created, ended, gone
         self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}",
                                 label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
         self.cache.subscribe(self._on)
 
     def _on(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind != "DELETED":
-            self.pods[pod["metadata"]["name"]] = pod
+        name, now = pod["metadata"]["name"], time.time()
+        seen = self.seen.setdefault(name, idle.PodSeen(name, keys.INTERRUPT_LABEL in (pod["metadata"].get("labels")
+                                                                                      or {}), added=now))
+        if kind == "DELETED":
+            seen.gone = seen.gone or now
+            return
+        self.pods[name] = pod
+        if seen.running is None and any("running" in (c.get("state") or {}) for c in container_statuses(pod)):
+            seen.running = now
+        if seen.steps_ended is None and not pod_ended(pod) and stage_pod_ended(pod):
+            seen.steps_ended = now
+        if seen.ended is None and pod_ended(pod):
+            seen.ended = now
+
+    def seen_pods(self) -> list[idle.PodSeen]:
+        """Each pod's watch times, with the API's own timestamps of its last status seen."""
+        for name, seen in self.seen.items():
+            pod = self.pods.get(name)
+            if pod is None:
+                continue
+            seen.created = _t(pod["metadata"].get("creationTimestamp"))
+            starts, ends = [], []
+            for container in container_statuses(pod):
+                for state in (container.get("state") or {}, container.get("lastState") or {}):
+                    run = state.get("terminated") or state.get("running") or {}
+                    if (at := _t(run.get("startedAt"))) is not None:
+                        starts.append(at)
+                    if (at := _t(run.get("finishedAt"))) is not None:
+                        ends.append(at)
+            seen.first_start = min(starts) if starts else None
+            seen.last_finish = max(ends) if ends else None
+        return list(self.seen.values())
 
     def intervals(self) -> dict[str, list[tuple[float, float]]]:
         """Wall-clock intervals of each kind of work on the node, from the stage pods' own timestamps."""
@@ -148,6 +184,9 @@ class NodeTrail:
         self.seen.append((time.time(), bool(obj["spec"].get("unschedulable")),
                           obj["status"].get("nodeInfo", {}).get("bootID", ""), ready))
 
+    def events(self) -> list[idle.NodeSeen]:
+        return [idle.NodeSeen(*seen) for seen in self.seen]
+
     def cordoned(self) -> tuple[float, float] | None:
         """From the first cordon to the uncordon after it, as the watch saw them."""
         start = next((t for t, cordoned, _, _ in self.seen if cordoned), None)
@@ -207,6 +246,11 @@ async def one_pass(client: KubeClient, name: str, nodes: list[str], images: dict
             figures["image pulls (summed)"], count = await pull_seconds(client, node)
             figures["images pulled"] = float(count)
         out[node] = figures
+        gaps = idle.transitions(times[node].seen_pods(), trails[node].events())
+        TRANSITIONS.setdefault(name, {})[node] = [[g.who, g.seconds, g.what] for g in gaps]
+        figures.update({f"idle: {who}": seconds for who, seconds in idle.summary(gaps).items()})
+        print(f"\nTransitions of {name} (watch times exact, API times whole seconds):")
+        print("\n".join(idle.table(node, gaps)))
     return out
 
 
@@ -278,7 +322,7 @@ def report(runs: dict[str, dict[str, dict[str, float]]], kwok_node: str, job_sec
     ]
     for label, value in rows:
         print(f"  {label:<64} {value:6.1f} s  {100 * value / total if total else 0:5.1f}%")
-    return {**summary, "passes": runs}
+    return {**summary, "passes": runs, "transitions": TRANSITIONS}
 
 
 def main() -> None:
@@ -289,13 +333,21 @@ def main() -> None:
                         help="how long a real node stays down in a reboot (default 20, as in the tests)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--suite", default="bookworm", choices=sorted(NODE_OS),
+                        help="Debian release of the real nodes' roots (default bookworm: containerd 1.6; "
+                             "trixie: containerd 1.7, which sends the container events EventedPLEG needs)")
+    parser.add_argument("--kubelet-feature-gates", default="", metavar="GATES",
+                        help="the real nodes' kubelet feature gates, e.g. EventedPLEG=true (default none)")
     args = parser.parse_args()
     os.environ["NODEGATE_REALNODE_REBOOT_SECONDS"] = str(args.reboot_seconds)
+    feature_gates(args.kubelet_feature_gates)  # refused here, before a cluster starts
+    os.environ[KUBELET_FEATURE_GATES_ENV] = args.kubelet_feature_gates
     with tempfile.TemporaryDirectory(prefix="ng-bench-realnode-") as tmp:
         dev = DevCluster(Path(tmp))
         try:
             spec = NodeSpec(1)
-            dev.up(spec, job_seconds=args.job_seconds, real_nodes=RealNodeSpec(args.real_nodes), progress=print)
+            dev.up(spec, job_seconds=args.job_seconds, real_nodes=RealNodeSpec(args.real_nodes, suites=[args.suite]),
+                   progress=print)
             images = ensure_images(dev, host=dev.network.gateway, progress=print)
             asyncio.run(services.install_crds(dev))
             services.start_webhook(dev, print)

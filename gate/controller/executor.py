@@ -36,6 +36,7 @@ from gate.controller.pods import (
     facts_of,
     request_packages,
     stage_pod,
+    stage_pod_ended,
     stage_pod_view,
 )
 from gate.controller.settings import OperatorSettings
@@ -45,7 +46,7 @@ from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import ApiError, NotFound, TooManyRequests
-from gate.kube.objects import container_states, parse_time, pod_ended, state_status
+from gate.kube.objects import container_states, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.images import pod_images
@@ -239,9 +240,11 @@ class Executor:
             if pod is not None:
                 self._stage_metrics(pod)
                 self.world.index.pod_event("DELETED", pod)
-                if pod_ended(pod):
+                if stage_pod_ended(pod):
                     # Nothing runs in it any more: gone at once, without the kubelet's confirmation
-                    # (one write, not two). One still running is stopped gracefully.
+                    # (one write, not two), even before the kubelet wrote its terminal phase (the
+                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
+                    # gracefully.
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:

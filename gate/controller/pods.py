@@ -39,7 +39,7 @@ from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
-from gate.kube.objects import container_states, container_statuses, created_at, stuck_wait
+from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
@@ -416,6 +416,18 @@ def stage_pod_fields(pod: Obj) -> Obj:
         "spec": {k: spec[k] for k in ("nodeName", "activeDeadlineSeconds") if k in spec},
         "status": {k: status[k] for k in _POD_STATUS_KEPT if k in status},
     }
+
+
+def stage_pod_ended(pod: Obj) -> bool:
+    """Nothing runs in the stage pod any more, and nothing will: its phase is terminal, or every one of
+    its steps ended well, or one of its containers failed (restartPolicy Never: none after it runs).
+
+    The kubelet writes its containers' ends first, and the terminal phase only once it stopped the
+    pod's sandbox (kubelet status manager: "Delay transitioning a pod to a terminal status unless the
+    pod is actually terminal"), a second or two later on a busy node. The operator moves the node on
+    at the first: the step results are in the containers' terminations already, and the host is idle.
+    """
+    return pod_ended(pod) or stage_pod_view(pod).ended
 
 
 def stage_pod_view(pod: Obj) -> StagePod:

@@ -26,7 +26,7 @@ from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from gate.api import keys
-from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner, stage_pod_ended
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 from gate.lifecycle.fleet import Replan
 
@@ -192,7 +192,8 @@ def pod_may_be_stuck(pod: Obj) -> bool:
 def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     """A stage pod moves its node on when it ended (or vanished before it did), and matters before
     that only when it may be stuck. The status updates of its steps in between do not: the node's state is written
-    once the pod ended, for all its steps.
+    once the pod ended, for all its steps. Ended is `stage_pod_ended`: at its last container's end, not
+    a second or two later at the terminal phase, so the node's next pod starts as soon as the host is idle.
 
     The gate is planned too when the pod ends, since a person's request held while it ran can be
     acted on now; not when the node's round is still in progress (`in_round`), since a request waits
@@ -200,9 +201,10 @@ def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     owner = stage_owner(pod)
     if owner is None:
         return Triggered()
-    if pod_ended(pod) and (pod["metadata"].get("deletionTimestamp") or kind == "DELETED"):
+    ended = stage_pod_ended(pod)
+    if ended and (pod["metadata"].get("deletionTimestamp") or kind == "DELETED"):
         return Triggered()  # the operator deletes the pods it is done with: their going changes nothing
-    if kind == "DELETED" or pod_ended(pod):
+    if kind == "DELETED" or ended:
         return Triggered(now=(NodeKey(*owner),), later=() if in_round else (owner[0],))
     if pod_may_be_stuck(pod):
         return Triggered(now=(NodeKey(*owner),))

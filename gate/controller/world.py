@@ -19,7 +19,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState
 from gate.controller.index import StageIndex
-from gate.controller.pods import stage_pod_fields, stage_pod_view
+from gate.controller.pods import stage_pod_ended, stage_pod_fields, stage_pod_view
 from gate.controller.queue import WorkQueue
 from gate.controller.settings import OperatorSettings
 from gate.controller.signing import Signer
@@ -28,7 +28,6 @@ from gate.controller.views import fleet_node, node_fields
 from gate.controller.workloads import WorkloadIndex, workload_fields
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
-from gate.kube.objects import pod_ended
 from gate.lifecycle.fleet import FleetNode, Replan, disabled, replan
 from gate.lifecycle.machine import StagePod
 
@@ -208,7 +207,7 @@ class World:
         for node, names in self.index.nodes_with_pods(gate):
             for name in names:
                 pod = self.pods.get(name, self.settings.namespace)
-                if pod is not None and not pod_ended(pod):
+                if pod is not None and not stage_pod_ended(pod):
                     busy.add(node)
                     break
         return busy

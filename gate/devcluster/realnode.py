@@ -76,6 +76,20 @@ REBOOT_SIGNAL = signal.SIGHUP
 # How long a rebooting node stays down (firmware, boot loader) before it boots again: longer than the
 # control plane's node-monitor grace period, so a reboot is seen as a real one is, NotReady then Ready.
 REBOOT_SECONDS = float(os.environ.get("NODEGATE_REALNODE_REBOOT_SECONDS", "20"))
+# Kubelet feature gates of the real nodes, "Name=true,Other=false" (default none): for measuring one,
+# such as EventedPLEG (alpha; needs containerd 1.7 or newer, the trixie root's), docs/realnodes.md.
+KUBELET_FEATURE_GATES_ENV = "NODEGATE_REALNODE_KUBELET_FEATURE_GATES"
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """Feature gates written as the kubelet's flag writes them ("A=true,B=false") to a config's map."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if not name or value.lower() not in ("true", "false"):
+            raise ValueError(f"{KUBELET_FEATURE_GATES_ENV}: {item!r} is not Name=true or Name=false")
+        gates[name] = value.lower() == "true"
+    return gates
 
 
 # A power cut (gate/devcluster/faults.py) is the node's init killed with SIGKILL after this file was
@@ -309,7 +323,7 @@ def write_node_disk(config: NodeConfig, ca: pki.KeyPair) -> None:
 
 
 def kubelet_config(config: NodeConfig) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         # This machine has cgroup v1 and no systemd: cgroupfs, under a root of the node's own.
         "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{config.cgroup_name}",
@@ -330,6 +344,10 @@ def kubelet_config(config: NodeConfig) -> dict[str, object]:
         "enableControllerAttachDetach": True, "makeIPTablesUtilChains": False,
         "protectKernelDefaults": False, "staticPodPath": "",
     }
+    gates = feature_gates(os.environ.get(KUBELET_FEATURE_GATES_ENV, ""))
+    if gates:
+        out["featureGates"] = gates
+    return out
 
 
 def containerd_config(config: NodeConfig) -> str:

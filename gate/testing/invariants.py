@@ -12,9 +12,11 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 * N is **disrupted by G** while G's state on N says `in-progress` (the planner reserves budget from
   the moment it picks a node) or N is unschedulable with `nodegate.io/cordoned-by: G` (a cordon
   NodeGate holds, such as a failed node left cordoned).
-* A stage **pod is running** from its creation until it is seen with phase Succeeded or Failed, or
-  deleted. A pod runs one phase of a node's round (its label `nodegate.io/stage`: `stages`,
-  `interrupt`, `post-interrupt`, `removal`), its steps one after another.
+* A stage **pod is running** from its creation until it is seen with phase Succeeded or Failed, with
+  every step's container terminated with exit code 0 or one container terminated non-zero (the
+  kubelet writes the terminal phase only later, once it stopped the sandbox), or deleted. A pod runs
+  one phase of a node's round (its label `nodegate.io/stage`: `stages`, `interrupt`, `post-interrupt`,
+  `removal`), its steps one after another.
 * A **step** is one stage of one package in a pod, as its annotation `nodegate.io/steps` lists them
   (package, stage, container), with the version and generation its agent container is started with
   (`--version`, `--generation`); the interrupt pod's one step is the interrupt. A step shares its
@@ -270,7 +272,11 @@ def _arg(args: list[str], flag: str) -> str | None:
 
 
 def _outcome(obj: Obj) -> tuple[bool, bool, set[str]]:
-    """(ended, failed, the containers seen terminated with exit code 0) of a stage pod."""
+    """(ended, failed, the containers seen terminated with exit code 0) of a stage pod.
+
+    Ended: its phase is Succeeded or Failed, or a container of it ended non-zero (restartPolicy Never:
+    none after it runs), or every step's container ended with 0. The kubelet writes the containers'
+    ends first and the terminal phase only once it stopped the pod's sandbox; nothing runs in between."""
     succeeded, failed = set(), pod_outcome(obj) == "failed"
     for cs in container_statuses(obj):
         term = (cs.get("state") or {}).get("terminated")
@@ -279,7 +285,8 @@ def _outcome(obj: Obj) -> tuple[bool, bool, set[str]]:
                 succeeded.add(str(cs.get("name")))
             else:
                 failed = True  # restartPolicy Never: the pod's later steps never run
-    return pod_outcome(obj) is not None, failed, succeeded
+    steps = {step.container for step in _steps(obj)}
+    return pod_outcome(obj) is not None or failed or (bool(steps) and steps <= succeeded), failed, succeeded
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,16 @@ def test_the_kubelet_uses_cgroupfs_on_cgroup_v1_under_a_root_of_the_nodes_own(tm
                                          "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"}}
 
 
+def test_the_kubelet_takes_feature_gates_only_when_asked_and_refuses_a_misspelt_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(realnode.KUBELET_FEATURE_GATES_ENV, raising=False)
+    assert "featureGates" not in realnode.kubelet_config(config(tmp_path))
+    monkeypatch.setenv(realnode.KUBELET_FEATURE_GATES_ENV, "EventedPLEG=true, Other=False")
+    assert realnode.kubelet_config(config(tmp_path))["featureGates"] == {"EventedPLEG": True, "Other": False}
+    with pytest.raises(ValueError, match="'EventedPLEG' is not Name=true or Name=false"):
+        realnode.feature_gates("EventedPLEG")
+
+
 def test_a_machine_without_root_is_told_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(realnode.os, "geteuid", lambda: 1000)
     reason = realnode.unsupported_reason()

@@ -21,6 +21,7 @@ from gate.controller.pods import (
     prepull_owner,
     prepull_pod,
     stage_pod,
+    stage_pod_ended,
     stage_pod_fields,
     stage_pod_view,
 )
@@ -182,6 +183,23 @@ def test_a_stage_pod_is_read_step_by_step() -> None:
                                                                           "payload-tuned", "apply-tuned")],
                                 [_terminated("config-tuned", 0)]))
     assert done.phase == "succeeded" and done.done == 3 and done.failed_step is None
+
+
+def test_a_stage_pod_ended_at_its_last_container_end_before_the_kubelet_writes_its_terminal_phase() -> None:
+    """The kubelet writes the containers' ends first and keeps the phase Running until it stopped the
+    sandbox: the operator need not wait for the phase, nothing runs in the pod any more."""
+    ran = [_terminated(n, 0) for n in ("payload-base", "apply-base", "payload-tuned", "apply-tuned")]
+    assert stage_pod_ended(_seen("Running", ran, [_terminated("config-tuned", 0)]))
+    assert stage_pod_view(_seen("Running", ran, [_terminated("config-tuned", 0)])).phase == "succeeded"
+    # A step failed: restartPolicy Never, no container after it runs.
+    assert stage_pod_ended(_seen("Running", [*ran[:3], _terminated("apply-tuned", 1, "x")]))
+    # A step still running, or the last one not started yet: not ended.
+    assert not stage_pod_ended(_seen("Running", ran, [{"name": "config-tuned", "state": {"running": {}}}]))
+    assert not stage_pod_ended(_seen("Running", ran[:3]))
+    assert not stage_pod_ended(_seen("Pending", []))
+    # The phase says so (past its deadline, evicted): ended, whatever its containers show.
+    assert stage_pod_ended(_seen("Failed", ran[:2], reason="DeadlineExceeded"))
+    assert stage_pod_ended(_seen("Succeeded", ran, [_terminated("config-tuned", 0)]))
 
 
 def test_the_operator_reads_the_same_stage_pod_from_the_fields_its_cache_keeps() -> None:

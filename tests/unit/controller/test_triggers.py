@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState
-from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, STEPS_ANNOTATION
 from gate.controller.triggers import (
     GateKey,
     HistoryKey,
@@ -138,6 +139,22 @@ def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> 
     gone["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
     assert on_pod("MODIFIED", gone) == Triggered()
     assert on_pod("MODIFIED", {"metadata": {"name": "someone-elses"}}) == Triggered()
+
+
+def test_a_stage_pod_moves_its_node_at_its_last_container_end_not_at_the_terminal_phase() -> None:
+    """The kubelet writes the terminal phase a second or two after the containers' ends (once it stopped
+    the sandbox): the node's next pod need not wait for it."""
+    pod = owned("Pod", phase="Running")
+    pod["metadata"]["annotations"][STEPS_ANNOTATION] = json.dumps([["base", "apply", "fp", None]])
+    pod["status"]["initContainerStatuses"] = [{"name": "payload-base", "state": {"terminated": {"exitCode": 0}}}]
+    pod["status"]["containerStatuses"] = [{"name": "apply-base", "state": {"running": {}}}]
+    assert on_pod("MODIFIED", pod) == Triggered()
+    pod["status"]["containerStatuses"] = [{"name": "apply-base", "state": {"terminated": {"exitCode": 0}}}]
+    assert on_pod("MODIFIED", pod) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
+    # Its going after the operator deleted it changes nothing, terminal phase written or not.
+    pod["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    assert on_pod("MODIFIED", pod) == Triggered()
+    assert on_pod("DELETED", pod) == Triggered()
 
 
 def test_keys_read_as_paths_in_logs_and_name_their_kind_for_metrics() -> None:

@@ -148,9 +148,11 @@ class Cluster:
             self.events.append(Change("pods", "ADDED", obj, rv))
         return obj
 
-    def end_pod(self, name: str, outcome: str = "Succeeded", *, failed_step: int = 0, emit: bool = True) -> Obj:
+    def end_pod(self, name: str, outcome: str = "Succeeded", *, failed_step: int = 0, emit: bool = True,
+                phase: str | None = None) -> Obj:
         """The pod ended: every step done, or (`Failed`) the steps before `failed_step` done, that one
-        exited 1 and the later ones never ran."""
+        exited 1 and the later ones never ran. `phase` (default: the outcome) is the phase written with
+        it: Running, as the kubelet writes the containers' ends before it stopped the sandbox."""
         old = self.pods[name]
         steps = [w[3] for w in json.loads(old["metadata"]["annotations"]["nodegate.io/steps"])]
         ran = steps if outcome == "Succeeded" else steps[: failed_step + 1]
@@ -159,7 +161,7 @@ class Cluster:
         statuses = [{"name": c, "state": {"terminated": {"exitCode": code}}} for c, code in codes.items()]
         rv = self.next_rv()
         obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(rv)},
-               "status": {"phase": outcome,
+               "status": {"phase": phase or outcome,
                           "initContainerStatuses": [s for s in statuses if s["name"] in init],
                           "containerStatuses": [s for s in statuses if s["name"] not in init]}}
         self.pods[name] = obj

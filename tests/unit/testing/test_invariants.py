@@ -216,6 +216,25 @@ def test_uncordoning_while_a_stage_pod_of_the_gate_runs_is_a_violation() -> None
     assert "pod apply (stages: pkg apply)" in v.message
 
 
+def test_a_stage_pod_whose_steps_all_ended_is_not_running_before_its_terminal_phase() -> None:
+    """The kubelet writes the containers' ends first and the terminal phase once it stopped the
+    sandbox: an uncordon in between finds nothing running; with a step still to run it would."""
+    for outcome, step_left, expected in (("Succeeded", False, []), ("Failed", False, []),
+                                         ("Succeeded", True, ["uncordoned-during-stage"])):
+        c = Cluster()
+        c.gate(GATE)
+        c.node("n")
+        c.update("n", cordon=GATE, state={GATE: state("in-progress", cordoned=True)})
+        c.pod("apply", gate=GATE, node="n", stages=("apply", "config"))
+        ended = c.end_pod("apply", outcome, phase="Running", emit=not step_left)
+        if step_left:  # the first step's end written, the second's not yet
+            status = ended["status"]
+            status["containerStatuses"] = [{"name": "config-pkg", "state": {"running": {}}}]
+            c.events.append(Change("pods", "MODIFIED", ended, resource_version(ended)))
+        c.update("n", uncordon=True)
+        assert kinds(judge(c)) == expected, (outcome, step_left)
+
+
 def test_uncordoning_during_the_reboot_is_a_violation_and_after_it_is_not() -> None:
     for reboot_ended_first, expected in ((True, []), (False, ["uncordoned-during-stage"])):
         c = Cluster()
