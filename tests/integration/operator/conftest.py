@@ -33,7 +33,9 @@ OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seco
                   "--image-pull-grace", "2", "--pending-timeout", "60",
                   "--reboot-timeout", "60", "--resync-seconds", "30",
                   # A small bound, so that test_prepull sees it hold over a rollout of six nodes.
-                  "--prepull-concurrency", "2", "--prepull-ahead", "3"]
+                  "--prepull-concurrency", "2", "--prepull-ahead", "3",
+                  # test_soak asks the session's real Prometheus about soaking nodes; every second, not 15.
+                  "--health-poll-seconds", "1"]
 
 
 @pytest.fixture(scope="session")

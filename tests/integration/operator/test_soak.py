@@ -1,19 +1,26 @@
 """Health after the change, on the real control plane: soaking nodes, their batches, their verdicts.
 
 kwok plays the kubelets; a test sets a node's condition as node-problem-detector would (a status
-patch of the Node), or takes a node down (NotReady, held so by an injected kwok Stage).
+patch of the Node), takes a node down (NotReady, held so by an injected kwok Stage), or makes an alert
+fire for it in the session's real Prometheus (tests/prometheus.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
+
 from gate.api import keys
+from gate.controller.promql import instant_query
 from gate.devcluster.stages import node_down_stage
 from gate.kube.cache import WatchCache
-from gate.kube.client import NODES
+from gate.kube.client import NODES, POLICIES
 from tests.integration.operator.conftest import Scenario, wait_for
+from tests.prometheus import MetricsExporter
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 GPU_CONDITION = {"type": "GpuUnhealthy", "status": "True"}
@@ -178,3 +185,75 @@ async def test_a_node_going_not_ready_during_the_soak_fails(scenario: Scenario) 
     await wait_for(condition, what="the node's failed condition to say Unhealthy, not Ready")
     ready = {c["type"]: c for c in (await scenario.node(node))["status"]["conditions"]}["Ready"]
     assert ready["status"] == "False"  # the outage held: the verdict was not a race with kwok
+
+
+# -- the Prometheus signal, asked of the session's real Prometheus (tests/prometheus.py) -------------
+
+ALERT_QUERY = 'ALERTS{alertstate="firing", node="$NODE"}'
+
+
+async def test_a_firing_alert_fails_its_soaking_node_naming_the_query_and_series_while_a_quiet_node_passes(
+        scenario: Scenario, prometheus: str, metrics_exporter: MetricsExporter) -> None:
+    await scenario.add_nodes(2)
+    sick, well = scenario.nodes
+    # The alert fires before the rollout starts, so its verdict is no race with the soak's end; `well`
+    # has no series at all, so its soak can only pass on a query that succeeded and returned nothing.
+    metrics_exporter.unhealthy(sick)
+    try:
+        await wait_for(lambda: _firing(prometheus, sick), what=f"Prometheus to fire NodeUnhealthy for {sick}")
+        policy = await _policy(scenario, {"default": {
+            "budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}},
+            "health": {"soak": "5s", "prometheus": {"url": prometheus, "query": ALERT_QUERY}}}})
+        await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
+        await scenario.wait_node(sick, "failed")
+        await scenario.wait_node(well, "complete")
+    finally:
+        metrics_exporter.healthy(sick)
+    failure = (await scenario.state(sick))["failure"]
+    assert failure["reason"] == "Unhealthy" and failure["stage"] == "soak"
+    assert ALERT_QUERY in failure["message"], failure["message"]  # the query as the policy wrote it
+    assert 'alertname="NodeUnhealthy"' in failure["message"] and f'node="{sick}"' in failure["message"]
+    assert well not in failure["message"]  # $NODE made the query the node's own
+    assert not (await scenario.node(sick))["spec"].get("unschedulable")  # a failed soak leaves it serving
+
+
+async def test_a_query_prometheus_refuses_keeps_the_node_in_its_soak_past_its_end_until_the_query_is_fixed(
+        scenario: Scenario, prometheus: str) -> None:
+    await scenario.add_nodes(1)
+    [node] = scenario.nodes
+    broken = 'ALERTS{alertstate="firing", node="$NODE"'  # the closing brace left out: Prometheus says bad_data
+    policy = await _policy(scenario, {"default": {
+        "budget": {"count": 1}, "health": {"soak": "3s", "prometheus": {"url": prometheus, "query": broken}}}})
+    await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
+    await _soaking(scenario, node)
+
+    async def unreadable() -> bool:
+        conds = {c["type"]: c for c in ((await scenario.gate()).get("status") or {}).get("conditions") or []}
+        cond = conds.get("HealthUnreadable") or {}
+        return cond.get("status") == "True" and node in cond.get("message", "")
+
+    await wait_for(unreadable, what="the gate's HealthUnreadable condition naming the node")
+    message = {c["type"]: c for c in (await scenario.gate())["status"]["conditions"]}["HealthUnreadable"]["message"]
+    assert "parse error" in message, message  # Prometheus' own reason travels to the condition
+
+    state = await scenario.state(node)
+    until = datetime.fromisoformat(state["soakUntil"].replace("Z", "+00:00"))
+    while datetime.now(UTC) <= until + timedelta(seconds=2):  # the soak's end, and a poll or two past it
+        await asyncio.sleep(0.5)
+    state = await scenario.state(node)
+    assert (state["status"], state["phase"]) == ("in-progress", "soak"), state  # never healthy on a failed query
+
+    await scenario.kube.patch(POLICIES, policy, {"spec": {"default": {"health": {
+        "prometheus": {"url": prometheus, "query": ALERT_QUERY}}}}}, patch_type="merge")
+    await scenario.wait_node(node, "complete")
+
+    async def cleared() -> bool:
+        conds = {c["type"]: c for c in ((await scenario.gate()).get("status") or {}).get("conditions") or []}
+        return conds.get("HealthUnreadable", {}).get("status") != "True"
+
+    await wait_for(cleared, what="HealthUnreadable to clear once the query answers")
+
+
+async def _firing(prometheus: str, node: str) -> bool:
+    async with aiohttp.ClientSession() as session:
+        return bool(await instant_query(session, prometheus, f'ALERTS{{alertstate="firing", node="{node}"}}'))
