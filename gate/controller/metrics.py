@@ -95,6 +95,12 @@ class OperatorMetrics:
         self.image_resolutions = Counter("nodegate_image_resolutions_total",
                                          "Package image tags resolved to a digest (result: resolved or failed)",
                                          ["result"], registry=r)
+        self.prepull_pods = gauge("nodegate_prepull_pods",
+                                  "Prepull pods (a node's next images, pulled before its cordon) by state: pulling, "
+                                  "pulled, failing (the kubelet cannot pull and keeps trying), failed",
+                                  ["gate", "state"])
+        self.prepull_failures = counter("nodegate_prepull_failures_total",
+                                        "Prepull pods that could not pull an image (once per pod)", ["gate"])
         self.queue_depth = Gauge("nodegate_work_queue_depth", "Keys waiting in the work queue", registry=r)
         labels = ["gate", "compartment"]
         self.c_matched = gauge("nodegate_compartment_matched_nodes", "Nodes in the compartment", labels)

@@ -70,7 +70,7 @@ class Operator:
                         health_poll=settings.health_poll_seconds)
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
-        prepuller = Prepuller(settings, client, self.world, recorder)
+        prepuller = Prepuller(settings, client, self.world, recorder, self.metrics)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
                                     ImageResolver(settings, client, self.metrics), prepuller)
         self.policies = PolicyReconciler(client, self.world)

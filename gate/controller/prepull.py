@@ -26,6 +26,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.controller.events import EventRecorder
 from gate.controller.executor import refused_for_good
+from gate.controller.metrics import OperatorMetrics
 from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
@@ -34,7 +35,15 @@ from gate.kube.client import PODS, KubeClient
 from gate.kube.errors import ApiError, Conflict
 from gate.kube.objects import pod_ended
 from gate.lifecycle.machine import PULL_ERRORS, StagePod
-from gate.lifecycle.prepull import Candidate, Lookahead, PrepullPod, awaits_images, plan_prepulls, round_images
+from gate.lifecycle.prepull import (
+    Candidate,
+    Lookahead,
+    PrepullPod,
+    awaits_images,
+    plan_prepulls,
+    prepull_counts,
+    round_images,
+)
 
 log = logging.getLogger("nodegate.operator")
 
@@ -42,8 +51,10 @@ Obj = dict[str, Any]
 
 
 class Prepuller:
-    def __init__(self, settings: OperatorSettings, client: KubeClient, world: World, recorder: EventRecorder) -> None:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, world: World, recorder: EventRecorder,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or OperatorMetrics()
         self.client = client
         self.world = world
         self.recorder = recorder
@@ -103,6 +114,7 @@ class Prepuller:
             self.reported &= {p.name for p, _ in pods}
             self.refused &= {c.pod for cands in self.by_gate.values() for c in cands}
             await self._report(gate, pods)
+            self._measure(self._pods())
 
     async def _refused(self, gate: NodeGate, cand: Candidate, exc: ApiError) -> None:
         """A prepull pod the API server will not admit: said once, and its round is not held back by it
@@ -116,6 +128,12 @@ class Prepuller:
                                      f"{cand.node} ({exc}); its round pulls its images itself, after the cordon")
         if cand.picked:
             self.world.queue.add(NodeKey(gate.name, cand.node))
+
+    def _measure(self, pods: list[tuple[PrepullPod, StagePod]]) -> None:
+        known = [g for g in self.by_gate if self.world.gates.get(g) is not None]
+        for gate, by_state in prepull_counts(pods, known).items():
+            for state, count in by_state.items():
+                self.metrics.prepull_pods.labels(gate, state).set(count)
 
     def _pods(self) -> list[tuple[PrepullPod, StagePod]]:
         out = []
@@ -136,6 +154,7 @@ class Prepuller:
             if pod.gate != gate.name or view.waiting_reason not in PULL_ERRORS or pod.name in self.reported:
                 continue
             self.reported.add(pod.name)
+            self.metrics.prepull_failures.labels(gate.name).inc()
             node = next((c.node for c in self.by_gate.get(gate.name, []) if c.pod == pod.name), "?")
             await self.recorder.emit(obj, "Warning", "PrepullFailing",
                                      f"NodeGate {gate.name}: the images of node {node}'s next round cannot be "

@@ -43,7 +43,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gate.api.nodegate import NodeGate
@@ -51,7 +51,7 @@ from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
 from gate.lifecycle.images import PodImage, pod_images
 from gate.lifecycle.interrupts import merge
-from gate.lifecycle.machine import round_work
+from gate.lifecycle.machine import PULL_ERRORS, StagePod, round_work
 
 # The wait reasons that clear by themselves as the rollout goes on (`gate.rollout.planner.WaitReason`).
 AHEAD_REASONS = frozenset({"batch-running", "budget-full", "queued", "outside-window"})
@@ -100,6 +100,32 @@ class PrepullPod:
     gate: str
     ended: bool = False  # it pulls nothing any more (succeeded: every image is on the node)
     deleting: bool = False
+
+
+PREPULL_STATES = ("pulling", "pulled", "failing", "failed")
+
+
+def prepull_state(pod: PrepullPod, view: StagePod) -> str:
+    """One of PREPULL_STATES: failing while the kubelet cannot pull an image (it keeps trying),
+    pulled once it succeeded, failed once it ended otherwise, pulling before that."""
+    if view.waiting_reason in PULL_ERRORS:
+        return "failing"
+    if view.phase == "succeeded":
+        return "pulled"
+    if pod.ended or view.phase == "failed":
+        return "failed"
+    return "pulling"
+
+
+def prepull_counts(pods: Iterable[tuple[PrepullPod, StagePod]], gates: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Per gate of `gates`, how many of its prepull pods are in each state, every state present (at 0
+    when none is). Pods of other gates (deleted ones, whose pods the garbage collector takes) and pods
+    being deleted are not counted."""
+    counts = {g: dict.fromkeys(PREPULL_STATES, 0) for g in gates}
+    for pod, view in pods:
+        if not pod.deleting and pod.gate in counts:
+            counts[pod.gate][prepull_state(pod, view)] += 1
+    return counts
 
 
 @dataclass

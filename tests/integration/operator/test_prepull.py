@@ -9,6 +9,7 @@ etcd revision (resourceVersion), so "before" is the API server's order, not wall
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,4 +131,18 @@ async def test_a_failed_pull_fails_the_node_before_any_cordon(scenario: Scenario
     assert bad not in watched.cordoned and not state.get("cordoned")
     assert not (await scenario.node(bad))["spec"].get("unschedulable")
     assert not state.get("installed")  # no stage ran on it
+    # Said in the metrics too, once for the one pod that could not pull.
+    async def counted() -> bool:
+        return await _failures(scenario) == 1.0
+
+    await wait_for(counted, what="nodegate_prepull_failures_total at 1")
     assert good in watched.cordoned and watched.succeeded[good] < watched.cordoned[good]
+
+
+async def _failures(sc: Scenario) -> float | None:
+    port = sc.cluster.ports()["operator"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith('nodegate_prepull_failures_total{') and f'gate="{sc.name}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return None

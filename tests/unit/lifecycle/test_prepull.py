@@ -21,6 +21,7 @@ from gate.lifecycle.prepull import (
     candidates,
     needs_cordon,
     plan_prepulls,
+    prepull_counts,
     round_images,
 )
 from gate.lifecycle.reconcile import plan_reconcile
@@ -203,3 +204,23 @@ def test_the_gate_reconcile_plan_names_its_candidates_only_with_prepull_on() -> 
     found = plan_reconcile(g, None, fleet, prepull=Lookahead(2, AGENT), **args).prepull
     assert found is not None and [c.picked for c in found] == [True, False, False]
     assert {c.images.agent for c in found} == {AGENT}
+
+
+# -- what the metrics count -------------------------------------------------------------------------
+
+def test_prepull_pods_are_counted_per_gate_and_state_with_every_state_present() -> None:
+    pods = [
+        (PrepullPod("a1", "a"), _prepull()),
+        (PrepullPod("a2", "a"), _prepull(waiting_reason="ImagePullBackOff")),
+        (PrepullPod("a3", "a", ended=True), _prepull("succeeded")),
+        (PrepullPod("a4", "a", ended=True), _prepull("failed")),
+        (PrepullPod("a5", "a", deleting=True), _prepull()),  # on its way out: not counted
+        (PrepullPod("b1", "b"), _prepull("running")),
+        (PrepullPod("gone1", "gone"), _prepull()),  # a deleted gate's pod, until the collector takes it
+    ]
+    counts = prepull_counts(pods, ["a", "b", "idle"])
+    assert counts == {
+        "a": {"pulling": 1, "pulled": 1, "failing": 1, "failed": 1},
+        "b": {"pulling": 1, "pulled": 0, "failing": 0, "failed": 0},
+        "idle": {"pulling": 0, "pulled": 0, "failing": 0, "failed": 0},
+    }
