@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Hashable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
@@ -34,6 +34,17 @@ def parse_duration(text: str) -> timedelta:
         return timedelta(seconds=seconds)
     except OverflowError:
         raise ValueError(f"{text!r} is too long to be a duration") from None
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 timestamp as the API and NodeGate's records write it (`2026-12-01T10:00:00Z`), None
+    when unset or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def _parses(text: str) -> str:

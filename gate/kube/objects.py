@@ -14,20 +14,13 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Literal
 
+from gate.api.common import parse_time
 from gate.api.state import StateParseError, load_state
 
 Obj = dict[str, Any]
 Outcome = Literal["succeeded", "failed"]
 
 
-def parse_time(text: str | None) -> datetime | None:
-    """An RFC 3339 timestamp of the API (`2026-12-01T10:00:00Z`), None when unset or unreadable."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def conditions(obj: Obj) -> dict[str, Obj]:

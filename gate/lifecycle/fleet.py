@@ -7,7 +7,6 @@ this module turns that into node updates and the gate's status.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from datetime import datetime
 from typing import Literal
 
 from gate.api import keys
-from gate.api.common import parse_duration
+from gate.api.common import parse_duration, parse_time
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.records import Refusal
@@ -378,10 +377,8 @@ def _blocked_since(gate: str, node: FleetNode, now: datetime) -> datetime:
     """Since when the node waits for its protected pods: the ProtectedPods condition's transition, now
     when it has none yet (it is written after this plan)."""
     current = node.view.conditions.get(keys.blocked_condition(gate))
-    if current is not None and current.reason == "ProtectedPods" and current.since:
-        with contextlib.suppress(ValueError):
-            return datetime.fromisoformat(current.since.replace("Z", "+00:00"))
-    return now
+    since = parse_time(current.since) if current is not None and current.reason == "ProtectedPods" else None
+    return since or now
 
 
 def _wait_timeouts(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate],

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from gate.api import keys
-from gate.api.common import parse_duration
+from gate.api.common import parse_duration, parse_time
 from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.policy import Health
 from gate.api.state import (
@@ -885,15 +885,6 @@ def _soak_look(ctx: NodeContext, left: float | None) -> float:
     return wait
 
 
-def _parsed(ts: str | None, default: datetime) -> datetime:
-    if not ts:
-        return default
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    except ValueError:
-        return default
-
-
 def _soak(r: _Round) -> Decision:
     """One look at a soaking node: fail it (Unhealthy, HealthUnreadable), keep it soaking, or complete it."""
     ctx, s = r.ctx, r.state
@@ -905,7 +896,7 @@ def _soak(r: _Round) -> Decision:
                 "longer asks for a soak)")
         return r.finish_decision()
     verdict = judge(health, ready=ctx.node.ready, conditions=ctx.node.health_conditions, reading=ctx.reading,
-                    soak_since=_parsed(s.phase_since, ctx.now), soak_until=_parsed(s.soak_until, ctx.now),
+                    soak_since=parse_time(s.phase_since) or ctx.now, soak_until=parse_time(s.soak_until) or ctx.now,
                     now=ctx.now)
     if verdict.outcome in ("unhealthy", "unreadable-failed"):
         s.health_unreadable = None

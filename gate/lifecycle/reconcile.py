@@ -46,6 +46,7 @@ from datetime import datetime
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import parse_time
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
@@ -154,7 +155,7 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
         wanted["waitingForPodsSince"] = None  # a merge patch removes a field only when told so
     refused = refused_reports(gate.name, fleet, reported)
     since = gplan.status.waiting_for_pods_since
-    since_at = _parse(since) if since else None
+    since_at = parse_time(since)
     metrics = gate_metrics(planned)
     metrics.wait = WaitGauges(gplan.status.nodes.waiting_for_pods,
                               since_at.timestamp() if since_at is not None else None)
@@ -329,9 +330,3 @@ def _drain_blocked(state: NodeGateState | StateParseError | None) -> bool:
             and bool(state.drain_blocked_by))
 
 
-def _parse(value: str) -> datetime | None:
-    """An RFC 3339 time of the status (`...Z`), None when it does not parse."""
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None

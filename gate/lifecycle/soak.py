@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from gate.api.common import parse_time
 from gate.api.policy import DeploymentPolicy, Health
 from gate.lifecycle.condition import NodeCondition
 
@@ -134,13 +135,8 @@ def judge(health: Health, *, ready: bool, conditions: Mapping[str, NodeCondition
 
 def soak_left(soak_until: str | None, now: datetime) -> float | None:
     """Seconds of soak left (0 once over) from a state's `soakUntil`; None without one."""
-    if not soak_until:
-        return None
-    try:
-        end = datetime.fromisoformat(soak_until.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return max(0.0, (end - now).total_seconds())
+    end = parse_time(soak_until)
+    return None if end is None else max(0.0, (end - now).total_seconds())
 
 
 __all__ = ["MIN_UNREADABLE_LIMIT", "Reading", "SoakOutcome", "SoakVerdict", "describe_condition", "health_of",
