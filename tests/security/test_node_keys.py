@@ -273,6 +273,47 @@ async def test_reset_and_rerun_need_patch_on_the_gate_they_name(kube: KubeClient
         await _unbind(kube, role)
 
 
+async def test_a_node_patchers_health_condition_can_fail_a_soaking_node_and_do_nothing_else(
+        kube: KubeClient, kubectl: Kubectl, node_patcher: str, scenario: Scenario, step_log: StepLog) -> None:
+    """A condition of `health.nodeConditions` is the signal itself, so whoever may patch nodes/status
+    (node-problem-detector, and so a node patcher) may set it: it fails the soaking node, uncordoned,
+    and no stage runs because of it. Clearing it again does not undo the verdict."""
+    [node] = await scenario.add_nodes(1)
+    policy = f"{scenario.name}-p"
+    scenario.policies.append(policy)
+    await kube.apply({"apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy", "metadata": {"name": policy},
+                      "spec": {"default": {"budget": {"count": 1}, "health": {
+                          "soak": "1h", "nodeConditions": [{"type": "GpuUnhealthy", "status": "True"}]}}}},
+                     field_manager="test", force=True)
+    await scenario.apply_gate({"base": {"version": "1.0.0", "image": "registry.example.com/pkg"}},
+                              deploymentPolicy=policy)
+
+    async def soaking() -> bool:
+        return (await scenario.state(node)).get("phase") == "soak"
+
+    await wait_for(soaking, what=f"{node} in its soak")
+    steps = len(step_log.of(scenario.name, node))
+
+    def condition(status: str) -> str:
+        return json.dumps({"status": {"conditions": [{
+            "type": "GpuUnhealthy", "status": status, "reason": "Injected", "message": "set by a node patcher",
+            "lastHeartbeatTime": "2026-12-04T05:00:00Z", "lastTransitionTime": "2026-12-04T05:00:00Z"}]}})
+
+    proc = as_patcher(kubectl, node_patcher, "patch", "node", node, "--subresource=status", "--type=strategic",
+                      "-p", condition("True"))
+    assert proc.returncode == 0, proc.stderr  # its right: the signal's writer
+    await scenario.wait_node(node, "failed")
+    failure = (await scenario.state(node))["failure"]
+    assert failure["reason"] == "Unhealthy" and "GpuUnhealthy=True" in failure["message"], failure
+    proc = as_patcher(kubectl, node_patcher, "patch", "node", node, "--subresource=status", "--type=strategic",
+                      "-p", condition("False"))
+    assert proc.returncode == 0, proc.stderr
+    state = await scenario.state(node)
+    # Failed is failed (its phase says where: soak): only a person's reset gives the node another round.
+    assert state["status"] == "failed" and state["failure"]["reason"] == "Unhealthy", state
+    assert not (await kube.get(NODES, node))["spec"].get("unschedulable")
+    assert len(step_log.of(scenario.name, node)) == steps  # no stage ran because of the condition
+
 # -- the operator, behind the policy -----------------------------------------------------------------------
 
 async def test_the_operator_never_carries_on_a_round_on_a_node_its_gate_does_not_select(
