@@ -18,6 +18,7 @@ next reconcile of the same object sees it before its watch event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -104,6 +105,12 @@ class Executor:
             patched = await self.client.patch(NODEGATES, gate.name, {"status": plan.status, "metadata": {
                 "resourceVersion": gate_obj["metadata"]["resourceVersion"]}}, subresource="status")
             self.world.gates.observe(patched)
+        if plan.release and keys.FINALIZER in gate.metadata.finalizers:
+            rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
+            with contextlib.suppress(ApiError):  # gone already, or changed meanwhile: the next look decides
+                await self.client.patch(NODEGATES, gate.name, {"metadata": {
+                    "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
+            log.info("Released gate; gate=%s", gate.name)
         if plan.drop_annotations:
             annotations: dict[str, str | None] = dict.fromkeys(plan.drop_annotations)
             patched = await self.client.patch(NODEGATES, gate.name, {"metadata": {"annotations": annotations}})
@@ -143,11 +150,9 @@ class Executor:
             f = values.forget
             m.forget_gone(gate, f.compartments, f.packages, f.all_packages)
 
-    async def _write_conditions(self, kind: str, wanted: Mapping[str, NodeCondition | None], *,
-                                only_present: bool = False) -> None:
+    async def _write_conditions(self, kind: str, wanted: Mapping[str, NodeCondition | None]) -> None:
         """Write node conditions of type `kind` a plan decided (node -> wanted, None: remove), 16 at a
-        time, where the node's (as the cache has it now) differs (`only_present`: only removals of one
-        the node carries)."""
+        time, where the node's (as the cache has it now) differs."""
         sem = asyncio.Semaphore(16)
         now = datetime.now(UTC)
         patches = []
@@ -156,8 +161,6 @@ class Executor:
             if obj is None:
                 continue  # gone: nothing to write on
             current = node_view(obj).conditions.get(kind)
-            if only_present and current is None:
-                continue
             patch = condition_patch(current, condition, kind, now)
             if patch is not None:
                 patches.append((node, patch))
@@ -167,11 +170,6 @@ class Executor:
                 await self._patch_condition(node, patch)
 
         await asyncio.gather(*(sync(node, patch) for node, patch in patches))
-
-    async def write_blocked_conditions(self, gate: str, wanted: Mapping[str, NodeCondition | None], *,
-                                       only_present: bool = False) -> None:
-        """Write the blocked conditions decided for `gate` (node -> wanted, None: remove)."""
-        await self._write_conditions(keys.blocked_condition(gate), wanted, only_present=only_present)
 
     async def write_failure_condition(self, gate: str, view: NodeView, wanted: NodeCondition | None) -> None:
         kind = keys.failed_condition(gate)

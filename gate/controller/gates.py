@@ -31,19 +31,19 @@ from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.prepull import Prepuller
 from gate.controller.triggers import GateKey, PolicyKey
-from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import NODEGATES, POLICIES, KubeClient
-from gate.kube.errors import ApiError, NotFound
+from gate.kube.errors import NotFound
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import NodeUpdate, disabled, readiness_clear, selects
+from gate.lifecycle.fleet import disabled
 from gate.lifecycle.health import condition, policy_status
 from gate.lifecycle.images import merged_records, records_wire, same_records, unresolved_message
-from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.reconcile import (
+    holders,
     plan_disabled,
     plan_problem,
     plan_reconcile,
+    plan_release,
     plan_removal_reconcile,
     same_status,
 )
@@ -179,56 +179,24 @@ class GateReconciler:
 
     async def _finalize(self, gate: NodeGate, obj: Obj) -> None:
         """Deleting a gate: uninstall what can be, uncordon, remove every node key, then let go."""
-        annotation = keys.state_annotation(gate.name)
-        holders = [n["metadata"]["name"] for n in self.world.nodes.items()
-                   if annotation in (n["metadata"].get("annotations") or {})]
-        if holders:
+        fleet = self.world.fleet()
+        holding = holders(gate, fleet)
+        if holding:
             # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
             found, policy = await self._policy_of(gate, obj)
             if not found:
                 return
-            plan = plan_removal_reconcile(gate, policy, self.world.fleet(), status=obj.get("status") or {},
-                                          holders=holders, now=datetime.now(UTC),
+            plan = plan_removal_reconcile(gate, policy, fleet, status=obj.get("status") or {},
+                                          holders=holding, now=datetime.now(UTC),
                                           resolve_digests=self.resolver.settings.resolve_digests)
             await self.executor.apply_gate_plan(gate, obj, plan)
             return  # node reconciles uninstall and remove their keys; their events bring us back
-        for node_obj in self.world.nodes.items():
-            leftover = self._leftover_keys(gate, node_obj)
-            if leftover is not None:  # a conflict raises: the gate is retried, and released only when clean
-                await self.executor.write_node_update(gate, node_obj["metadata"]["name"], leftover, base=node_obj)
-            await self.executor.write_failure_condition(gate.name, node_view(node_obj), None)
-            await self.executor.write_blocked_conditions(gate.name, {node_obj["metadata"]["name"]: None},
-                                                         only_present=True)
-        if keys.FINALIZER in gate.metadata.finalizers:
-            rest = [f for f in gate.metadata.finalizers if f != keys.FINALIZER]
-            with contextlib.suppress(ApiError):
-                await self.client.patch(NODEGATES, gate.name, {"metadata": {
-                    "finalizers": rest, "resourceVersion": gate.metadata.resource_version}})
-            log.info("Released gate; gate=%s", gate.name)
+        await self.executor.apply_gate_plan(gate, obj, plan_release(gate, fleet, self.world.all_gates()))
 
     async def _disabled(self, gate: NodeGate, obj: Obj) -> None:
         plan = plan_disabled(gate, self.world.fleet(), status=obj.get("status") or {}, gates=self.world.all_gates(),
                              now=datetime.now(UTC))
         await self.executor.apply_gate_plan(gate, obj, plan)
-
-    def _leftover_keys(self, gate: NodeGate, node_obj: Obj) -> NodeUpdate | None:
-        """What a deleted gate left on a node it never started on: its status label (a node waiting in
-        line), a person's reset or rerun request, and the readiness taint of a node that joined and
-        waited for this gate alone. None when the node carries nothing of the gate's."""
-        meta = node_obj["metadata"]
-        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
-        view = node_view(node_obj)
-        taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
-                 and readiness_clear(gate.name, self.world.fleet_node(node_obj), self.world.all_gates()))
-        requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
-        if keys.status_label(gate.name) not in labels and not any(r in annotations for r in requests) and not taint:
-            return None
-        update = NodeUpdate(remove_state=True)
-        if taint:
-            update.change.remove_readiness_taint = True
-            update.events.append(EventRequest("node", "Normal", "ReadinessTaintRemoved",
-                                              f"NodeGate {gate.name} was deleted; no other gate holds the node back"))
-        return update
 
 
 class PolicyReconciler:

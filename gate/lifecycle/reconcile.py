@@ -7,6 +7,8 @@ and nothing else in the gate reconcile does. Four paths, one plan each:
 * `plan_reconcile`: an enabled gate with a usable policy. The rollout (`gate.lifecycle.fleet.plan_gate`)
   decides the node updates, blocked conditions, status and Events; this adds what follows from them.
 * `plan_removal_reconcile`: a deleted gate whose nodes still hold its record (`gate.lifecycle.removal`).
+* `plan_release`: a deleted gate no node holds a record of any more: what it left on nodes, then its
+  finalizer.
 * `plan_disabled`: a disabled gate (only readiness taints let go, and its status says Disabled).
 * `plan_problem`: a gate whose DeploymentPolicy is missing or cannot be used (Degraded and Stalled).
 
@@ -136,6 +138,9 @@ class ReconcilePlan:
     # The gate's prepull candidates (`gate.lifecycle.prepull`), for the prepuller once the picks are
     # written; None: prepull is off, or this plan starts no round.
     prepull: list[Candidate] | None = None
+    # A deleted gate that is done with every node: remove its finalizer, last of the writes (so a write
+    # that fails above it keeps the gate, retried, until every node is clean).
+    release: bool = False
 
 
 def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *, status: Obj,
@@ -190,6 +195,38 @@ def plan_removal_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, flee
         status=status_patch(status, wanted),
         drop_annotations=[keys.RESUME_ANNOTATION] if rplan.resumed else [],
         events=rplan.events, metrics=gate_metrics(planned), node_keys=list(holders))
+
+
+def holders(gate: NodeGate, fleet: Iterable[FleetNode]) -> list[str]:
+    """The nodes carrying a record of the gate (the operator's or not): a deleted gate uninstalls from
+    them (`plan_removal_reconcile`) before it may go."""
+    annotation = keys.state_annotation(gate.name)
+    return [n.view.name for n in fleet if annotation in n.view.annotations]
+
+
+def plan_release(gate: NodeGate, fleet: Iterable[FleetNode], gates: Collection[NodeGate]) -> ReconcilePlan:
+    """A deleted gate no node holds a record of: remove what it left on nodes it never started on (its
+    status label on a node waiting in line, a person's reset or rerun request, and the readiness taint
+    of a node that waited for this gate alone) and its node conditions, then let the gate go."""
+    plan = ReconcilePlan(gate=gate.name, release=True)
+    requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
+    for node in fleet:
+        view = node.view
+        taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
+                 and readiness_clear(gate.name, node, gates))
+        if keys.status_label(gate.name) in view.labels or any(r in view.annotations for r in requests) or taint:
+            update = NodeUpdate(remove_state=True)
+            if taint:
+                update.change.remove_readiness_taint = True
+                update.events.append(EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                  f"NodeGate {gate.name} was deleted; no other gate holds the node "
+                                                  "back"))
+            plan.updates[view.name] = update
+        for kind, wanted in ((keys.failed_condition(gate.name), plan.failure_conditions),
+                             (keys.blocked_condition(gate.name), plan.blocked_conditions)):
+            if kind in view.conditions:
+                wanted[view.name] = None
+    return plan
 
 
 def plan_disabled(gate: NodeGate, fleet: Sequence[FleetNode], *, status: Obj, gates: Sequence[NodeGate],

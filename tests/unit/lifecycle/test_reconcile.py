@@ -14,9 +14,11 @@ from gate.lifecycle.condition import NodeCondition, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate
 from gate.lifecycle.reconcile import (
     failure_conditions,
+    holders,
     plan_disabled,
     plan_problem,
     plan_reconcile,
+    plan_release,
     plan_removal_reconcile,
     refused_reports,
     same_status,
@@ -162,6 +164,35 @@ def test_a_record_not_ours_is_reported_once() -> None:
     assert refused_reports("g", [foreign], {("g", "n1", "r1")}) == []
     again = _reconcile(g, [foreign], reported={("g", "n1", "r1")})
     assert again.refused == [] and all(e.reason != "RecordNotOurs" for e in again.events)
+
+
+# The deleted gate, once no node holds its record.
+
+def test_a_deleted_gate_waits_for_every_holder_then_cleans_what_it_left_and_lets_go() -> None:
+    g = gate({"k": PKG}, readinessTaint=True, nodeSelector={"matchLabels": {"pool": "a"}})
+    other = NodeGate.model_validate({**gate({"k": PKG}, readinessTaint=True).to_wire(),
+                                     "metadata": {"name": "other", "generation": 1}})
+    failed = NodeCondition(keys.failed_condition("g"), "True", "StageFailed", "apply failed")
+    blocked = NodeCondition(keys.blocked_condition("g"), "True", "ProtectedPods", "job runs")
+    fleet = [
+        fleet_node("holder", annotations={keys.state_annotation("g"): "{}"}),
+        fleet_node("waiting", labels={"pool": "a", keys.status_label("g"): "waiting"}),
+        fleet_node("asked", annotations={keys.reset_annotation("g"): "true"}),
+        fleet_node("tainted", taints=TAINT),
+        fleet_node("conditions", conditions={failed.type: failed, blocked.type: blocked}),
+        fleet_node("untouched"), fleet_node("not-selected", labels={"pool": "b"}, taints=TAINT),
+    ]
+    assert holders(g, fleet) == ["holder"]  # those uninstall first (plan_removal_reconcile)
+    plan = plan_release(g, fleet[1:], gates=[g])
+    assert plan.release is True
+    assert set(plan.updates) == {"waiting", "asked", "tainted"}
+    assert all(u.remove_state for u in plan.updates.values())  # the record's keys, the label, the requests
+    assert plan.updates["tainted"].change.remove_readiness_taint is True
+    assert [e.reason for e in plan.updates["tainted"].events] == ["ReadinessTaintRemoved"]
+    assert not plan.updates["waiting"].change.remove_readiness_taint
+    assert plan.failure_conditions == {"conditions": None} and plan.blocked_conditions == {"conditions": None}
+    held = plan_release(g, fleet[1:], gates=[g, other])  # another gate still holds the taint
+    assert "tainted" not in held.updates and held.release is True
 
 
 # The disabled gate and the gate that cannot go on.
