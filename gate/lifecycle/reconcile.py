@@ -56,6 +56,7 @@ from gate.lifecycle.images import records_wire
 from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
+from gate.rollout.history import Revision
 
 Obj = dict[str, Any]
 
@@ -142,12 +143,13 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
                    busy: Collection[str] = frozenset(), protected: Mapping[str, Sequence[str]] | None = None,
                    resolve_digests: bool, packages_in_use: Collection[str],
                    reported: Collection[tuple[str, str, str]] = frozenset(),
-                   prepull: Lookahead | None = None) -> ReconcilePlan:
+                   prepull: Lookahead | None = None,
+                   revisions: Sequence[Revision] | None = None) -> ReconcilePlan:
     """The whole reconcile of an enabled gate: its rollout (`plan_gate`), with the gate's current
     `status` (wire), and everything that follows from it; with `prepull`, the nodes whose round's
     images are pulled ahead."""
     gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
-                      protected=protected or {})
+                      protected=protected or {}, revisions=revisions)
     planned = gplan.status.to_wire()
     wanted = with_images(gate, gplan.status.to_wire(), resolve_digests=resolve_digests, now=now)
     if "waitingForPodsSince" in status and "waitingForPodsSince" not in wanted:
