@@ -162,6 +162,9 @@ def taint_reason(gate: NodeGate, node: FleetNode, state: NodeGateState | None, e
     return None
 
 
+# Seconds after writing a roll-back record before the plan that lets its nodes go back (`gate.lifecycle.rollback`).
+ROLLBACK_RECHECK = 1.0
+
 Replan = Literal["now", "soon"] | None
 
 
@@ -314,8 +317,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                                boot_id=node.view.boot_id, now=now)
         up.change.status = "in-progress"
     _holds(gate, rollout, states, updates)
-    compartments = _rollbacks(gate, rollout, states, updates, events, revisions, now)
+    compartments, again = _rollbacks(gate, rollout, states, updates, events, revisions, now)
     timed_out, recheck_after = _wait_timeouts(gate, rollout, states, updates, now, spec_hash)
+    if again:
+        recheck_after = ROLLBACK_RECHECK if recheck_after is None else min(recheck_after, ROLLBACK_RECHECK)
     for node_name, wait in rollout.waits.items():
         if node_name in timed_out or (node_name in updates and updates[node_name].change.status == "in-progress"):
             continue
@@ -381,9 +386,10 @@ def _holds(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updat
 
 def _rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate],
                events: list[EventRequest], revisions: Sequence[Revision] | None,
-               now: datetime) -> list[CompartmentStatus]:
+               now: datetime) -> tuple[list[CompartmentStatus], bool]:
     """The roll-backs of failed batches (`gate.lifecycle.rollback`): the nodes picked to go back are put
-    in progress like any pick; returns the compartment statuses with the roll-back records."""
+    in progress like any pick; returns the compartment statuses with the roll-back records, and whether
+    to plan again soon (a record written now lets its nodes go back in the next plan)."""
     name = gate.name
     current: dict[str, NodeGateState | None] = {}
     for node_name, node in states.items():
@@ -401,7 +407,7 @@ def _rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], u
         up.change.status = "in-progress"
         up.events += planned.node_events.get(node_name, [])
     events += planned.events
-    return planned.statuses
+    return planned.statuses, planned.recheck
 
 
 def _blocked_since(gate: str, node: FleetNode, now: datetime) -> datetime:

@@ -15,6 +15,11 @@ batch and records `CompartmentRollback(batch=N)` in its status. Everything after
   yields the downgrade, config and uninstall stages, and the round cordons, drains and interrupts as
   any round does. The picks take the budget left in the compartment (`ceiling - inProgress`); nothing
   else starts in a stopped compartment, so the ceiling bounds roll-backs exactly as it bounds rounds.
+* **Crash safety**: nodes are picked to go back only by a plan that finds the record (batch, revision)
+  in the gate's status already; the plan that judges the batch writes the record and looks again. A
+  roll-back takes its node out of the batch when it ends, so without the durable record a crash
+  between the node writes and the status write would leave the batch never judged, the compartment
+  never stopped, and the next batch picked forward.
 * **After**: a node whose roll-back went through is `waiting` (label `blocked` while the compartment is
   stopped) with `rollback.done`, its `installed` the versions it is back on; one whose roll-back failed
   is `failed`, with the roll-back's failure, and not tried again. The record is the compartment's until
@@ -89,6 +94,7 @@ class RollbackPlan:
     statuses: list[CompartmentStatus] = field(default_factory=list)
     events: list[EventRequest] = field(default_factory=list)  # on the gate
     node_events: dict[str, list[EventRequest]] = field(default_factory=dict)
+    recheck: bool = False  # a record to be written before its nodes go back: plan again once it is
 
 
 def changed_node(state: NodeGateState | None, compartment: str, record: CompartmentRollback) -> bool:
@@ -134,7 +140,15 @@ def plan_rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, NodeGateS
         record = record.model_copy(update={"nodes": named[:1000]})
         picked: list[str] = []
         spent = 0
-        if record.reason == "RolledBack":
+        old = before.get(cp.name)
+        # Nodes go back only once the record is in the gate's status: a crash after their writes and before
+        # the status's would otherwise leave the failed batch unjudged and its nodes rolled back out of it.
+        durable = (old is not None and old.reason == "RolledBack" and old.batch == record.batch
+                   and old.rollout_hash == record.rollout_hash and old.revision == record.revision
+                   and old.to == record.to)
+        if record.reason == "RolledBack" and not durable:
+            out.recheck = True
+        if record.reason == "RolledBack" and durable:
             room = status.ceiling - status.in_progress
             for name in members:
                 state = states[name]
@@ -155,7 +169,6 @@ def plan_rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, NodeGateS
                 out.node_events[name] = [EventRequest("node", "Normal", "RollingBack",
                                                f"NodeGate {gate.name} takes the node back to {to}: batch "
                                                       f"{record.batch} of compartment {cp.name} failed")]
-        old = before.get(cp.name)
         if record.reason != "Pending" and (old is None or old.reason != record.reason or old.batch != record.batch):
             out.events.append(EventRequest("gate", "Warning", record.reason, rollback_message(cp.name, record)))
         out.statuses.append(status.model_copy(update={"rollback": record,

@@ -103,3 +103,41 @@ async def test_a_failed_batch_goes_back_to_the_previous_revision_within_the_budg
 
     await wait_for(told, what="a RolledBack Event on the gate")
     assert keys.RESUME_ANNOTATION not in gate["metadata"].get("annotations", {})
+
+
+async def test_under_a_budget_of_one_the_roll_backs_go_one_node_at_a_time(
+        scenario: Scenario, step_log: StepLog) -> None:
+    # With `health` a batch is not capped by the budget (it fills as slots free): a batch of two under a
+    # budget of one. Its roll-back takes the budget as any round does: one node at a time.
+    nodes = await scenario.add_nodes(3)
+    policy = f"{scenario.name}-p"
+    await _policy(scenario, policy, {"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 2}},
+                                                 "health": {"soak": "1s"}, "rollback": True}})
+    await scenario.apply_gate({"tool": TOOL}, deploymentPolicy=policy)
+    await scenario.wait_ready(timeout=120)
+    seen = {r.name for r in step_log.of(scenario.name)}
+    first = sorted(nodes, key=order_key)[:2]
+    # The new package goes on first (install order), then tool's upgrade fails on one node: both nodes
+    # of the batch have something to take back.
+    await scenario.inject(failing_stage("fail", nodes=[first[0]], package="tool", stage="upgrade"))
+    watcher = InvariantWatcher(scenario.kube)
+    await watcher.start()
+    try:
+        await scenario.apply_gate({"tool": {**TOOL, "version": "2.0.0"}, "extra": EXTRA}, deploymentPolicy=policy)
+
+        async def rolled_back() -> bool:
+            return all([((await scenario.state(n)).get("rollback") or {}).get("done") for n in first])
+
+        await wait_for(rolled_back, timeout=150, what="the failed batch rolled back")
+    finally:
+        report = await watcher.stop()
+    assert not report.violations, report.summary()
+    for node in first:
+        state = await scenario.state(node)
+        assert state["installed"]["tool"]["version"] == "1.0.0" and "extra" not in state["installed"], state
+    undo = sorted((r for r in step_log.of(scenario.name) if r.name not in seen and r.stage == "uninstall"),
+                  key=lambda r: r.resource_version)
+    assert sorted(r.node for r in undo) == sorted(first)
+    # One at a time: the second node's roll-back started only after the first one's had ended.
+    assert undo[0].finished_rv is not None and undo[1].resource_version > undo[0].finished_rv
+    assert not [r for r in step_log.of(scenario.name) if r.name not in seen and r.node not in first]

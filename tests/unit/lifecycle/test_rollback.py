@@ -76,10 +76,18 @@ def _fleet(*, bad_cordoned: bool = False, other_cordoned: bool = False) -> list[
     return [fleet_node(BAD, state=bad, **extra), fleet_node(GOOD, state=good), *others]
 
 
-def _plan(g: NodeGate = NEW, revisions: list[Revision] | None = None, fleet: list[FleetNode] | None = None,
-          **kw: Any) -> GatePlan:
+def _first(g: NodeGate = NEW, revisions: list[Revision] | None = None, fleet: list[FleetNode] | None = None,
+           **kw: Any) -> GatePlan:
     return plan_gate(g, _policy(), fleet if fleet is not None else _fleet(), gates=[g], now=NOW,
                      revisions=_revisions(OLD, NEW) if revisions is None else revisions, **kw)
+
+
+def _plan(g: NodeGate = NEW, revisions: list[Revision] | None = None, fleet: list[FleetNode] | None = None,
+          **kw: Any) -> GatePlan:
+    """The plan once the gate's status holds what the plan before it wrote (the roll-back record)."""
+    first = _first(g, revisions, fleet, **kw)
+    persisted = NodeGate.model_validate({**g.to_wire(), "status": first.status.to_wire()})
+    return _first(persisted, revisions, fleet, **kw)
 
 
 def _picked(plan: GatePlan) -> list[str]:
@@ -105,7 +113,17 @@ def test_a_failed_batch_stops_its_compartment_and_its_changed_nodes_go_back_to_t
     degraded = {c.type: c for c in plan.status.conditions}["Degraded"]
     assert degraded.status == "True" and degraded.reason == "RolledBack"
     assert BAD in degraded.message and "revision 1" in degraded.message
-    assert "RolledBack" in {e.reason for e in plan.events}
+    assert "RolledBack" not in {e.reason for e in plan.events}  # told once, by the plan that wrote the record
+
+
+def test_the_plan_that_judges_the_batch_writes_the_record_and_lets_nodes_go_back_only_in_the_next() -> None:
+    first = _first()
+    comp = first.status.compartments[0]
+    assert comp.state == "stopped" and comp.rollback is not None and comp.rollback.reason == "RolledBack"
+    assert not _picked(first) and first.recheck_after is not None and first.recheck_after <= 1.0
+    assert "RolledBack" in {e.reason for e in first.events}
+    # The node writes of a lost plan are harmless: the record in the status brings the same picks again.
+    assert _picked(_plan()) == sorted([BAD, GOOD])
 
 
 def test_without_rollback_a_failed_batch_only_counts_towards_the_failure_threshold() -> None:
