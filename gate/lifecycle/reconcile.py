@@ -77,6 +77,7 @@ class CompartmentGauges:
     batch: int = 0
     consecutive_failures: int = 0
     stopped: int = 0  # 1 while the compartment is stopped
+    rolled_back: int = 0  # 1 while it is stopped by a failed batch under `rollback: true`
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,8 @@ def gate_metrics(status: Obj) -> GateMetrics:
         c["name"]: CompartmentGauges(
             matched=c.get("matched", 0), ceiling=c.get("ceiling", 0), in_progress=c.get("inProgress", 0),
             complete=c.get("complete", 0), failed=c.get("failed", 0), batch=c.get("batch", 0),
-            consecutive_failures=c.get("consecutiveFailures", 0), stopped=1 if c.get("state") == "stopped" else 0)
+            consecutive_failures=c.get("consecutiveFailures", 0), stopped=1 if c.get("state") == "stopped" else 0,
+            rolled_back=1 if c.get("state") == "stopped" and c.get("rollback") else 0)
         for c in status.get("compartments", [])}
     return GateMetrics(nodes={state: nodes.get(field_, 0) for state, field_ in NODE_STATES},
                        compartments=compartments)

@@ -272,3 +272,29 @@ def test_a_roll_back_pulls_no_images_ahead() -> None:
     assert [c.node for c in picked] == [BAD]  # the same node, on a forward round, would pull
     plan.updates[BAD].state = forward
     assert not candidates(rebooting, plan, {}, ahead=0, agent_image="agent", resolve=False)
+
+
+def test_the_rolled_back_gauge_is_one_while_the_roll_back_holds_the_compartment() -> None:
+    from gate.lifecycle.reconcile import gate_metrics
+
+    gauges = gate_metrics(_plan().status.to_wire()).compartments["__default__"]
+    assert (gauges.stopped, gauges.rolled_back) == (1, 1)
+    policy = DeploymentPolicy.model_validate({"metadata": {"name": "p"}, "spec": {"default": {
+        "budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2, "failureThreshold": 1}}}}})
+    plain = plan_gate(NEW, policy, _fleet(), gates=[NEW], now=NOW)  # stopped by failureThreshold only
+    gauges = gate_metrics(plain.status.to_wire()).compartments["__default__"]
+    assert (gauges.stopped, gauges.rolled_back) == (1, 0)
+
+
+def test_a_node_that_failed_its_soak_goes_back_like_one_whose_stage_failed() -> None:
+    h = rollout_hash(NEW)
+    unhealthy = NodeGateState(status="failed", batch=BATCH, compartment="__default__", rollout_hash=h, round=2,
+                              installed=_installed(NEW, "tool", "extra"), failure=Failure(
+                                  stage="soak", reason="Unhealthy", rollout_hash=h, generation=1))
+    fleet = [fleet_node(BAD, state=unhealthy), *_fleet()[1:]]
+    plan = _plan(fleet=fleet)
+    assert _picked(plan) == sorted([BAD, GOOD])
+    state = plan.updates[BAD].state
+    assert state is not None
+    _, created, _ = run_until_quiet(target_gate(NEW, revision_spec(OLD)), state)
+    assert sorted(created) == ["extra:uninstall", "tool:apply"]
