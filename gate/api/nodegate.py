@@ -363,6 +363,21 @@ class NodeCounts(Model):
                          "gate skips them, and Ready says so (they are not in matched).")
 
 
+class CompartmentRollback(Model):
+    """The roll-back of a compartment's failed batch (DeploymentPolicy `rollback: true`, `gate.lifecycle.rollback`)."""
+
+    batch: int = Field(description="The failed batch whose changed nodes go back.")
+    rollout_hash: str = Field(default="", description="Hash of the rollout spec the batch failed under.")
+    reason: Literal["Pending", "RolledBack", "NoRevision"] = Field(
+        default="Pending", description="Pending while the gate's history is not read yet; RolledBack once the "
+        "revision to go back to is known; NoRevision when there is none (pruned): nothing is rolled back.")
+    revision: int = Field(default=0, description="Number of the revision the nodes go back to (0: none, the gate's "
+                          "first spec: packages new in it are uninstalled).")
+    to: str = Field(default="", description="Rollout hash of that revision (empty: none).")
+    nodes: list[str] = Field(default_factory=list, max_length=1000,
+                             description="The batch's changed nodes, to roll back.")
+
+
 class CompartmentStatus(Model):
     name: str = Field(description="Compartment name; __default__ for nodes no selector claims.")
     matched: int = Field(default=0, description="Nodes of the gate in this compartment.")
@@ -379,6 +394,9 @@ class CompartmentStatus(Model):
     state: Literal["waiting", "rolling", "complete", "stopped", "outside-window"] = Field(
         default="waiting", description="waiting, rolling, complete, stopped or outside-window."
     )
+    rollback: CompartmentRollback | None = Field(
+        default=None, description="While the compartment is stopped by a failed batch under `rollback: true`: that "
+        "batch's roll-back.")
 
 
 class ImageRecord(Model):

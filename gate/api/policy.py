@@ -155,6 +155,11 @@ class CompartmentDefault(Model):
         default=None, description="Soak and health signals a node must pass after its round (none: a node is "
         "complete when its round ends)."
     )
+    rollback: bool = Field(
+        default=False, description="A failed batch (a stage, a check or health) takes its changed nodes back to the "
+        "gate's previous revision (each package's previous version, image and config; uninstalled where the package "
+        "is new), under the same budget, and the compartment stops with reason RolledBack."
+    )
 
 
 COMPARTMENT_RULES: list[JsonValue] = [
@@ -177,6 +182,11 @@ class Compartment(Model):
     health: Health | None = Field(
         default=None, description="Soak and health signals a node must pass after its round (none: a node is "
         "complete when its round ends)."
+    )
+    rollback: bool = Field(
+        default=False, description="A failed batch (a stage, a check or health) takes its changed nodes back to the "
+        "gate's previous revision (each package's previous version, image and config; uninstalled where the package "
+        "is new), under the same budget, and the compartment stops with reason RolledBack."
     )
 
 

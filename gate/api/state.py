@@ -53,6 +53,17 @@ class Failure(Model):
                               "the failure happened under: only a change of it gives the node another round.")
 
 
+class Rollback(Model):
+    """A round that takes the node back to the gate's previous revision (DeploymentPolicy `rollback: true`)."""
+
+    to: str = Field(default="", description="Rollout hash of the revision the node goes back to (empty: none, the "
+                    "gate's first spec: the packages new in the failed rollout are uninstalled).")
+    revision: int = Field(default=0, description="That revision's number (0: none).")
+    rollout_hash: str = Field(description="Hash of the rollout spec whose failed batch is rolled back.")
+    batch: int = Field(description="The failed batch.")
+    done: bool = Field(default=False, description="The node is back on the revision (`installed` says what it has).")
+
+
 class NodeGateState(Model):
     v: StateVersion = Field(default=1, description="Version of this record's format.")
     status: NodeStatus = Field(default="waiting", description="waiting, in-progress, complete, failed or blocked.")
@@ -86,6 +97,8 @@ class NodeGateState(Model):
     retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "
                                  "(RFC 3339).")
     failure: Failure | None = Field(default=None, description="Why the node failed, when it did.")
+    rollback: Rollback | None = Field(default=None, description="This node's roll-back of a failed batch: in "
+                                      "progress, or done (cleared by its next forward round).")
     reruns: dict[str, str] = Field(default_factory=dict, description="package -> stage a person asked to rerun.")
     removing: bool = Field(default=False, description="Picked into a batch of the removal of its deleted gate "
                            "(batch and compartment are the removal's).")

@@ -136,7 +136,8 @@ class Executor:
         for name, c in values.compartments.items():
             for gauge, value in ((m.c_matched, c.matched), (m.c_ceiling, c.ceiling), (m.c_in_progress, c.in_progress),
                                  (m.c_complete, c.complete), (m.c_failed, c.failed), (m.c_batch, c.batch),
-                                 (m.c_failures, c.consecutive_failures), (m.c_stopped, c.stopped)):
+                                 (m.c_failures, c.consecutive_failures), (m.c_stopped, c.stopped),
+                                 (m.c_rolled_back, c.rolled_back)):
                 gauge.labels(gate, name).set(value)
         if values.drains_blocked is not None:
             m.drains_blocked_now.labels(gate).set(values.drains_blocked)

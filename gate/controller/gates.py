@@ -105,7 +105,8 @@ class GateReconciler:
                               busy=self.world.busy_nodes(name), protected=self.world.protected_pods(gate, fleet),
                               resolve_digests=self.resolver.settings.resolve_digests,
                               packages_in_use=self._packages_in_use(), reported=self.world.reported,
-                              prepull=self.prepuller.lookahead if self.prepuller is not None else None)
+                              prepull=self.prepuller.lookahead if self.prepuller is not None else None,
+                              revisions=self.world.revisions.get(name))
         await self.executor.apply_gate_plan(gate, obj, plan)
         if self.prepuller is not None and plan.prepull is not None:  # after the picks are written
             await self.prepuller.sync(gate, plan.prepull)

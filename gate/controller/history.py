@@ -64,6 +64,17 @@ def revision_object(gate: NodeGate, number: int, sig: str, namespace: str) -> Ob
     }
 
 
+def kept_history(gate: NodeGate, own: list[Revision], step: HistoryStep) -> list[Revision]:
+    """The gate's revisions once `step` is written: what roll-backs read (`World.revisions`)."""
+    kept = [r for r in own if r.name not in step.delete and r.name != step.name]
+    current = next((r for r in own if r.name == step.name), None)
+    spec_hash = rollout_hash(gate)
+    if current is None:
+        current = Revision(name=step.name, number=step.number, spec_hash=spec_hash, spec=revision_spec(gate))
+    return [*kept, Revision(name=current.name, number=step.number, spec_hash=current.spec_hash or spec_hash,
+                            spec=current.spec)]
+
+
 class HistoryReconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient, world: World) -> None:
         self.settings = settings
@@ -77,6 +88,7 @@ class HistoryReconciler:
         signer = self.world.signer
         if gate is None or gate.metadata.deletion_timestamp or signer is None or not gate.metadata.uid:
             self.recorded.pop(key.gate, None)
+            self.world.revisions.pop(key.gate, None)
             return
         uid, spec_hash = gate.metadata.uid, rollout_hash(gate)
         if self.recorded.get(gate.name) == (uid, spec_hash):
@@ -98,6 +110,8 @@ class HistoryReconciler:
             log.info("Deleted a revision beyond the history limit; gate=%s revision=%s limit=%d",
                      gate.name, name, self.settings.revision_history_limit)
         self.recorded[gate.name] = (uid, spec_hash)
+        self.world.revisions[gate.name] = kept_history(gate, own, step)
+        self.world.gate_later(gate.name)  # a roll-back may wait for the history (`gate.lifecycle.rollback`)
 
     def _own(self, gate: NodeGate, objs: list[Obj]) -> tuple[list[Revision], dict[str, Obj]]:
         """The gate's revisions the operator signed, and every other object under its label, by name."""

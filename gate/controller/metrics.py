@@ -111,6 +111,8 @@ class OperatorMetrics:
         self.c_batch = gauge("nodegate_compartment_batch", "Current batch number", labels)
         self.c_failures = gauge("nodegate_compartment_consecutive_failures", "Failed batches in a row", labels)
         self.c_stopped = gauge("nodegate_compartment_stopped", "1 when the compartment is stopped", labels)
+        self.c_rolled_back = gauge("nodegate_compartment_rolled_back",
+                                   "1 while the compartment is stopped by a failed batch under rollback: true", labels)
 
     def tracked(self) -> list[Tracked[Gauge] | Tracked[Counter] | Tracked[Histogram]]:
         return [m for m in vars(self).values() if isinstance(m, Tracked)]

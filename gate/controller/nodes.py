@@ -25,7 +25,8 @@ from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import NodeUpdate, disabled, orphan_taint, readiness_clear, selects, taint_reason
-from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal
+from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal, fail_round
+from gate.lifecycle.rollback import rolled_back, target_gate
 from gate.lifecycle.soak import health_of
 
 
@@ -72,6 +73,21 @@ class NodeReconciler:
             # selected is never acted on.
             self.world.gate_later(gate_name)
             return
+        target = gate
+        if not removing and rolled_back(state):
+            assert state.rollback is not None
+            revisions = self.world.revisions.get(gate_name)
+            if revisions is None:
+                return  # the history is not read yet; its reconcile plans the gate again when it is
+            found = next((r for r in revisions if r.spec_hash == state.rollback.to), None)
+            if state.rollback.to and found is None:
+                ctx = NodeContext(gate=gate, node=node_view(node_obj), state=state, pods=None, now=datetime.now(UTC),
+                                  stage_pods=self.world.stage_pods_of(gate_name, node_name))
+                await self.executor.execute(gate, node_obj, fail_round(
+                    ctx, "NoRevision", f"revision {state.rollback.revision} of the gate, which the node was going "
+                    "back to, is no longer kept (pruned)", stage="rollback"), ctx)
+                return
+            target = target_gate(gate, found.spec if found is not None else None)
         pods = None
         if state.phase in ("wait-pods", "drain"):
             pods = await self._pods_on(node_name)
@@ -80,22 +96,25 @@ class NodeReconciler:
             known, policy = self.world.policy_of(gate)
             if not known and state.phase == "soak":
                 return  # whether the node is healthy cannot be told without its policy: the gate says why
-            health = health_of(policy, state.compartment)
+            # A roll-back soaks no more: its compartment is stopped already, nothing waits for its verdict.
+            health = None if target is not gate else health_of(policy, state.compartment)
         reading = None
         if health is not None and health.prometheus is not None and state.phase == "soak":
             reading = await self.signals.read(gate_name, node_name, health.prometheus)
         else:
             self.signals.forget(gate_name, node_name)
         prepull, prepull_pod = (False, None)
-        if self.prepuller is not None and not removing:
+        # A roll-back's images are the revision's, which the gate's prepull candidates never hold: not awaited.
+        if self.prepuller is not None and not removing and target is gate:
             prepull, prepull_pod = self.prepuller.pod_for(gate, state, node_name)
-        ctx = NodeContext(gate=gate, node=view, state=state, stage_pods=self.world.stage_pods_of(gate_name, node_name),
+        ctx = NodeContext(gate=target, node=view, state=state,
+                          stage_pods=self.world.stage_pods_of(gate_name, node_name),
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
                           timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),
                           health=health, reading=reading, prepull=prepull, prepull_pod=prepull_pod)
         decision = decide_removal(ctx) if removing else decide(ctx)
-        await self.executor.execute(gate, node_obj, decision, ctx)
+        await self.executor.execute(target, node_obj, decision, ctx)
 
     async def _pods_on(self, node: str) -> list[Any]:
         items, _ = await self.client.list(PODS, field_selector=f"spec.nodeName={node}")

@@ -30,6 +30,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.lifecycle.fleet import FleetNode, Replan, disabled, replan
 from gate.lifecycle.machine import StagePod
+from gate.rollout.history import Revision
 
 log = logging.getLogger("nodegate.operator")
 
@@ -63,6 +64,9 @@ class World:
         self.gate_seen: dict[str, GateSeen] = {}
         self.gate_cost: dict[str, float] = {}  # seconds the last reconcile of each gate took
         self.removal_release: dict[str, frozenset[str]] = {}  # per deleted gate: nodes it may release
+        # Per gate: its history (its own signed ControllerRevisions) as the history reconcile last read and wrote
+        # it (`gate.controller.history`); absent until then. Roll-backs go back to a revision of it.
+        self.revisions: dict[str, list[Revision]] = {}
         # Checks and signs the node records (`gate.controller.signing`); set when this replica first leads.
         self.signer: Signer | None = None
         # Bumped when a gate comes or goes: whose records check depends on the gates' uids, so the
@@ -85,7 +89,7 @@ class World:
         self.queue.add_after(GateKey(gate), delay)
 
     def forget_gate(self, name: str) -> None:
-        for memo in (self.gate_memo, self.gate_seen, self.gate_cost, self.removal_release):
+        for memo in (self.gate_memo, self.gate_seen, self.gate_cost, self.removal_release, self.revisions):
             memo.pop(name, None)
         self.reported = {r for r in self.reported if r[0] != name}
 

@@ -22,7 +22,9 @@ from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.condition import NodeCondition, blocked_condition
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
+from gate.lifecycle.rollback import plan_rollbacks, rollback_message
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
+from gate.rollout.history import Revision
 from gate.rollout.snapshot import memo_match
 
 
@@ -159,6 +161,9 @@ def taint_reason(gate: NodeGate, node: FleetNode, state: NodeGateState | None, e
     return None
 
 
+# Seconds after writing a roll-back record before the plan that lets its nodes go back (`gate.lifecycle.rollback`).
+ROLLBACK_RECHECK = 1.0
+
 Replan = Literal["now", "soon"] | None
 
 
@@ -221,8 +226,10 @@ def _update(updates: dict[str, NodeUpdate], name: str) -> NodeUpdate:
 
 def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
               gates: Sequence[NodeGate], now: datetime, gate_created: datetime | None = None,
-              busy: Collection[str] = (), protected: Mapping[str, Sequence[str]] | None = None) -> GatePlan:
-    """`busy`: nodes where a stage pod of this gate has not ended;
+              busy: Collection[str] = (), protected: Mapping[str, Sequence[str]] | None = None,
+              revisions: Sequence[Revision] | None = None) -> GatePlan:
+    """`revisions`: the gate's history as the operator read it (None: not read yet), for roll-backs
+    (`gate.lifecycle.rollback`). `busy`: nodes where a stage pod of this gate has not ended;
     a person's reset or rerun waits for them, so it never uncordons a node under a running stage.
     `protected`: per node, the pods matching the gate's podNonInterruptLabels that still run there
     ("namespace/name"; the operator looks only at nodes that have not started)."""
@@ -309,7 +316,10 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                                boot_id=node.view.boot_id, now=now)
         up.change.status = "in-progress"
     _holds(gate, rollout, states, updates)
+    compartments, again = _rollbacks(gate, rollout, states, updates, events, revisions, now)
     timed_out, recheck_after = _wait_timeouts(gate, rollout, states, updates, now, spec_hash)
+    if again:
+        recheck_after = ROLLBACK_RECHECK if recheck_after is None else min(recheck_after, ROLLBACK_RECHECK)
     for node_name, wait in rollout.waits.items():
         if node_name in timed_out or (node_name in updates and updates[node_name].change.status == "in-progress"):
             continue
@@ -336,7 +346,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
     counts = NodeCounts(matched=len(selected), in_progress=by_status["in-progress"], complete=by_status["complete"],
                         failed=by_status["failed"], blocked=by_status["blocked"], waiting=by_status["waiting"],
                         waiting_for_pods=for_pods, ignored=ignored)
-    status = gate_status(gate, counts, rollout.statuses(), now, spec_hash, drains=_blocked_drains(gate.name, fleet),
+    status = gate_status(gate, counts, compartments, now, spec_hash, drains=_blocked_drains(gate.name, fleet),
                          pulls=_failing_pulls(gate.name, fleet), unreadable=_unreadable_signals(gate.name, fleet))
     status.waiting_for_pods_since = waiting_since
     return GatePlan(updates, status, active, events, rollout, conditions, recheck_after, resumed=resumed,
@@ -371,6 +381,32 @@ def _holds(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updat
             up.change.clear_cordoned_by = True
             up.events.append(EventRequest("node", "Normal", "Uncordoned", f"NodeGate {name} uncordoned the node: it "
                                           "does not hold nodes while protected pods run (spec.cordonWhileProtected)"))
+
+
+def _rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, FleetNode], updates: dict[str, NodeUpdate],
+               events: list[EventRequest], revisions: Sequence[Revision] | None,
+               now: datetime) -> tuple[list[CompartmentStatus], bool]:
+    """The roll-backs of failed batches (`gate.lifecycle.rollback`): the nodes picked to go back are put
+    in progress like any pick; returns the compartment statuses with the roll-back records, and whether
+    to plan again soon (a record written now lets its nodes go back in the next plan)."""
+    name = gate.name
+    current: dict[str, NodeGateState | None] = {}
+    for node_name, node in states.items():
+        queued = updates.get(node_name)
+        if queued is not None and queued.remove_state:
+            continue
+        raw = queued.state if queued is not None and queued.state is not None else node.states.get(name)
+        current[node_name] = raw if isinstance(raw, NodeGateState) else None
+    previous = gate.status.compartments if gate.status is not None else []
+    planned = plan_rollbacks(gate, rollout, current, revisions=revisions, previous=previous,
+                             boot_ids={n: f.view.boot_id for n, f in states.items()}, now=now)
+    for node_name, state in planned.states.items():
+        up = _update(updates, node_name)
+        up.state = state
+        up.change.status = "in-progress"
+        up.events += planned.node_events.get(node_name, [])
+    events += planned.events
+    return planned.statuses, planned.recheck
 
 
 def _blocked_since(gate: str, node: FleetNode, now: datetime) -> datetime:
@@ -634,6 +670,13 @@ def gate_status(gate: NodeGate, counts: NodeCounts, compartments: list[Compartme
         if stopped:
             parts.append(f"compartments stopped: {', '.join(stopped)}")
         deg_reason = "CompartmentStopped" if stopped else "NodesFailed"
+        rolled = [(c.name, c.rollback) for c in compartments if c.state == "stopped" and c.rollback is not None]
+        if rolled:
+            # Under `rollback: true` a failed batch stopped the compartment: the reason says it went back
+            # (RolledBack), or could not (NoRevision), and the message names the batch, nodes and revision.
+            reasons = {r.reason for _, r in rolled}
+            deg_reason = "NoRevision" if "NoRevision" in reasons else "RolledBack"
+            parts += [rollback_message(comp, record) for comp, record in rolled]
         deg_msg = "; ".join(parts)
     else:
         deg_reason, deg_msg = "AsExpected", "No failures"

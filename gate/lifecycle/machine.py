@@ -291,7 +291,7 @@ class _Round:
         self.state.pull_failing = None  # the failure says it now
         self.state.failure = Failure(package=package, stage=stage or self.state.phase, reason=reason,
                                      message=message[:1000], generation=self.gate.metadata.generation or 0,
-                                     rollout_hash=rollout_hash(self.gate))
+                                     rollout_hash=_rollout_of(self.state, self.gate))
         self.changed = True
         self.decision.node.status = "failed"
         where = f"package {package} stage {stage}" if package else f"step {stage or self.state.phase}"
@@ -321,6 +321,11 @@ def round_work(gate: NodeGate, state: NodeGateState) -> dict[str, PackageWork]:
 def pending_work(gate: NodeGate, state: NodeGateState) -> bool:
     """Whether the spec asks for anything that is not on the node yet."""
     return any(not w.done for w in round_work(gate, state).values())
+
+
+def fail_round(ctx: NodeContext, reason: str, message: str, *, stage: str) -> Decision:
+    """The node's round fails now, for a reason found outside the round (its roll-back's revision is gone)."""
+    return _Round(ctx).fail(reason, message, stage=stage)
 
 
 def decide(ctx: NodeContext) -> Decision:
@@ -831,8 +836,36 @@ def _check_after_interrupt(state: NodeGateState, package: str) -> Stage:
     return "post-interrupt" if package in state.installed else "post-uninstall"
 
 
+def _rollout_of(state: NodeGateState, gate: NodeGate) -> str:
+    """The rollout a round belongs to: a roll-back's is the failed rollout's (`gate` is then the revision
+    it goes back to, `gate.lifecycle.rollback`), so its failure stays until the spec changes."""
+    if state.rollback is not None and not state.rollback.done:
+        return state.rollback.rollout_hash
+    return rollout_hash(gate)
+
+
+def _finish_rollback(r: _Round) -> None:
+    """A roll-back went through: the node is back on the revision (`installed` says what it has) and
+    waits, outside any batch, for its stopped compartment to be resumed or the spec to change."""
+    ctx, s = r.ctx, r.state
+    assert s.rollback is not None
+    s.rollback = s.rollback.model_copy(update={"done": True})
+    s.rollout_hash = s.rollback.to  # what the node has now; the gate's plan sees the current spec pending
+    s.failure = None
+    s.reruns = {}
+    _complete_round(r)
+    s.status = "waiting"
+    s.batch = 0
+    r.decision.node.status = "waiting"
+    to = f"revision {s.rollback.revision}" if s.rollback.revision else "no packages of the gate (its first spec)"
+    r.event("node", "Normal", "RolledBack", f"NodeGate {ctx.gate.name} took the node back to {to}")
+
+
 def _finish(r: _Round) -> None:
     ctx, s = r.ctx, r.state
+    if s.rollback is not None and not s.rollback.done:
+        _finish_rollback(r)
+        return
     if not pending_work(ctx.gate, s):
         # Complete for this spec. When the spec changed during the round the round's own (older)
         # generation and hash stay, so the gate-level plan sees the remaining work and picks the node
@@ -1086,6 +1119,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.soak_until = None
     s.health_unreadable = None
     s.boot_id = s.boot_id or boot_id
+    s.rollback = None  # a forward round; a roll-back's pick sets it again (`gate.lifecycle.rollback`)
     return s
 
 
@@ -1122,6 +1156,7 @@ __all__ = [
     "config_refused",
     "decide",
     "decide_removal",
+    "fail_round",
     "pending_work",
     "pod_name",
     "rerun",

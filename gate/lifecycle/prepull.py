@@ -179,6 +179,8 @@ def candidates(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateSta
                                       if u.state is not None and u.state.status == "in-progress")})
     for node in picked:
         state = state_of(node)
+        if state.rollback is not None and not state.rollback.done:
+            continue  # a roll-back's images are its revision's; its round does not wait for them
         if awaits_images(gate, state):
             images = round_images(gate, state, agent_image, resolve=resolve)
             if images is not None:

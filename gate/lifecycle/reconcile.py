@@ -59,6 +59,7 @@ from gate.lifecycle.images import records_wire
 from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
+from gate.rollout.history import Revision
 
 Obj = dict[str, Any]
 
@@ -79,6 +80,7 @@ class CompartmentGauges:
     batch: int = 0
     consecutive_failures: int = 0
     stopped: int = 0  # 1 while the compartment is stopped
+    rolled_back: int = 0  # 1 while it is stopped by a failed batch under `rollback: true`
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,13 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
                    busy: Collection[str] = frozenset(), protected: Mapping[str, Sequence[str]] | None = None,
                    resolve_digests: bool, packages_in_use: Collection[str],
                    reported: Collection[tuple[str, str, str]] = frozenset(),
-                   prepull: Lookahead | None = None) -> ReconcilePlan:
+                   prepull: Lookahead | None = None,
+                   revisions: Sequence[Revision] | None = None) -> ReconcilePlan:
     """The whole reconcile of an enabled gate: its rollout (`plan_gate`), with the gate's current
     `status` (wire), and everything that follows from it; with `prepull`, the nodes whose round's
     images are pulled ahead."""
     gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
-                      protected=protected or {})
+                      protected=protected or {}, revisions=revisions)
     planned = gplan.status.to_wire()
     wanted = with_images(gate, gplan.status.to_wire(), resolve_digests=resolve_digests, now=now)
     if "waitingForPodsSince" in status and "waitingForPodsSince" not in wanted:
@@ -335,7 +338,8 @@ def gate_metrics(status: Obj) -> GateMetrics:
         c["name"]: CompartmentGauges(
             matched=c.get("matched", 0), ceiling=c.get("ceiling", 0), in_progress=c.get("inProgress", 0),
             complete=c.get("complete", 0), failed=c.get("failed", 0), batch=c.get("batch", 0),
-            consecutive_failures=c.get("consecutiveFailures", 0), stopped=1 if c.get("state") == "stopped" else 0)
+            consecutive_failures=c.get("consecutiveFailures", 0), stopped=1 if c.get("state") == "stopped" else 0,
+            rolled_back=1 if c.get("state") == "stopped" and c.get("rollback") else 0)
         for c in status.get("compartments", [])}
     return GateMetrics(nodes={state: nodes.get(field_, 0) for state, field_ in NODE_STATES},
                        compartments=compartments)

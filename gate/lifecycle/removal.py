@@ -82,6 +82,18 @@ def _planned_gate(gate: NodeGate) -> NodeGate:
     return planned
 
 
+def _without_rollback(policy: DeploymentPolicy | None) -> DeploymentPolicy | None:
+    """The policy as a removal reads it: a removal has no revision to go back to, so `rollback` is off and
+    its failed batches count towards `failureThreshold` as they always did."""
+    if policy is None or not (policy.spec.default.rollback or any(c.rollback for c in policy.spec.compartments)):
+        return policy
+    wire = policy.model_dump(by_alias=True, mode="json")
+    wire["spec"]["default"]["rollback"] = False
+    for compartment in wire["spec"]["compartments"]:
+        compartment["rollback"] = False
+    return DeploymentPolicy.model_validate(wire)
+
+
 def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,
                  now: datetime) -> RemovalPlan:
     """One step of a deleted gate's removal: the nodes to start uninstalling now, the status."""
@@ -99,7 +111,7 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
         # Opted out or not, a node holding the gate's packages is in the removal: they must go.
         labels = {k: v for k, v in node.view.labels.items() if k != keys.IGNORE_LABEL}
         snapshots.append(NodeSnapshot(node.view.name, labels, {name: progress}))
-    rollout = plan(_planned_gate(gate), policy, snapshots, now=now, gates=())
+    rollout = plan(_planned_gate(gate), _without_rollback(policy), snapshots, now=now, gates=())
     updates: dict[str, NodeUpdate] = {}
     cordoned = [] if gate.spec.paused or not rollout.window_open else sorted(
         n for n, st in members.items() if not st.removing and st.cordoned)

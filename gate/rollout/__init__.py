@@ -62,6 +62,9 @@ next batch shrinks: fixed halves, linear subtracts delta, exponential divides by
 resets the run of failures; `failureThreshold` failed batches in a row stop the compartment (None:
 never). A stopped compartment starts nothing until a person resumes it: `resume` clears the stop and
 the run of failures (the operator calls it on `nodegate resume` or a spec change).
+With `rollback` (`gate.lifecycle.rollback`) the first failed batch stops the compartment, whatever
+`failureThreshold` says, and the status records `rollback: {batch}` while it stays stopped: its nodes
+go back to the previous revision before a person decides.
 
 **Windows.** With `windows` set, new nodes start only inside one (see `gate.rollout.window`: end
 before start runs past midnight and belongs to the day it opens; wall-clock time in the window's

@@ -40,6 +40,7 @@ class CompartmentSpec:
     budget: Budget
     strategy: Strategy | None
     health: Health | None = None
+    rollback: bool = False  # a failed batch stops the compartment at once, and its nodes go back
 
     def strategy_for(self, ceiling: int) -> Strategy:
         if self.strategy is not None:
@@ -59,10 +60,12 @@ def compartments_of(gate: NodeGate, policy: DeploymentPolicy | None) -> tuple[Co
         found = "none" if policy is None else policy.name
         raise PolicyMismatch(f"gate {gate.name} needs DeploymentPolicy {wanted}, got {found}")
     listed = tuple(
-        CompartmentSpec(c.name, c.selector, c.budget, c.strategy, c.health) for c in policy.spec.compartments
+        CompartmentSpec(c.name, c.selector, c.budget, c.strategy, c.health, c.rollback)
+        for c in policy.spec.compartments
     )
     default = policy.spec.default
-    return (*listed, CompartmentSpec(DEFAULT_COMPARTMENT, None, default.budget, default.strategy, default.health))
+    return (*listed, CompartmentSpec(DEFAULT_COMPARTMENT, None, default.budget, default.strategy, default.health,
+                                     default.rollback))
 
 
 def assign_compartment(specs: Sequence[CompartmentSpec], labels: Mapping[str, str], *,

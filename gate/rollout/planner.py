@@ -12,7 +12,7 @@ from itertools import islice
 from typing import Literal
 
 from gate.api.keys import NodeStatus
-from gate.api.nodegate import CompartmentStatus, NodeGate
+from gate.api.nodegate import CompartmentRollback, CompartmentStatus, NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.rollout.compartment import CompartmentSpec, assign_compartment, compartments_of
 from gate.rollout.order import order_key
@@ -210,7 +210,7 @@ def resume(
     resumed = []
     for c in compartments:
         if c.state == "stopped" and (names is None or c.name in names):
-            c = c.model_copy(update={"state": "waiting", "consecutive_failures": 0})
+            c = c.model_copy(update={"state": "waiting", "consecutive_failures": 0, "rollback": None})
         resumed.append(c)
     return resumed
 
@@ -346,6 +346,7 @@ def decide(
     filling = spec.health is not None
     closed: list[ClosedBatch] = []
     stop = False
+    rollback: CompartmentRollback | None = None
     while ((current := view.batches.get(batch)) is not None and current.finished == current.size
            and (not filling or current.size >= size or not view.eligible or (batch + 1) in view.batches)):
         result = close_batch(
@@ -360,6 +361,9 @@ def decide(
         failures = result.consecutive_failures
         # Only the newest closure decides: in a replay, later batches ran, so a person had resumed.
         stop = result.stop
+        # Under `rollback`, a failed batch stops the compartment at once: its nodes go back first.
+        rollback = CompartmentRollback(batch=batch) if spec.rollback and not result.good else None
+        stop = stop or rollback is not None
         batch += 1
         size = result.next_size
     stopped = was_stopped or stop
@@ -423,6 +427,8 @@ def decide(
         batch_size=size,
         consecutive_failures=failures,
         state=state,
+        # The roll-back stays recorded while the compartment stays stopped; a resume or a new spec ends it.
+        rollback=rollback if stop else (prev.rollback if stopped else None),
     )
     return (CompartmentPlan(status, start, running, tuple(closed), stopped and not was_stopped, hold, release,
                             view.soaking), waits)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gate.api.nodegate import CompartmentStatus
-from gate.api.policy import DEFAULT_COMPARTMENT
+from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.rollout import GateProgress, resume
 from tests.unit.rollout.builders import (
     NOW,
@@ -322,7 +322,7 @@ def test_compartment_status_counts_after_the_plan() -> None:
 
     # batch 1 failed (2 of 3) at 20% progress: the next is 3 // 2 = 1; in progress = 1 cordoned + 1 started
     expected = dict(matched=10, ceiling=5, in_progress=2, complete=2, failed=1, soaking=0, batch=2, batch_size=1,
-                    consecutive_failures=1, state="rolling")
+                    consecutive_failures=1, state="rolling", rollback=None)
     assert status.model_dump(exclude={"name"}) == expected
 
 
@@ -335,3 +335,24 @@ def test_compartment_where_every_node_finished_is_complete_with_failures_counted
     status = fleet.step().compartment(D).status
 
     assert (status.state, status.complete, status.failed) == ("complete", 2, 1)
+
+
+def test_rollback_stops_the_compartment_at_the_first_failed_batch_and_records_it() -> None:
+    gate = make_gate(policy="p")
+    pol = DeploymentPolicy.model_validate({"metadata": {"name": "p"}, "spec": {"default": {
+        "budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2, "failureThreshold": 3}},
+        "rollback": True}}})
+    fleet = Fleet.of(gate, pol, {f"n{i:02d}": {} for i in range(6)})
+    fleet.step()
+    fleet.finish_all(ok=True)  # a good batch: no roll-back, the rollout goes on
+    second = fleet.step()
+    assert len(second.starts) == 2 and second.compartment(D).status.rollback is None
+    fleet.finish_all(ok=False)
+    stopped = fleet.step()
+    comp = stopped.compartment(D)
+    assert comp.status.state == "stopped" and comp.stopped_now and not stopped.starts
+    assert comp.status.consecutive_failures == 1  # below failureThreshold: the roll-back stopped it
+    assert comp.status.rollback is not None and comp.status.rollback.batch == 2
+    assert fleet.step().compartment(D).status.rollback == comp.status.rollback  # kept while stopped
+    resumed = resume(list(fleet.statuses().values()))
+    assert resumed[0].state == "waiting" and resumed[0].rollback is None

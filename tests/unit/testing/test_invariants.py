@@ -140,6 +140,19 @@ def test_two_nodes_in_progress_under_a_budget_of_one_is_over_the_ceiling() -> No
     assert "compartment __default__: 2 nodes disrupted at once, ceiling 1" in v.message
 
 
+def test_a_roll_back_round_is_judged_against_the_ceiling_like_any_round() -> None:
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    c.node("a")
+    c.node("b")
+    back = {"to": "0123456789abcdef", "revision": 1, "rolloutHash": "fedcba9876543210", "batch": 1}
+    c.update("a", state={GATE: state("in-progress", batch=1, rollback=back)})
+    assert judge(c) == []
+    c.update("b", state={GATE: state("in-progress", batch=1, rollback=back)})
+    [v] = judge(c)
+    assert (v.kind, v.node) == ("over-ceiling", "b")
+
+
 def test_a_failed_node_still_cordoned_keeps_counting_against_the_ceiling() -> None:
     c = Cluster()
     c.gate(GATE, budget={"count": 1})
