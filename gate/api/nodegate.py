@@ -454,10 +454,11 @@ class NodeGateStatus(Model):
     images: list[ImageRecord] = Field(
         default_factory=list,
         max_length=64,
-        description="Per package, the digest its tagged image was resolved to once for the rollout; stage pods "
-        "pull by this digest. Absent for an image pinned by digest in the spec, and when the operator runs "
-        "with --resolve-digests=false.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["package"]},
+        description="Per package and tagged image, the digest it was resolved to once for the rollout; stage pods "
+        "pull by this digest. While a failed batch goes back (DeploymentPolicy rollback), the images of the spec "
+        "it goes back to are recorded too. Absent for an image pinned by digest in the spec, and when the "
+        "operator runs with --resolve-digests=false.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["package", "reference"]},
     )
 
 

@@ -47,6 +47,7 @@ from gate.lifecycle.reconcile import (
     plan_removal_reconcile,
     same_status,
 )
+from gate.lifecycle.rollback import rollback_targets
 
 log = logging.getLogger("nodegate.operator")
 
@@ -118,9 +119,10 @@ class GateReconciler:
         retried with backoff) once the status and an Event say which image failed and why."""
         if not self.resolver.settings.resolve_digests:
             return gate, obj
-        resolved, problems = await self.resolver.resolve(gate)
+        back_to = rollback_targets(gate, self.world.revisions.get(gate.name))
+        resolved, problems = await self.resolver.resolve(gate, back_to)
         current = gate.status.images if gate.status is not None else []
-        records = merged_records(gate, resolved)
+        records = merged_records(gate, resolved, back_to)
         status: Obj = {}
         message = unresolved_message(problems) if problems else ""
         if not same_records(current, records):

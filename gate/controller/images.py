@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from gate.api.nodegate import ImageRecord, NodeGate
+from gate.api.nodegate import ImageRecord, NodeGate, Package
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.registry import RegistryError, credentials_for, docker_config, resolve_digest, target_of
 from gate.controller.settings import OperatorSettings
@@ -40,19 +41,19 @@ class ImageResolver:
         self.client = client
         self.metrics = metrics
 
-    async def resolve(self, gate: NodeGate) -> tuple[list[ImageRecord], dict[str, str]]:
-        """Records of the packages resolved now, and the packages that failed with why."""
-        wanted = to_resolve(gate)
+    async def resolve(self, gate: NodeGate, also: Sequence[NodeGate] = ()) -> tuple[list[ImageRecord], dict[str, str]]:
+        """Records of the images resolved now (the gate's, and those of the specs in `also`: where a
+        failed batch goes back to), and the packages that failed with why."""
+        wanted = sorted(to_resolve(gate, also).items())
         if not wanted:
             return [], {}
-        results = await asyncio.gather(*(self._one(gate, name, ref) for name, ref in sorted(wanted.items())))
+        results = await asyncio.gather(*(self._one(gate.name, name, ref, package) for (name, ref), package in wanted))
         records = [r for r in results if isinstance(r, ImageRecord)]
-        problems = {name: r for (name, _), r in zip(sorted(wanted.items()), results, strict=True)
-                    if isinstance(r, str)}
+        problems = {name: r for ((name, _), _), r in zip(wanted, results, strict=True) if isinstance(r, str)}
         return records, problems
 
-    async def _one(self, gate: NodeGate, package: str, reference: str) -> ImageRecord | str:
-        secrets = [s.name for s in gate.spec.packages[package].image_pull_secrets]
+    async def _one(self, gate: str, package: str, reference: str, spec: Package) -> ImageRecord | str:
+        secrets = [s.name for s in spec.image_pull_secrets]
         notes: list[str] = []
         credentials = None
         target = target_of(reference)
@@ -62,10 +63,10 @@ class ImageResolver:
             digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout)
         except RegistryError as exc:
             self.metrics.image_resolutions.labels("failed").inc()
-            log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate.name, package, reference, exc)
+            log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate, package, reference, exc)
             return f"{exc}{''.join(f'; {n}' for n in notes)}"
         self.metrics.image_resolutions.labels("resolved").inc()
-        log.info("Resolved image; gate=%s package=%s image=%s digest=%s", gate.name, package, reference, digest)
+        log.info("Resolved image; gate=%s package=%s image=%s digest=%s", gate, package, reference, digest)
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return ImageRecord(package=package, reference=reference, digest=digest, resolved_at=now)
 

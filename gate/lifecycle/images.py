@@ -28,7 +28,7 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,36 +60,38 @@ def by_digest(reference: str, digest: str) -> str:
     return f"{head}{slash}{name}@{digest}"
 
 
-def recorded(gate: NodeGate) -> dict[str, ImageRecord]:
-    return {r.package: r for r in (gate.status.images if gate.status is not None else [])}
+def recorded(gate: NodeGate) -> dict[tuple[str, str], ImageRecord]:
+    """The gate's image records by (package, tagged reference)."""
+    return {(r.package, r.reference): r for r in (gate.status.images if gate.status is not None else [])}
 
 
-def to_resolve(gate: NodeGate) -> dict[str, str]:
-    """Package -> tagged reference, for each package whose image has no record of that very reference."""
+def _tagged(gate: NodeGate, also: Sequence[NodeGate]) -> dict[tuple[str, str], Package]:
+    """(package, tagged reference) -> the package, over the gate's spec and the specs in `also`."""
+    out: dict[tuple[str, str], Package] = {}
+    for spec_of in (gate, *also):
+        for name, package in spec_of.spec.packages.items():
+            ref = tagged_reference(package)
+            if ref is not None:
+                out.setdefault((name, ref), package)
+    return out
+
+
+def to_resolve(gate: NodeGate, also: Sequence[NodeGate] = ()) -> dict[tuple[str, str], Package]:
+    """(package, tagged reference) -> the package, for each image with no record of that very reference:
+    the gate's packages, and those of the specs in `also` (where a failed batch goes back to,
+    `gate.lifecycle.rollback.rollback_targets`, whose stage pods pull by digest too)."""
     records = recorded(gate)
-    wanted: dict[str, str] = {}
-    for name, package in gate.spec.packages.items():
-        ref = tagged_reference(package)
-        record = records.get(name)
-        if ref is not None and (record is None or record.reference != ref):
-            wanted[name] = ref
-    return wanted
+    return {key: package for key, package in _tagged(gate, also).items() if key not in records}
 
 
-def merged_records(gate: NodeGate, resolved: Iterable[ImageRecord]) -> list[ImageRecord]:
-    """The records the status should hold: one per package with a tagged image, the kept ones that
-    still match its reference and the ones just resolved; the records of packages that went, or were
-    pinned by digest, are dropped. Sorted by package, so the status does not change by order."""
-    fresh = {r.package: r for r in resolved}
+def merged_records(gate: NodeGate, resolved: Iterable[ImageRecord], also: Sequence[NodeGate] = ()) -> list[ImageRecord]:
+    """The records the status should hold: one per tagged image of the gate's packages and of the specs
+    in `also`, the kept ones and the ones just resolved; the records of images no spec names any more
+    (a package that went, a new version, one pinned by digest) are dropped. Sorted, so the status does
+    not change by order."""
+    fresh = {(r.package, r.reference): r for r in resolved}
     records = recorded(gate)
-    out = []
-    for name, package in sorted(gate.spec.packages.items()):
-        ref = tagged_reference(package)
-        if ref is None:
-            continue
-        record = fresh.get(name) or records.get(name)
-        if record is not None and record.reference == ref:
-            out.append(record)
+    out = [record for key in sorted(_tagged(gate, also)) if (record := fresh.get(key) or records.get(key)) is not None]
     return out
 
 
@@ -106,7 +108,7 @@ def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tup
             images[name] = PodImage(image_reference(package.image, package.version), "IfNotPresent")
         elif not resolve:
             images[name] = PodImage(ref, "Always")
-        elif (record := records.get(name)) is not None and record.reference == ref:
+        elif (record := records.get((name, ref))) is not None:
             images[name] = PodImage(by_digest(ref, record.digest), "IfNotPresent")
         else:
             missing.append(name)

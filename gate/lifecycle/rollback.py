@@ -85,6 +85,23 @@ def target_gate(gate: NodeGate, spec: Obj | None) -> NodeGate:
     return gate.model_copy(update={"spec": NodeGateSpec.model_validate(wire)})
 
 
+def rollback_targets(gate: NodeGate, revisions: Sequence[Revision] | None) -> list[NodeGate]:
+    """The specs the gate's stopped compartments go back to (as `target_gate` builds them), one per
+    revision: the gate reconcile resolves their images beside the current spec's, so that a roll-back's
+    stage pods pull by digest as any round's do. None without a resolved record or a kept revision."""
+    if gate.status is None or not revisions:
+        return []
+    out: dict[str, NodeGate] = {}
+    for compartment in gate.status.compartments:
+        record = compartment.rollback
+        if record is None or record.reason != "RolledBack" or not record.to or record.to in out:
+            continue
+        found = next((r for r in revisions if r.spec_hash == record.to), None)
+        if found is not None:
+            out[record.to] = target_gate(gate, found.spec)
+    return list(out.values())
+
+
 @dataclass
 class RollbackPlan:
     """What the roll-backs add to a gate's plan: new states of the nodes picked, compartment statuses

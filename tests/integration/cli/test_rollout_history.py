@@ -22,7 +22,8 @@ FORGED_SIG = "20200101T000000Z:" + "0" * 64
 
 
 def pkg(version: str) -> Obj:
-    return {"version": version, "image": "registry.example.com/tool", "retries": 0}
+    # With an uninstall path: admission refuses a downgrade by hand (an undo is one) without it.
+    return {"version": version, "image": "registry.example.com/tool", "retries": 0, "uninstall": {"enabled": True}}
 
 
 async def revisions(sc: Scenario) -> dict[int, Obj]:

@@ -30,6 +30,7 @@ from gate.controller.settings import OperatorSettings
 from gate.devcluster import registry
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import start_operator
+from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import EVENTS, PODS, ROLEBINDINGS, ROLES, SECRETS, KubeClient
 from tests.conftest import unique
@@ -257,3 +258,40 @@ async def test_pull_credentials_come_from_a_pull_secret_the_operator_was_granted
         await runner.cleanup()
         for resource in (ROLEBINDINGS, ROLES, SECRETS):
             await kube.delete(resource, name, NAMESPACE)
+
+
+async def test_a_roll_back_pulls_the_previous_versions_digest_recorded_beside_the_failed_ones(
+        resolving_operator: int, registry_port: int, scenario: Scenario, pulls: Pulls) -> None:
+    repo, extra_repo = f"nodegate-test/{scenario.name}", f"nodegate-test/{scenario.name}-extra"
+    image, extra = f"127.0.0.1:{registry_port}/{repo}", f"127.0.0.1:{registry_port}/{extra_repo}"
+    first, second = push(registry_port, repo, "1.0.0", "first"), push(registry_port, repo, "2.0.0", "second")
+    push(registry_port, extra_repo, "0.1.0", "extra")
+    [node] = await scenario.add_nodes(1)
+    policy = f"{scenario.name}-p"
+    scenario.policies.append(policy)
+    await scenario.kube.apply({"apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy",
+                               "metadata": {"name": policy}, "spec": {"default": {"budget": {"count": 1},
+                                                                                  "rollback": True}}},
+                              field_manager="test", force=True)
+    await scenario.apply_gate({"pkg": {"version": "1.0.0", "image": image}}, deploymentPolicy=policy)
+    await scenario.wait_ready()
+    # The new spec: pkg 2.0.0 and a new package whose apply fails on the node, so the batch goes back.
+    await scenario.inject(failing_stage("fail", nodes=[node], package="extra", stage="apply"))
+    await scenario.apply_gate({"pkg": {"version": "2.0.0", "image": image},
+                               "extra": {"version": "0.1.0", "image": extra, "retries": 0}}, deploymentPolicy=policy)
+
+    async def back() -> bool:
+        state = await scenario.state(node)
+        return bool((state.get("rollback") or {}).get("done"))
+
+    await wait_for(back, timeout=120, what="the node rolled back")
+    assert (await scenario.state(node))["installed"]["pkg"]["version"] == "1.0.0"
+    # While the compartment stays rolled back, the status records both of pkg's images, each by digest.
+    records = {(r["package"], r["reference"]): r["digest"] for r in (await scenario.gate())["status"]["images"]}
+    assert records[("pkg", f"{image}:1.0.0")] == first and records[("pkg", f"{image}:2.0.0")] == second
+    # Each round pulled its own version's digest: forward 2.0.0, back 1.0.0; never a tag.
+    pkg_pods = [p for p in pulls.of(scenario.name) if "pkg" in p["payloads"]]
+    forward = {p["payloads"]["pkg"] for p in pkg_pods if "2.0.0" in p["versions"]}
+    backward = {p["payloads"]["pkg"] for p in pkg_pods if "1.0.0" in p["versions"] and "2.0.0" not in p["versions"]}
+    assert forward == {(f"{image}@{second}", "IfNotPresent")}, pkg_pods
+    assert (f"{image}@{first}", "IfNotPresent") in backward and all("@sha256:" in i for i, _ in backward), pkg_pods

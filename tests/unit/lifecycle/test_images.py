@@ -23,7 +23,7 @@ def record(package: str, reference: str, digest: str) -> dict[str, str]:
 
 def test_a_tagged_image_is_resolved_once_and_its_record_reused_while_image_and_version_stay() -> None:
     packages = {"a": {"version": "1.0.0", "image": "host:5000/team/a"}}
-    assert to_resolve(gate(packages)) == {"a": "host:5000/team/a:1.0.0"}
+    assert list(to_resolve(gate(packages))) == [("a", "host:5000/team/a:1.0.0")]
     resolved = gate(packages, [record("a", "host:5000/team/a:1.0.0", D1)])
     assert to_resolve(resolved) == {}
     images, missing = pod_images(resolved, ["a"], resolve=True)
@@ -35,7 +35,7 @@ def test_a_changed_version_or_image_is_resolved_again_and_its_old_record_is_not_
     old = [record("a", "host/team/a:1.0.0", D1)]
     for changed in ({"version": "1.1.0", "image": "host/team/a"}, {"version": "1.0.0", "image": "host/team/b"}):
         g = gate({"a": changed}, old)
-        assert to_resolve(g) == {"a": tagged_reference(g.spec.packages["a"])}
+        assert list(to_resolve(g)) == [("a", tagged_reference(g.spec.packages["a"]))]
         images, missing = pod_images(g, ["a"], resolve=True)
         assert images == {} and missing == ["a"], "fail closed: the old digest is never pulled for new code"
 
@@ -69,3 +69,23 @@ def test_records_keep_what_still_matches_add_the_new_and_drop_packages_gone_or_p
 def test_by_digest_drops_the_tag_and_keeps_a_registry_port() -> None:
     assert by_digest("host:5000/team/a:1.0.0", D1) == f"host:5000/team/a@{D1}"
     assert by_digest("ubuntu:24.04", D1) == f"ubuntu@{D1}"
+
+
+def test_the_images_of_a_spec_a_failed_batch_goes_back_to_are_resolved_and_kept_beside_the_current() -> None:
+    now = {"a": {"version": "2.0.0", "image": "h/a"}, "new": {"version": "1.0.0", "image": "h/new"}}
+    back = gate({"a": {"version": "1.0.0", "image": "h/a"}})  # the revision before: a at 1.0.0
+    g = gate(now, [record("a", "h/a:2.0.0", D2), record("new", "h/new:1.0.0", D1)])
+    assert list(to_resolve(g)) == []
+    assert list(to_resolve(g, [back])) == [("a", "h/a:1.0.0")]  # the same package, its older image
+    old = ImageRecord(package="a", reference="h/a:1.0.0", digest=D1)
+    merged = merged_records(g, [old], [back])
+    assert [(r.package, r.reference) for r in merged] == [("a", "h/a:1.0.0"), ("a", "h/a:2.0.0"),
+                                                          ("new", "h/new:1.0.0")]
+    # Each round pulls its own spec's image of the package, by digest.
+    with_both = gate(now, [r.to_wire() for r in merged])
+    back_both = gate({"a": {"version": "1.0.0", "image": "h/a"}}, [r.to_wire() for r in merged])
+    assert pod_images(with_both, ["a"], resolve=True)[0]["a"].image == f"h/a@{D2}"
+    assert pod_images(back_both, ["a"], resolve=True)[0]["a"].image == f"h/a@{D1}"
+    # Once nothing goes back any more, the older record goes.
+    assert [(r.package, r.reference) for r in merged_records(with_both, [])] == [("a", "h/a:2.0.0"),
+                                                                                 ("new", "h/new:1.0.0")]

@@ -10,7 +10,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, Installed, NodeGateState, Rollback, rollout_hash, spec_hash
 from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate
 from gate.lifecycle.machine import decide
-from gate.lifecycle.rollback import target_gate, target_of
+from gate.lifecycle.rollback import rollback_targets, target_gate, target_of
 from gate.rollout import order_key
 from gate.rollout.history import Revision, revision_name, revision_spec
 from tests.unit.lifecycle.test_fleet import fleet_node
@@ -298,3 +298,12 @@ def test_a_node_that_failed_its_soak_goes_back_like_one_whose_stage_failed() -> 
     assert state is not None
     _, created, _ = run_until_quiet(target_gate(NEW, revision_spec(OLD)), state)
     assert sorted(created) == ["extra:uninstall", "tool:apply"]
+
+
+def test_the_spec_a_stopped_compartment_goes_back_to_is_a_target_for_image_resolution() -> None:
+    plan = _first()
+    stopped = NEW.model_copy(update={"status": plan.status})
+    [target] = rollback_targets(stopped, _revisions(OLD, NEW))
+    assert target.spec.packages["tool"].version == TOOL["version"]  # OLD's tool, whose image is resolved too
+    assert rollback_targets(stopped, None) == [] and rollback_targets(NEW, _revisions(OLD, NEW)) == []
+    assert rollback_targets(stopped, _revisions(NEW, first=2)) == []  # the revision is gone: nothing to pull
