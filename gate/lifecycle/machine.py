@@ -890,19 +890,9 @@ def _finish(r: _Round) -> None:
 def _enter_soak(r: _Round, health: Health) -> None:
     """The round's work is done: the node serves again (uncordoned, its taint lifted by `_finish`),
     but it is complete only once it stayed healthy through the soak (`gate.lifecycle.soak`)."""
-    ctx, s = r.ctx, r.state
+    ctx = r.ctx
     until = soak_end(health, ctx.now)
-    s.phase = "soak"
-    s.phase_since = _iso(ctx.now)
-    s.soak_until = _iso(until)
-    s.health_unreadable = None
-    s.interrupt = None
-    s.interrupted = []
-    s.post_checked = []
-    s.drain_blocked_by = None
-    s.boot_id = ctx.node.boot_id
-    r.changed = True
-    _uncordon(r)
+    _end_round(r, "soak", soak_until=_iso(until))
     r.event("node", "Normal", "Soaking", f"NodeGate {ctx.gate.name} finished its round on the node; it serves again "
             f"and must stay Ready and healthy for {health.soak} (until {until.isoformat(timespec='seconds')}) "
             "before it counts as complete")
@@ -953,11 +943,18 @@ def _soak(r: _Round) -> Decision:
 def _complete_round(r: _Round) -> None:
     """The end of a round that went through, install or removal: the node complete, the round's
     interrupt bookkeeping cleared, this round's cordon undone."""
+    r.state.status = "complete"
+    r.decision.node.status = "complete"
+    _end_round(r, "idle", soak_until=None)
+
+
+def _end_round(r: _Round, phase: Phase, *, soak_until: str | None) -> None:
+    """The round's work is over (into its soak, or complete): its interrupt bookkeeping cleared, the
+    boot it ended on recorded, and this round's cordon undone."""
     ctx, s = r.ctx, r.state
-    s.status = "complete"
-    s.phase = "idle"
+    s.phase = phase
     s.phase_since = _iso(ctx.now)
-    s.soak_until = None
+    s.soak_until = soak_until
     s.health_unreadable = None
     s.interrupt = None
     s.interrupted = []
@@ -965,7 +962,6 @@ def _complete_round(r: _Round) -> None:
     s.drain_blocked_by = None
     s.boot_id = ctx.node.boot_id
     r.changed = True
-    r.decision.node.status = "complete"
     _uncordon(r)
 
 
