@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gate.api.keys import state_annotation, status_label
+from gate.api.keys import DISABLED_ANNOTATION, state_annotation, status_label
 from gate.certs import pki
 from gate.certs.rotation import SIGNER_CERT, SIGNER_KEY, TLS_CERT, TLS_KEY
 from gate.devcluster.services import WEBHOOK_SECRET
@@ -100,7 +100,11 @@ async def test_package_removal_waits_until_uninstalled_everywhere(kube: KubeClie
     gate, node = unique("ng"), unique("node")
     pkg = {"version": "1.0.0", "image": "ghcr.io/example/tuned", "uninstall": {"enabled": True}}
     other = {"version": "1.0.0", "image": "ghcr.io/example/other"}
-    await kube.create(NODEGATES, nodegate(gate, {"tuned": pkg, "other": other}))
+    # Disabled: an operator running in the session (tests/docs start one) would otherwise take the
+    # node's hand-written record for a forged one and write its own over it, with nothing installed,
+    # and the removal this test expects refused would be admitted (CI stop 32 failed on that race).
+    await kube.create(NODEGATES, {**nodegate(gate, {"tuned": pkg, "other": other}),
+                                  "metadata": {"name": gate, "annotations": {DISABLED_ANNOTATION: "true"}}})
     state = json.dumps({"v": 1, "status": "complete", "installed": {"tuned": {"version": "1.0.0"}}})
     await kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": node, "labels": {status_label(gate): "complete"}, "annotations": {state_annotation(gate): state}}})
