@@ -43,7 +43,10 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
    rerun` / `nodegate node reset`: the annotation `rerun.G` or `reset.G` on the node) after P1 was
    created and before P2 was. So a retry pod starting at the failed step is legal; a step that
    succeeded appearing again in a later pod, or twice in one pod, is a duplicate: it really runs
-   twice on the host. So is a running pod deleted by hand and created again.
+   twice on the host. So is a running pod deleted by hand and created again. One more case is legal:
+   the package went elsewhere on N in between (a step of it at another version, or its uninstall,
+   succeeded in a pod created after P1 and before P2): a roll-back took the change away, and a
+   rollout resumed afterwards makes it again.
 6. `left-cordoned` / `left-tainted` (after convergence, `check_converged`): no node is unschedulable
    with `cordoned-by`; no node carries the readiness taint unless a readinessTaint gate selecting it
    is not complete there.
@@ -768,6 +771,7 @@ class InvariantChecker:
             if pod.gate and pod.node:
                 for i, step in enumerate(pod.steps):
                     groups[pod.key(step)].append((pod, i, step))
+        moved = self._package_moves()
         for steps in groups.values():
             steps.sort(key=lambda o: (o[0].created_lo, o[0].created_hi, o[1]))
             for (p1, _, s1), (p2, _, s2) in pairwise(steps):
@@ -778,6 +782,10 @@ class InvariantChecker:
                     continue  # a retry of a step that failed, or never ran because an earlier one failed
                 elif any(lo <= p2.created_hi and hi >= p1.created_lo for lo, hi in asked):
                     continue  # a person asked for it
+                elif s1.package is not None and any(
+                        p1.created_hi < lo and hi < p2.created_lo and (version != s1.version or stage == "uninstall")
+                        for lo, hi, version, stage in moved.get((p2.gate, p2.node, s1.package), [])):
+                    continue  # the package went elsewhere in between (a roll-back): this makes the change again
                 elif s1.container in p1.succeeded:
                     why = "after it succeeded there, without a rerun request"
                 else:
@@ -786,6 +794,16 @@ class InvariantChecker:
                               f"{p2.describe(s2)} repeats {p1.describe(s1)} (same "
                               f"{'package, version, stage and generation' if s2.package else 'stage and round'}: "
                               f"{p2.key(s2)[2:]}) {why}", rv=p2.created_hi)
+
+    def _package_moves(self) -> dict[tuple[str | None, str | None, str], list[tuple[int, int, str | None, str]]]:
+        """(gate, node, package) -> the steps of it that succeeded: their pods' creation bounds, version, stage."""
+        out: dict[tuple[str | None, str | None, str], list[tuple[int, int, str | None, str]]] = defaultdict(list)
+        for pod in self.pods.values():
+            for step in pod.steps:
+                if step.package is not None and step.container in pod.succeeded:
+                    out[(pod.gate, pod.node, step.package)].append(
+                        (pod.created_lo, pod.created_hi, step.version, step.stage))
+        return out
 
     def converged(self) -> bool:
         """Every node a gate selects is complete for it, and no stage pod is running. (Whether the

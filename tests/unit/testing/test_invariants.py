@@ -460,6 +460,32 @@ def test_a_succeeded_step_in_a_later_pod_of_another_phase_is_a_duplicate_and_the
     assert "pod checks step b apply repeats pod stages step b apply" in v.message
 
 
+def test_a_change_made_again_after_a_roll_back_took_it_away_is_legal() -> None:
+    c = Cluster()
+    c.gate(GATE)
+    c.node("n")
+    c.pod("forward", gate=GATE, node="n", stages=("upgrade",), version="2.0.0", generation=2)
+    c.end_pod("forward")
+    c.pod("back", gate=GATE, node="n", stages=("apply",), version="1.0.0", generation=2)  # the roll-back
+    c.end_pod("back")
+    c.pod("resumed", gate=GATE, node="n", stages=("upgrade",), version="2.0.0", generation=2)
+    assert judge(c) == []
+
+
+def test_a_step_between_that_failed_or_kept_the_version_does_not_excuse_a_repeat() -> None:
+    for between, outcome in ((("apply", "1.0.0"), "Failed"), (("config", "2.0.0"), "Succeeded")):
+        c = Cluster()
+        c.gate(GATE)
+        c.node("n")
+        c.pod("forward", gate=GATE, node="n", stages=("upgrade",), version="2.0.0", generation=2)
+        c.end_pod("forward")
+        stage, version = between
+        c.pod("between", gate=GATE, node="n", stages=(stage,), version=version, generation=2)
+        c.end_pod("between", outcome)
+        c.pod("again", gate=GATE, node="n", stages=("upgrade",), version="2.0.0", generation=2)
+        assert kinds(judge(c)) == ["duplicate-stage"], between
+
+
 def test_the_same_step_twice_in_one_pod_is_a_duplicate() -> None:
     c = Cluster()
     c.gate(GATE)
