@@ -370,7 +370,7 @@ class CompartmentRollback(Model):
     rollout_hash: str = Field(default="", description="Hash of the rollout spec the batch failed under.")
     reason: Literal["Pending", "RolledBack", "NoRevision"] = Field(
         default="Pending", description="Pending while the gate's history is not read yet; RolledBack once the "
-        "revision to go back to is known; NoRevision when there is none (pruned): nothing is rolled back.")
+        "revision to go back to is known; NoRevision when there is none (pruned or deleted): nothing is rolled back.")
     revision: int = Field(default=0, description="Number of the revision the nodes go back to (0: none, the gate's "
                           "first spec: packages new in it are uninstalled).")
     to: str = Field(default="", description="Rollout hash of that revision (empty: none).")

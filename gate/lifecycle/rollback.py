@@ -6,8 +6,12 @@ batch and records `CompartmentRollback(batch=N)` in its status. Everything after
 * **To what**: the gate's previous revision (`gate.rollout.history`): the newest revision whose hash is
   not the current rollout's. With the current revision the only one and numbered 1, the failed spec was
   the gate's first: there is nothing before it, so the packages it brought are uninstalled (the target
-  is an empty spec). With no previous revision otherwise (pruned, `revisionHistoryLimit`), the record
-  says `NoRevision` and nothing is rolled back: going back to a guess would be worse than stopping.
+  is an empty spec). "First" also needs the gate's `metadata.generation` to be 1, which only the API
+  server writes: a history that lost its older revisions (deleted by someone who may delete
+  ControllerRevisions in the operator's namespace, or a gate older than its history) restarts at
+  number 1, and must not make a failed upgrade uninstall what the fleet had before it. With no previous
+  revision otherwise (pruned, `revisionHistoryLimit`, or deleted), the record says `NoRevision` and
+  nothing is rolled back: going back to a guess would be worse than stopping.
   While the history is not read yet (an operator that just started), the record stays `Pending`.
 * **Which nodes**: the batch's changed nodes, those whose round started under the failed rollout
   (their `rolloutHash`), complete or failed. Nodes of other batches were never touched by it.
@@ -52,15 +56,15 @@ class Target:
     revision: Revision | None = None
 
 
-def target_of(revisions: Sequence[Revision] | None, current_hash: str) -> Target:
+def target_of(revisions: Sequence[Revision] | None, current_hash: str, generation: int) -> Target:
     """The revision to go back to from the rollout `current_hash` (module docstring). `revisions`: the
-    operator's own, None while not read."""
+    operator's own, None while not read; `generation`: the gate's `metadata.generation`."""
     if revisions is None or not any(r.spec_hash == current_hash for r in revisions):
         return Target("Pending")  # the history does not hold the current spec yet: it is not read up to now
     older = sorted((r for r in revisions if r.spec_hash != current_hash), key=lambda r: r.number)
     if older:
         return Target("RolledBack", older[-1])
-    if all(r.number == 1 for r in revisions):
+    if generation == 1 and all(r.number == 1 for r in revisions):
         return Target("RolledBack")  # the gate's first spec: nothing was there before it
     return Target("NoRevision")
 
@@ -143,7 +147,7 @@ def plan_rollbacks(gate: NodeGate, rollout: Plan, states: Mapping[str, NodeGateS
             out.statuses.append(status.model_copy(update={"rollback": None}))
             continue
         if record.reason == "Pending":
-            target = target_of(revisions, current)
+            target = target_of(revisions, current, gate.metadata.generation or 0)
             found = target.revision
             record = record.model_copy(update={
                 "reason": target.reason, "revision": found.number if found else 0,

@@ -7,14 +7,16 @@ operator created; the InvariantWatcher judges every disruption against its compa
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
-from gate.kube.client import EVENTS
+from gate.kube.client import CONTROLLER_REVISIONS, EVENTS, NODEGATES, NODES
 from gate.rollout import order_key
+from gate.rollout.history import history_selector
 from gate.testing.watcher import InvariantWatcher
-from tests.integration.operator.conftest import Scenario, StepLog, wait_for
+from tests.integration.operator.conftest import NAMESPACE, Scenario, StepLog, wait_for
 
 TOOL = {"version": "1.0.0", "image": "registry.example.com/tool"}
 EXTRA = {"version": "0.1.0", "image": "registry.example.com/extra", "retries": 0}
@@ -141,3 +143,104 @@ async def test_under_a_budget_of_one_the_roll_backs_go_one_node_at_a_time(
     # One at a time: the second node's roll-back started only after the first one's had ended.
     assert undo[0].finished_rv is not None and undo[1].resource_version > undo[0].finished_rv
     assert not [r for r in step_log.of(scenario.name) if r.name not in seen and r.node not in first]
+
+
+async def test_a_node_unhealthy_in_its_soak_goes_back_and_a_resume_takes_the_rollout_forward_again(
+        scenario: Scenario, step_log: StepLog) -> None:
+    # The batch fails in its soak, not in a stage: health is what judges it, and the roll-back follows.
+    nodes = await scenario.add_nodes(2)
+    sick, later = sorted(nodes, key=order_key)
+    policy = f"{scenario.name}-p"
+    await _policy(scenario, policy, {"default": {
+        "budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}, "rollback": True,
+        "health": {"soak": "1s", "nodeConditions": [{"type": "GpuUnhealthy", "status": "True"}]}}})
+    await scenario.apply_gate({"tool": TOOL}, deploymentPolicy=policy)
+    await scenario.wait_ready(timeout=120)
+    seen = {r.name for r in step_log.of(scenario.name)}
+    # As node-problem-detector would, before the new rollout: the first node's soak finds it at once.
+    await scenario.kube.patch(NODES, sick, {"status": {"conditions": [{
+        "type": "GpuUnhealthy", "status": "True", "reason": "XidError", "message": "GPU 3 fell off the bus (Xid 79)",
+        "lastHeartbeatTime": "2026-12-04T05:00:00Z", "lastTransitionTime": "2026-12-04T05:00:00Z"}]}},
+        patch_type="strategic", subresource="status")
+    watcher = InvariantWatcher(scenario.kube)
+    await watcher.start()
+    try:
+        await scenario.apply_gate({"tool": {**TOOL, "version": "2.0.0"}}, deploymentPolicy=policy)
+
+        async def rolled_back() -> bool:
+            return bool(((await scenario.state(sick)).get("rollback") or {}).get("done"))
+
+        await wait_for(rolled_back, timeout=120, what="the node that failed its soak rolled back")
+        comp = {c["name"]: c for c in (await scenario.gate())["status"]["compartments"]}["__default__"]
+        assert comp["state"] == "stopped" and comp["rollback"]["reason"] == "RolledBack", comp
+        assert comp["rollback"]["nodes"] == [sick] and comp["rollback"]["revision"] == 1, comp
+        state = await scenario.state(sick)
+        assert state["installed"]["tool"]["version"] == "1.0.0", state
+        assert not (await scenario.node(sick))["spec"].get("unschedulable")
+        assert (await scenario.state(later)).get("installed", {})["tool"]["version"] == "1.0.0"  # never picked
+        forward = [(r.node, r.stage, _version(r.args)) for r in step_log.of(scenario.name)
+                   if r.name not in seen and r.package == "tool"]
+        assert forward == [(sick, "upgrade", "2.0.0"), (sick, "apply", "1.0.0")], forward
+
+        # The GPU is mended; a person resumes the compartment: the rollout goes on forward, the
+        # rolled-back node picked for the current spec again in its turn.
+        await scenario.kube.patch(NODES, sick, {"status": {"conditions": [{
+            "type": "GpuUnhealthy", "status": "False", "reason": "Healthy", "message": "replaced",
+            "lastHeartbeatTime": "2026-12-04T06:00:00Z", "lastTransitionTime": "2026-12-04T06:00:00Z"}]}},
+            patch_type="strategic", subresource="status")
+        await scenario.kube.patch(NODEGATES, scenario.name, {"metadata": {"annotations": {
+            keys.RESUME_ANNOTATION: "*"}}})
+        await scenario.wait_ready(timeout=120)
+    finally:
+        report = await watcher.stop()
+    assert not report.violations, report.summary()
+    for node in nodes:
+        state = await scenario.state(node)
+        assert state["installed"]["tool"]["version"] == "2.0.0" and state["status"] == "complete", state
+    comp = {c["name"]: c for c in (await scenario.gate())["status"]["compartments"]}["__default__"]
+    assert comp["state"] != "stopped" and not comp.get("rollback"), comp
+
+
+async def test_a_history_deleted_by_someone_makes_a_failed_batch_stop_with_no_revision_and_uninstall_nothing(
+        scenario: Scenario, step_log: StepLog) -> None:
+    # Whoever may delete ControllerRevisions in the operator's namespace deletes the gate's history. The
+    # failed spec then becomes revision 1 of a new history, yet it was not the gate's first: taking the
+    # nodes "back to before the first spec" would uninstall what they had. Nothing goes back.
+    nodes = await scenario.add_nodes(2)
+    bad = sorted(nodes, key=order_key)[0]
+    policy = f"{scenario.name}-p"
+    await _policy(scenario, policy, {"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}},
+                                                 "rollback": True}})
+    await scenario.apply_gate({"tool": TOOL}, deploymentPolicy=policy)
+    await scenario.wait_ready(timeout=120)
+    selector = history_selector(scenario.name)
+
+    async def recorded() -> bool:
+        return bool((await scenario.kube.list(CONTROLLER_REVISIONS, NAMESPACE, label_selector=selector))[0])
+
+    await wait_for(recorded, what="the gate's first revision")
+    revisions, _ = await scenario.kube.list(CONTROLLER_REVISIONS, NAMESPACE, label_selector=selector)
+    for revision in revisions:
+        await scenario.kube.delete(CONTROLLER_REVISIONS, revision["metadata"]["name"], NAMESPACE)
+    seen = {r.name for r in step_log.of(scenario.name)}
+    await scenario.inject(failing_stage("fail", nodes=[bad], package="tool", stage="upgrade"))
+    await scenario.apply_gate({"tool": {**TOOL, "version": "2.0.0"}}, deploymentPolicy=policy)
+
+    async def stopped() -> bool:
+        comps = {c["name"]: c for c in ((await scenario.gate()).get("status") or {}).get("compartments") or []}
+        return (comps.get("__default__", {}).get("rollback") or {}).get("reason") == "NoRevision"
+
+    await wait_for(stopped, timeout=120, what="the compartment stopped with NoRevision")
+    [revision] = (await scenario.kube.list(CONTROLLER_REVISIONS, NAMESPACE, label_selector=selector))[0]
+    assert revision["revision"] == 1  # the new history starts again at 1 ...
+    assert (await scenario.gate())["metadata"]["generation"] == 2  # ... but the gate says it had a spec before
+    comp = {c["name"]: c for c in (await scenario.gate())["status"]["compartments"]}["__default__"]
+    assert comp["state"] == "stopped" and comp["rollback"]["revision"] == 0 and comp["rollback"]["to"] == ""
+    conds = {c["type"]: c for c in (await scenario.gate())["status"]["conditions"]}
+    assert conds["Degraded"]["reason"] == "NoRevision" and "no previous revision" in conds["Degraded"]["message"]
+    await asyncio.sleep(3)  # plans go on (poll 0.5 s): none of them may start a roll-back
+    state = await scenario.state(bad)
+    assert state["status"] == "failed" and "rollback" not in state, state
+    assert state["installed"]["tool"]["version"] == "1.0.0"  # the failed upgrade left it; nothing uninstalled it
+    after = [(r.node, r.stage) for r in step_log.of(scenario.name) if r.name not in seen and r.package]
+    assert set(after) == {(bad, "upgrade")}, after  # the failed upgrade and its retries; no roll-back step

@@ -178,8 +178,8 @@ def test_a_pruned_previous_revision_rolls_nothing_back_and_says_no_revision() ->
 
 
 def test_the_gates_first_spec_goes_back_to_no_packages() -> None:
-    assert target_of(_revisions(NEW), rollout_hash(NEW)).reason == "RolledBack"
-    assert target_of(_revisions(NEW), rollout_hash(NEW)).revision is None
+    assert target_of(_revisions(NEW), rollout_hash(NEW), 1).reason == "RolledBack"
+    assert target_of(_revisions(NEW), rollout_hash(NEW), 1).revision is None
     plan = _plan(revisions=_revisions(NEW))
     state = plan.updates[GOOD].state
     assert state is not None and state.rollback is not None and (state.rollback.revision, state.rollback.to) == (0, "")
@@ -189,8 +189,19 @@ def test_the_gates_first_spec_goes_back_to_no_packages() -> None:
 
 
 def test_a_history_without_the_current_spec_is_not_read_up_to_now() -> None:
-    assert target_of(_revisions(OLD), rollout_hash(NEW)).reason == "Pending"
-    assert target_of([], rollout_hash(NEW)).reason == "Pending"
+    assert target_of(_revisions(OLD), rollout_hash(NEW), 2).reason == "Pending"
+    assert target_of([], rollout_hash(NEW), 2).reason == "Pending"
+
+
+def test_a_history_that_restarted_at_one_under_a_changed_gate_says_no_revision_and_uninstalls_nothing() -> None:
+    # The older revisions were deleted (or the gate is older than its history): revision 1 is the failed
+    # spec, but the gate's generation says it had specs before; going to no packages would uninstall them.
+    assert target_of(_revisions(NEW), rollout_hash(NEW), 2).reason == "NoRevision"
+    changed = NodeGate.model_validate({**NEW.to_wire(), "metadata": {"name": "g", "generation": 2}})
+    plan = _plan(changed, revisions=_revisions(changed))
+    comp = plan.status.compartments[0]
+    assert comp.rollback is not None and comp.rollback.reason == "NoRevision"
+    assert not _picked(plan)
 
 
 def test_the_roll_back_round_uninstalls_the_new_package_and_downgrades_the_old_one() -> None:
