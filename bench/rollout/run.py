@@ -164,9 +164,14 @@ def gate_manifest(name: str, selector: dict[str, str], **spec: Any) -> dict[str,
 
 
 async def timed_rollout(client: KubeClient, manifest: dict[str, Any], timeout: float) -> float:
+    """Apply to Ready, in seconds; printed as soon as it is known, so that a long run that is cut short
+    still leaves the rollouts it finished (the summary is printed at the end)."""
     start = time.monotonic()
+    name = manifest["metadata"]["name"]
     await client.apply(manifest, field_manager="bench", force=True)
-    return await wait_ready(client, manifest["metadata"]["name"], timeout) - start
+    took = await wait_ready(client, name, timeout) - start
+    print(f"rollout {name}: Ready after {took:.1f}s (load average {os.getloadavg()[0]:.1f})", flush=True)
+    return took
 
 
 def fleet_policy(name: str, pools: list[str], budget: int, batch: int, soak: float | None = None) -> dict[str, Any]:
