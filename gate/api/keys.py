@@ -32,8 +32,9 @@ MANAGER: Final = "nodegate"
 STAGE_GATE_LABEL: Final = f"{GROUP}/gate"
 STAGE_NODE_LABEL: Final = f"{GROUP}/node"
 STAGE_PACKAGE_LABEL: Final = f"{GROUP}/package"  # on a package's ConfigMap
-# The kind of a stage pod: stages | interrupt | post-interrupt | removal.
+# The kind of a stage pod: stages | interrupt | post-interrupt | removal; `prepull` on a prepull pod.
 STAGE_KIND_LABEL: Final = f"{GROUP}/stage"
+PREPULL_KIND: Final = "prepull"
 # On a stage pod, one label per package it runs steps of: `package.nodegate.io/<package>: apply.config`.
 POD_PACKAGE_PREFIX: Final = f"package.{GROUP}/"
 # On interrupt pods: service | restartAllServices | reboot (a drain has no pod).

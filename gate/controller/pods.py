@@ -313,7 +313,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     }
 
 
-PREPULL_KIND = "prepull"
+PREPULL_KIND = keys.PREPULL_KIND  # the kind label of a prepull pod (gate.lifecycle.prepull)
 PREPULL_GATE_ANNOTATION = f"{keys.GROUP}/prepull-gate"
 PREPULL_NODE_ANNOTATION = f"{keys.GROUP}/prepull-node"
 

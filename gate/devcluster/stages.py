@@ -302,8 +302,48 @@ def _running() -> list[dict[str, Any]]:
 
 
 def _stage_pod(*more: dict[str, Any]) -> list[dict[str, Any]]:
-    """A NodeGate stage pod (the operator's label), not being deleted, and `more`."""
-    return [_not_deleting(), {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "Exists"}, *more]
+    """A NodeGate stage pod (the operator's label, not a prepull pod's), not being deleted, and `more`."""
+    return [_not_deleting(), {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "Exists"},
+            {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "NotIn", "values": [keys.PREPULL_KIND]},
+            *more]
+
+
+# A prepull pod's containers only make the kubelet pull their images, then exit at once. A simulated
+# node has no image to pull, so its prepull pod succeeds as soon as it is seen: every container
+# (init and main) terminated with exit code 0. Tests that want a pull to fail inject a stage of
+# their own with a greater weight (tests/integration/operator/test_prepull.py).
+_PREPULL_PULLED_TEMPLATE = """\
+{{ $now := Now }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  started: false
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: false
+  restartCount: 0
+  started: false
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ end }}
+phase: Succeeded
+"""
 
 
 def _running_step() -> str:
@@ -349,6 +389,14 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
             [*_running(), {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}],
             {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
             delay_ms=job_ms,
+        ),
+        _stage(
+            "prepull-pod-pulled",
+            "Pod",
+            [_not_deleting(), {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In",
+                               "values": [keys.PREPULL_KIND]},
+             {"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]}],
+            {"statusTemplate": _PREPULL_PULLED_TEMPLATE},
         ),
         _stage(
             "stage-pod-start",
