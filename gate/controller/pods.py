@@ -313,7 +313,6 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     }
 
 
-PREPULL_KIND = keys.PREPULL_KIND  # the kind label of a prepull pod (gate.lifecycle.prepull)
 PREPULL_GATE_ANNOTATION = f"{keys.GROUP}/prepull-gate"
 PREPULL_NODE_ANNOTATION = f"{keys.GROUP}/prepull-node"
 
@@ -365,7 +364,7 @@ def prepull_pod(gate: NodeGate, candidate: Candidate, settings: OperatorSettings
         "metadata": {
             "name": candidate.pod, "namespace": settings.namespace,
             "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.STAGE_GATE_LABEL: label_value(gate.name),
-                       keys.STAGE_NODE_LABEL: label_value(node), keys.STAGE_KIND_LABEL: PREPULL_KIND},
+                       keys.STAGE_NODE_LABEL: label_value(node), keys.STAGE_KIND_LABEL: keys.PREPULL_KIND},
             "annotations": {PREPULL_GATE_ANNOTATION: gate.name, PREPULL_NODE_ANNOTATION: node},
             "ownerReferences": [owner_reference(gate)],
         },
@@ -376,7 +375,7 @@ def prepull_pod(gate: NodeGate, candidate: Candidate, settings: OperatorSettings
 def prepull_owner(pod: Obj) -> tuple[str, str] | None:
     """The (gate, node) of a prepull pod, None when the pod is not one."""
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL) != PREPULL_KIND:
+    if (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL) != keys.PREPULL_KIND:
         return None
     ann = meta.get("annotations") or {}
     gate, node = ann.get(PREPULL_GATE_ANNOTATION), ann.get(PREPULL_NODE_ANNOTATION)

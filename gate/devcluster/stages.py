@@ -67,6 +67,23 @@ nodeInfo:
 phase: Running
 """
 
+# Every init container of a pod ended well (`$now` is the template's time).
+_INIT_CONTAINERS_DONE = """\
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: 0
+      finishedAt: {{ $now | Quote }}
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+{{ end }}
+"""
+
 _POD_RUNNING_TEMPLATE = """\
 {{ $now := Now }}
 conditions:
@@ -93,19 +110,7 @@ containerStatuses:
     running:
       startedAt: {{ $now | Quote }}
 {{ end }}
-initContainerStatuses:
-{{ range .spec.initContainers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  restartCount: 0
-  state:
-    terminated:
-      exitCode: 0
-      finishedAt: {{ $now | Quote }}
-      reason: Completed
-      startedAt: {{ $now | Quote }}
-{{ end }}
+""" + _INIT_CONTAINERS_DONE + """\
 {{ with NodeIPWith .spec.nodeName }}
 hostIP: {{ . | Quote }}
 {{ end }}
@@ -117,11 +122,14 @@ startTime: {{ $now | Quote }}
 """
 
 
-def _terminated_template(phase: str, exit_code: int, reason: str, message: str) -> str:
-    """Status of a pod whose containers all ended: Succeeded or Failed with a termination message."""
+def _terminated_template(phase: str, exit_code: int, reason: str, message: str, *, init: bool = False) -> str:
+    """Status of a pod whose containers all ended: Succeeded or Failed with a termination message.
+    With `init`, its init containers are written too, each ended with exit code 0 before them (a pod
+    that goes from nothing to its end in one update: a prepull pod on a simulated node)."""
+    inits = _INIT_CONTAINERS_DONE if init else ""
     return f"""\
 {{{{ $now := Now }}}}
-conditions:
+{inits}conditions:
 - lastTransitionTime: {{{{ $now | Quote }}}}
   status: "False"
   type: Ready
@@ -308,44 +316,6 @@ def _stage_pod(*more: dict[str, Any]) -> list[dict[str, Any]]:
             *more]
 
 
-# A prepull pod's containers only make the kubelet pull their images, then exit at once. A simulated
-# node has no image to pull, so its prepull pod succeeds as soon as it is seen: every container
-# (init and main) terminated with exit code 0. Tests that want a pull to fail inject a stage of
-# their own with a greater weight (tests/integration/operator/test_prepull.py).
-_PREPULL_PULLED_TEMPLATE = """\
-{{ $now := Now }}
-initContainerStatuses:
-{{ range .spec.initContainers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  restartCount: 0
-  started: false
-  state:
-    terminated:
-      exitCode: 0
-      reason: Completed
-      startedAt: {{ $now | Quote }}
-      finishedAt: {{ $now | Quote }}
-{{ end }}
-containerStatuses:
-{{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: false
-  restartCount: 0
-  started: false
-  state:
-    terminated:
-      exitCode: 0
-      reason: Completed
-      startedAt: {{ $now | Quote }}
-      finishedAt: {{ $now | Quote }}
-{{ end }}
-phase: Succeeded
-"""
-
-
 def _running_step() -> str:
     """The name of the running step of a stage pod: its running init container, or its container."""
     return ("[(.status.initContainerStatuses // [])[], (.status.containerStatuses // [])[]]"
@@ -396,7 +366,10 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
             [_not_deleting(), {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In",
                                "values": [keys.PREPULL_KIND]},
              {"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]}],
-            {"statusTemplate": _PREPULL_PULLED_TEMPLATE},
+            # A prepull pod's containers only make the kubelet pull their images, then exit. A simulated
+            # node has none to pull: its prepull pod succeeds as soon as it is seen. A test that wants a
+            # pull to fail injects a stage of its own, of greater weight (test_prepull.py).
+            {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "", init=True)},
         ),
         _stage(
             "stage-pod-start",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gate.api import keys
-from gate.controller.pods import PREPULL_KIND, prepull_owner
+from gate.controller.pods import prepull_owner
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS, KubeClient
@@ -73,7 +73,7 @@ class Watched:
 @pytest.fixture
 async def watched(kube: KubeClient) -> AsyncIterator[Watched]:
     seen = Watched()
-    pods = WatchCache(kube, PODS, namespace=NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={PREPULL_KIND}")
+    pods = WatchCache(kube, PODS, namespace=NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={keys.PREPULL_KIND}")
     nodes = WatchCache(kube, NODES)
     pods.subscribe(seen.on_pod)
     nodes.subscribe(seen.on_node)
@@ -104,7 +104,7 @@ async def test_prepull_is_bounded_and_every_cordon_waits_for_its_images(scenario
     assert ahead, (watched.created, watched.picked)
 
     async def swept() -> bool:  # the rounds are past their images: no prepull pod is left
-        items, _ = await kube.list(PODS, NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={PREPULL_KIND}")
+        items, _ = await kube.list(PODS, NAMESPACE, label_selector=f"{keys.STAGE_KIND_LABEL}={keys.PREPULL_KIND}")
         return not [p for p in items if (prepull_owner(p) or ("", ""))[0] == scenario.name]
 
     await wait_for(swept, timeout=30, what="prepull pods deleted")
@@ -116,7 +116,7 @@ async def test_a_failed_pull_fails_the_node_before_any_cordon(scenario: Scenario
     pull_error = failing_stage("prepull-pull", nodes=[bad])
     pull_error["spec"]["selector"]["matchExpressions"] = [
         {"key": ".spec.nodeName", "operator": "In", "values": [bad]},
-        {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": [PREPULL_KIND]},
+        {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": [keys.PREPULL_KIND]},
         {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}]
     pull_error["spec"]["next"] = {"statusTemplate": _PULL_ERROR}
     await scenario.inject(pull_error)

@@ -14,7 +14,6 @@ from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.versions import image_reference
 from gate.controller.index import StageIndex
 from gate.controller.pods import (
-    PREPULL_KIND,
     config_map,
     config_map_name,
     config_map_problems,
@@ -336,7 +335,7 @@ def test_a_prepull_pod_pulls_each_image_and_changes_nothing_on_the_host() -> Non
     assert spec["imagePullSecrets"] == [{"name": "pull"}]
     assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == PREPULL_KIND
+    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == keys.PREPULL_KIND
     # Known as a prepull pod, never as a stage pod of the node (which would hold its stages back).
     assert prepull_owner(pod) == ("g", "n1") and stage_owner(pod) is None
     index = StageIndex()
