@@ -190,6 +190,13 @@ class Scenario:
         labels = (await self.node(name))["metadata"].get("labels") or {}
         return labels.get(keys.status_label(self.name))
 
+    async def set_condition(self, node: str, type_: str, status: str, reason: str, message: str) -> None:
+        """A condition on the Node's status, written as node-problem-detector (or a kubelet) writes it."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await self.kube.patch(NODES, node, {"status": {"conditions": [{
+            "type": type_, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, patch_type="strategic", subresource="status")
+
     async def state(self, name: str) -> Obj:
         import json
 

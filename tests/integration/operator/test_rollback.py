@@ -12,7 +12,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.devcluster.stages import failing_stage
-from gate.kube.client import CONTROLLER_REVISIONS, EVENTS, NODEGATES, NODES
+from gate.kube.client import CONTROLLER_REVISIONS, EVENTS, NODEGATES
 from gate.rollout import order_key
 from gate.rollout.history import history_selector
 from gate.testing.watcher import InvariantWatcher
@@ -158,10 +158,7 @@ async def test_a_node_unhealthy_in_its_soak_goes_back_and_a_resume_takes_the_rol
     await scenario.wait_ready(timeout=120)
     seen = {r.name for r in step_log.of(scenario.name)}
     # As node-problem-detector would, before the new rollout: the first node's soak finds it at once.
-    await scenario.kube.patch(NODES, sick, {"status": {"conditions": [{
-        "type": "GpuUnhealthy", "status": "True", "reason": "XidError", "message": "GPU 3 fell off the bus (Xid 79)",
-        "lastHeartbeatTime": "2026-12-04T05:00:00Z", "lastTransitionTime": "2026-12-04T05:00:00Z"}]}},
-        patch_type="strategic", subresource="status")
+    await scenario.set_condition(sick, "GpuUnhealthy", "True", "XidError", "GPU 3 fell off the bus (Xid 79)")
     watcher = InvariantWatcher(scenario.kube)
     await watcher.start()
     try:
@@ -184,10 +181,7 @@ async def test_a_node_unhealthy_in_its_soak_goes_back_and_a_resume_takes_the_rol
 
         # The GPU is mended; a person resumes the compartment: the rollout goes on forward, the
         # rolled-back node picked for the current spec again in its turn.
-        await scenario.kube.patch(NODES, sick, {"status": {"conditions": [{
-            "type": "GpuUnhealthy", "status": "False", "reason": "Healthy", "message": "replaced",
-            "lastHeartbeatTime": "2026-12-04T06:00:00Z", "lastTransitionTime": "2026-12-04T06:00:00Z"}]}},
-            patch_type="strategic", subresource="status")
+        await scenario.set_condition(sick, "GpuUnhealthy", "False", "Healthy", "replaced")
         await scenario.kube.patch(NODEGATES, scenario.name, {"metadata": {"annotations": {
             keys.RESUME_ANNOTATION: "*"}}})
         await scenario.wait_ready(timeout=120)

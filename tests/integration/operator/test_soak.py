@@ -141,10 +141,7 @@ async def test_a_node_condition_during_the_soak_fails_the_node_and_the_threshold
 
     await wait_for(counted, what="the gate's status to count the soaking node")
     # As node-problem-detector would: a condition on the Node's status.
-    await scenario.kube.patch(NODES, node, {"status": {"conditions": [{
-        "type": "GpuUnhealthy", "status": "True", "reason": "XidError",
-        "message": "GPU 3 fell off the bus (Xid 79)", "lastHeartbeatTime": "2026-12-04T05:00:00Z",
-        "lastTransitionTime": "2026-12-04T05:00:00Z"}]}}, patch_type="strategic", subresource="status")
+    await scenario.set_condition(node, "GpuUnhealthy", "True", "XidError", "GPU 3 fell off the bus (Xid 79)")
     await scenario.wait_node(node, "failed")
     failure = (await scenario.state(node))["failure"]
     assert failure["reason"] == "Unhealthy" and failure["stage"] == "soak"
@@ -169,10 +166,7 @@ async def test_a_node_going_not_ready_during_the_soak_fails(scenario: Scenario) 
     [node] = scenario.nodes
     await _soaking(scenario, node)
     await scenario.inject(node_down_stage("down", nodes=[node]))
-    await scenario.kube.patch(NODES, node, {"status": {"conditions": [{
-        "type": "Ready", "status": "False", "reason": "KubeletDown", "message": "injected outage",
-        "lastHeartbeatTime": "2026-12-04T05:00:00Z", "lastTransitionTime": "2026-12-04T05:00:00Z"}]}},
-        patch_type="strategic", subresource="status")
+    await scenario.set_condition(node, "Ready", "False", "KubeletDown", "injected outage")
     await scenario.wait_node(node, "failed")
     failure = (await scenario.state(node))["failure"]
     assert failure["reason"] == "Unhealthy" and "not Ready" in failure["message"]
