@@ -3,6 +3,12 @@
 Comparators joined by commas or spaces must all hold: `>=1.2.0, <2`, `^1.4`, `~1.2.3`, `1.2.3`
 (exactly), `1.2` (any 1.2.x), `*` (any). A parse returns the reason as a string when it fails, so a
 caller can put it in a message without catching anything.
+
+Prereleases follow npm and Cargo, the rule users of version ranges expect: a prerelease satisfies a
+constraint only when one of its comparators names a prerelease of the same MAJOR.MINOR.PATCH, and
+then only if every comparator holds. So `>=1.0.0` is not met by `2.0.0-rc.1`, nor `^1.4` by
+`2.0.0-rc.1`, nor `*` by any prerelease; `>=1.2.3-rc.1, <2` is met by `1.2.3-rc.2` and not by
+`1.2.4-rc.1`. A dependency on a release candidate is written by naming it.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def _parse_constraint_text(text: str) -> list[Predicate] | str:
     if len(text) > 256:
         return "a version constraint must be at most 256 characters"
     preds: list[Predicate] = []
+    prerelease_of: set[tuple[int, int, int]] = set()  # the MAJOR.MINOR.PATCH a comparator opens to prereleases
     tokens = re.sub(r"(>=|<=|==|!=|>|<|=|\^|~)\s+", r"\1", text.strip()).replace(",", " ").split()
     for token in tokens:
         if token in ("*", "x", "X"):
@@ -76,6 +83,10 @@ def _parse_constraint_text(text: str) -> list[Predicate] | str:
         except ValueError:
             return f"{ver!r} in {text!r} is not a version"
         preds.extend(_predicates(op, bound, given))
+        if bound.prerelease and op != "!=":
+            prerelease_of.add((bound.major, bound.minor, bound.patch))
+    frozen = frozenset(prerelease_of)
+    preds.append(lambda x: not x.prerelease or (x.major, x.minor, x.patch) in frozen)
     return preds
 
 
