@@ -20,6 +20,7 @@ from gate.agent.package import (
     Package,
     Stage,
     Step,
+    ValueRule,
     example_entries,
     load_package,
 )
@@ -116,7 +117,7 @@ def _default(key: ConfigKey) -> str:
     return "—" if text is None else f"`{_cell(text)}`"
 
 
-def _type(key: ConfigKey) -> str:
+def _type(key: ValueRule) -> str:
     if key.type == "enum":
         assert key.enum is not None
         return "enum: " + ", ".join(f"`{v}`" for v in key.enum)
@@ -124,6 +125,11 @@ def _type(key: ConfigKey) -> str:
               else ""]
     extra = ", ".join(b for b in bounds if b)
     return f"{key.type} ({extra})" if extra else key.type
+
+
+def _pattern(rule: ValueRule) -> str:
+    # A double-backtick code span: a pattern may hold a backtick itself.
+    return f" matching `` {_cell(rule.pattern)} ``" if rule.pattern is not None else ""
 
 
 def _config_rows(package: Package) -> list[str]:
@@ -167,10 +173,12 @@ def _section(entry: Entry, link_base: str) -> list[str]:
     config = _config_rows(package)
     if config:
         lines += ["| config key | type | default | meaning |", "|---|---|---|---|", *config, ""]
-    elif manifest.config is None:
-        lines += ["Config keys: not declared (any key is passed to the stages as given).", ""]
     else:
         lines += ["Config keys: none (the package refuses any).", ""]
+    if manifest.gate_env:
+        env_rows = [f"| `{name}` | {_type(rule)}{_pattern(rule)} | {_cell(rule.description) or '—'} |"
+                    for name, rule in manifest.gate_env.items()]
+        lines += ["| gate env | value | meaning |", "|---|---|---|", *env_rows, ""]
     if manifest.env:
         env = ", ".join(f"`{k}={_cell(v)}`" for k, v in manifest.env.items())
         lines += [f"Environment defaults (the gate's `env` overrides them): {env}.", ""]

@@ -6,7 +6,10 @@ agent checks the given config here before any step runs, and the steps read the 
 the given keys plus the defaults of the declared keys the gate left out, typed keys written in one
 normal spelling (`true`, `4`, `h100`) so a script compares strings, never re-parses.
 
-A package without a `config:` section takes any keys, as before declarations existed.
+The declaration is the rule: a package without a `config:` section accepts no config at all, and one
+with it accepts only the keys it declares. A gate's config is data for the package's scripts; a key
+the package does not expect is a file nobody checked, dropped where a script (or an interpreter the
+gate's env points at) might read it.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def _declared_names(spec: ConfigSpec) -> str:
 def check_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tuple[dict[str, ConfigValue], list[str]]:
     """The typed effective config and every problem with `given`, each naming its key and why."""
     spec = manifest.config
-    if spec is None:  # undeclared: any key, any bytes, passed on as given
-        return {name: data.decode(errors="replace") for name, data in sorted(given.items())}, []
+    if spec is None:
+        return {}, [f"config key {name!r} is not accepted: package {manifest.name} declares no config "
+                    "(package.yaml has no config section)" for name in sorted(given)]
     values, problems = {}, []
     for name, data in sorted(given.items()):
         key = spec.declaration(name)

@@ -1,7 +1,8 @@
 """`nodegate agent run`: one stage of one package on one node, then its check.
 
 Everything that can be refused is refused before the host is touched: the package (manifest,
-scripts, overlay), the host root, the config directory, the upgrade's previous version. Then, in
+scripts, overlay), the host root, the config directory and the gate's env against the package's
+declarations, the upgrade's previous version. Then, in
 order: lock the package, copy the payload and config onto the host, lay down (or take off) the
 overlay, run the steps (skipping idempotent ones already done), run the checks, record the result in
 the host's history, prune old payloads and logs. The stage passes only when its steps and its checks
@@ -26,6 +27,7 @@ from gate.agent import logs, overlay
 from gate.agent.config import check_digest, effective_config, lenient_config
 from gate.agent.errors import PackageError, UsageError
 from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
+from gate.agent.gate_env import check_gate_env
 from gate.agent.history import (
     History,
     OverlayFile,
@@ -55,6 +57,7 @@ class StageSettings:
     payload: Path
     config_dir: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
+    gate_env_names: tuple[str, ...] | None = None  # the gate's env names (--gate-env); None: run by hand
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
     config_digest: str | None = None  # what the operator rendered (gate.api.digests); None: unchecked
     timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
@@ -124,6 +127,18 @@ def stage_config(
     if request.stage == "uninstall":
         return lenient_config(package.manifest, given)
     return effective_config(package.manifest, given), []
+
+
+def stage_gate_env(package: Package, settings: StageSettings) -> tuple[dict[str, str], list[str]]:
+    """The gate's env the steps get, held against the package's `gateEnv` before the host is touched.
+
+    Every stage but uninstall refuses a name the package does not declare, a name NodeGate never
+    passes or a value that breaks its rule (PackageError naming each); uninstall leaves such names
+    out and warns, so a node can always leave the gate."""
+    values, problems = check_gate_env(package.manifest, settings.gate_env_names, settings.environ)
+    if problems and settings.request.stage != "uninstall":
+        raise PackageError("; ".join(problems) + "; nothing was run and the host is unchanged")
+    return values, problems
 
 
 def _replace_dir(dst: Path, fill: Callable[[Path], None]) -> None:
@@ -262,6 +277,7 @@ def run_stage(
     given = read_config(settings.config_dir)
     check_digest(given, settings.config_digest, str(settings.config_dir or "no config directory"))
     config, config_warnings = stage_config(package, settings.request, given)
+    gate_env, env_warnings = stage_gate_env(package, settings)
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
@@ -295,10 +311,12 @@ def run_stage(
                 log.line(f"Warning: {warning}.")
             for problem in config_warnings:
                 log.line(f"Warning: {problem} (uninstall goes on with the config as given).")
+            for problem in env_warnings:
+                log.line(f"Warning: {problem} (uninstall goes on without it).")
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
-            results, failed, outcome = _run_steps(run, package, settings, request, facts, termination)
+            results, failed, outcome = _run_steps(run, package, gate_env, request, facts, termination)
             if termination.timed_out:
                 log.line(f"The stage's timeout of {settings.timeout:g}s passed: the running step was stopped.")
             ok = failed is None
@@ -369,12 +387,11 @@ def _not_started(signum: int) -> Outcome:
 
 
 def _run_steps(
-    run: _Run, package: Package, settings: StageSettings, request: StageRequest, facts: OperatorFacts,
+    run: _Run, package: Package, gate_env: Mapping[str, str], request: StageRequest, facts: OperatorFacts,
     termination: Termination | None = None,
 ) -> tuple[list[StepResult], Invocation | None, Outcome | None]:
     host_places, agent_places = _places(run.layout, request.version)
-    invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places,
-                             facts)
+    invocations = plan_stage(package.manifest, request, run.history, gate_env, host_places, agent_places, facts)
     results: list[StepResult] = []
     for invocation in invocations:
         if invocation.skip_reason:
@@ -393,7 +410,7 @@ def _run_steps(
             invocation.argv,
             invocation.env,
             invocation.cwd,
-            settings.root if invocation.chroot else None,
+            run.layout.root if invocation.chroot else None,
             invocation.step.timeout_seconds(),
             _prefixed(run.log, f"[{invocation.label}] "),
             termination,
