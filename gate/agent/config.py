@@ -109,14 +109,13 @@ def effective_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> d
 
 
 def lenient_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
-    """For uninstall: the given keys as they are, plus the defaults, and the problems to warn about.
+    """For uninstall: the keys that pass the declarations, plus the defaults, and the problems to warn about.
 
-    A node must be able to leave a gate whose config went wrong, so nothing here refuses."""
+    A node must be able to leave a gate whose config went wrong, so nothing here refuses; but what
+    breaks the declarations (an undeclared key, a value against its rule) is left out rather than
+    written to the host: undeclared input never reaches a step, at uninstall either."""
     values, problems = check_config(manifest, given)
-    files = dict(given)
-    for name, data in render(manifest, values, given).items():
-        files.setdefault(name, data)
-    return dict(sorted(files.items())), problems
+    return dict(sorted(render(manifest, values, given).items())), problems
 
 
 def parse_assignments(text: str) -> dict[str, bytes]:
