@@ -115,7 +115,11 @@ def lenient_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tup
     breaks the declarations (an undeclared key, a value against its rule) is left out rather than
     written to the host: undeclared input never reaches a step, at uninstall either."""
     values, problems = check_config(manifest, given)
-    return dict(sorted(render(manifest, values, given).items())), problems
+    valid = {name: data for name, data in given.items() if name in values}
+    for name, key in (manifest.config.keys.items() if manifest.config is not None else ()):
+        if name not in values and key.default is not None:
+            values[name] = key.default  # given against its rule: the default stands in, as if left out
+    return dict(sorted(render(manifest, values, valid).items())), problems
 
 
 def parse_assignments(text: str) -> dict[str, bytes]:

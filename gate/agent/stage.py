@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from gate.agent import logs, overlay
-from gate.agent.config import check_digest, effective_config, lenient_config
+from gate.agent.config import check_config, check_digest, lenient_config, render
 from gate.agent.errors import PackageError, UsageError
 from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
 from gate.agent.gate_env import check_gate_env
@@ -117,28 +117,26 @@ def validate(settings: StageSettings) -> Package:
     return package
 
 
-def stage_config(
-    package: Package, request: StageRequest, given: dict[str, bytes]
-) -> tuple[dict[str, bytes], list[str]]:
-    """The config the steps see, held against the package's declared keys before the host is touched.
+def stage_inputs(
+    package: Package, settings: StageSettings, given: dict[str, bytes]
+) -> tuple[dict[str, bytes], dict[str, str], list[str]]:
+    """The config files and the gate's env the steps see, held against the package's declarations
+    (`config.keys`, `gateEnv`) before the host is touched, and the warnings to log.
 
-    Every stage but uninstall refuses a config that breaks the declarations (PackageError naming each
-    key); uninstall only warns, so a node can always leave a gate whose config went wrong."""
-    if request.stage == "uninstall":
-        return lenient_config(package.manifest, given)
-    return effective_config(package.manifest, given), []
-
-
-def stage_gate_env(package: Package, settings: StageSettings) -> tuple[dict[str, str], list[str]]:
-    """The gate's env the steps get, held against the package's `gateEnv` before the host is touched.
-
-    Every stage but uninstall refuses a name the package does not declare, a name NodeGate never
-    passes or a value that breaks its rule (PackageError naming each); uninstall leaves such names
-    out and warns, so a node can always leave the gate."""
-    values, problems = check_gate_env(package.manifest, settings.gate_env_names, settings.environ)
-    if problems and settings.request.stage != "uninstall":
-        raise PackageError("; ".join(problems) + "; nothing was run and the host is unchanged")
-    return values, problems
+    Every stage but uninstall refuses input that breaks the declarations: an undeclared config key or
+    env name, a value against its rule, a name NodeGate never passes (one PackageError naming each).
+    Uninstall leaves such input out and warns, so a node can always leave a gate whose input went
+    wrong."""
+    manifest = package.manifest
+    gate_env, env_problems = check_gate_env(manifest, settings.gate_env_names, settings.environ)
+    if settings.request.stage == "uninstall":
+        files, config_problems = lenient_config(manifest, given)
+        return files, gate_env, [f"{p} (uninstall goes on without it)" for p in config_problems + env_problems]
+    values, config_problems = check_config(manifest, given)
+    problems = config_problems + env_problems
+    if problems:
+        raise PackageError("; ".join(problems))
+    return render(manifest, values, given), gate_env, []
 
 
 def _replace_dir(dst: Path, fill: Callable[[Path], None]) -> None:
@@ -276,8 +274,7 @@ def run_stage(
     package = validate(settings)
     given = read_config(settings.config_dir)
     check_digest(given, settings.config_digest, str(settings.config_dir or "no config directory"))
-    config, config_warnings = stage_config(package, settings.request, given)
-    gate_env, env_warnings = stage_gate_env(package, settings)
+    config, gate_env, input_warnings = stage_inputs(package, settings, given)
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
@@ -309,10 +306,8 @@ def run_stage(
             )
             if warning:
                 log.line(f"Warning: {warning}.")
-            for problem in config_warnings:
-                log.line(f"Warning: {problem} (uninstall goes on with the config as given).")
-            for problem in env_warnings:
-                log.line(f"Warning: {problem} (uninstall goes on without it).")
+            for problem in input_warnings:
+                log.line(f"Warning: {problem}.")
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)

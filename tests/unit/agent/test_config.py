@@ -84,7 +84,7 @@ def test_a_package_without_a_config_section_accepts_no_config() -> None:
 
 def test_uninstall_keeps_going_without_what_breaks_the_declarations_and_with_the_defaults() -> None:
     files, problems = lenient_config(manifest(), {"workers": b"lots", "stray": b"1", "name": b"ok"})
-    assert files == {"accelerator": b"any", "name": b"ok", "verbose": b"false"}
+    assert files == {"accelerator": b"any", "name": b"ok", "verbose": b"false", "workers": b"4"}
     assert len(problems) == 3  # workers, stray, intent missing
 
 
