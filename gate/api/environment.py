@@ -67,14 +67,12 @@ NEVER_PASSED_PREFIXES: Final = (
 def never_passed_reason(name: str) -> str | None:
     """Why variable `name` never reaches the agent or a step, or None when it may (if declared)."""
     if name.startswith(RESERVED_PREFIX):
-        return f"names starting with {RESERVED_PREFIX} are NodeGate's own (the agent sets them)"
+        return f"{RESERVED_PREFIX}* are NodeGate's own variables (the agent sets them)"
     if name in NEVER_PASSED_NAMES:
-        return (f"{name} is one of the loader, shell and interpreter variables NodeGate never passes "
-                "(docs/packages.md, \"Names never passed\"): it would run code of the setter's choosing as root")
+        return "a loader, shell or interpreter variable NodeGate never passes (docs/packages.md)"
     prefix = next((p for p in NEVER_PASSED_PREFIXES if name.startswith(p)), None)
     if prefix is not None:
-        return (f"names starting with {prefix} are loader or interpreter variables NodeGate never passes "
-                "(docs/packages.md, \"Names never passed\"): they would run code of the setter's choosing as root")
+        return f"{prefix}* are loader or interpreter variables NodeGate never passes (docs/packages.md)"
     return None
 
 

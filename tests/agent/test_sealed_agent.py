@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION
 from gate.api.nodegate import NodeGate
-from gate.api.environment import never_passed
 from gate.controller.pods import AGENT_COMMAND, CONFIG_DIR, HOST_ROOT, PAYLOAD_DIR, TERMINATION_LOG, stage_pod
 from gate.controller.settings import OperatorSettings
 from gate.lifecycle.machine import PodRequest, Step
@@ -128,9 +128,13 @@ def _run_as_the_operator_would(agent: Agent, tmp: Path, gate: NodeGate, stage: s
 
 def test_a_package_users_env_and_config_run_nothing_as_root(agent: Agent, tmp_path: Path) -> None:
     pkg = make_package(tmp_path, """
-        apply: [{name: bash, script: scripts/step.sh, onHost: false}, {name: py, script: scripts/step.py, onHost: false}]
+        apply:
+          - {name: bash, script: scripts/step.sh, onHost: false}
+          - {name: py, script: scripts/step.py, onHost: false}
         apply-check: [{name: c, command: 'true'}]
-        uninstall: [{name: bash, script: scripts/step.sh, onHost: false}, {name: py, script: scripts/step.py, onHost: false}]
+        uninstall:
+          - {name: bash, script: scripts/step.sh, onHost: false}
+          - {name: py, script: scripts/step.py, onHost: false}
         uninstall-check: [{name: c, command: 'true'}]
     """, header=f"env: {{PROOF_DIR: {tmp_path / 'proof'}}}\n")
     (tmp_path / "proof").mkdir()

@@ -443,7 +443,8 @@ def test_the_gates_env_overrides_package_defaults_and_the_step_overrides_both(
             command: 'echo "$A $B $C $NODEGATE_STAGE $NODEGATE_GATE $NODEGATE_GENERATION" > /etc/env'
             env: {C: step}
         apply-check: [{name: c, command: 'true'}]
-    """, header="env: {A: package, B: package, C: package}\ngateEnv: {B: {pattern: '[a-z]+'}, C: {pattern: '[a-z]+'}}\n")
+    """, header="env: {A: package, B: package, C: package}\n"
+              "gateEnv: {B: {pattern: '[a-z]+'}, C: {pattern: '[a-z]+'}}\n")
     monkeypatch.setenv("B", "gate")
     monkeypatch.setenv("C", "gate")
     assert agent.run("apply", pkg, generation=4).code == 0

@@ -33,7 +33,8 @@ def test_every_loader_and_interpreter_variable_is_refused_naming_the_field_and_t
 def test_data_names_pass() -> None:
     obj = gate({"grub-cmdline": package(env=[{"name": "KERNEL_ARGS", "value": "iommu=pt"},
                                               {"name": "MODULES", "value": "nouveau"}])})
-    assert decide.validate(request("NodeGate", "CREATE", obj), Facts()).violations == ()  # only the RBAC question is left
+    # only the RBAC question is left
+    assert decide.validate(request("NodeGate", "CREATE", obj), Facts()).violations == ()
 
 
 @pytest.mark.parametrize("name", sorted(NEVER_PASSED_NAMES))
