@@ -245,7 +245,8 @@ def test_a_user_with_use_on_sysctl_tuning_cannot_give_it_loader_or_interpreter_v
         kubectl: Kubectl, chart_webhook: str, sysctl_user: User) -> None:
     """Issue 33: the catalog's sysctl-tuning gate with its bound image, plus env that would make the
     agent's interpreter (or the package's scripts) run a config key as code. Each name is refused by
-    admission, named by its field, on create and on a patch of the user's own gate."""
+    admission, named by its field, on create and on a patch of the user's own gate; and so is input
+    the bound catalog package does not declare."""
     name = unique("sec-env")
     sysctl_user.gates.append(name)
     attack = gate(name, BOUND, label=chart_webhook)
@@ -263,5 +264,16 @@ def test_a_user_with_use_on_sysctl_tuning_cannot_give_it_loader_or_interpreter_v
     patch = {"spec": {"packages": {"sysctl-tuning": {"env": [{"name": "PYTHONPATH", "value": "/nodegate-config"}]}}}}
     code, out = sysctl_user.run("patch", "nodegates.nodegate.io", name, "--type=merge", "-p", json.dumps(patch))
     assert code != 0 and "spec.packages[sysctl-tuning].env[0].name: env PYTHONPATH is refused: " in out, out
+    # What the catalog's sysctl-tuning does not declare, though no loader variable: a config key (it
+    # declares no config) and another env name. The chart-configured webhook knows the bound catalog
+    # package's declarations (gate.admission.rules.inputs) and refuses both by field.
+    patch = {"spec": {"packages": {"sysctl-tuning": {"config": {"sitecustomize.py": "import os\n"},
+                                                     "env": [{"name": "TUNING", "value": "1"}]}}}}
+    code, out = sysctl_user.run("patch", "nodegates.nodegate.io", name, "--type=merge", "-p", json.dumps(patch))
+    assert code != 0, out
+    assert ("spec.packages[sysctl-tuning].config[sitecustomize.py]: config key 'sitecustomize.py' is not accepted: "
+            "package sysctl-tuning 1.0.0 (docs/catalog.md#sysctl-tuning) declares no config") in out, out
+    assert "spec.packages[sysctl-tuning].env[0].name: env TUNING is not declared by package sysctl-tuning" in out
     live = json.loads(kubectl.run("get", "nodegates.nodegate.io", name, "-o", "json").stdout)
     assert not live["spec"]["packages"]["sysctl-tuning"].get("env")
+    assert not live["spec"]["packages"]["sysctl-tuning"].get("config")
