@@ -10,4 +10,5 @@ import sys
 
 from gate.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported by name (gate.kube.imagecheck walks every module), it runs nothing
+    sys.exit(main())
