@@ -26,7 +26,8 @@ def reasons(policy: ImagePolicy, name: str, **extra: Any) -> dict[str, str]:
 def test_the_inputs_admission_knows_are_the_catalogs_own() -> None:
     generated = REPO / "gate/admission/rules/catalog_inputs.py"
     assert generated.read_text() == render_inputs_module(REPO / "packages"), (
-        "stale: run `nodegate package catalog --output docs/catalog.md --inputs gate/admission/rules/catalog_inputs.py`")
+        "stale: run `nodegate package catalog --output docs/catalog.md "
+        "--inputs gate/admission/rules/catalog_inputs.py`")
 
 
 def test_a_bound_catalog_package_refuses_undeclared_keys_and_names_and_values_against_their_rule() -> None:
