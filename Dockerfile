@@ -8,7 +8,9 @@
 # filesystem: the chart sets that in their securityContext. The image's default user stays root for
 # one reason: the agent in package pods chroots into the host (privileged, hostPID, the host's / at
 # /host), and the operator's stage Jobs set `privileged` without a runAsUser, so they run as the
-# image's user. Nothing else in NodeGate runs privileged or as root.
+# image's user. Nothing else in NodeGate runs privileged or as root. The operator starts the agent as
+# `/opt/nodegate/bin/python -I -u -B -m gate ...`, not through the entrypoint: isolated mode ignores the
+# PYTHON* variables below (and any a gate's env sets), so -u and -B stand in for the first two.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -33,6 +35,8 @@ RUN /opt/nodegate/bin/pip install --quiet --no-deps . \
  # bytecode compiled now: at run time the root filesystem is read-only
  && /opt/nodegate/bin/python -m compileall -q /opt/nodegate/lib \
  && /opt/nodegate/bin/nodegate version --client \
+ # how the operator starts the agent (gate.controller.pods.AGENT_COMMAND): isolated mode still finds gate
+ && /opt/nodegate/bin/python -I -u -B -m gate version --client \
  # every module the image runs imports without what was removed
  && /opt/nodegate/bin/python -m gate.kube.imagecheck \
  && /opt/nodegate/bin/python -m pip uninstall --quiet --yes pip setuptools

@@ -9,6 +9,8 @@ test fails while the published page is stale.
 
 from __future__ import annotations
 
+import pprint
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +22,7 @@ from gate.agent.package import (
     Package,
     Stage,
     Step,
+    ValueRule,
     example_entries,
     load_package,
 )
@@ -116,7 +119,7 @@ def _default(key: ConfigKey) -> str:
     return "—" if text is None else f"`{_cell(text)}`"
 
 
-def _type(key: ConfigKey) -> str:
+def _type(key: ValueRule) -> str:
     if key.type == "enum":
         assert key.enum is not None
         return "enum: " + ", ".join(f"`{v}`" for v in key.enum)
@@ -124,6 +127,11 @@ def _type(key: ConfigKey) -> str:
               else ""]
     extra = ", ".join(b for b in bounds if b)
     return f"{key.type} ({extra})" if extra else key.type
+
+
+def _pattern(rule: ValueRule) -> str:
+    # A double-backtick code span: a pattern may hold a backtick itself.
+    return f" matching `` {_cell(rule.pattern)} ``" if rule.pattern is not None else ""
 
 
 def _config_rows(package: Package) -> list[str]:
@@ -167,15 +175,52 @@ def _section(entry: Entry, link_base: str) -> list[str]:
     config = _config_rows(package)
     if config:
         lines += ["| config key | type | default | meaning |", "|---|---|---|---|", *config, ""]
-    elif manifest.config is None:
-        lines += ["Config keys: not declared (any key is passed to the stages as given).", ""]
     else:
         lines += ["Config keys: none (the package refuses any).", ""]
+    if manifest.gate_env:
+        env_rows = [f"| `{name}` | {_type(rule)}{_pattern(rule)} | {_cell(rule.description) or '—'} |"
+                    for name, rule in manifest.gate_env.items()]
+        lines += ["| gate env | value | meaning |", "|---|---|---|", *env_rows, ""]
     if manifest.env:
         env = ", ".join(f"`{k}={_cell(v)}`" for k, v in manifest.env.items())
         lines += [f"Environment defaults (the gate's `env` overrides them): {env}.", ""]
     lines += [f"Tested on: {_tested(package)}.", ""]
     return lines
+
+
+INPUTS_MODULE: Final = "gate/admission/rules/catalog_inputs.py"
+_RULE_FIELDS: Final = ("type", "enum", "minimum", "maximum", "pattern")
+
+
+def _rule(rule: ValueRule, *extra: str) -> dict[str, Any]:
+    fields = {name: getattr(rule, name) for name in (*_RULE_FIELDS, *extra)}
+    return {name: value for name, value in fields.items() if value not in (None, False) and
+            not (name == "type" and value == "string")}
+
+
+def catalog_inputs(packages_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each catalog package's declared input (its version, config keys and gateEnv), as admission judges it."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in load_entries(packages_dir):
+        manifest = entry.package.manifest
+        config = None if manifest.config is None else {
+            key: _rule(rule, "required") for key, rule in manifest.config.keys.items()}
+        out[manifest.name] = {"version": manifest.version, "config": config,
+                              "env": {name: _rule(rule) for name, rule in manifest.gate_env.items()}}
+    return out
+
+
+def render_inputs_module(packages_dir: Path) -> str:
+    """`gate/admission/rules/catalog_inputs.py`: the catalog's declared inputs as a Python literal."""
+    body = textwrap.indent(pprint.pformat(catalog_inputs(packages_dir), width=100, sort_dicts=True), "    ")
+    return (
+        '"""The catalog\'s declared input per package: generated from packages/*/package.yaml by `nodegate package\n'
+        'catalog` (do not edit; a test fails when it is stale).\n\n'
+        "Admission holds a bound catalog package's config keys and env against these, for the catalog's version\n"
+        '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml.\n"""\n\n'
+        "from typing import Any, Final\n\n"
+        f"CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (\n{body}\n)\n"
+    )
 
 
 def render_catalog(packages_dir: Path, link_base: str = "../packages") -> str:

@@ -6,7 +6,10 @@ agent checks the given config here before any step runs, and the steps read the 
 the given keys plus the defaults of the declared keys the gate left out, typed keys written in one
 normal spelling (`true`, `4`, `h100`) so a script compares strings, never re-parses.
 
-A package without a `config:` section takes any keys, as before declarations existed.
+The declaration is the rule: a package without a `config:` section accepts no config at all, and one
+with it accepts only the keys it declares. A gate's config is data for the package's scripts; a key
+the package does not expect is a file nobody checked, dropped where a script (or an interpreter the
+gate's env points at) might read it.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def _declared_names(spec: ConfigSpec) -> str:
 def check_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tuple[dict[str, ConfigValue], list[str]]:
     """The typed effective config and every problem with `given`, each naming its key and why."""
     spec = manifest.config
-    if spec is None:  # undeclared: any key, any bytes, passed on as given
-        return {name: data.decode(errors="replace") for name, data in sorted(given.items())}, []
+    if spec is None:
+        return {}, [f"config key {name!r} is not accepted: package {manifest.name} declares no config "
+                    "(package.yaml has no config section)" for name in sorted(given)]
     values, problems = {}, []
     for name, data in sorted(given.items()):
         key = spec.declaration(name)
@@ -105,14 +109,17 @@ def effective_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> d
 
 
 def lenient_config(manifest: PackageManifest, given: Mapping[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
-    """For uninstall: the given keys as they are, plus the defaults, and the problems to warn about.
+    """For uninstall: the keys that pass the declarations, plus the defaults, and the problems to warn about.
 
-    A node must be able to leave a gate whose config went wrong, so nothing here refuses."""
+    A node must be able to leave a gate whose config went wrong, so nothing here refuses; but what
+    breaks the declarations (an undeclared key, a value against its rule) is left out rather than
+    written to the host: undeclared input never reaches a step, at uninstall either."""
     values, problems = check_config(manifest, given)
-    files = dict(given)
-    for name, data in render(manifest, values, given).items():
-        files.setdefault(name, data)
-    return dict(sorted(files.items())), problems
+    valid = {name: data for name, data in given.items() if name in values}
+    for name, key in (manifest.config.keys.items() if manifest.config is not None else ()):
+        if name not in values and key.default is not None:
+            values[name] = key.default  # given against its rule: the default stands in, as if left out
+    return dict(sorted(render(manifest, values, valid).items())), problems
 
 
 def parse_assignments(text: str) -> dict[str, bytes]:

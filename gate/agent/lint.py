@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from gate.agent.config import config_problems
+from gate.agent.gate_env import check_gate_env
 from gate.agent.package import (
     CHANGING_STAGES,
     CHECK_OF,
@@ -81,6 +82,7 @@ def lint_package(directory: Path) -> list[Finding]:
         findings.append(Finding("warning", f"{MANIFEST}: apply changes the host but there are no uninstall steps"))
     findings += _dockerfile_findings(directory)
     findings += config_findings(manifest, directory)
+    findings += env_findings(manifest, directory)
     return findings
 
 
@@ -102,11 +104,24 @@ def _example_configs(manifest: PackageManifest, directory: Path) -> list[tuple[s
 
 def config_findings(manifest: PackageManifest, directory: Path) -> list[Finding]:
     """The package's own example configs must pass its declarations: a user copies them."""
-    if manifest.config is None:
-        return []
     return [Finding("error", f"{where}: {problem}")
             for where, given in _example_configs(manifest, directory)
             for problem in config_problems(manifest, given)]
+
+
+def env_findings(manifest: PackageManifest, directory: Path) -> list[Finding]:
+    """The env of the package's example gates must pass its gateEnv declarations, as the agent holds it."""
+    findings = []
+    for example in [directory / EXAMPLE_GATE, *sorted((directory / EXAMPLES).glob("*.yaml"))]:
+        for entry in example_entries(example, manifest.name):
+            env = entry.get("env")
+            if not isinstance(env, list):
+                continue
+            given = {str(e.get("name")): str(e.get("value", "")) for e in env if isinstance(e, dict)}
+            where = f"{example.relative_to(directory)}: spec.packages.{manifest.name}.env"
+            findings += [Finding("error", f"{where}: {problem}")
+                         for problem in check_gate_env(manifest, list(given), given)[1]]
+    return findings
 
 
 def has_errors(findings: list[Finding]) -> bool:

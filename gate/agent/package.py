@@ -26,6 +26,7 @@ from pydantic.config import JsonDict
 
 from gate.agent.errors import PackageError
 from gate.api.common import Duration, parse_duration
+from gate.api.environment import RESERVED_PREFIX, never_passed_reason
 from gate.api.nodegate import PACKAGE_NAME_PATTERN
 
 API_VERSION: Final = "nodegate.io/v1alpha1"
@@ -41,7 +42,7 @@ SEMVER_PATTERN: Final = (
 )
 STEP_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]*$"
-RESERVED_ENV_PREFIX: Final = "NODEGATE_"
+RESERVED_ENV_PREFIX: Final = RESERVED_PREFIX
 
 Stage = Literal["apply", "config", "upgrade", "uninstall", "post-interrupt", "post-uninstall"]
 STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall", "post-interrupt", "post-uninstall")
@@ -96,10 +97,15 @@ def _check_relative(path: str, what: str) -> str:
     return str(pure)
 
 
-def _check_env_names(env: dict[str, str]) -> dict[str, str]:
+def _check_env_names(env: dict[str, Any]) -> dict[str, Any]:
+    """Refuse NodeGate's own names and those never passed (`gate.api.environment`), naming each."""
     reserved = sorted(name for name in env if name.startswith(RESERVED_ENV_PREFIX))
     if reserved:
         raise ValueError(f"variables starting with {RESERVED_ENV_PREFIX} are set by the agent: {', '.join(reserved)}")
+    for name in sorted(env):
+        reason = never_passed_reason(name)
+        if reason is not None:
+            raise ValueError(f"{name}: {reason}")
     return env
 
 
@@ -275,8 +281,8 @@ def is_glob(name: str) -> bool:
     return "*" in name or "?" in name
 
 
-def parse_config_value(key: ConfigKey, text: str) -> str | int | bool:
-    """A config value read as its declared type; ValueError says why it is not one."""
+def parse_config_value(key: ValueRule, text: str) -> str | int | bool:
+    """A config (or env) value read as its declared type; ValueError says why it is not one."""
     if key.type == "string":
         if key.pattern is not None and re.fullmatch(key.pattern, text, re.DOTALL) is None:
             raise ValueError(f"does not match the pattern {key.pattern!r}")
@@ -316,8 +322,8 @@ def render_config_value(value: str | int | bool) -> str:
     return str(value)
 
 
-class ConfigKey(PackageModel):
-    """One config key a package accepts: its type, whether it is needed, its default."""
+class ValueRule(PackageModel):
+    """What a value may be: its type and, by type, its values, bounds or pattern (config keys, env names)."""
 
     type: ConfigType = Field(
         default="string",
@@ -326,24 +332,19 @@ class ConfigKey(PackageModel):
             "enum: one of `enum`."
         ),
     )
-    description: str = Field(default="", max_length=4096, description="What the key does, for people and the catalog.")
-    required: bool = Field(default=False, description="The gate must give this key (it then has no default).")
-    default: str | int | bool | None = Field(
-        default=None,
-        description="The value used when the gate does not give the key; written to the config directory like one.",
-    )
+    description: str = Field(default="", max_length=4096, description="What it does, for people and the catalog.")
     enum: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
-        default=None, min_length=1, max_length=256, description="The allowed values of an enum key."
+        default=None, min_length=1, max_length=256, description="The allowed values of an enum."
     )
-    minimum: int | None = Field(default=None, description="int keys: the smallest allowed value.")
-    maximum: int | None = Field(default=None, description="int keys: the largest allowed value.")
+    minimum: int | None = Field(default=None, description="int: the smallest allowed value.")
+    maximum: int | None = Field(default=None, description="int: the largest allowed value.")
     pattern: str | None = Field(
         default=None, max_length=1024,
-        description="string keys: a regular expression (Python syntax) the whole value must match.",
+        description="string: a regular expression (Python syntax) the whole value must match.",
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> ConfigKey:
+    def _rule_consistent(self) -> ValueRule:
         if (self.type == "enum") != (self.enum is not None):
             raise ValueError("enum lists the values of an enum key, and only of one" if self.enum is not None
                              else "a key of type enum needs its values in enum")
@@ -358,6 +359,20 @@ class ConfigKey(PackageModel):
                 raise ValueError(f"pattern is not a regular expression: {exc}") from None
         if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
             raise ValueError(f"minimum {self.minimum} is above maximum {self.maximum}")
+        return self
+
+
+class ConfigKey(ValueRule):
+    """One config key a package accepts: its type, whether it is needed, its default."""
+
+    required: bool = Field(default=False, description="The gate must give this key (it then has no default).")
+    default: str | int | bool | None = Field(
+        default=None,
+        description="The value used when the gate does not give the key; written to the config directory like one.",
+    )
+
+    @model_validator(mode="after")
+    def _default_consistent(self) -> ConfigKey:
         if self.required and self.default is not None:
             raise ValueError("a required key has no default (the gate must give it)")
         if self.default is not None:
@@ -374,8 +389,23 @@ class ConfigKey(PackageModel):
         return None if self.default is None else render_config_value(self.default)
 
 
+class EnvDeclaration(ValueRule):
+    """One environment variable a gate may set for the package's steps, and what its value may be.
+
+    A string needs a pattern: an env value is one line for a script to use, never a file, and the
+    pattern says which characters the script is ready for (a value that reaches a sourced file or a
+    command line must not carry quotes, `$`, backticks or newlines)."""
+
+    @model_validator(mode="after")
+    def _string_has_pattern(self) -> EnvDeclaration:
+        if self.type == "string" and self.pattern is None:
+            raise ValueError("an env value of type string needs a pattern (the characters the package's scripts "
+                             "are ready for), or another type: int, bool or enum")
+        return self
+
+
 class ConfigSpec(PackageModel):
-    """The config keys a package accepts. With a config section, the agent refuses keys it does not declare."""
+    """The config keys a package accepts; the agent refuses every key it does not declare."""
 
     keys: dict[Annotated[str, Field(pattern=CONFIG_KEY_PATTERN)], ConfigKey] = Field(
         default_factory=dict,
@@ -464,14 +494,27 @@ class PackageManifest(PackageModel):
     env: Env = Field(
         default_factory=dict,
         description=(
-            "Default environment of every step; the gate's env overrides it, a step's own env overrides both."
+            "Default environment of every step; the gate's env overrides it (for a name gateEnv declares), a "
+            "step's own env overrides both. Loader, shell and interpreter variables (LD_*, PYTHON*, BASH_ENV, "
+            "PATH, ...: docs/packages.md) are refused."
+        ),
+    )
+    gate_env: dict[EnvName, EnvDeclaration] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "The environment variables a gate may set for this package (spec.packages[].env), each with the "
+            "rule its value must follow. The agent refuses a gate that sets any other name, or a value that "
+            "breaks its rule, before it touches the host, and the steps get only these names (with the "
+            "package's env, the step's env and NodeGate's own NODEGATE_*, PATH and HOME). Loader, shell "
+            "and interpreter variables can never be declared."
         ),
     )
     config: ConfigSpec | None = Field(
         default=None,
         description=(
-            "The config keys the package accepts, checked by the agent before any step runs. Without it any "
-            "key goes."
+            "The config keys the package accepts, checked by the agent before any step runs: any other key is "
+            "refused. Without it the package accepts no config at all."
         ),
     )
     stages: Stages = Field(default_factory=Stages, description="Steps per stage.")
@@ -490,9 +533,9 @@ class PackageManifest(PackageModel):
     def _root_inside_package(cls, value: str | None) -> str | None:
         return None if value is None else _check_relative(value, "root")
 
-    @field_validator("env")
+    @field_validator("env", "gate_env")
     @classmethod
-    def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+    def _env_not_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_env_names(value)
 
     def scripts(self) -> list[tuple[str, Step]]:

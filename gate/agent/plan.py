@@ -1,6 +1,6 @@
 """Which commands a stage runs, with which arguments and environment: decided without touching anything.
 
-`plan_stage` turns a package, the host's history and the agent's environment into a list of
+`plan_stage` turns a package, the host's history and the gate's checked env into a list of
 invocations; `gate.agent.stage` runs them. Everything that makes a step's behaviour predictable for a
 package author lives here: the environment's precedence, the upgrade arguments, the idempotence skip.
 """
@@ -65,22 +65,22 @@ class Invocation:
 def step_environment(
     manifest: PackageManifest,
     step: Step,
-    environ: Mapping[str, str],
+    gate_env: Mapping[str, str],
     agent_vars: Mapping[str, str],
 ) -> dict[str, str]:
-    """The environment of one step, from weakest to strongest source:
+    """The environment of one step, built from declared names only, from weakest to strongest source:
 
-    a sane PATH; the package's own `env` defaults; the agent's environment (which carries the gate's
-    `env` set by the operator, so the gate can override a package default); the step's `env`; the
-    NODEGATE_* variables the agent computes. Variables starting with NODEGATE_ in the agent's
-    environment are dropped: the agent's resolved values are the truth (e.g. the previous version).
-    A chrooted step never inherits the pod's PATH: it names directories of the container image.
+    a fixed safe PATH and HOME=/root; the package's own `env` defaults; the gate's env, as
+    `gate.agent.gate_env.check_gate_env` held it against the package's `gateEnv` (so the gate can
+    override a package default it declares); the step's `env`; the NODEGATE_* variables the agent
+    computes. Nothing else of the agent's environment reaches a step: not the image's, not the
+    kubelet's, not a name the package did not declare (systemd's `Environment=` rule, STYLE.md).
+    The PATH is the same in and out of the chroot: it names the host's (or the image's) system
+    directories only, none that a spec can write.
     """
-    env = {"PATH": HOST_PATH if step.on_host else environ.get("PATH", HOST_PATH), "HOME": "/root"}
+    env = {"PATH": HOST_PATH, "HOME": "/root"}
     env.update(manifest.env)
-    env.update(
-        (k, v) for k, v in environ.items() if not k.startswith("NODEGATE_") and not (step.on_host and k == "PATH")
-    )
+    env.update((k, v) for k, v in gate_env.items() if k in manifest.gate_env)
     env.update(step.env)
     env.update(agent_vars)
     return env
@@ -133,7 +133,7 @@ def plan_stage(
     manifest: PackageManifest,
     request: StageRequest,
     history: History,
-    environ: Mapping[str, str],
+    gate_env: Mapping[str, str],
     host_places: Places,
     agent_places: Places,
     facts: OperatorFacts | None = None,
@@ -153,7 +153,7 @@ def plan_stage(
                     list_name=list_name,
                     step=step,
                     argv=step_argv(list_name, step, places, request),
-                    env=step_environment(manifest, step, environ,
+                    env=step_environment(manifest, step, gate_env,
                                          agent_variables(request, list_name, step, places, facts)),
                     chroot=step.on_host,
                     cwd=places.package_dir,

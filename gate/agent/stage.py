@@ -1,7 +1,8 @@
 """`nodegate agent run`: one stage of one package on one node, then its check.
 
 Everything that can be refused is refused before the host is touched: the package (manifest,
-scripts, overlay), the host root, the config directory, the upgrade's previous version. Then, in
+scripts, overlay), the host root, the config directory and the gate's env against the package's
+declarations, the upgrade's previous version. Then, in
 order: lock the package, copy the payload and config onto the host, lay down (or take off) the
 overlay, run the steps (skipping idempotent ones already done), run the checks, record the result in
 the host's history, prune old payloads and logs. The stage passes only when its steps and its checks
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import IO, Literal
 
 from gate.agent import logs, overlay
-from gate.agent.config import check_digest, effective_config, lenient_config
+from gate.agent.config import check_config, check_digest, lenient_config, render
 from gate.agent.errors import PackageError, UsageError
 from gate.agent.facts import NodeFacts, load_operator_facts, node_facts, write_facts
+from gate.agent.gate_env import check_gate_env
 from gate.agent.history import (
     History,
     OverlayFile,
@@ -55,6 +57,7 @@ class StageSettings:
     payload: Path
     config_dir: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
+    gate_env_names: tuple[str, ...] | None = None  # the gate's env names (--gate-env); None: run by hand
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
     config_digest: str | None = None  # what the operator rendered (gate.api.digests); None: unchecked
     timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
@@ -114,16 +117,26 @@ def validate(settings: StageSettings) -> Package:
     return package
 
 
-def stage_config(
-    package: Package, request: StageRequest, given: dict[str, bytes]
-) -> tuple[dict[str, bytes], list[str]]:
-    """The config the steps see, held against the package's declared keys before the host is touched.
+def stage_inputs(
+    package: Package, settings: StageSettings, given: dict[str, bytes]
+) -> tuple[dict[str, bytes], dict[str, str], list[str]]:
+    """The config files and the gate's env the steps see, held against the package's declarations
+    (`config.keys`, `gateEnv`) before the host is touched, and the warnings to log.
 
-    Every stage but uninstall refuses a config that breaks the declarations (PackageError naming each
-    key); uninstall only warns, so a node can always leave a gate whose config went wrong."""
-    if request.stage == "uninstall":
-        return lenient_config(package.manifest, given)
-    return effective_config(package.manifest, given), []
+    Every stage but uninstall refuses input that breaks the declarations: an undeclared config key or
+    env name, a value against its rule, a name NodeGate never passes (one PackageError naming each).
+    Uninstall leaves such input out and warns, so a node can always leave a gate whose input went
+    wrong."""
+    manifest = package.manifest
+    gate_env, env_problems = check_gate_env(manifest, settings.gate_env_names, settings.environ)
+    if settings.request.stage == "uninstall":
+        files, config_problems = lenient_config(manifest, given)
+        return files, gate_env, [f"{p} (uninstall goes on without it)" for p in config_problems + env_problems]
+    values, config_problems = check_config(manifest, given)
+    problems = config_problems + env_problems
+    if problems:
+        raise PackageError("; ".join(problems))
+    return render(manifest, values, given), gate_env, []
 
 
 def _replace_dir(dst: Path, fill: Callable[[Path], None]) -> None:
@@ -261,7 +274,7 @@ def run_stage(
     package = validate(settings)
     given = read_config(settings.config_dir)
     check_digest(given, settings.config_digest, str(settings.config_dir or "no config directory"))
-    config, config_warnings = stage_config(package, settings.request, given)
+    config, gate_env, input_warnings = stage_inputs(package, settings, given)
     operator_facts = settings.node_facts or load_operator_facts(None, settings.environ)
     request = settings.request
     layout = PackageLayout(settings.root, request.gate, request.package)
@@ -293,12 +306,12 @@ def run_stage(
             )
             if warning:
                 log.line(f"Warning: {warning}.")
-            for problem in config_warnings:
-                log.line(f"Warning: {problem} (uninstall goes on with the config as given).")
+            for problem in input_warnings:
+                log.line(f"Warning: {problem}.")
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
-            results, failed, outcome = _run_steps(run, package, settings, request, facts, termination)
+            results, failed, outcome = _run_steps(run, package, gate_env, request, facts, termination)
             if termination.timed_out:
                 log.line(f"The stage's timeout of {settings.timeout:g}s passed: the running step was stopped.")
             ok = failed is None
@@ -369,12 +382,11 @@ def _not_started(signum: int) -> Outcome:
 
 
 def _run_steps(
-    run: _Run, package: Package, settings: StageSettings, request: StageRequest, facts: OperatorFacts,
+    run: _Run, package: Package, gate_env: Mapping[str, str], request: StageRequest, facts: OperatorFacts,
     termination: Termination | None = None,
 ) -> tuple[list[StepResult], Invocation | None, Outcome | None]:
     host_places, agent_places = _places(run.layout, request.version)
-    invocations = plan_stage(package.manifest, request, run.history, settings.environ, host_places, agent_places,
-                             facts)
+    invocations = plan_stage(package.manifest, request, run.history, gate_env, host_places, agent_places, facts)
     results: list[StepResult] = []
     for invocation in invocations:
         if invocation.skip_reason:
@@ -393,7 +405,7 @@ def _run_steps(
             invocation.argv,
             invocation.env,
             invocation.cwd,
-            settings.root if invocation.chroot else None,
+            run.layout.root if invocation.chroot else None,
             invocation.step.timeout_seconds(),
             _prefixed(run.log, f"[{invocation.label}] "),
             termination,

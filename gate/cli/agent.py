@@ -5,7 +5,12 @@ NODEGATE_GATE, NODEGATE_PACKAGE, NODEGATE_VERSION, NODEGATE_PREVIOUS_VERSION and
 the pod and passes the same values as flags; a flag wins over its variable. It also passes the digest
 of the config it rendered (`--config-digest`), which the agent holds the mounted ConfigMap against.
 The node's facts come in a file (`--node-facts`, projected from the pod's annotation); without one,
-NODEGATE_NODE names the node.
+NODEGATE_NODE names the node. `--gate-env` lists the names of the gate's env for the package (the rest
+of the container's environment is the image's and the kubelet's): the agent holds them against the
+package's declarations (`gate.agent.gate_env`) and passes only declared names on to the steps.
+
+The operator starts the agent in an isolated interpreter (`python -I`, `gate.controller.pods`), so no
+PYTHON* variable or path that a gate's env or config can reach is read before this code runs.
 
 Exit codes of `agent run` and `agent interrupt`: 0 passed; 1 a step, check or interrupt command
 failed; 2 refused before touching the host (bad package, missing root, bad flags). Every exit path
@@ -94,6 +99,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         payload=Path(args.payload),
         config_dir=config_dir,
         environ=dict(environ),
+        gate_env_names=None if args.gate_env is None else tuple(n for n in args.gate_env.split(",") if n),
         node_facts=facts,
         config_digest=config_digest,
         timeout=args.timeout,
@@ -264,6 +270,10 @@ def register(subparsers: Any) -> None:
     run.add_argument("--node-facts", metavar="FILE",
                      help=f"the node's facts as the operator wrote them (default {DEFAULT_NODE_FACTS} when present; "
                      "else only the node's name, env NODEGATE_NODE)")
+    run.add_argument("--gate-env", metavar="NAME,...",
+                     help="the names of the gate's env for this package, comma-separated (the operator passes them, "
+                     "empty when there are none): each must be declared by the package's gateEnv, and its value "
+                     "follow the declared rule. Unset (by hand): the declared names found in the environment")
     run.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="the stage's timeout: past it the running step is stopped as by SIGTERM, and no other "
                      "starts (the operator passes the package's `timeout`: one stage pod runs several stages)")

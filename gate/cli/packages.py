@@ -51,25 +51,29 @@ def cmd_package_build(args: argparse.Namespace) -> int:
 
 
 def cmd_package_catalog(args: argparse.Namespace) -> int:
-    from gate.agent.catalog import render_catalog
+    from gate.agent.catalog import render_catalog, render_inputs_module
     from gate.agent.errors import PackageError
 
     output = Path(args.output)
     relative = os.path.relpath(Path(args.packages).resolve(), output.resolve().parent)
     try:
-        text = render_catalog(Path(args.packages), relative)
+        files = {output: render_catalog(Path(args.packages), relative)}
+        if args.inputs:
+            files[Path(args.inputs)] = render_inputs_module(Path(args.packages))
     except PackageError as exc:
         raise CliError(str(exc)) from None
     if args.check:
-        if not output.is_file() or output.read_text() != text:
-            print(f"{output} is stale; run `nodegate package catalog --output {output}`", file=sys.stderr)
-            return 1
-        return 0
+        stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+        for path in stale:
+            print(f"{path} is stale; run `nodegate package catalog --output {output}"
+                  + (f" --inputs {args.inputs}`" if args.inputs else "`"), file=sys.stderr)
+        return 1 if stale else 0
     if args.stdout:
-        sys.stdout.write(text)
+        sys.stdout.write(files[output])
         return 0
-    output.write_text(text)
-    print(output)
+    for path, text in files.items():
+        path.write_text(text)
+        print(path)
     return 0
 
 
@@ -88,4 +92,7 @@ def register(package_sub: Any) -> None:
     catalog.add_argument("--output", "-o", default=CATALOG, help=f"the page to write (default {CATALOG})")
     catalog.add_argument("--check", action="store_true", help="exit 1 when the page is stale, write nothing")
     catalog.add_argument("--stdout", action="store_true", help="print the page instead of writing it")
+    catalog.add_argument("--inputs", metavar="FILE",
+                         help="also write (or --check) the packages' declared inputs as admission judges them "
+                         "(the repository's is gate/admission/rules/catalog_inputs.py)")
     catalog.set_defaults(func=cmd_package_catalog)

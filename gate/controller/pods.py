@@ -17,6 +17,14 @@ refuses anything else it finds mounted. The spec that carries the digest cannot 
 pod's creation (the chart's host-access policy), and a ConfigMap found under the name is taken only
 when it is exactly the operator's (`config_map_problems`).
 
+Every NodeGate container of these pods (agent, interrupt, prepull) starts in a sealed interpreter:
+`AGENT_COMMAND` runs the image's Python in isolated mode on NodeGate's own module, never the image's
+entrypoint or console script, so the PYTHON* variables that a gate's env can set, and any directory
+that its config lands in, are never read before NodeGate's code runs. A gate's env reaches the agent
+container without the names NodeGate never passes (`gate.api.environment`: LD_PRELOAD would load a
+library into the interpreter itself), even when a write got past admission; the agent gets the names
+the gate gave in `--gate-env` and refuses those the package does not declare (`gate.agent.gate_env`).
+
 The node's facts (`gate.api.facts`) travel as the pod annotation `nodegate.io/node-facts`, projected
 by a downwardAPI volume into a file the agent reads: the Downward API cannot read the Node's labels,
 an annotation of the pod it can. They are the operator's, per node and per stage, so they belong on
@@ -34,6 +42,7 @@ from typing import Any
 from gate.api import keys
 from gate.api.common import parse_duration
 from gate.api.digests import text_config_digest
+from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
@@ -58,6 +67,10 @@ STEPS_ANNOTATION = f"{keys.GROUP}/steps"
 ROUND_ANNOTATION = f"{keys.GROUP}/round"
 ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
 POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal")
+# NodeGate's image keeps its virtualenv at /opt/nodegate (Dockerfile). -I: isolated mode (no PYTHON*
+# variable, no user site, not the current directory on sys.path); -u and -B stand in for the image's
+# PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE, which isolated mode ignores like the rest.
+AGENT_COMMAND: tuple[str, ...] = ("/opt/nodegate/bin/python", "-I", "-u", "-B", "-m", "gate")
 
 
 def label_value(text: str) -> str:
@@ -170,7 +183,9 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
             # What the agent holds the mounted ConfigMap against; the spec cannot change once created.
             "--config-digest", text_config_digest(pkg.config),
             "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG,
-            "--timeout", str(_seconds(pkg.timeout))]
+            "--timeout", str(_seconds(pkg.timeout)),
+            # The gate's env names, so the agent can tell them from the image's and the kubelet's.
+            "--gate-env", ",".join(e.name for e in pkg.env)]
     env: list[Obj] = [
         {"name": "NODEGATE_GATE", "value": gate.name},
         {"name": "NODEGATE_STAGE", "value": step.stage},
@@ -181,7 +196,7 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
         env.append({"name": "NODEGATE_PREVIOUS_VERSION", "value": step.previous_version})
     env += [{"name": "NODEGATE_PACKAGE", "value": step.package},
             {"name": "NODEGATE_VERSION", "value": pkg.version},
-            *(e.to_wire() for e in pkg.env)]
+            *(e.to_wire() for e in pkg.env if not never_passed(e.name))]
     container = _agent(container_name(step), args, env, image, [
         {"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR},
         {"name": f"config-{step.package}", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -194,7 +209,7 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
 
 def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[Obj]) -> Obj:
     return {
-        "name": name, "image": image, "command": ["nodegate"], "args": args, "env": env,
+        "name": name, "image": image, "command": list(AGENT_COMMAND), "args": args, "env": env,
         "volumeMounts": [{"name": "host", "mountPath": HOST_ROOT}, *mounts],
         # Root on purpose, and only here: the agent chroots into the host. NodeGate's image defaults
         # to an unprivileged user for the webhook and the operator.
@@ -291,6 +306,8 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         "dnsPolicy": "Default",
         "serviceAccountName": settings.package_service_account,
         "automountServiceAccountToken": False,
+        # No <SERVICE>_HOST/_PORT variables: a Service in the namespace is nobody's input to a package.
+        "enableServiceLinks": False,
         "tolerations": _tolerations(gate),
         "initContainers": containers[:-1],
         "containers": containers[-1:],
@@ -344,7 +361,7 @@ def prepull_pod(gate: NodeGate, candidate: Candidate, settings: OperatorSettings
         pkg = gate.spec.packages.get(package)
         if pkg is not None:
             pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
-    containers.append({"name": "pull-agent", "image": candidate.images.agent, "command": ["nodegate"],
+    containers.append({"name": "pull-agent", "image": candidate.images.agent, "command": list(AGENT_COMMAND),
                        "args": ["version", "--client"]})
     spec: Obj = {
         "nodeName": node,

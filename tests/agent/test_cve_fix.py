@@ -84,3 +84,44 @@ def test_a_loaded_module_is_blocked_and_unloaded_or_failed_until_the_reboot(agen
 def test_a_bad_config_fails_saying_why(agent: Agent, tmp_path: Path, config: dict[str, str], failure: str) -> None:
     code, message = run(agent, "apply", configmap(tmp_path / "cm", config))
     assert code == 1 and failure in message, message
+
+
+def test_a_version_or_package_name_that_is_code_is_refused_before_it_reaches_dpkg_or_rpm(
+        agent: Agent, tmp_path: Path) -> None:
+    """Issue 33: packages.conf reached `rpm --eval` inside a Lua body; a version could close the string
+    and run any Lua as root. Macro and shell characters are refused by the package's declared pattern
+    (the agent, before the host is touched), the rest of what is not a name or a version by the script."""
+    lua = f"{CVE} openssh-server 1')os.execute('reboot')print('\n"  # one word: a version field
+    macro = f"{CVE} openssh-server 1%{{lua:os.execute('touch /pwned')}}\n"
+    code, message = run(agent, "apply", configmap(tmp_path / "cm", {"packages.conf": macro}))
+    assert code == 2 and message.startswith("config key 'packages.conf': does not match the pattern"), message
+    code, message = run(agent, "apply", configmap(tmp_path / "cm", {"packages.conf": lua}))
+    assert code == 1 and "is not a package version" in message, message
+    code, message = run(agent, "apply", configmap(tmp_path / "cm", {"packages.conf": f"{CVE} -oDebug::x=1 2.0\n"}))
+    assert code == 1 and "'-oDebug::x=1' is not a package name" in message, message
+    assert not (agent.root / "pwned").exists()
+    assert not any(c.startswith("apt-get") for c in fake_calls(agent.root))
+
+
+def test_rpm_compares_versions_through_a_fixed_lua_body(tmp_path: Path) -> None:
+    """The dnf path, with a fake rpm that records its arguments: the versions arrive as macro
+    definitions, never inside the Lua, and a version that is not one is never handed to rpm."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rpm").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/rpm-args\necho 1\n')
+    (bin_dir / "rpm").chmod(0o755)
+
+    def at_least(have: str, want: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["/bin/sh", "-c", f'. {PKG}/scripts/lib.sh; pm=dnf; at_least "$1" "$2"', "sh",
+                               have, want], capture_output=True, text=True,
+                              env={"NODEGATE_GATE": "g", "NODEGATE_CONFIG_DIR": str(tmp_path),
+                                   "PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+    assert at_least("1:9.2p1-2.el9", "1:9.2p1-1.el9").returncode == 0
+    args = (tmp_path / "rpm-args").read_text().splitlines()
+    assert args == ["--define", "nodegate_have 1:9.2p1-2.el9", "--define", "nodegate_want 1:9.2p1-1.el9", "--eval",
+                    '%{lua: print(rpm.vercmp(rpm.expand("%{nodegate_have}"), rpm.expand("%{nodegate_want}")))}']
+    (tmp_path / "rpm-args").unlink()
+    refused = at_least("1')os.execute('touch /pwned')print('", "2.0")
+    assert refused.returncode == 2 and "not package versions" in refused.stderr
+    assert not (tmp_path / "rpm-args").exists()

@@ -206,8 +206,11 @@ def test_grub_cmdline_reaches_proc_cmdline_only_through_the_reboot(
 
 def test_chrony_conf_drops_the_config_files_and_follows_config_changes(agent: Agent, tmp_path: Path) -> None:
     pkg = PACKAGES / "chrony-conf"
-    mount = configmap(tmp_path / "cm", {"pool.conf": "pool a.example iburst\n", "makestep.conf": "makestep 1 3\n",
-                                        "notes.txt": "not a chrony setting\n"})
+    mount = configmap(tmp_path / "cm", {"pool.conf": "pool a.example iburst\n", "notes.txt": "not a chrony setting\n"})
+    refused = agent.run("apply", pkg, package="chrony-conf", config_dir=mount)
+    assert (refused.code, refused.summary["message"]) == (
+        2, "config key 'notes.txt' is not declared by package chrony-conf (declared: *.conf)")
+    mount = configmap(mount, {"pool.conf": "pool a.example iburst\n", "makestep.conf": "makestep 1 3\n"})
     assert agent.run("apply", pkg, package="chrony-conf", config_dir=mount).code == 0
     assert agent.run("config", pkg, package="chrony-conf", config_dir=mount).code == 0
     conf_d = agent.root / "etc/chrony/conf.d"

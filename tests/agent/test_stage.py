@@ -334,6 +334,9 @@ def test_upgrade_with_no_known_previous_version_is_refused_before_touching_the_h
     assert not (agent.root / "etc/upgrade-seen").exists()
 
 
+ANY_CONF = 'config: {keys: {"*.conf": {}}}\n'
+
+
 def test_config_files_from_the_configmap_are_visible_and_follow_changes(agent: Agent, tmp_path: Path) -> None:
     pkg = make_package(tmp_path, """
         config:
@@ -342,7 +345,7 @@ def test_config_files_from_the_configmap_are_visible_and_follow_changes(agent: A
         config-check: [{name: same, command: 'cmp "$NODEGATE_CONFIG_DIR/a.conf" /etc/a.conf'}]
         apply: [{name: s, command: 'true'}]
         apply-check: [{name: c, command: 'true'}]
-    """)
+    """, header=ANY_CONF)
     mount = configmap(tmp_path / "cm", {"a.conf": "alpha=1\n", "b.conf": "beta\n"})
     assert agent.run("config", pkg, config_dir=mount).code == 0
     assert (agent.root / "etc/config-keys").read_text() == "a.conf\nb.conf\n"  # ..data is not a key
@@ -376,7 +379,7 @@ def test_a_configmap_that_is_not_the_one_the_operator_rendered_is_refused_before
         config-check: [{name: c, command: 'true'}]
         uninstall: [{name: u, command: 'cat "$NODEGATE_CONFIG_DIR/a.conf" > /etc/a.conf'}]
         uninstall-check: [{name: c, command: 'true'}]
-    """)
+    """, header=ANY_CONF)
     mount = configmap(tmp_path / "cm", {"a.conf": "alpha=1\n", "evil.conf": "x\n"})
     before = tree(agent.root)
     run = agent.run(stage, pkg, "--config-digest", digest, config_dir=mount)
@@ -427,7 +430,8 @@ def test_a_config_against_the_declared_keys_is_refused_before_any_step_but_unins
     assert tree(agent.root) == before
     run = agent.run("uninstall", pkg, config_dir=mount)
     assert run.code == 0, run.summary
-    assert (agent.root / "etc/uninstalled").read_text() == "many"
+    # The value against its rule is left out, so the step sees the declared default.
+    assert (agent.root / "etc/uninstalled").read_text() == "4"
 
 
 def test_the_gates_env_overrides_package_defaults_and_the_step_overrides_both(
@@ -439,7 +443,8 @@ def test_the_gates_env_overrides_package_defaults_and_the_step_overrides_both(
             command: 'echo "$A $B $C $NODEGATE_STAGE $NODEGATE_GATE $NODEGATE_GENERATION" > /etc/env'
             env: {C: step}
         apply-check: [{name: c, command: 'true'}]
-    """, header="env: {A: package, B: package, C: package}\n")
+    """, header="env: {A: package, B: package, C: package}\n"
+              "gateEnv: {B: {pattern: '[a-z]+'}, C: {pattern: '[a-z]+'}}\n")
     monkeypatch.setenv("B", "gate")
     monkeypatch.setenv("C", "gate")
     assert agent.run("apply", pkg, generation=4).code == 0

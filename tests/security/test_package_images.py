@@ -231,3 +231,49 @@ def test_the_binding_holds_for_cluster_admins_too(kubectl: Kubectl, chart_webhoo
     assert proc.returncode != 0
     assert refusal(FOREIGN[0]) in proc.stderr, proc.stderr
     assert live_image(kubectl, name) is None
+
+
+ATTACK_ENV = [{"name": "PYTHONPATH", "value": "/nodegate-config"},
+              {"name": "PYTHONWARNINGS", "value": "all:0:antigravity.x:0:0"},
+              {"name": "BROWSER", "value": "/bin/sh -c 'touch /nodegate-pwned' #%s"},
+              {"name": "LD_PRELOAD", "value": "/nodegate-config/x.so"},
+              {"name": "BASH_ENV", "value": "/nodegate-config/x.sh"},
+              {"name": "PATH", "value": "/nodegate-config:/usr/bin"}]
+
+
+def test_a_user_with_use_on_sysctl_tuning_cannot_give_it_loader_or_interpreter_variables(
+        kubectl: Kubectl, chart_webhook: str, sysctl_user: User) -> None:
+    """Issue 33: the catalog's sysctl-tuning gate with its bound image, plus env that would make the
+    agent's interpreter (or the package's scripts) run a config key as code. Each name is refused by
+    admission, named by its field, on create and on a patch of the user's own gate; and so is input
+    the bound catalog package does not declare."""
+    name = unique("sec-env")
+    sysctl_user.gates.append(name)
+    attack = gate(name, BOUND, label=chart_webhook)
+    attack["spec"]["packages"]["sysctl-tuning"].update(  # type: ignore[index]
+        env=ATTACK_ENV, config={"sitecustomize.py": "open('/nodegate-pwned', 'w').close()\n"})
+    code, out = sysctl_user.run_allowed("create", "-f", "-", stdin=yaml.safe_dump(attack))
+    assert code != 0, out
+    for i, var in enumerate(ATTACK_ENV):
+        assert f"spec.packages[sysctl-tuning].env[{i}].name: env {var['name']} is refused: " in out, (var, out)
+    assert live_image(kubectl, name) is None
+    # The same gate without the env is the user's to create; the env cannot be patched in either.
+    code, out = sysctl_user.run_allowed("create", "-f", "-", stdin=yaml.safe_dump(gate(name, BOUND,
+                                                                                       label=chart_webhook)))
+    assert code == 0, out
+    patch = {"spec": {"packages": {"sysctl-tuning": {"env": [{"name": "PYTHONPATH", "value": "/nodegate-config"}]}}}}
+    code, out = sysctl_user.run("patch", "nodegates.nodegate.io", name, "--type=merge", "-p", json.dumps(patch))
+    assert code != 0 and "spec.packages[sysctl-tuning].env[0].name: env PYTHONPATH is refused: " in out, out
+    # What the catalog's sysctl-tuning does not declare, though no loader variable: a config key (it
+    # declares no config) and another env name. The chart-configured webhook knows the bound catalog
+    # package's declarations (gate.admission.rules.inputs) and refuses both by field.
+    patch = {"spec": {"packages": {"sysctl-tuning": {"config": {"sitecustomize.py": "import os\n"},
+                                                     "env": [{"name": "TUNING", "value": "1"}]}}}}
+    code, out = sysctl_user.run("patch", "nodegates.nodegate.io", name, "--type=merge", "-p", json.dumps(patch))
+    assert code != 0, out
+    assert ("spec.packages[sysctl-tuning].config[sitecustomize.py]: config key 'sitecustomize.py' is not accepted: "
+            "package sysctl-tuning 1.0.0 (docs/catalog.md#sysctl-tuning) declares no config") in out, out
+    assert "spec.packages[sysctl-tuning].env[0].name: env TUNING is not declared by package sysctl-tuning" in out
+    live = json.loads(kubectl.run("get", "nodegates.nodegate.io", name, "-o", "json").stdout)
+    assert not live["spec"]["packages"]["sysctl-tuning"].get("env")
+    assert not live["spec"]["packages"]["sysctl-tuning"].get("config")

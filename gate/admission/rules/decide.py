@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gate.admission.rules import defaults, images, nodegate, policy
+from gate.admission.rules import defaults, images, inputs, nodegate, policy
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.review import ALLOW, AccessCheck, AdmissionRequest, Verdict, Violation
 from gate.api.keys import BYPASS_VERB, GROUP, NODEGATE_PLURAL, PACKAGES_RESOURCE, READINESS_TAINT_KEY, USE_VERB
@@ -112,6 +112,7 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
     changed = nodegate.changed_packages(old_spec, new_spec if isinstance(new_spec, dict) else {})
     if isinstance(new_spec, dict):
         violations += images.image_violations(nodegate.packages_of(new_spec), changed, image_policy)
+        violations += inputs.input_violations(nodegate.packages_of(new_spec), changed, image_policy)
     if violations:
         return Verdict(violations=tuple(violations))
     who = req.user_info.username or "(anonymous)"

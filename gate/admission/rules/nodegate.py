@@ -19,6 +19,7 @@ from gate.admission.rules.review import Violation
 from gate.admission.rules.syntax import type_name
 from gate.api import keys
 from gate.api.common import parse_duration
+from gate.api.environment import never_passed_reason
 from gate.api.nodegate import (
     CONFIG_KEY_MAX,
     CONFIG_KEY_PATTERN,
@@ -349,7 +350,10 @@ def config_key_problem(key: str) -> str | None:
 
 def env_violations(env: object, path: str) -> list[Violation]:
     """Names the API server refuses in a container's env (1.34's relaxed rule: printable ASCII but '=');
-    the stage pod that carries them is created only once the node is cordoned and drained."""
+    the stage pod that carries them is created only once the node is cordoned and drained. And names
+    NodeGate never passes to the agent or a package's steps (`gate.api.environment`), for every
+    package: a loader or interpreter variable on the agent's container is code run as root, whatever
+    the package declares. Refused for every user; the message names the variable."""
     if not isinstance(env, list):
         return []
     out: list[Violation] = []
@@ -361,6 +365,12 @@ def env_violations(env: object, path: str) -> list[Violation]:
             shown = name if len(name) <= 64 else name[:60] + "..."
             out.append(Violation(f"{path}[{i}].name", f"{shown!r} is no environment variable name: printable "
                                                       "ASCII characters but '='"))
+            continue
+        reason = never_passed_reason(name)
+        if reason is not None:
+            out.append(Violation(f"{path}[{i}].name", f"env {name} is refused: {reason}; a package takes its "
+                                                      "input as the env names and config keys its package.yaml "
+                                                      "declares", forbidden=True))
     return out
 
 

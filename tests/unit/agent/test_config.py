@@ -71,15 +71,20 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(config_problems(manifest(), {"workers": b"x", "verbose": b"x", "nope": b""})) == 4
 
 
-def test_a_package_without_a_config_section_takes_any_key_as_given() -> None:
+def test_a_package_without_a_config_section_accepts_no_config() -> None:
     undeclared = parse_manifest(HEAD)
-    assert effective_config(undeclared, {"anything": b"\xff\x00", "x.conf": b"1"}) == {
-        "anything": b"\xff\x00", "x.conf": b"1"}
+    assert effective_config(undeclared, {}) == {}
+    with pytest.raises(PackageError) as refused:
+        effective_config(undeclared, {"sitecustomize.py": b"import os\n", "x.conf": b"1"})
+    assert str(refused.value) == (
+        "config key 'sitecustomize.py' is not accepted: package demo-pkg declares no config (package.yaml has no "
+        "config section); config key 'x.conf' is not accepted: package demo-pkg declares no config (package.yaml "
+        "has no config section)")
 
 
-def test_uninstall_keeps_going_with_the_config_as_given_and_the_defaults() -> None:
-    files, problems = lenient_config(manifest(), {"workers": b"lots", "stray": b"1"})
-    assert files["workers"] == b"lots" and files["stray"] == b"1" and files["accelerator"] == b"any"
+def test_uninstall_keeps_going_without_what_breaks_the_declarations_and_with_the_defaults() -> None:
+    files, problems = lenient_config(manifest(), {"workers": b"lots", "stray": b"1", "name": b"ok"})
+    assert files == {"accelerator": b"any", "name": b"ok", "verbose": b"false", "workers": b"4"}
     assert len(problems) == 3  # workers, stray, intent missing
 
 

@@ -82,24 +82,27 @@ def test_upgrade_steps_get_previous_and_new_version_first_but_upgrade_checks_onl
 def test_environment_precedence_package_then_gate_then_step_then_agent() -> None:
     m = manifest(
         "apply: [{name: s, command: 'true', env: {FROM_STEP: step, BOTH: step}}]",
-        env="env: {FROM_PACKAGE: package, OVERRIDDEN: package, BOTH: package}\n",
+        env="env: {FROM_PACKAGE: package, OVERRIDDEN: package, BOTH: package}\n"
+            "gateEnv: {OVERRIDDEN: {pattern: '[a-z]*'}, BOTH: {pattern: '[a-z]*'}}\n",
     )
-    environ = {"OVERRIDDEN": "gate", "BOTH": "gate", "NODEGATE_PREVIOUS_VERSION": "stale", "NODEGATE_STAGE": "apply",
-               "PATH": "/opt/venv/bin:/usr/bin"}
-    (step,) = plan_stage(m, request(), empty(), environ, HOST, AGENT)
+    # What check_gate_env let through; a name the package does not declare never reaches a step.
+    gate_env = {"OVERRIDDEN": "gate", "BOTH": "gate", "UNDECLARED": "gate"}
+    (step,) = plan_stage(m, request(), empty(), gate_env, HOST, AGENT)
     env = step.env
     assert (env["FROM_PACKAGE"], env["OVERRIDDEN"], env["BOTH"]) == ("package", "gate", "step")
     assert env["FROM_STEP"] == "step"
-    assert "NODEGATE_PREVIOUS_VERSION" not in env  # the agent's resolved values replace the pod's
+    assert "UNDECLARED" not in env
+    assert "NODEGATE_PREVIOUS_VERSION" not in env  # the agent's resolved values only
     assert env["NODEGATE_STAGE"] == "apply" and env["NODEGATE_STEP"] == "s" and env["NODEGATE_GENERATION"] == "3"
     assert env["NODEGATE_CONFIG_DIR"] == "/cfg" and env["NODEGATE_STATE_DIR"] == "/data"
     assert env["PATH"] == HOST_PATH  # never the container image's PATH inside the host
 
 
-def test_a_pod_step_keeps_the_pods_path() -> None:
-    m = manifest("apply: [{name: s, command: 'true', onHost: false}]")
-    (step,) = plan_stage(m, request(), empty(), {"PATH": "/opt/venv/bin"}, HOST, AGENT)
-    assert step.env["PATH"] == "/opt/venv/bin"
+def test_a_step_gets_declared_names_and_nodegates_own_only() -> None:
+    m = manifest("apply: [{name: s, command: 'true', onHost: false}, {name: h, command: 'true'}]")
+    for step in plan_stage(m, request(), empty(), {}, HOST, AGENT):
+        assert step.env["PATH"] == HOST_PATH and step.env["HOME"] == "/root"
+        assert {k for k in step.env if not k.startswith("NODEGATE_")} == {"PATH", "HOME"}
 
 
 def test_checks_see_their_own_list_name_as_the_stage() -> None:

@@ -14,6 +14,7 @@ from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.versions import image_reference
 from gate.controller.index import StageIndex
 from gate.controller.pods import (
+    AGENT_COMMAND,
     config_map,
     config_map_name,
     config_map_problems,
@@ -94,6 +95,30 @@ def test_a_stage_pod_is_bare_pinned_owned_by_the_gate_privileged_and_bounded_in_
     labels = meta["labels"]
     assert labels[keys.STAGE_KIND_LABEL] == "stages"
     assert labels["package.nodegate.io/tuned"] == "apply.config" and labels["package.nodegate.io/base"] == "apply"
+
+
+def test_every_nodegate_container_starts_in_a_sealed_interpreter_and_gets_no_loader_variable() -> None:
+    """Issue 33: the gate's env reaches the agent container without the names NodeGate never passes
+    (LD_PRELOAD would load a library into the interpreter itself), all its names go to the agent in
+    --gate-env (which refuses those the package does not declare), and the interpreter is Python's
+    isolated mode on NodeGate's module: never the image's entrypoint or console script."""
+    env = [{"name": "PYTHONPATH", "value": "/nodegate-config"}, {"name": "LD_PRELOAD", "value": "/x.so"},
+           {"name": "BASH_ENV", "value": "/nodegate-config/x"}, {"name": "MODE", "value": "fast"}]
+    g = gate(env=env)
+    pod = stage_pod(g, "n1", request(("tuned", "apply")), SETTINGS)
+    [agent] = pod["spec"]["containers"]
+    assert agent["command"] == list(AGENT_COMMAND) == ["/opt/nodegate/bin/python", "-I", "-u", "-B", "-m", "gate"]
+    assert agent["args"][agent["args"].index("--gate-env") + 1] == "PYTHONPATH,LD_PRELOAD,BASH_ENV,MODE"
+    names = [e["name"] for e in agent["env"]]
+    assert "MODE" in names and not {"PYTHONPATH", "LD_PRELOAD", "BASH_ENV"} & set(names)
+    assert pod["spec"]["enableServiceLinks"] is False
+    [interrupt] = stage_pod(g, "n1", INTERRUPT, SETTINGS)["spec"]["containers"]
+    assert interrupt["command"] == list(AGENT_COMMAND) and interrupt["env"] == []
+    cand = Candidate("g", "n1", RoundImages({}, SETTINGS.agent_image), picked=False)
+    [pull_agent] = prepull_pod(g, cand, SETTINGS)["spec"]["containers"]
+    assert pull_agent["command"] == list(AGENT_COMMAND) and pull_agent["args"] == ["version", "--client"]
+    without_env = stage_pod(gate(), "n1", request(("tuned", "apply")), SETTINGS)["spec"]["containers"][0]["args"]
+    assert without_env[without_env.index("--gate-env") + 1] == ""
 
 
 def test_an_upgrade_passes_previous_and_current_versions() -> None:
