@@ -11,11 +11,14 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 from aiohttp import web
 
 from gate.api.policy import PrometheusSignal
+from gate.controller.endpoints import EndpointBook
 from gate.controller.signals import SignalReader
 
 T0 = datetime(2026, 12, 4, 5, 0, tzinfo=UTC)
@@ -27,6 +30,12 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+def book(tmp: Path, **urls: str) -> EndpointBook:
+    path = tmp / "endpoints.yaml"
+    path.write_text(yaml.safe_dump({name: {"url": url} for name, url in urls.items()}))
+    return EndpointBook(str(path))
 
 
 def closed_port() -> int:
@@ -50,6 +59,8 @@ async def fake_prometheus() -> AsyncIterator[tuple[str, list[str], dict[str, int
         seen["at_once"] -= 1
         text = str(form["query"])
         result = [{"metric": {"__name__": "ALERTS", "node": n}, "value": [0, "1"]} for n in firing if f'"{n}"' in text]
+        if "secrets" in text:  # a query that reaches past the node: other series, only counted
+            result = [{"metric": {"__name__": "secret", "key": f"k{i}"}, "value": [0, str(i)]} for i in range(4)]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     app = web.Application()
@@ -63,13 +74,14 @@ async def fake_prometheus() -> AsyncIterator[tuple[str, list[str], dict[str, int
     await runner.cleanup()
 
 
-async def test_a_failed_query_is_an_error_and_its_run_of_failures_is_remembered() -> None:
+async def test_a_failed_query_is_an_error_and_its_run_of_failures_is_remembered(tmp_path: Path) -> None:
     clock = Clock()
-    reader = SignalReader(interval=15, clock=clock, timeout=2)
-    signal = PrometheusSignal(url=f"http://127.0.0.1:{closed_port()}", query='ALERTS{node="$NODE"}')
+    reader = SignalReader(book(tmp_path, main=f"http://127.0.0.1:{closed_port()}"), interval=15, clock=clock,
+                          timeout=2)
+    signal = PrometheusSignal(endpoint="main", query='ALERTS{node="$NODE"}')
     try:
         first = await reader.read("g", "n1", signal)
-        assert first.error and first.samples == () and first.failing_since == T0
+        assert first.error and first.count == 0 and first.failing_since == T0
         clock.now = T0 + timedelta(seconds=5)
         assert await reader.read("g", "n1", signal) is first  # within the interval: not asked again
         clock.now = T0 + timedelta(seconds=20)
@@ -82,16 +94,31 @@ async def test_a_failed_query_is_an_error_and_its_run_of_failures_is_remembered(
         await reader.close()
 
 
-async def test_samples_name_the_series_and_queries_are_bounded(
-        fake_prometheus: tuple[str, list[str], dict[str, int]]) -> None:
+async def test_samples_are_summarized_to_the_nodes_own_series_and_queries_are_bounded(
+        fake_prometheus: tuple[str, list[str], dict[str, int]], tmp_path: Path) -> None:
     url, firing, seen = fake_prometheus
     firing.append("n3")
-    reader = SignalReader(interval=15, concurrency=2)
-    signal = PrometheusSignal(url=url, query='ALERTS{node="$NODE"}')
+    reader = SignalReader(book(tmp_path, main=url), interval=15, concurrency=2)
+    signal = PrometheusSignal(endpoint="main", query='ALERTS{node="$NODE"}')
     try:
         readings = await asyncio.gather(*(reader.read("g", f"n{i}", signal) for i in range(8)))
+        wide = await reader.read("other-gate", "n1", PrometheusSignal(endpoint="main", query="secrets"))
     finally:
         await reader.close()
-    assert [bool(r.samples) for r in readings] == [i == 3 for i in range(8)]
-    assert 'node="n3"' in readings[3].samples[0] and all(r.error is None for r in readings)
-    assert seen["queries"] == 8 and seen["peak"] <= 2
+    assert [r.count for r in readings] == [int(i == 3) for i in range(8)]
+    assert readings[3].own == ('ALERTS{node="n3"} => 1',) and all(r.error is None for r in readings)
+    assert seen["queries"] == 9 and seen["peak"] <= 2
+    # Another series than the node's is counted and its value may be the greatest; its labels never kept.
+    assert (wide.count, wide.max_value, wide.own) == (4, "3", ())
+
+
+async def test_an_endpoint_the_operator_does_not_know_is_never_asked(
+        fake_prometheus: tuple[str, list[str], dict[str, int]], tmp_path: Path) -> None:
+    url, _, seen = fake_prometheus
+    reader = SignalReader(book(tmp_path, main=url), interval=15)
+    try:
+        reading = await reader.read("g", "n1", PrometheusSignal(endpoint="other", query="up"))
+    finally:
+        await reader.close()
+    assert reading.error is not None and "no endpoint named 'other'" in reading.error and "main" in reading.error
+    assert seen["queries"] == 0
