@@ -160,9 +160,11 @@ class GateReconciler:
                 used |= set(gate.spec.packages)
         return used
 
-    async def _policy_of(self, gate: NodeGate, obj: Obj) -> tuple[bool, DeploymentPolicy | None]:
+    async def _policy_of(self, gate: NodeGate, obj: Obj, *,
+                         endpoints: bool = True) -> tuple[bool, DeploymentPolicy | None]:
         """The DeploymentPolicy the gate names (None: it names none); (False, None) when it is missing,
-        which the gate's status then says."""
+        invalid or (with `endpoints`) names a Prometheus endpoint the operator does not know, which the
+        gate's status then says. A removal soaks nothing, so it is never held by an endpoint."""
         if not gate.spec.deployment_policy:
             return True, None
         raw_policy = self.world.policies.get(gate.spec.deployment_policy)
@@ -177,7 +179,7 @@ class GateReconciler:
                                      f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: "
                                      f"{_first_error(exc)}")
             return False, None
-        unknown = policy.unknown_endpoint(self.endpoints.names())
+        unknown = policy.unknown_endpoint(self.endpoints.names()) if endpoints else None
         if unknown is not None:
             # Refused, not asked: a policy names an endpoint, the installer says where it is (docs/security.md).
             await self._gate_problem(obj, gate, "EndpointNotConfigured",
@@ -196,7 +198,7 @@ class GateReconciler:
         holding = holders(gate, fleet)
         if holding:
             # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
-            found, policy = await self._policy_of(gate, obj)
+            found, policy = await self._policy_of(gate, obj, endpoints=False)
             if not found:
                 return
             plan = plan_removal_reconcile(gate, policy, fleet, status=obj.get("status") or {},
