@@ -198,9 +198,10 @@ async def resolve_digest(reference: str, credentials: tuple[str, str] | None = N
     if isinstance(target, str):
         raise RegistryError(reference, "", target)
     limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
+    resolver = GuardedResolver()  # the connector does not close a resolver it was given: closed below
     try:
         async with aiohttp.ClientSession(timeout=limits,
-                                         connector=aiohttp.TCPConnector(resolver=GuardedResolver())) as session:
+                                         connector=aiohttp.TCPConnector(resolver=resolver)) as session:
             return await _Resolve(session, reference, target, credentials, token_hosts).run()
     except TimeoutError as exc:
         raise RegistryError(reference, target.registry, f"no answer within {timeout:g}s") from exc
@@ -210,6 +211,8 @@ async def resolve_digest(reference: str, credentials: tuple[str, str] | None = N
         raise RegistryError(reference, target.registry, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise RegistryError(reference, target.registry, f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await resolver.close()
 
 
 MAX_REDIRECTS = 5

@@ -122,3 +122,17 @@ async def test_an_endpoint_the_operator_does_not_know_is_never_asked(
         await reader.close()
     assert reading.error is not None and "no endpoint named 'other'" in reading.error and "main" in reading.error
     assert seen["queries"] == 0
+
+
+def test_the_endpoints_file_is_read_again_when_it_changes_and_a_broken_one_keeps_the_last_good(
+        tmp_path: Path) -> None:
+    endpoints = book(tmp_path, main="http://127.0.0.1:9090")
+    assert endpoints.names() == {"main"}
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(yaml.safe_dump({"main": {"url": "http://127.0.0.1:9091"}, "second": {"url": "https://p:9090"}}))
+    found = endpoints.get("main")
+    assert endpoints.names() == {"main", "second"} and found is not None and found.url.endswith(":9091")
+    path.write_text("main: {url: ftp://nowhere}\n")  # refused as a whole: the last good stays
+    assert endpoints.names() == {"main", "second"}
+    path.unlink()
+    assert endpoints.names() == frozenset() and EndpointBook().names() == frozenset()
