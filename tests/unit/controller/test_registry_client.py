@@ -246,3 +246,37 @@ async def test_a_listed_token_host_gets_the_credentials(served: Registry, elsewh
     assert await resolve_digest(reference, ("robot", "pw"), token_hosts=[realm_host]) == DIGEST
     basic = "Basic " + base64.b64encode(b"robot:pw").decode()
     assert elsewhere.hits == [f"GET /token {basic}"]
+
+
+async def test_a_refusal_reaches_the_gates_condition_naming_the_image_the_package_and_the_rule(
+        elsewhere: Listener) -> None:
+    """What the gate reconciler writes as ImagesResolved=False (`unresolved_message` of the resolver's
+    problems), for a registry whose realm is on another host; the token host list comes from the
+    operator's settings (`--registry-token-hosts`)."""
+    from gate.api.nodegate import NodeGate
+    from gate.controller.images import ImageResolver
+    from gate.controller.metrics import OperatorMetrics
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.images import unresolved_message
+
+    async def registry(request: web.Request) -> web.Response:
+        return web.Response(status=401, headers={"WWW-Authenticate": f'Bearer realm="{elsewhere.base}/token"'})
+
+    runner, host = await serve_answer(registry)
+    try:
+        image = f"{host}/team/tuning"
+        gate = NodeGate.model_validate({"metadata": {"name": "g"}, "spec": {"packages": {
+            "tuning": {"version": "1.0.0", "image": image}}}})
+        settings = OperatorSettings(resolve_timeout=5)
+        resolver = ImageResolver(settings, None, OperatorMetrics())  # type: ignore[arg-type]  # no Secret read
+        records, problems = await resolver.resolve(gate)
+        message = unresolved_message(problems)
+        assert records == [] and f"package tuning: cannot resolve image {image}:1.0.0" in message, message
+        assert RULE_REALM in message and "127.0.0.2" in message and elsewhere.hits == []
+        # The installer lists the realm's host: the token service is asked (this registry then refuses the token).
+        listed = ImageResolver(OperatorSettings(resolve_timeout=5, registry_token_hosts="auth.docker.io, 127.0.0.2"),
+                               None, OperatorMetrics())  # type: ignore[arg-type]
+        _, problems = await listed.resolve(gate)
+        assert elsewhere.hits == ["GET /token -"] and RULE_REALM not in str(problems)
+    finally:
+        await runner.cleanup()
