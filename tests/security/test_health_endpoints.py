@@ -121,3 +121,29 @@ async def test_a_policy_editor_cannot_make_the_operator_ask_an_address_and_an_un
     await wait_for(policy_says, what="the policy's Ready=False naming the endpoint")
     assert (await scenario.state(node)) == {}  # nothing started on the node
     assert trap.hits == []
+
+    # A node already soaking when its policy comes to name an unknown endpoint (an admin's edits here:
+    # the edit of a policy in use is not the editor's to make once it needs `use`): its signal is
+    # unreadable, saying so, and still nothing is asked.
+    await scenario.kube.patch(POLICIES, name, {"spec": {"default": {"health": {"soak": "1h", "prometheus": None}}}},
+                              patch_type="merge")
+    await _soaking(scenario, node)
+    await scenario.kube.patch(POLICIES, name, {"spec": {"default": {"health": {"prometheus": {
+        "endpoint": "127-0-0-9", "query": query}}}}}, patch_type="merge")
+
+    async def unreadable() -> bool:
+        return "no endpoint named '127-0-0-9'" in ((await scenario.state(node)).get("healthUnreadable") or "")
+
+    await wait_for(unreadable, what="the soaking node's signal unreadable, naming the endpoint")
+    state = await scenario.state(node)
+    assert (state["status"], state["phase"]) == ("in-progress", "soak") and "nothing was asked" in \
+        state["healthUnreadable"], state
+    assert trap.hits == []
+
+
+async def _soaking(sc: Scenario, node: str) -> None:
+    async def soaking() -> bool:
+        state = await sc.state(node)
+        return state.get("status") == "in-progress" and state.get("phase") == "soak"
+
+    await wait_for(soaking, what=f"{node} in its soak")
