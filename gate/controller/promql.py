@@ -11,7 +11,8 @@ Decisions:
 * **A result is data, a failure is an error.** An answer with `"status": "success"` returns its
   samples, possibly none; anything else (a connection refused, a timeout, an HTTP error, a PromQL
   error, a body that is not the API's) raises `QueryFailed`, naming the endpoint, the query and
-  what went wrong (only the `errorType`/`error` of a Prometheus-shaped answer, never a body). A
+  what went wrong (only the `errorType`/`error` of a Prometheus-shaped answer, its label sets
+  blanked, never a body). A
   caller must never read a failed query as "no samples": that would pass a node nobody looked at.
 * **Every result type is samples.** A vector gives one sample per series; a scalar or a string gives
   one sample with no labels; a matrix (a range selector at the top of the query) one per series with
@@ -31,6 +32,7 @@ Decisions:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +117,18 @@ def summarize(samples: list[Sample], node: str, *, shown: int = 5) -> Summary:
     return Summary(count=len(samples), max_value=highest, own=own)
 
 
+MAX_ERROR = 300
+_LABEL_SET = re.compile(r"\{[^{}]*\}")
+
+
+def redacted(error: str) -> str:
+    """A Prometheus error message without the label sets it may quote (an execution error such as
+    "found duplicate series for the match group {...}" lists other series, which would leave through
+    the node's status), at most `MAX_ERROR` characters."""
+    text = _LABEL_SET.sub("{…}", error)
+    return text if len(text) <= MAX_ERROR else text[:MAX_ERROR] + "…"
+
+
 def samples_of(url: str, query: str, body: Any) -> list[Sample]:
     """The samples of an API answer (`{"status": "success", "data": {"resultType", "result"}}`);
     `QueryFailed` when it is an error or not the API's shape."""
@@ -122,7 +136,7 @@ def samples_of(url: str, query: str, body: Any) -> list[Sample]:
         raise QueryFailed(url, query, "the answer is not a JSON object")
     if body.get("status") != "success":
         kind, error = body.get("errorType") or "error", body.get("error") or "no error message"
-        raise QueryFailed(url, query, f"{kind}: {error}")
+        raise QueryFailed(url, query, f"{redacted(str(kind))}: {redacted(str(error))}")
     data = body.get("data")
     if not isinstance(data, dict):
         raise QueryFailed(url, query, "the answer has no data")

@@ -82,3 +82,16 @@ def test_an_endpoints_file_is_read_as_the_installer_wrote_it() -> None:
     assert found["main"].url == "https://prom.monitoring:9090" and found["main"].ca_file == "/ca"
     assert found["local"].ssl() is True and found["local"].headers() == {}
     assert parse_endpoints(None) == {}
+
+
+def test_an_error_never_carries_the_series_it_quotes() -> None:
+    body = {"status": "error", "errorType": "execution", "error": 'found duplicate series for the match group '
+            '{node="n1"} on the right hand-side of the operation: [{__name__="aws_secret", key="AKIA"}, '
+            '{__name__="aws_secret", key="AKIB"}];many-to-many matching not allowed'}
+    with pytest.raises(QueryFailed) as caught:
+        samples_of(URL, QUERY, body)
+    assert "AKIA" not in str(caught.value) and "many-to-many matching not allowed" in caught.value.problem
+    assert "match group {…}" in caught.value.problem
+    with pytest.raises(QueryFailed) as caught:
+        samples_of(URL, QUERY, {"status": "error", "errorType": "bad_data", "error": "x" * 5000})
+    assert len(caught.value.problem) < 400
