@@ -45,8 +45,14 @@ CUSTOM: Obj = {
     "webhook": {"replicas": 1, "timeoutSeconds": 10, "nodeMutationFailurePolicy": "Fail"},
     "imagePullSecrets": [{"name": "pull"}], "commonLabels": {"team": "platform"},
 }
+ENDPOINTS: Obj = {"operator": {"health": {"prometheus": {"endpoints": {
+    "main": {"url": "https://prometheus-operated.monitoring:9090", "tls": {"caSecret": {"name": "prom-ca",
+                                                                                      "key": "ca.crt"}},
+             "bearerTokenSecret": {"name": "prom-reader", "key": "token"}},
+    "plain": {"url": "http://prometheus.monitoring:9090"}}}}}}
 VALUE_SETS = {"defaults": {}, "cert-manager": CERT_MANAGER, "named-issuer": NAMED_ISSUER,
-              "everything": EVERYTHING, "custom": CUSTOM, "custom+cert-manager": {**CUSTOM, **CERT_MANAGER}}
+              "everything": EVERYTHING, "custom": CUSTOM, "custom+cert-manager": {**CUSTOM, **CERT_MANAGER},
+              "prometheus-endpoints": {**EVERYTHING, **ENDPOINTS}}
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
@@ -685,11 +691,6 @@ def test_the_operator_reaches_registries_only_while_it_resolves_image_digests() 
 
 PUBLIC_PEERS = [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "100.100.100.200/32"]}},
                 {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]}}]
-ENDPOINTS: Obj = {"operator": {"health": {"prometheus": {"endpoints": {
-    "main": {"url": "https://prometheus-operated.monitoring:9090", "tls": {"caSecret": {"name": "prom-ca",
-                                                                                      "key": "ca.crt"}},
-             "bearerTokenSecret": {"name": "prom-reader", "key": "token"}},
-    "plain": {"url": "http://prometheus.monitoring:9090"}}}}}}
 
 
 def test_the_operators_egress_reaches_only_dns_the_api_server_registries_and_prometheus() -> None:
