@@ -119,7 +119,8 @@ class PrometheusSignal(Model):
         min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Name of a Prometheus endpoint the operator's chart configures "
         "(operator.health.prometheus.endpoints: name -> URL, TLS, bearer token). A gate whose policy names "
-        "an endpoint the operator does not know starts nothing, and its status says so.",
+        "an endpoint the operator does not know starts nothing, and its status says so. Replaces the field "
+        "url, which is removed: a policy names an endpoint, never an address.",
     )
     query: str = Field(
         min_length=1, max_length=4096,
