@@ -136,3 +136,44 @@ def test_the_endpoints_file_is_read_again_when_it_changes_and_a_broken_one_keeps
     assert endpoints.names() == {"main", "second"}
     path.unlink()
     assert endpoints.names() == frozenset() and EndpointBook().names() == frozenset()
+
+
+async def test_an_endpoints_token_is_sent_to_it_alone_and_a_redirect_is_not_followed(tmp_path: Path) -> None:
+    """The bearer token is read from its file at each query and sent as Authorization; an endpoint that
+    redirects is a failed reading (the token would follow), and a CA file that cannot be read too."""
+    seen: list[str] = []
+
+    async def query(request: web.Request) -> web.Response:
+        seen.append(f"{request.path} {request.headers.get('Authorization', '-')}")
+        if request.path.startswith("/moved"):
+            raise web.HTTPFound("http://127.0.0.2:9/api/v1/query")
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(yaml.safe_dump({"main": {"url": base, "bearerTokenFile": str(token)},
+                                    "moved": {"url": f"{base}/moved", "bearerTokenFile": str(token)},
+                                    "badca": {"url": base, "caFile": str(tmp_path / "missing.crt")}}))
+    reader = SignalReader(EndpointBook(str(path)), interval=15, timeout=2)
+    signal = PrometheusSignal(endpoint="main", query="up")
+    try:
+        assert (await reader.read("g", "n1", signal)).error is None
+        token.write_text("r0tated")
+        assert (await reader.read("g", "n2", signal)).error is None
+        moved = await reader.read("g-moved", "n1", PrometheusSignal(endpoint="moved", query="up"))
+        badca = await reader.read("g-badca", "n1", PrometheusSignal(endpoint="badca", query="up"))
+    finally:
+        await reader.close()
+        await runner.cleanup()
+    assert seen == ["/api/v1/query Bearer s3cret", "/api/v1/query Bearer r0tated",
+                    "/moved/api/v1/query Bearer r0tated"]
+    assert moved.error is not None and "redirect, which is not followed" in moved.error
+    assert badca.error is not None and "cannot be read" in badca.error
