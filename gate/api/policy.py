@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
@@ -109,16 +110,23 @@ class NodeConditionMatch(Model):
 
 
 class PrometheusSignal(Model):
-    """A PromQL instant query per node: a non-empty result means the node is unhealthy."""
+    """A PromQL instant query per node, asked of a Prometheus endpoint that the operator's installer
+    configured (chart value `operator.health.prometheus.endpoints`): a non-empty result means the node
+    is unhealthy. A policy names an endpoint; it never gives an address (the field `url` of earlier
+    versions is gone: the operator asks no address that a policy writer chooses)."""
 
-    url: str = Field(
-        min_length=1, max_length=2048, pattern=r"^https?://",
-        description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.",
+    endpoint: str = Field(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Name of a Prometheus endpoint the operator's chart configures "
+        "(operator.health.prometheus.endpoints: name -> URL, TLS, bearer token). A gate whose policy names "
+        "an endpoint the operator does not know starts nothing, and its status says so. Replaces the field "
+        "url, which is removed: a policy names an endpoint, never an address.",
     )
     query: str = Field(
         min_length=1, max_length=4096,
         description="PromQL instant query; $NODE is replaced by the node's name. Any sample in the result "
-        "means unhealthy; a query that fails never counts as healthy.",
+        "means unhealthy; a query that fails never counts as healthy. A failure message shows how many "
+        "samples came back, their greatest value and the labels of the node's own series only.",
     )
 
 
@@ -246,3 +254,23 @@ class DeploymentPolicy(Model):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    def prometheus_endpoints(self) -> list[tuple[str, str]]:
+        """(field, endpoint name) of every Prometheus signal of the policy, `default` first."""
+        found = []
+        if self.spec.default.health is not None and self.spec.default.health.prometheus is not None:
+            found.append(("spec.default.health.prometheus.endpoint", self.spec.default.health.prometheus.endpoint))
+        for i, c in enumerate(self.spec.compartments):
+            if c.health is not None and c.health.prometheus is not None:
+                found.append((f"spec.compartments[{i}].health.prometheus.endpoint", c.health.prometheus.endpoint))
+        return found
+
+    def unknown_endpoint(self, known: Collection[str]) -> str | None:
+        """Why the operator cannot use this policy with the endpoints it knows: the first endpoint it names
+        that is not among them, with the field and what is known (None: every one is known)."""
+        for where, name in self.prometheus_endpoints():
+            if name not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                return (f"{where}: Prometheus endpoint {name!r} is not one the operator's installer configured "
+                        f"(operator.health.prometheus.endpoints; configured: {listed})")
+        return None

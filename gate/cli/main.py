@@ -22,12 +22,12 @@ COMMAND_MODULES: tuple[str, ...] = ("gate.cli.agent", "gate.cli.operator", "gate
                                   "gate.cli.rollout")
 
 
-def _labels(values: Sequence[str]) -> dict[str, str]:
+def _labels(values: Sequence[str], flag: str = "--label") -> dict[str, str]:
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise CliError(f"--label wants key=value, got {item!r}")
+            raise CliError(f"{flag} wants key=value, got {item!r}")
         out[key] = value
     return out
 
@@ -87,8 +87,11 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     cluster = DevCluster(Path(args.state_dir) if args.state_dir else None)
     suites = [s.strip() for s in args.real_node_os.split(",") if s.strip()]
     real = RealNodeSpec(args.real_nodes, _labels(args.label), suites=suites) if args.real_nodes else None
+    endpoints = _labels(args.prometheus_endpoint, "--prometheus-endpoint")
     cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err,
                real_nodes=real)
+    if args.prometheus_endpoint:
+        services.set_prometheus_endpoints(cluster, endpoints)
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
     print(cluster.kubeconfig)
     return 0
@@ -196,6 +199,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--job-seconds", type=float, default=1.0,
                     help="how long each step of a stage pod runs on a simulated node before it succeeds "
                          "(default 1)")
+    up.add_argument("--prometheus-endpoint", action="append", default=[], metavar="NAME=URL",
+                    help="a Prometheus endpoint a DeploymentPolicy's health.prometheus.endpoint may name "
+                         "(repeatable; replaces the cluster's endpoints; as the chart's "
+                         "operator.health.prometheus.endpoints)")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.set_defaults(func=cmd_dev_up)

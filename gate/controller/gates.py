@@ -25,6 +25,7 @@ from gate.api import keys
 from gate.api.common import Condition
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
+from gate.controller.endpoints import EndpointBook
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.images import ImageResolver, ImagesUnresolved
@@ -56,8 +57,10 @@ Obj = dict[str, Any]
 
 class GateReconciler:
     def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
-                 executor: Executor, resolver: ImageResolver, prepuller: Prepuller | None = None) -> None:
+                 executor: Executor, resolver: ImageResolver, prepuller: Prepuller | None = None,
+                 endpoints: EndpointBook | None = None) -> None:
         self.client = client
+        self.endpoints = endpoints or EndpointBook()
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
@@ -157,9 +160,11 @@ class GateReconciler:
                 used |= set(gate.spec.packages)
         return used
 
-    async def _policy_of(self, gate: NodeGate, obj: Obj) -> tuple[bool, DeploymentPolicy | None]:
+    async def _policy_of(self, gate: NodeGate, obj: Obj, *,
+                         endpoints: bool = True) -> tuple[bool, DeploymentPolicy | None]:
         """The DeploymentPolicy the gate names (None: it names none); (False, None) when it is missing,
-        which the gate's status then says."""
+        invalid or (with `endpoints`) names a Prometheus endpoint the operator does not know, which the
+        gate's status then says. A removal soaks nothing, so it is never held by an endpoint."""
         if not gate.spec.deployment_policy:
             return True, None
         raw_policy = self.world.policies.get(gate.spec.deployment_policy)
@@ -168,12 +173,19 @@ class GateReconciler:
                                      f"DeploymentPolicy {gate.spec.deployment_policy} does not exist")
             return False, None
         try:
-            return True, DeploymentPolicy.model_validate(raw_policy)
+            policy = DeploymentPolicy.model_validate(raw_policy)
         except ValidationError as exc:
             await self._gate_problem(obj, gate, "PolicyInvalid",
                                      f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: "
                                      f"{_first_error(exc)}")
             return False, None
+        unknown = policy.unknown_endpoint(self.endpoints.names()) if endpoints else None
+        if unknown is not None:
+            # Refused, not asked: a policy names an endpoint, the installer says where it is (docs/security.md).
+            await self._gate_problem(obj, gate, "EndpointNotConfigured",
+                                     f"DeploymentPolicy {gate.spec.deployment_policy} cannot be used: {unknown}")
+            return False, None
+        return True, policy
 
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
         await self.executor.apply_gate_plan(gate, obj, plan_problem(gate, status=obj.get("status") or {},
@@ -186,7 +198,7 @@ class GateReconciler:
         holding = holders(gate, fleet)
         if holding:
             # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
-            found, policy = await self._policy_of(gate, obj)
+            found, policy = await self._policy_of(gate, obj, endpoints=False)
             if not found:
                 return
             plan = plan_removal_reconcile(gate, policy, fleet, status=obj.get("status") or {},
@@ -203,9 +215,10 @@ class GateReconciler:
 
 
 class PolicyReconciler:
-    def __init__(self, client: KubeClient, world: World) -> None:
+    def __init__(self, client: KubeClient, world: World, endpoints: EndpointBook | None = None) -> None:
         self.client = client
         self.world = world
+        self.endpoints = endpoints or EndpointBook()
 
     async def reconcile(self, key: PolicyKey) -> None:
         name = key.policy
@@ -215,7 +228,7 @@ class PolicyReconciler:
             return
         problem = None
         try:
-            DeploymentPolicy.model_validate(obj)
+            problem = DeploymentPolicy.model_validate(obj).unknown_endpoint(self.endpoints.names())
         except ValidationError as exc:
             problem = _first_error(exc)
         used_by = sorted(g["metadata"]["name"] for g in self.world.gates.items()

@@ -60,7 +60,8 @@ class ImageResolver:
         if secrets and not isinstance(target, str):
             credentials = await self._credentials(target.registry, secrets, notes)
         try:
-            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout)
+            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
+                                          token_hosts=self.settings.token_hosts)
         except RegistryError as exc:
             self.metrics.image_resolutions.labels("failed").inc()
             log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate, package, reference, exc)

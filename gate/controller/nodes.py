@@ -15,6 +15,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.state import NodeGateState, StateParseError
+from gate.controller.endpoints import EndpointBook
 from gate.controller.executor import Executor
 from gate.controller.prepull import Prepuller
 from gate.controller.settings import OperatorSettings
@@ -40,7 +41,8 @@ class NodeReconciler:
         self.timing = timing
         self.world = world
         self.executor = executor
-        self.signals = signals or SignalReader(interval=timing.health_poll)
+        self.signals = signals or SignalReader(EndpointBook(settings.prometheus_endpoints or None),
+                                               interval=timing.health_poll)
 
     async def reconcile(self, key: NodeKey) -> None:
         gate_name, node_name = key.gate, key.node

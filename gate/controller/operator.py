@@ -32,6 +32,7 @@ from gate.api.records import unsigned
 from gate.api.state import StateParseError, load_state
 from gate.controller import signing, triggers
 from gate.controller.clients import OperatorClients
+from gate.controller.endpoints import EndpointBook
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
 from gate.controller.gates import GateReconciler, PolicyReconciler
@@ -71,10 +72,13 @@ class Operator:
         self.world = World(settings, client)
         executor = Executor(settings, client, self.metrics, recorder, self.world)
         prepuller = Prepuller(settings, client, self.world, recorder, self.metrics)
+        # The Prometheus endpoints the installer configured: the only ones a policy may name.
+        self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
-                                    ImageResolver(settings, client, self.metrics), prepuller)
-        self.policies = PolicyReconciler(client, self.world)
-        self.signals = SignalReader(interval=settings.health_poll_seconds, concurrency=settings.health_queries)
+                                    ImageResolver(settings, client, self.metrics), prepuller, self.endpoints)
+        self.policies = PolicyReconciler(client, self.world, self.endpoints)
+        self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
+                                    concurrency=settings.health_queries)
         self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals,
                                    prepuller)
         self.joins = JoinReconciler(self.world, executor)

@@ -23,6 +23,13 @@ Decisions:
   registry host (`credentials_for`).
 * **Plain HTTP only to the loopback** (localhost, 127.0.0.0/8, ::1), as Docker and containerd treat
   it; every other registry is HTTPS with the system's trust store.
+* **Only registries are asked** (`gate.controller.egress`): a Bearer realm must be the registry's own
+  host or one the installer lists (`token_hosts`), and is judged before the credentials go there;
+  redirects are followed by hand, each hop judged (no plain HTTP off the loopback), and the
+  credentials never follow one to another host; no link-local or metadata address is contacted,
+  judged on the URL and on every address a name resolves to, before connecting. A refusal is a
+  `RegistryError` that names the image and the rule, and surfaces where every resolution error does
+  (the gate's `ImagesResolved` condition and a `ResolveFailed` Event).
 * **Bounded.** Every request has a connect and a total timeout; an error names the image, the
   registry and the HTTP status (`RegistryError`).
 """
@@ -35,13 +42,22 @@ import hashlib
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urljoin
 
 import aiohttp
 
 from gate.api.references import DOCKER_HUB, registry_of_host, split_name
+from gate.controller.egress import (
+    EgressRefused,
+    GuardedResolver,
+    realm_refusal,
+    redirect_refusal,
+    same_host,
+    url_refusal,
+)
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -175,30 +191,44 @@ def body_digest(algorithm: str, body: bytes) -> str:
 
 
 async def resolve_digest(reference: str, credentials: tuple[str, str] | None = None, *,
-                         timeout: float = 15.0) -> str:
-    """The manifest digest `reference` (repository:tag) names now at its registry."""
+                         timeout: float = 15.0, token_hosts: Collection[str] = ()) -> str:
+    """The manifest digest `reference` (repository:tag) names now at its registry. `token_hosts`: the
+    hosts besides the registry's own that a Bearer realm may name (`gate.controller.egress`)."""
     target = target_of(reference)
     if isinstance(target, str):
         raise RegistryError(reference, "", target)
     limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
+    resolver = GuardedResolver()  # the connector does not close a resolver it was given: closed below
     try:
-        async with aiohttp.ClientSession(timeout=limits) as session:
-            return await _Resolve(session, reference, target, credentials).run()
+        async with aiohttp.ClientSession(timeout=limits,
+                                         connector=aiohttp.TCPConnector(resolver=resolver)) as session:
+            return await _Resolve(session, reference, target, credentials, token_hosts).run()
     except TimeoutError as exc:
         raise RegistryError(reference, target.registry, f"no answer within {timeout:g}s") from exc
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, EgressRefused):  # refused on the resolved address, before connecting
+            raise RegistryError(reference, target.registry, f"refused to connect: {exc.os_error}") from exc
+        raise RegistryError(reference, target.registry, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise RegistryError(reference, target.registry, f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await resolver.close()
+
+
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class _Resolve:
     """One resolution: the manifest request, and the authentication it asks for on the way."""
 
     def __init__(self, session: aiohttp.ClientSession, reference: str, target: Target,
-                 credentials: tuple[str, str] | None) -> None:
+                 credentials: tuple[str, str] | None, token_hosts: Collection[str] = ()) -> None:
         self.session = session
         self.reference = reference
         self.target = target
         self.credentials = credentials
+        self.token_hosts = token_hosts
         self.authorization: str | None = None
 
     def error(self, problem: str, status: int | None = None) -> RegistryError:
@@ -233,11 +263,30 @@ class _Resolve:
 
     async def _manifest(self, method: str) -> tuple[int, Mapping[str, str], bytes]:
         for _ in range(2):  # once, and once more after a 401 told how to authenticate
+            status, headers, body = await self._follow(method, self.target.manifest_url)
+            if status != 401 or self.authorization is not None:
+                return status, headers, body
+            self.authorization = await self._authorize(headers.get("WWW-Authenticate", ""))
+        return 401, {}, b""
+
+    async def _follow(self, method: str, url: str) -> tuple[int, Mapping[str, str], bytes]:
+        """The answer to `method url`, redirects followed by hand: each hop is judged before it is asked
+        (`gate.controller.egress`), and the credentials go only to the registry's own host."""
+        for _ in range(MAX_REDIRECTS + 1):
+            refused = url_refusal(url)
+            if refused is not None:
+                raise self.error(f"refused to ask {refused}")
             headers = {"Accept": ", ".join(MANIFEST_TYPES)}
-            if self.authorization:
+            if self.authorization and same_host(url, self.target.manifest_url):
                 headers["Authorization"] = self.authorization
-            async with self.session.request(method, self.target.manifest_url, headers=headers,
-                                            allow_redirects=True) as resp:
+            async with self.session.request(method, url, headers=headers, allow_redirects=False) as resp:
+                location = resp.headers.get("Location")
+                if resp.status in _REDIRECTS and location:
+                    url = urljoin(url, location)
+                    refused = redirect_refusal(url)
+                    if refused is not None:
+                        raise self.error(refused, resp.status)
+                    continue
                 body = b""
                 if method == "GET" and resp.status == 200:
                     if (resp.content_length or 0) > MAX_MANIFEST:
@@ -245,11 +294,8 @@ class _Resolve:
                     body = await resp.content.read(MAX_MANIFEST + 1)
                     if len(body) > MAX_MANIFEST:
                         raise self.error(f"the manifest is larger than {MAX_MANIFEST} bytes")
-                if resp.status != 401 or self.authorization is not None:
-                    return resp.status, resp.headers, body
-                challenge = resp.headers.get("WWW-Authenticate", "")
-            self.authorization = await self._authorize(challenge)
-        return 401, {}, b""
+                return resp.status, resp.headers, body
+        raise self.error(f"more than {MAX_REDIRECTS} redirects")
 
     async def _authorize(self, challenge: str) -> str:
         scheme, params = parse_challenge(challenge)
@@ -260,21 +306,26 @@ class _Resolve:
         if scheme != "bearer" or not params.get("realm"):
             raise self.error(f"the registry asked for authentication it did not name as Bearer or Basic: "
                              f"{challenge or '(no WWW-Authenticate header)'}", 401)
+        realm = params["realm"]
+        refused = realm_refusal(realm, self.target.manifest_url, self.token_hosts)
+        if refused is not None:  # before any request: neither the credentials nor a probe go there
+            raise self.error(refused, 401)
         query = {"scope": params.get("scope") or f"repository:{self.target.repository}:pull"}
         if params.get("service"):
             query["service"] = params["service"]
         headers = {"Authorization": _basic(self.credentials)} if self.credentials else {}
-        async with self.session.get(params["realm"], params=query, headers=headers) as resp:
+        # No redirect is followed from the token service: the credentials were sent to it alone.
+        async with self.session.get(realm, params=query, headers=headers, allow_redirects=False) as resp:
             if resp.status != 200:
-                raise self.error(f"the token service {params['realm']} refused a pull token "
+                raise self.error(f"the token service {realm} refused a pull token "
                                  f"({'with' if self.credentials else 'without'} credentials)", resp.status)
             try:
                 answer = await resp.json(content_type=None)
             except ValueError as exc:
-                raise self.error(f"the token service {params['realm']} answered no JSON") from exc
+                raise self.error(f"the token service {realm} answered no JSON") from exc
         token = answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
         if not token:
-            raise self.error(f"the token service {params['realm']} answered no token")
+            raise self.error(f"the token service {realm} answered no token")
         return f"Bearer {token}"
 
 

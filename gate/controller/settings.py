@@ -46,6 +46,13 @@ class OperatorSettings:
                 "on some nodes)"})
     resolve_timeout: float = field(default=15.0, metadata={
         "help": "seconds one image resolution (token and manifest requests together) may take"})
+    registry_token_hosts: str = field(default="auth.docker.io", metadata={
+        "help": "comma-separated hosts, besides a registry's own, that its Bearer token realm may name; the pull "
+                "credentials go to no other (Docker Hub's realm is auth.docker.io; docs/security.md)"})
+    prometheus_endpoints: str = field(default="", metadata={
+        "help": "YAML file of the Prometheus endpoints a DeploymentPolicy may name (name: {url, caFile, "
+                "insecureSkipVerify, bearerTokenFile}); read again when it changes; empty: none, and a policy's "
+                "Prometheus signal is never asked (docs/operations.md)"})
     workers: int = field(default=16, metadata={"help": "node reconciles run concurrently"})
     metrics_port: int = field(default=8080, metadata={"help": "port of /metrics, /healthz and /readyz (0: off)"})
     metrics_host: str = field(default="0.0.0.0", metadata={"help": "address /metrics listens on"})
@@ -73,6 +80,10 @@ class OperatorSettings:
                 "(the standard library's)"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
+
+    @property
+    def token_hosts(self) -> tuple[str, ...]:
+        return tuple(h.strip().lower() for h in self.registry_token_hosts.split(",") if h.strip())
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

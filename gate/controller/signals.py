@@ -8,6 +8,10 @@ when it is older than `interval`. Decisions:
   the load on Prometheus follows the nodes in soak, not the fleet.
 * **Bounded**: at most `concurrency` queries are in flight at once over one HTTP session; a node's
   query is asked at most once per `interval`, however often its node changes.
+* **Only the installer's endpoints** (`gate.controller.endpoints`): a signal naming an endpoint the
+  operator does not know is a failed reading that says so, and nothing is asked anywhere.
+* **Summarized at once** (`gate.controller.promql.summarize`): the reading keeps the count, the
+  greatest value and the node's own series, nothing else of the answer.
 * **A failure is remembered as one**: the reading carries the error and since when the queries of
   that node have failed without a break (`Reading.failing_since`), which the pure verdict needs to
   decide when an unreadable signal fails the node. It lives in memory: after a restart the run of
@@ -23,13 +27,15 @@ from datetime import UTC, datetime
 import aiohttp
 
 from gate.api.policy import PrometheusSignal
-from gate.controller.promql import QueryFailed, instant_query, node_query
+from gate.controller.endpoints import EndpointBook
+from gate.controller.promql import QueryFailed, instant_query, node_query, summarize
 from gate.lifecycle.soak import Reading
 
 
 class SignalReader:
-    def __init__(self, *, interval: float = 15.0, concurrency: int = 8, timeout: float = 10.0,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(self, endpoints: EndpointBook, *, interval: float = 15.0, concurrency: int = 8,
+                 timeout: float = 10.0, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.endpoints = endpoints
         self.interval = interval
         self.timeout = timeout
         self._clock = clock
@@ -43,13 +49,21 @@ class SignalReader:
         last = self._readings.get(key)
         if last is not None and (self._clock() - last.at).total_seconds() < self.interval:
             return last
+        endpoint = self.endpoints.get(signal.endpoint)
         async with self._slots:
             if self._session is None:
                 self._session = aiohttp.ClientSession()
             try:
-                samples = await instant_query(self._session, signal.url, node_query(signal.query, node),
+                if endpoint is None:
+                    known = ", ".join(sorted(self.endpoints.names())) or "none"
+                    raise QueryFailed(signal.endpoint, signal.query, f"the operator has no endpoint named "
+                                      f"{signal.endpoint!r} (operator.health.prometheus.endpoints; configured: "
+                                      f"{known}); nothing was asked")
+                samples = await instant_query(self._session, endpoint, node_query(signal.query, node),
                                               timeout=self.timeout)
-                reading = Reading(at=self._clock(), samples=tuple(s.describe() for s in samples))
+                summary = summarize(samples, node)
+                reading = Reading(at=self._clock(), count=summary.count, max_value=summary.max_value,
+                                  own=summary.own)
             except QueryFailed as exc:
                 now = self._clock()
                 since = last.failing_since if last is not None and last.error is not None else now

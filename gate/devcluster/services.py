@@ -12,7 +12,7 @@ import asyncio
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
@@ -100,13 +100,34 @@ async def install_crds(cluster: DevCluster) -> None:
             await wait_established(kube, crd["metadata"]["name"])
 
 
-def operator_argv(kubeconfig: Path, port: int, identity: str, extra: list[str] | None = None) -> list[str]:
+def operator_argv(kubeconfig: Path, port: int, identity: str, extra: list[str] | None = None,
+                  endpoints: Path | None = None) -> list[str]:
     """The dev operator's command line. Image resolution is off unless `extra` turns it on
     (`--resolve-digests true`, later flags win): the simulated nodes' package images
-    (ghcr.io/example/...) are served by no registry, and kwok pulls nothing."""
+    (ghcr.io/example/...) are served by no registry, and kwok pulls nothing. `endpoints`: the
+    cluster's Prometheus endpoints file (`set_prometheus_endpoints`), which the operator reads again
+    whenever it changes."""
+    where = ["--prometheus-endpoints", str(endpoints)] if endpoints is not None else []
     return [sys.executable, "-m", "gate.cli.main", "operator", "run", "--kubeconfig", str(kubeconfig),
             "--namespace", NAMESPACE, "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-            "--identity", identity, "--resolve-digests", "false", *(extra or [])]
+            "--identity", identity, "--resolve-digests", "false", *where, *(extra or [])]
+
+
+def prometheus_endpoints_file(cluster: DevCluster) -> Path:
+    """The dev operator's Prometheus endpoints (`gate.controller.endpoints`), as the chart's ConfigMap
+    holds them in a cluster."""
+    return cluster.dir / "prometheus-endpoints.yaml"
+
+
+def set_prometheus_endpoints(cluster: DevCluster, urls: Mapping[str, str]) -> Path:
+    """Make `urls` (name -> base URL) the endpoints a DeploymentPolicy of the dev cluster may name,
+    replacing those before (a running operator reads the file again when it changes)."""
+    path = prometheus_endpoints_file(cluster)
+    text = yaml.safe_dump({name: {"url": url} for name, url in sorted(urls.items())})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # whole or not at all: the operator may read it at any moment
+    return path
 
 
 def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "operator",
@@ -131,7 +152,10 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
         recorded.write_text(env[AGENT_IMAGE_ENV])
     else:
         recorded.unlink(missing_ok=True)
-    cluster.register(name, operator_argv(kubeconfig, port, name, extra), env)
+    endpoints = prometheus_endpoints_file(cluster)
+    if not endpoints.exists():
+        set_prometheus_endpoints(cluster, {})
+    cluster.register(name, operator_argv(kubeconfig, port, name, extra, endpoints), env)
     wait_ready(cluster, name, port, want="leader" if wait_leader else None)
     return port
 

@@ -12,7 +12,8 @@ verdict. The decisions:
 * **Unhealthy, at any moment of the soak:** the node is not Ready, or carries a condition that
   `nodeConditions` lists with the status given, or the Prometheus query returned samples. The node
   fails with reason `Unhealthy`, naming the signal (the condition with its reason and message, or
-  the query and what it returned). A failed node is a failed node of its batch: `batchThreshold`
+  the query, its endpoint and a summary of what it returned: the count, the greatest value and the
+  node's own series, never another series). A failed node is a failed node of its batch: `batchThreshold`
   and `failureThreshold` apply as to any other failure.
 * **Passed:** `soakUntil` is reached, the node is Ready and free of the listed conditions, and, with
   `prometheus`, the last reading was taken during the soak, succeeded and returned nothing.
@@ -41,12 +42,15 @@ MIN_UNREADABLE_LIMIT = 300.0  # seconds: a Prometheus restart must not fail a fl
 
 @dataclass(frozen=True)
 class Reading:
-    """The last Prometheus answer for one node: `samples` (each rendered `metric{labels} = value`) when
-    the query succeeded, else `error`; `at` when it was taken; `failing_since` the first failure of the
-    unbroken run of failures that `error` belongs to."""
+    """The last Prometheus answer for one node, summarized (`gate.controller.promql.summarize`): when the
+    query succeeded, `count` samples, their greatest value `max_value` and the node's own series `own`
+    (each rendered `metric{labels} => value`; no other series is ever kept); else `error`. `at`: when
+    it was taken; `failing_since`: the first failure of the unbroken run of failures `error` belongs to."""
 
     at: datetime
-    samples: tuple[str, ...] = ()
+    count: int = 0
+    max_value: str = ""
+    own: tuple[str, ...] = ()
     error: str | None = None
     failing_since: datetime | None = None
 
@@ -111,13 +115,14 @@ def judge(health: Health, *, ready: bool, conditions: Mapping[str, NodeCondition
     left = (soak_until - now).total_seconds()
     prom = health.prometheus
     if prom is not None and reading is not None and reading.at >= soak_since:
-        if reading.error is None and reading.samples:
-            shown = "; ".join(reading.samples[:5]) + (f"; and {len(reading.samples) - 5} more"
-                                                       if len(reading.samples) > 5 else "")
-            return SoakVerdict("unhealthy", "Unhealthy", f"Prometheus query {prom.query!r} returned "
-                               f"{len(reading.samples)} sample(s): {shown}")
+        if reading.error is None and reading.count:
+            own = (f"; the node's series: {'; '.join(reading.own)}" if reading.own
+                   else "; none of them is labelled with the node")
+            return SoakVerdict("unhealthy", "Unhealthy", f"Prometheus query {prom.query!r} (endpoint {prom.endpoint}) "
+                               f"returned {reading.count} sample(s), the greatest {reading.max_value}{own}")
         if reading.error is not None:
-            message = f"Prometheus query {prom.query!r} at {prom.url} cannot be read: {reading.error}"
+            message = (f"Prometheus query {prom.query!r} (endpoint {prom.endpoint}) cannot be read: "
+                       f"{reading.error}")
             since = reading.failing_since or reading.at
             failing = (now - since).total_seconds()
             limit = unreadable_limit(health)

@@ -27,6 +27,7 @@ from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
 from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
+from gate.controller.endpoints import parse_endpoints
 from gate.controller.settings import OperatorSettings
 from tests.chart.conftest import CHART_DIR, REPO, Obj, env_of, find, lint, rendered, rendered_text
 
@@ -44,8 +45,14 @@ CUSTOM: Obj = {
     "webhook": {"replicas": 1, "timeoutSeconds": 10, "nodeMutationFailurePolicy": "Fail"},
     "imagePullSecrets": [{"name": "pull"}], "commonLabels": {"team": "platform"},
 }
+ENDPOINTS: Obj = {"operator": {"health": {"prometheus": {"endpoints": {
+    "main": {"url": "https://prometheus-operated.monitoring:9090", "tls": {"caSecret": {"name": "prom-ca",
+                                                                                      "key": "ca.crt"}},
+             "bearerTokenSecret": {"name": "prom-reader", "key": "token"}},
+    "plain": {"url": "http://prometheus.monitoring:9090"}}}}}}
 VALUE_SETS = {"defaults": {}, "cert-manager": CERT_MANAGER, "named-issuer": NAMED_ISSUER,
-              "everything": EVERYTHING, "custom": CUSTOM, "custom+cert-manager": {**CUSTOM, **CERT_MANAGER}}
+              "everything": EVERYTHING, "custom": CUSTOM, "custom+cert-manager": {**CUSTOM, **CERT_MANAGER},
+              "prometheus-endpoints": {**EVERYTHING, **ENDPOINTS}}
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
@@ -656,7 +663,7 @@ def test_network_policies_let_in_only_webhook_and_metrics_ports_and_out_only_dns
         assert spec["policyTypes"] == ["Ingress", "Egress"]
         ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
         assert ports == {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP")}
-        assert all("to" not in rule for rule in spec["egress"])
+        assert all("to" not in rule for rule in spec["egress"][:2])  # DNS and the API server
 
 
 
@@ -670,8 +677,9 @@ def test_the_operator_reaches_registries_only_while_it_resolves_image_digests() 
 
     on = operator(EVERYTHING)
     assert on["env"] == ("true", "15")
-    # DNS, the API server, and the registries (any address on 443 unless registryTo names them)
-    assert on["egress"][-1] == {"ports": [{"port": 443, "protocol": "TCP"}]}
+    # DNS, the API server, and the registries (any address on 443 but link-local and metadata ones,
+    # unless registryTo names them)
+    assert on["egress"][-1] == {"ports": [{"port": 443, "protocol": "TCP"}], "to": PUBLIC_PEERS}
     peers = [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
     named = operator({**EVERYTHING, "networkPolicy": {**EVERYTHING["networkPolicy"], "registryTo": peers,
                                                       "registryPorts": [5000]}})
@@ -679,6 +687,52 @@ def test_the_operator_reaches_registries_only_while_it_resolves_image_digests() 
     off = operator({**EVERYTHING, "operator": {"images": {"resolveDigests": False}}})
     assert off["env"] == ("false", "15")
     assert len(off["egress"]) == len(on["egress"]) - 1 and all("to" not in rule for rule in off["egress"])
+
+
+PUBLIC_PEERS = [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "100.100.100.200/32"]}},
+                {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]}}]
+
+
+def test_the_operators_egress_reaches_only_dns_the_api_server_registries_and_prometheus() -> None:
+    """Off by default; on, the operator's pods reach DNS, the API server, registries and the configured
+    Prometheus endpoints on their ports, and by default never a link-local or cloud metadata address."""
+    assert not [o for o in rendered(ENDPOINTS) if o["kind"] == "NetworkPolicy"]
+    egress = find(rendered({**EVERYTHING, **ENDPOINTS}), "NetworkPolicy", "nodegate-operator")["spec"]["egress"]
+    assert [sorted(p["port"] for p in rule["ports"]) for rule in egress] == [[53, 53], [443, 6443], [443], [9090]]
+    assert egress[2]["to"] == egress[3]["to"] == PUBLIC_PEERS
+    for rule in egress[2:]:
+        blocks = [peer["ipBlock"] for peer in rule["to"]]
+        assert {"169.254.0.0/16", "fe80::/10"} <= {e for b in blocks for e in b["except"]}
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    named = find(rendered({**EVERYTHING, **ENDPOINTS, "networkPolicy": {
+        **EVERYTHING["networkPolicy"], "prometheusTo": peers, "prometheusPorts": [9091]}}),
+        "NetworkPolicy", "nodegate-operator")["spec"]["egress"]
+    assert named[-1] == {"ports": [{"port": 9091, "protocol": "TCP"}], "to": peers}
+    # Without an endpoint, no Prometheus rule.
+    assert len(find(rendered(EVERYTHING), "NetworkPolicy", "nodegate-operator")["spec"]["egress"]) == 3
+
+
+def test_prometheus_endpoints_reach_the_operator_as_a_file_and_mounted_secrets() -> None:
+    objs = rendered(ENDPOINTS)
+    config = find(objs, "ConfigMap", "nodegate-operator-prometheus-endpoints")
+    endpoints = parse_endpoints(yaml.safe_load(config["data"]["endpoints.yaml"]))  # as the operator reads it
+    assert endpoints["main"].url == "https://prometheus-operated.monitoring:9090"
+    assert endpoints["main"].ca_file == "/etc/nodegate/prometheus/main/ca.crt"
+    assert endpoints["main"].bearer_token_file == "/etc/nodegate/prometheus/main/token"
+    assert endpoints["plain"].ca_file is None and endpoints["plain"].bearer_token_file is None
+    pod = find(objs, "Deployment", "nodegate-operator")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert env_of(container)["NODEGATE_PROMETHEUS_ENDPOINTS"] == "/etc/nodegate/endpoints/endpoints.yaml"
+    assert env_of(container)["NODEGATE_REGISTRY_TOKEN_HOSTS"] == "auth.docker.io"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert set(mounts) == {"/etc/nodegate/endpoints", "/etc/nodegate/prometheus/main"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert [s["secret"] for s in volumes[mounts["/etc/nodegate/prometheus/main"]]["projected"]["sources"]] == [
+        {"name": "prom-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+        {"name": "prom-reader", "items": [{"key": "token", "path": "token"}]}]
+    # None configured: no file, no mounts, and the operator asks no Prometheus at all.
+    default = find(rendered({}), "Deployment", "nodegate-operator")["spec"]["template"]["spec"]
+    assert "NODEGATE_PROMETHEUS_ENDPOINTS" not in env_of(default["containers"][0]) and "volumes" not in default
 
 
 # -- generated files ------------------------------------------------------------------------------------

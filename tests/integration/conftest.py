@@ -105,3 +105,17 @@ def prometheus(metrics_exporter: MetricsExporter, tmp_path_factory: pytest.TempP
     from tests.prometheus import prometheus_session
 
     yield from prometheus_session(tmp_path_factory.mktemp("prometheus"), metrics_exporter)
+
+
+SESSION_ENDPOINT = "session"
+
+
+@pytest.fixture(scope="session")
+def prometheus_endpoint(cluster: DevCluster, prometheus: str) -> Iterator[str]:
+    """The name (`session`) under which the dev operator knows `prometheus`: what a DeploymentPolicy's
+    `health.prometheus.endpoint` names, as an installer's chart value would configure it."""
+    from gate.devcluster.services import set_prometheus_endpoints
+
+    set_prometheus_endpoints(cluster, {SESSION_ENDPOINT: prometheus})
+    yield SESSION_ENDPOINT
+    set_prometheus_endpoints(cluster, {})

@@ -177,3 +177,34 @@ limits:
   memory: {{ max 512 (mul $memory 2) }}Mi
 {{- end -}}
 {{- end -}}
+
+{{/*
+The operator's Prometheus endpoints file (gate/controller/endpoints.py), from
+operator.health.prometheus.endpoints: each Secret a value names is mounted at
+/etc/nodegate/prometheus/<name>/ (ca.crt, token), and the file names those paths.
+*/}}
+{{- define "nodegate.prometheusEndpoints" -}}
+{{- $out := dict -}}
+{{- range $name, $ep := .Values.operator.health.prometheus.endpoints -}}
+{{- $e := dict "url" $ep.url -}}
+{{- $tls := $ep.tls | default dict -}}
+{{- if $tls.caSecret -}}{{- $_ := set $e "caFile" (printf "/etc/nodegate/prometheus/%s/ca.crt" $name) -}}{{- end -}}
+{{- if $tls.insecureSkipVerify -}}{{- $_ := set $e "insecureSkipVerify" true -}}{{- end -}}
+{{- if $ep.bearerTokenSecret -}}{{- $_ := set $e "bearerTokenFile" (printf "/etc/nodegate/prometheus/%s/token" $name) -}}{{- end -}}
+{{- $_ := set $out $name $e -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+NetworkPolicy peers for "any address but the link-local and cloud metadata ones" (what the operator's
+own checks refuse too: gate/controller/egress.py).
+*/}}
+{{- define "nodegate.publicPeers" -}}
+- ipBlock:
+    cidr: 0.0.0.0/0
+    except: [169.254.0.0/16, 100.100.100.200/32]
+- ipBlock:
+    cidr: ::/0
+    except: ["fe80::/10", "fd00:ec2::254/128"]
+{{- end -}}

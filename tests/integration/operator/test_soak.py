@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from gate.api import keys
+from gate.controller.endpoints import PrometheusEndpoint
 from gate.controller.promql import instant_query
 from gate.devcluster.stages import node_down_stage
 from gate.kube.cache import WatchCache
@@ -187,7 +188,7 @@ ALERT_QUERY = 'ALERTS{alertstate="firing", node="$NODE"}'
 
 
 async def test_a_firing_alert_fails_its_soaking_node_naming_the_query_and_series_while_a_quiet_node_passes(
-        scenario: Scenario, prometheus: str, metrics_exporter: MetricsExporter) -> None:
+        scenario: Scenario, prometheus: str, prometheus_endpoint: str, metrics_exporter: MetricsExporter) -> None:
     await scenario.add_nodes(2)
     sick, well = scenario.nodes
     # The alert fires before the rollout starts, so its verdict is no race with the soak's end; `well`
@@ -197,7 +198,7 @@ async def test_a_firing_alert_fails_its_soaking_node_naming_the_query_and_series
         await wait_for(lambda: _firing(prometheus, sick), what=f"Prometheus to fire NodeUnhealthy for {sick}")
         policy = await _policy(scenario, {"default": {
             "budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}},
-            "health": {"soak": "5s", "prometheus": {"url": prometheus, "query": ALERT_QUERY}}}})
+            "health": {"soak": "5s", "prometheus": {"endpoint": prometheus_endpoint, "query": ALERT_QUERY}}}})
         await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
         await scenario.wait_node(sick, "failed")
         await scenario.wait_node(well, "complete")
@@ -206,18 +207,20 @@ async def test_a_firing_alert_fails_its_soaking_node_naming_the_query_and_series
     failure = (await scenario.state(sick))["failure"]
     assert failure["reason"] == "Unhealthy" and failure["stage"] == "soak"
     assert ALERT_QUERY in failure["message"], failure["message"]  # the query as the policy wrote it
+    assert "endpoint session" in failure["message"] and "1 sample(s)" in failure["message"]
     assert 'alertname="NodeUnhealthy"' in failure["message"] and f'node="{sick}"' in failure["message"]
     assert well not in failure["message"]  # $NODE made the query the node's own
     assert not (await scenario.node(sick))["spec"].get("unschedulable")  # a failed soak leaves it serving
 
 
 async def test_a_query_prometheus_refuses_keeps_the_node_in_its_soak_past_its_end_until_the_query_is_fixed(
-        scenario: Scenario, prometheus: str) -> None:
+        scenario: Scenario, prometheus_endpoint: str) -> None:
     await scenario.add_nodes(1)
     [node] = scenario.nodes
     broken = 'ALERTS{alertstate="firing", node="$NODE"'  # the closing brace left out: Prometheus says bad_data
     policy = await _policy(scenario, {"default": {
-        "budget": {"count": 1}, "health": {"soak": "3s", "prometheus": {"url": prometheus, "query": broken}}}})
+        "budget": {"count": 1},
+        "health": {"soak": "3s", "prometheus": {"endpoint": prometheus_endpoint, "query": broken}}}})
     await scenario.apply_gate({"tuning": PKG}, deploymentPolicy=policy)
     await _soaking(scenario, node)
 
@@ -238,7 +241,7 @@ async def test_a_query_prometheus_refuses_keeps_the_node_in_its_soak_past_its_en
     assert (state["status"], state["phase"]) == ("in-progress", "soak"), state  # never healthy on a failed query
 
     await scenario.kube.patch(POLICIES, policy, {"spec": {"default": {"health": {
-        "prometheus": {"url": prometheus, "query": ALERT_QUERY}}}}}, patch_type="merge")
+        "prometheus": {"endpoint": prometheus_endpoint, "query": ALERT_QUERY}}}}}, patch_type="merge")
     await scenario.wait_node(node, "complete")
 
     async def cleared() -> bool:
@@ -250,4 +253,5 @@ async def test_a_query_prometheus_refuses_keeps_the_node_in_its_soak_past_its_en
 
 async def _firing(prometheus: str, node: str) -> bool:
     async with aiohttp.ClientSession() as session:
-        return bool(await instant_query(session, prometheus, f'ALERTS{{alertstate="firing", node="{node}"}}'))
+        return bool(await instant_query(session, PrometheusEndpoint(name="session", url=prometheus),
+                                        f'ALERTS{{alertstate="firing", node="{node}"}}'))

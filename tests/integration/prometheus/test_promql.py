@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
+from gate.controller.endpoints import PrometheusEndpoint
 from gate.controller.promql import QueryFailed, Sample, instant_query, node_query
 from gate.devcluster.build import binary_paths
 from gate.devcluster.processes import free_port
@@ -22,6 +23,11 @@ from tests.conftest import unique
 from tests.prometheus import HANG_GUARD, NODE_ALERT, XID_ALERT, MetricsExporter
 
 FIRING = 'ALERTS{alertstate="firing", node="$NODE"}'
+
+
+def ep(url: str) -> PrometheusEndpoint:
+    """The endpoint the operator would be configured with for `url` (named `session`)."""
+    return PrometheusEndpoint(name="session", url=url)
 
 
 @pytest.fixture
@@ -35,7 +41,7 @@ async def answer_until(session: aiohttp.ClientSession, url: str, query: str,
     """Ask `query` until its samples satisfy `done`; those samples (fails after the hang guard)."""
     deadline = time.monotonic() + HANG_GUARD
     while True:
-        samples = await instant_query(session, url, query)
+        samples = await instant_query(session, ep(url), query)
         if done(samples):
             return samples
         if time.monotonic() > deadline:
@@ -53,7 +59,7 @@ async def test_a_query_returns_the_series_the_exporter_serves_once_scraped(
         prometheus: str, metrics_exporter: MetricsExporter, session: aiohttp.ClientSession) -> None:
     node = unique("xid")
     query = node_query('gpu_xid_errors{node="$NODE"}', node)
-    assert await instant_query(session, prometheus, query) == []  # nothing served for it yet
+    assert await instant_query(session, ep(prometheus), query) == []  # nothing served for it yet
 
     metrics_exporter.set("gpu_xid_errors", {"node": node}, 3)
     samples = await answer_until(session, prometheus, query, bool, "the exporter's series")
@@ -79,9 +85,9 @@ async def test_a_healthy_node_answers_no_samples_while_an_unhealthy_one_does(
     sick_answer = await answer_until(session, prometheus, node_query(signal, sick), bool, "the unhealthy node")
     assert [s.labels["node"] for s in sick_answer] == [sick]
     # Both series were in the same scrape, so the healthy one is there too, and the signal is empty.
-    present = await instant_query(session, prometheus, node_query('gpu_xid_errors{node="$NODE"}', well))
+    present = await instant_query(session, ep(prometheus), node_query('gpu_xid_errors{node="$NODE"}', well))
     assert [s.value for s in present] == ["0"]
-    assert await instant_query(session, prometheus, node_query(signal, well)) == []
+    assert await instant_query(session, ep(prometheus), node_query(signal, well)) == []
 
 
 async def test_an_alert_fires_for_the_node_the_test_marks_and_resolves_after(
@@ -92,7 +98,7 @@ async def test_an_alert_fires_for_the_node_the_test_marks_and_resolves_after(
 
     firing = await answer_until(session, prometheus, node_query(FIRING, node), bool, "the alert to fire")
     assert [(s.labels["alertname"], s.labels["severity"], s.value) for s in firing] == [(NODE_ALERT, "critical", "1")]
-    assert await instant_query(session, prometheus, node_query(FIRING, other)) == []
+    assert await instant_query(session, ep(prometheus), node_query(FIRING, other)) == []
 
     metrics_exporter.healthy(node)
     resolved = await answer_until(session, prometheus, node_query(FIRING, node), lambda s: not s, "its resolution")
@@ -111,8 +117,8 @@ async def test_the_xid_alert_fires_from_the_series_alone(
 
 async def test_scalar_string_and_range_results_are_samples(prometheus: str, metrics_exporter: MetricsExporter,
                                                            session: aiohttp.ClientSession) -> None:
-    assert await instant_query(session, prometheus, "1 + 1") == [Sample(value="2")]
-    assert await instant_query(session, prometheus, '"hello"') == [Sample(value="hello")]
+    assert await instant_query(session, ep(prometheus), "1 + 1") == [Sample(value="2")]
+    assert await instant_query(session, ep(prometheus), '"hello"') == [Sample(value="hello")]
     node = unique("range")
     metrics_exporter.set("gpu_xid_errors", {"node": node}, 7)
     query = node_query('gpu_xid_errors{node="$NODE"}[1m]', node)
@@ -123,8 +129,8 @@ async def test_scalar_string_and_range_results_are_samples(prometheus: str, metr
 async def test_a_query_prometheus_cannot_parse_fails_naming_its_error(prometheus: str,
                                                                       session: aiohttp.ClientSession) -> None:
     with pytest.raises(QueryFailed) as failed:
-        await instant_query(session, prometheus, "sum(gpu_xid_errors")
-    assert failed.value.url == prometheus and failed.value.query == "sum(gpu_xid_errors"
+        await instant_query(session, ep(prometheus), "sum(gpu_xid_errors")
+    assert failed.value.endpoint == "session" and failed.value.query == "sum(gpu_xid_errors"
     assert failed.value.problem.startswith("bad_data: ")
     assert "parse error" in failed.value.problem
 
@@ -132,13 +138,13 @@ async def test_a_query_prometheus_cannot_parse_fails_naming_its_error(prometheus
 async def test_an_unreachable_server_fails_the_query(session: aiohttp.ClientSession) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # bound and released: nothing listens there
     with pytest.raises(QueryFailed, match=r"did not answer the query 'up'") as failed:
-        await instant_query(session, url, "up")
-    assert failed.value.url == url
+        await instant_query(session, ep(url), "up")
+    assert failed.value.endpoint == "session" and url.removeprefix("http://") in failed.value.problem
 
 
 async def test_a_server_that_is_not_prometheus_fails_the_query(metrics_exporter: MetricsExporter,
                                                                session: aiohttp.ClientSession) -> None:
     url = f"http://{metrics_exporter.target}"  # an HTTP server without /api/v1/query
     with pytest.raises(QueryFailed) as failed:
-        await instant_query(session, url, "up")
+        await instant_query(session, ep(url), "up")
     assert failed.value.problem == "HTTP 404 with a body that is not JSON"

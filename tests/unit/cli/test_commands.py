@@ -167,3 +167,22 @@ def test_the_operator_refuses_an_unknown_event_loop_in_one_line(capsys: pytest.C
     err = capsys.readouterr().err
     assert "--event-loop must be uvloop or asyncio, not 'trio'" in err
     assert _parse(["operator", "run"]).event_loop is None  # the default comes from the settings: uvloop
+
+
+def test_dev_up_configures_prometheus_endpoints_as_the_chart_does(tmp_path: Path) -> None:
+    """`nodegate dev up --prometheus-endpoint NAME=URL` writes the file the dev operator reads
+    (`--prometheus-endpoints`), in the operator's own format."""
+    from gate.controller.endpoints import parse_endpoints
+    from gate.devcluster.cluster import DevCluster
+    from gate.devcluster.services import operator_argv, prometheus_endpoints_file, set_prometheus_endpoints
+
+    args = parser().parse_args(["dev", "up", "--prometheus-endpoint", "main=http://127.0.0.1:9090",
+                                "--prometheus-endpoint", "gpu=https://prom.gpu:9090"])
+    assert args.prometheus_endpoint == ["main=http://127.0.0.1:9090", "gpu=https://prom.gpu:9090"]
+    cluster = DevCluster(tmp_path)
+    path = set_prometheus_endpoints(cluster, {"main": "http://127.0.0.1:9090", "gpu": "https://prom.gpu:9090"})
+    assert path == prometheus_endpoints_file(cluster)
+    endpoints = parse_endpoints(yaml.safe_load(path.read_text()))
+    assert {n: e.url for n, e in endpoints.items()} == {"main": "http://127.0.0.1:9090", "gpu": "https://prom.gpu:9090"}
+    argv = operator_argv(tmp_path / "kc", 1, "op", endpoints=path)
+    assert argv[argv.index("--prometheus-endpoints") + 1] == str(path)

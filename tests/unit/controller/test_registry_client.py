@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
+from gate.controller.egress import RULE_LINK_LOCAL, RULE_METADATA, RULE_PLAIN_HTTP, RULE_REALM
 from gate.controller.registry import RegistryError, resolve_digest
 
 MANIFEST = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}'
@@ -29,6 +30,7 @@ class Registry:
     head_digest: bool = True
     named: str = DIGEST
     base: str = ""
+    port: int = 0
     seen: list[str] = field(default_factory=list)
 
     def authorized(self, request: web.Request) -> bool:
@@ -74,7 +76,8 @@ async def serve(registry: Registry) -> web.AppRunner:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    registry.base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    registry.port = runner.addresses[0][1]
+    registry.base = f"http://127.0.0.1:{registry.port}"
     return runner
 
 
@@ -143,3 +146,137 @@ async def test_an_unreachable_registry_fails_within_the_timeout() -> None:
     reference = f"127.0.0.1:{free_port()}/team/pkg:1.0.0"  # nothing listens there
     with pytest.raises(RegistryError, match=f"cannot resolve image {reference}"):
         await resolve_digest(reference, timeout=2)
+
+
+# -- only registries are asked (gate.controller.egress) --------------------------------------------
+
+
+@dataclass
+class Listener:
+    """Any request to it is recorded: where the client must never go, it proves it did not."""
+
+    hits: list[str] = field(default_factory=list)
+    base: str = ""
+
+    async def any(self, request: web.Request) -> web.Response:
+        self.hits.append(f"{request.method} {request.path} {request.headers.get('Authorization', '-')}")
+        if request.path.startswith("/v2/"):
+            return web.Response(status=200, headers={"Docker-Content-Digest": DIGEST})
+        return web.json_response({"token": "t0ken"})
+
+
+@pytest.fixture
+async def elsewhere() -> AsyncIterator[Listener]:
+    """A listener on another loopback address (127.0.0.2): another host, as far as the rules go."""
+    listener = Listener()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", listener.any)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.2", 0)
+    await site.start()
+    listener.base = f"http://127.0.0.2:{runner.addresses[0][1]}"
+    try:
+        yield listener
+    finally:
+        await runner.cleanup()
+
+
+async def serve_answer(handler: web.RequestHandler) -> tuple[web.AppRunner, str]:  # type: ignore[type-arg]
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_the_registry_is_the_only_place_asked_and_its_credentials_go_nowhere_else(elsewhere: Listener) -> None:
+    """A registry that sends the client elsewhere: a token realm on another host, redirects to plain
+    HTTP off the loopback and to a metadata address. Each is refused naming the image and the rule,
+    before any request there; a redirect to another host that is allowed gets no credentials."""
+    basic = "Basic " + base64.b64encode(b"robot:pw").decode()
+    answer: dict[str, tuple[int, dict[str, str]]] = {}
+    seen: list[str] = []
+
+    async def registry(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path} {request.headers.get('Authorization', '-')}")
+        if request.headers.get("Authorization") != basic and answer["now"][0] != 401:
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        status, headers = answer["now"]
+        return web.Response(status=status, headers=headers)
+
+    runner, host = await serve_answer(registry)
+    try:
+        reference = f"{host}/team/pkg:1.0.0"
+        cases = [
+            ((401, {"WWW-Authenticate": f'Bearer realm="{elsewhere.base}/token",service="s"'}), RULE_REALM),
+            ((307, {"Location": "http://registry.example.com/v2/team/pkg/manifests/1.0.0"}), RULE_PLAIN_HTTP),
+            ((302, {"Location": "https://169.254.169.254/latest/meta-data/iam/"}), RULE_METADATA),
+            ((301, {"Location": "https://[fe80::1]/v2/"}), RULE_LINK_LOCAL),
+        ]
+        for response, rule in cases:
+            answer["now"] = response
+            with pytest.raises(RegistryError) as caught:
+                await resolve_digest(reference, ("robot", "pw"))
+            text = str(caught.value)
+            assert f"cannot resolve image {reference}" in text and rule in text, text
+        assert elsewhere.hits == []  # the realm on another host was never asked, with or without credentials
+
+        # A redirect to another host that passes the rules is followed, without the credentials.
+        answer["now"] = (307, {"Location": f"{elsewhere.base}/v2/team/pkg/manifests/1.0.0"})
+        assert await resolve_digest(reference, ("robot", "pw")) == DIGEST
+        assert elsewhere.hits == ["HEAD /v2/team/pkg/manifests/1.0.0 -"]
+        assert f"HEAD /v2/team/pkg/manifests/1.0.0 {basic}" in seen  # the registry itself got them
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_listed_token_host_gets_the_credentials(served: Registry, elsewhere: Listener) -> None:
+    """The installer's list (`registry_token_hosts`) is how a registry whose tokens come from another host
+    (Docker Hub: auth.docker.io) works."""
+    served.auth = "bearer"
+    realm_host = "127.0.0.2"
+    served.base = elsewhere.base  # the registry names the other listener's /token as its realm
+    reference = f"127.0.0.1:{served.port}/team/pkg:1.0.0"
+    with pytest.raises(RegistryError, match=RULE_REALM):
+        await resolve_digest(reference, ("robot", "pw"))
+    assert elsewhere.hits == []
+    assert await resolve_digest(reference, ("robot", "pw"), token_hosts=[realm_host]) == DIGEST
+    basic = "Basic " + base64.b64encode(b"robot:pw").decode()
+    assert elsewhere.hits == [f"GET /token {basic}"]
+
+
+async def test_a_refusal_reaches_the_gates_condition_naming_the_image_the_package_and_the_rule(
+        elsewhere: Listener) -> None:
+    """What the gate reconciler writes as ImagesResolved=False (`unresolved_message` of the resolver's
+    problems), for a registry whose realm is on another host; the token host list comes from the
+    operator's settings (`--registry-token-hosts`)."""
+    from gate.api.nodegate import NodeGate
+    from gate.controller.images import ImageResolver
+    from gate.controller.metrics import OperatorMetrics
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.images import unresolved_message
+
+    async def registry(request: web.Request) -> web.Response:
+        return web.Response(status=401, headers={"WWW-Authenticate": f'Bearer realm="{elsewhere.base}/token"'})
+
+    runner, host = await serve_answer(registry)
+    try:
+        image = f"{host}/team/tuning"
+        gate = NodeGate.model_validate({"metadata": {"name": "g"}, "spec": {"packages": {
+            "tuning": {"version": "1.0.0", "image": image}}}})
+        settings = OperatorSettings(resolve_timeout=5)
+        resolver = ImageResolver(settings, None, OperatorMetrics())  # type: ignore[arg-type]  # no Secret read
+        records, problems = await resolver.resolve(gate)
+        message = unresolved_message(problems)
+        assert records == [] and f"package tuning: cannot resolve image {image}:1.0.0" in message, message
+        assert RULE_REALM in message and "127.0.0.2" in message and elsewhere.hits == []
+        # The installer lists the realm's host: the token service is asked (this registry then refuses the token).
+        listed = ImageResolver(OperatorSettings(resolve_timeout=5, registry_token_hosts="auth.docker.io, 127.0.0.2"),
+                               None, OperatorMetrics())  # type: ignore[arg-type]
+        _, problems = await listed.resolve(gate)
+        assert elsewhere.hits == ["GET /token -"] and RULE_REALM not in str(problems)
+    finally:
+        await runner.cleanup()

@@ -89,16 +89,23 @@ def test_not_ready_during_the_soak_fails_the_node() -> None:
     assert d.state.failure.reason == "Unhealthy" and "not Ready" in d.state.failure.message
 
 
-PROM = {"url": "http://prometheus:9090", "query": 'ALERTS{node="$NODE"}'}
+PROM = {"endpoint": "main", "query": 'ALERTS{node="$NODE"}'}
 
 
-def test_prometheus_samples_fail_the_node_naming_query_and_result() -> None:
+def test_prometheus_samples_fail_the_node_naming_query_endpoint_and_a_summary() -> None:
     h = health(prometheus=PROM)
     s = soaking(h)
-    reading = Reading(at=NOW + timedelta(minutes=2), samples=('ALERTS{alertname="XidErrors"} = 1',))
+    reading = Reading(at=NOW + timedelta(minutes=2), count=3, max_value="7",
+                      own=('ALERTS{alertname="XidErrors", node="n1"} => 1',))
     d = decide(soak_ctx(s, h, minutes=2, reading=reading))
     assert d.state is not None and d.state.failure is not None and d.state.failure.reason == "Unhealthy"
-    assert "ALERTS" in d.state.failure.message and "XidErrors" in d.state.failure.message
+    message = d.state.failure.message
+    assert "ALERTS{node=" in message and "endpoint main" in message and "3 sample(s), the greatest 7" in message
+    assert "XidErrors" in message
+    alien = Reading(at=NOW + timedelta(minutes=2), count=2, max_value="1")
+    d = decide(soak_ctx(s, h, minutes=2, reading=alien))
+    assert d.state is not None and d.state.failure is not None
+    assert "none of them is labelled with the node" in d.state.failure.message
 
 
 def test_the_soak_passes_with_prometheus_only_on_a_good_reading_of_this_soak() -> None:
