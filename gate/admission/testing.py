@@ -16,8 +16,10 @@ class StaticFacts:
     synced = True
 
     def __init__(self, gates: Sequence[dict[str, Any]] = (), policies: Sequence[str] = (),
-                 installed_on: dict[str, tuple[str, ...]] | None = None) -> None:
+                 installed_on: dict[str, tuple[str, ...]] | None = None,
+                 pods: Sequence[dict[str, Any]] = ()) -> None:
         self.gates = list(gates)
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         self.policies = frozenset(policies)
         self.installed_on = installed_on or {}
 
@@ -26,6 +28,9 @@ class StaticFacts:
             existing_policies=self.policies & lookups.policies,
             referencing_gates=tuple(policy_rules.referencing_gates(lookups.gates_referencing, self.gates))
             if lookups.gates_referencing else (),
+            referencing_packages=policy_rules.referencing_packages(lookups.gates_referencing, self.gates)
+            if lookups.gates_referencing else {},
+            pod=self.pods.get(lookups.pod) if lookups.pod else None,
             installed_on=self.installed_on if lookups.installed else {},
             readiness_gates=readiness_gates(self.gates) if lookups.readiness_gates else (),
             operator_username=DEFAULT_OPERATOR_USERNAME,
