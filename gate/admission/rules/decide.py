@@ -193,9 +193,9 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
 
 def _validate_policy(req: AdmissionRequest, facts: Facts) -> Verdict:
     if req.operation == "DELETE":
-        name = _name(req, req.old_object)
-        return Verdict(violations=tuple(policy.delete_violations(name, facts.referencing_gates)),
-                       access=_policy_use(req, name, facts))
+        # No package right to ask about: a policy that gates name cannot be deleted at all, and one
+        # that none names decides nothing.
+        return Verdict(violations=tuple(policy.delete_violations(_name(req, req.old_object), facts.referencing_gates)))
     if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return ALLOW
     violations = tuple(policy.validate_spec(_new(req).get("spec", {})))
@@ -209,7 +209,7 @@ def _policy_use(req: AdmissionRequest, name: str, facts: Facts) -> tuple[AccessC
     for gate in facts.referencing_gates:
         for package in facts.referencing_packages.get(gate, ()):
             gates_of.setdefault(package, []).append(gate)
-    verb = {"CREATE": "create", "UPDATE": "change", "DELETE": "delete"}.get(req.operation, "change")
+    verb = "create" if req.operation == "CREATE" else "change"
     return tuple(
         _use(req, package, "spec",
              f'{verb} DeploymentPolicy "{name}": NodeGate(s) {", ".join(sorted(gates))} name it '

@@ -139,10 +139,10 @@ def policy(name: str = "fleet", budget: int = 1) -> dict[str, Any]:
             "spec": {"default": {"budget": {"count": budget}}}}
 
 
-@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
 def test_changing_a_policy_needs_use_on_every_package_of_every_gate_naming_it(operation: str) -> None:
-    new = None if operation == "DELETE" else policy(budget=5)
-    old = policy() if operation != "CREATE" else None
+    new = policy(budget=5)
+    old = policy() if operation == "UPDATE" else None
     req = request("DeploymentPolicy", operation, new, old, user="writer")
     assert decide.plan_lookups(req, "validate") == Lookups(gates_referencing="fleet")
     facts = Facts(referencing_gates=("a", "b"), referencing_packages={"a": ("base", "gpu"), "b": ("base",)})
@@ -154,6 +154,14 @@ def test_changing_a_policy_needs_use_on_every_package_of_every_gate_naming_it(op
     assert 'package "base"' in message and 'user "writer"' in message
     # nothing names it: no package right is needed
     assert decide.validate(req, Facts()).access == ()
+
+
+def test_deleting_a_policy_a_gate_names_stays_refused_outright() -> None:
+    req = request("DeploymentPolicy", "DELETE", None, policy(), user="writer")
+    facts = Facts(referencing_gates=("a",), referencing_packages={"a": ("base",)})
+    verdict = decide.validate(req, facts)
+    assert verdict.access == () and "still referenced by NodeGate(s) a" in verdict.violations[0].message
+    assert decide.validate(req, Facts()).allowed
 
 
 def test_a_metadata_only_policy_update_asks_nothing() -> None:
