@@ -26,6 +26,7 @@ identity of their own (or impersonates one that holds it), which leaves the gran
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -42,12 +43,21 @@ POD_NAME_PREFIX: Final = "ng-"
 """Every stage and prepull pod's name starts so (`gate.lifecycle.machine.pod_name`,
 `gate.lifecycle.prepull.prepull_pod_name`): the webhook configuration sends only CONNECTs into pods
 so named to the webhook, so an outage never stops an exec into the operator's own pods."""
+_POD_NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SUBRESOURCE_WORDS: Final = {"exec": "exec", "attach": "attach", "portforward": "port-forward"}
 
 
 def is_pod_connect(req: AdmissionRequest) -> bool:
     return (req.operation == "CONNECT" and req.resource.group == "" and req.resource.resource == "pods"
             and req.sub_resource in CONNECT_SUBRESOURCES)
+
+
+def pod_to_read(req: AdmissionRequest) -> tuple[str, str] | None:
+    """(namespace, name) of the pod to read, None for a name no pod can have: the API server only
+    sends real ones, and a review sent straight to the webhook's port must not steer its reads."""
+    if len(req.name) > 253 or not _POD_NAME.match(req.name) or not _POD_NAME.match(req.namespace):
+        return None
+    return req.namespace, req.name
 
 
 def _meta(pod: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -68,7 +68,7 @@ def plan_lookups(req: AdmissionRequest, webhook: Webhook) -> Lookups:
             return Lookups(readiness_gates=True)
         return Lookups()
     if kind == "PodConnect":
-        return Lookups(pod=(req.namespace, req.name))
+        return Lookups(pod=connect.pod_to_read(req))
     if kind == "DeploymentPolicy" and req.operation == "DELETE":
         return Lookups(gates_referencing=_name(req, req.old_object))
     if kind == "DeploymentPolicy" and req.operation in ("CREATE", "UPDATE") and _spec_changed(req):

@@ -91,6 +91,8 @@ def test_pods_that_are_not_nodegates_stay_open_to_exec() -> None:
     assert decide.validate(connect("exec", "ng-operator-5d8f"), Facts(pod=operator_pod())) == Verdict()
     # a pod that does not exist: the API server answers 404 itself
     assert decide.validate(connect("exec", "ng-gone"), Facts(pod=None)) == Verdict()
+    # a name no pod can have (a review sent straight to the port) is never looked up
+    assert decide.plan_lookups(connect("exec", "../secrets/x"), "validate") == Lookups()
     # another namespace is not NodeGate's (the configuration never sends it; the rule holds anyway)
     assert decide.validate(connect("exec", "ng-apply-0123", namespace="team"), Facts(pod=stage_pod())) == Verdict()
 
