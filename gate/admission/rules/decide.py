@@ -150,12 +150,11 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
     if violations:
         return Verdict(violations=tuple(violations), warnings=warnings)
     who = req.user_info.username or "(anonymous)"
-    need = _NEED
     checks = [
         AccessCheck(
             user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
             denied=Violation(f"spec.packages[{name}]", f'user "{who}" may not use package "{name}": it needs verb '
-                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}',
+                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {_NEED}',
                              forbidden=True),
         )
         for name in changed
@@ -170,7 +169,7 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
                 user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
                 denied=Violation(f"spec.{placement[0]}", f'user "{who}" may not change {fields}: that decides where '
                                  f'package "{name}" runs as root, which needs verb "{USE_VERB}" on '
-                                 f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}",
+                                 f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {_NEED}",
                                  forbidden=True),
             )
             for name in sorted(nodegate.packages_of(new_spec)) if name not in changed
