@@ -111,8 +111,9 @@ def validate_connect(req: AdmissionRequest, facts: Facts) -> Verdict:
     action = _SUBRESOURCE_WORDS.get(req.sub_resource, req.sub_resource)
     target = f"pod {req.namespace}/{req.name}"
     scope = f'resourceName "{gate}" or none' if gate else "no resourceName"
-    refused = (f"{action} into {target} is refused: it is {what}, privileged with the host's root mounted, so a "
-               "shell there is root on the node; NodeGate refuses this to every identity, cluster admins included")
+    refused = (f"{action} into {target} is refused: it is {what}, and NodeGate's stage pods run privileged with "
+               "the host's root mounted (a shell there is root on the node); NodeGate refuses this to every identity, "
+               "cluster admins included")
     named = AccessCheck(
         user=req.user_info, verb=EXEC_STAGE_PODS_VERB, group=keys.GROUP, resource=keys.NODEGATE_PLURAL, name=gate,
         denied=Violation("", f'{refused}. Break glass: verb "{EXEC_STAGE_PODS_VERB}" on '
