@@ -92,7 +92,7 @@ def test_a_policy_editor_without_use_cannot_change_a_policy_a_gate_names(
     kubectl.apply(yaml.safe_dump(named))
     person.gates.append(name)
     patch = ("patch", "deploymentpolicies.nodegate.io", policy, "--type=merge", "-p",
-             '{"spec": {"default": {"budget": {"percent": 100}}}}')
+             '{"spec": {"default": {"budget": {"count": null, "percent": 100}}}}')
     code, out = person.run(*patch)
     assert code != 0 and f'change DeploymentPolicy "{policy}"' in out and f"NodeGate(s) {name}" in out, out
     assert 'package "evil"' in out and 'package "base"' not in out, out
