@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from gate.admission.authz import review_body
-from gate.admission.rules.review import AccessCheck, UserInfo, Violation
+from gate.admission.notices import event_of
+from gate.admission.rules.review import AccessCheck, Notice, UserInfo, Violation
 from gate.controller import rbac
 from gate.kube.client import (
     CONFIGMAPS,
@@ -207,7 +208,8 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("webhook-cluster", "nodes", "list"): lambda i: wh(i).list(NODES, label_selector="nodegate.io/status.probe"),
     # gate.admission.facts (the pod of an exec), gate.admission.notices (a break-glass Event)
     ("webhook-namespace", "pods", "get"): lambda i: _absent_ok(wh(i).get(PODS, MISSING, i.namespace)),
-    ("webhook-namespace", "events", "create"): lambda i: wh(i).create(EVENTS, _event(i.namespace), dry_run=True),
+    ("webhook-namespace", "events", "create"): lambda i: wh(i).create(EVENTS, event_of(
+        Notice(i.namespace, "Pod", MISSING, "BreakGlassExec", "probe"), "probe"), dry_run=True),
     ("webhook-self-managed-cluster", "validatingwebhookconfigurations", "get"): lambda i: _both(
         i, lambda res: _absent_ok(wh(i).get(res, i.configuration))),
     ("webhook-self-managed-cluster", "validatingwebhookconfigurations", "update"): lambda i: _both(
