@@ -69,11 +69,24 @@ def _exists(kubectl: Kubectl, kind: str, name: str) -> bool:
 
 def test_a_gate_deleter_without_use_on_its_packages_cannot_delete_it(kubectl: Kubectl, person: User) -> None:
     name = unique("sec-del")
-    kubectl.apply(yaml.safe_dump(gate(name, {"base": BASE, "evil": EVIL})))
+    body = gate(name, {"base": BASE, "evil": EVIL})
+    body["metadata"]["labels"] = {"sec-del": name}  # type: ignore[index]
+    kubectl.apply(yaml.safe_dump(body))
     person.gates.append(name)
     code, out = person.run("delete", "nodegates.nodegate.io", name, "--wait=false")
     assert code != 0 and f'may not delete NodeGate "{name}"' in out and 'package "evil"' in out, out
     assert 'package "base"' not in out  # the package it may use is not what refused it
+    # a collection delete (deletecollection, granted here) is judged gate by gate the same way
+    role = unique("sec-delcol")
+    kubectl.run("create", "clusterrole", role, "--verb=deletecollection", "--resource=nodegates.nodegate.io")
+    person.bindings.append(role)
+    kubectl.run("create", "clusterrolebinding", role, f"--clusterrole={role}", f"--user={person.name}")
+    collection = f"/apis/nodegate.io/v1alpha1/nodegates?labelSelector=sec-del%3D{name}"
+    deadline = time.monotonic() + 30
+    while "forbidden" in (out := person.run("delete", "--raw", collection)[1]) and "may not delete" not in out:
+        assert time.monotonic() < deadline, out  # RBAC informers take a moment to see the new binding
+        time.sleep(0.3)
+    assert f'may not delete NodeGate "{name}"' in out, out
     assert _exists(kubectl, "nodegates.nodegate.io", name)
     person.grant_use("evil")
     code, out = _until_allowed(person, "delete", "nodegates.nodegate.io", name, "--wait=false")
@@ -92,10 +105,20 @@ def test_a_policy_editor_without_use_cannot_change_a_policy_a_gate_names(
     kubectl.apply(yaml.safe_dump(named))
     person.gates.append(name)
     patch = ("patch", "deploymentpolicies.nodegate.io", policy, "--type=merge", "-p",
-             '{"spec": {"default": {"budget": {"count": null, "percent": 100}}}}')
-    code, out = person.run(*patch)
-    assert code != 0 and f'change DeploymentPolicy "{policy}"' in out and f"NodeGate(s) {name}" in out, out
-    assert 'package "evil"' in out and 'package "base"' not in out, out
+             '{"spec": {"default": {"budget": {"count": 5}}}}')
+    wider = {**body, "spec": {"default": {"budget": {"count": 5}}}}
+    writes: dict[str, tuple[tuple[str, ...], str | None]] = {
+        "merge patch": (patch, None),
+        "JSON patch": (("patch", "deploymentpolicies.nodegate.io", policy, "--type=json", "-p",
+                        '[{"op": "replace", "path": "/spec/default/budget/count", "value": 5}]'), None),
+        "update (PUT)": (("replace", "-f", "-"), yaml.safe_dump(wider)),
+        "server-side apply": (("apply", "--server-side", "--force-conflicts", "-f", "-"), yaml.safe_dump(wider)),
+        "client-side apply": (("apply", "-f", "-"), yaml.safe_dump(wider)),
+    }
+    for how, (args, stdin) in writes.items():
+        code, out = person.run(*args, stdin=stdin)
+        assert code != 0 and f'change DeploymentPolicy "{policy}"' in out and f"NodeGate(s) {name}" in out, (how, out)
+        assert 'package "evil"' in out and 'package "base"' not in out, (how, out)
     code, out = person.run("delete", "deploymentpolicies.nodegate.io", policy)
     assert code != 0 and "still referenced" in out, out  # as before: a policy in use is never deleted
     assert '"count":1' in kubectl.run("get", "deploymentpolicies.nodegate.io", policy, "-o",
