@@ -126,10 +126,9 @@ def validate_connect(req: AdmissionRequest, facts: Facts) -> Verdict:
                              f'by a wildcard (cluster-admin, system:masters); the break-glass verb '
                              f'"{EXEC_STAGE_PODS_VERB}" counts only when granted by name (docs/operations.md)',
                          forbidden=True))
-    note = (f'User "{who}" was let {action} into {what} {target}'
-            + (f' of NodeGate "{gate}"' if gate else "")
-            + f' by the break-glass verb "{EXEC_STAGE_PODS_VERB}": a root shell on node '
-            + f'{labels.get(keys.STAGE_NODE_LABEL) or _node_of(pod) or "(unknown)"}')
+    node = _node_of(pod) or labels.get(keys.STAGE_NODE_LABEL) or "(none)"
+    note = (f'User "{who}" was allowed {action} into {what} {target}' + (f' of NodeGate "{gate}"' if gate else "")
+            + f' on node {node}, by the break-glass verb "{EXEC_STAGE_PODS_VERB}"')
     notice = Notice(namespace=req.namespace, kind="Pod", name=req.name, reason=BREAK_GLASS_REASON, note=note)
     return Verdict(access=(named, wildcard), notices=(notice,))
 
