@@ -48,12 +48,3 @@ class KubeNotices:
     async def record(self, notice: Notice, user: str) -> None:
         await self.client.create(EVENTS, event_of(notice, self.instance), notice.namespace)
 
-
-class RecordedNotices:
-    """For tests: keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.recorded: list[tuple[Notice, str]] = []
-
-    async def record(self, notice: Notice, user: str) -> None:
-        self.recorded.append((notice, user))

@@ -9,7 +9,7 @@ from typing import Any
 from gate.admission.facts import readiness_gates
 from gate.admission.rules import policy as policy_rules
 from gate.admission.rules.facts import DEFAULT_OPERATOR_USERNAME, Facts, Lookups
-from gate.admission.rules.review import AccessCheck
+from gate.admission.rules.review import AccessCheck, Notice
 
 
 class StaticFacts:
@@ -47,3 +47,13 @@ class FixedAuthorizer:
         if self.record:
             self.asked.extend(checks)
         return [self.allowed] * len(checks)
+
+
+class RecordedNotices:
+    """Keeps the Events it is given, as (notice, user)."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[Notice, str]] = []
+
+    async def record(self, notice: Notice, user: str) -> None:
+        self.recorded.append((notice, user))

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from gate.admission.configuration import webhook_configurations
-from gate.admission.notices import RecordedNotices
 from gate.admission.rules import decide
 from gate.admission.rules.connect import (
     EXEC_STAGE_PODS_VERB,
@@ -21,7 +20,7 @@ from gate.admission.rules.connect import (
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.kubelet_labels import kubelet_may_set, readiness_selector_warnings
 from gate.admission.rules.review import AccessCheck, AdmissionRequest, Notice, Verdict
-from gate.admission.testing import StaticFacts
+from gate.admission.testing import RecordedNotices, StaticFacts
 from gate.api.keys import GROUP, NODEGATE_PLURAL
 from gate.kube.errors import ConnectionFailed
 from gate.lifecycle.machine import Step, pod_name
@@ -224,6 +223,8 @@ def test_the_server_lets_break_glass_through_only_with_its_event_written() -> No
     with running_server(facts=facts, authorizer=BreakGlassHolder(), notices=recorded) as srv:  # type: ignore[arg-type]
         status, body = post(srv, "/validate", _exec_review())
         assert status == 200 and body["response"]["allowed"] is True
+        assert srv.server.metrics.registry.get_sample_value("nodegate_admission_break_glass_total",
+                                                            {"reason": "BreakGlassExec"}) == 1
     [(notice, user)] = recorded.recorded
     assert user == "oncall" and notice.name == "ng-apply-0123" and notice.reason == "BreakGlassExec"
     for notices in (FailingNotices(), None):  # no trace, no way in
