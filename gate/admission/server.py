@@ -81,9 +81,6 @@ class Metrics:
                                  registry=self.registry)
         self.errors = Counter("nodegate_admission_errors", "Requests whose rules or lookups failed.",
                               ["webhook", "stage"], registry=self.registry)
-        self.break_glass = Counter("nodegate_admission_break_glass",
-                                   "Requests let through by a break-glass right (exec, attach or port-forward into "
-                                   "NodeGate's pods), each with a Warning Event.", ["reason"], registry=self.registry)
 
     def watch(self, *, reviews: ReviewStats | None = None, bodies: BodyBudget | None = None) -> None:
         """Export what the authorizer and the body budget count (read at each scrape)."""
@@ -336,7 +333,6 @@ class AdmissionServer:
                             notice.namespace, notice.name, exc)
                 return self._failed(webhook, f"could not record the break-glass use as an Event ({exc}), and "
                                              "none goes without one; retry shortly")
-            self.metrics.break_glass.labels(notice.reason).inc()
             log.warning("Allowed a break-glass use; user=%s object=%s/%s reason=%s", user, notice.namespace,
                         notice.name, notice.reason)
         return verdict
