@@ -12,6 +12,13 @@ The Helm chart renders these same objects (service mode); the dev cluster regist
 * Node UPDATE validation (taint protection) uses `Fail`, narrowed by `matchConditions` to requests that
   remove the readiness taint by someone other than the operator: ordinary node traffic (kubelet
   status, other controllers) never reaches the webhook, and while it is down only those removals wait.
+* Exec, attach and port-forward into NodeGate's pods (`stage-pod-connect`) use `Fail`, scoped *to* the
+  operator's namespace (namespaceSelector In) and narrowed by `matchConditions` to pods named as stage
+  and prepull pods are (`ng-`): the request names only the pod (its object is a PodExecOptions, with no
+  labels, so neither an objectSelector nor a CEL condition can see what the pod is), and the webhook
+  reads it (gate.admission.rules.connect). The operator's and the webhook's own pods are never sent
+  to it, so an outage never stops an exec into them. `sideEffects: NoneOnDryRun`: an allowed
+  break-glass use leaves an Event (a CONNECT is never a dry run).
 * `sideEffects: None`, `admissionReviewVersions: [v1]`, `matchPolicy: Equivalent`, short timeouts,
   `status` subresources left out (the rules name the resources only), the operator's namespace and
   kube-system excluded by namespaceSelector (it only acts on namespaced kinds; all three kinds here are
@@ -23,6 +30,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Literal
 
+from gate.admission.rules.connect import CONNECT_SUBRESOURCES, POD_NAME_PREFIX
 from gate.api.keys import GROUP, NODEGATE_PLURAL, POLICY_PLURAL, READINESS_TAINT_KEY, VERSION
 
 Mode = Literal["service", "url"]
@@ -97,7 +105,7 @@ def webhook_configurations(
         "metadata": meta(),
         "webhooks": [
             {"name": f"{NODEGATE_PLURAL}.validate.{GROUP}", "clientConfig": client(VALIDATE_PATH),
-             "rules": [crd_rule(NODEGATE_PLURAL, ["CREATE", "UPDATE"])],
+             "rules": [crd_rule(NODEGATE_PLURAL, ["CREATE", "UPDATE", "DELETE"])],
              "failurePolicy": "Fail", "timeoutSeconds": timeout_seconds, **common()},
             {"name": f"{POLICY_PLURAL}.validate.{GROUP}", "clientConfig": client(VALIDATE_PATH),
              "rules": [crd_rule(POLICY_PLURAL, ["CREATE", "UPDATE", "DELETE"])],
@@ -110,6 +118,16 @@ def webhook_configurations(
                      f"has(oldObject.spec) && has(oldObject.spec.taints) && oldObject.spec.taints.exists(t, {_TAINT})"
                      f" && !(has(object.spec) && has(object.spec.taints) && object.spec.taints.exists(t, {_TAINT}))")},
                  {"name": "not-the-operator", "expression": f"request.userInfo.username != '{operator}'"},
+             ]},
+            {"name": f"stage-pod-connect.validate.{GROUP}", "clientConfig": client(VALIDATE_PATH),
+             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CONNECT"], "scope": "Namespaced",
+                        "resources": [f"pods/{s}" for s in CONNECT_SUBRESOURCES]}],
+             "failurePolicy": "Fail", "timeoutSeconds": timeout_seconds,
+             "sideEffects": "NoneOnDryRun", "admissionReviewVersions": ["v1"], "matchPolicy": "Equivalent",
+             "namespaceSelector": {"matchExpressions": [{
+                 "key": "kubernetes.io/metadata.name", "operator": "In", "values": [operator_namespace]}]},
+             "matchConditions": [
+                 {"name": "nodegate-pod-name", "expression": f"request.name.startsWith('{POD_NAME_PREFIX}')"},
              ]},
         ],
     }

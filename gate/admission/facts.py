@@ -4,8 +4,11 @@ could let a wrong answer through.
 * Node CREATE (the hot path) reads the readinessTaint gates from the NodeGate cache: no API call.
 * "Does this DeploymentPolicy exist?" asks the cache, and on a miss the API server (a policy created a
   moment ago may not have reached the cache yet; a false denial would be wrong).
-* "Which gates reference this policy?" (DELETE) and "where is this package still installed?" (UPDATE
-  removing a package) are rare and must not miss a write from a moment ago: always live.
+* "Which gates reference this policy, with which packages?" (any change of a policy) and "where is this
+  package still installed?" (UPDATE removing a package) are rare and must not miss a write from a
+  moment ago: always live.
+* The pod of an exec, attach or port-forward in the operator's namespace: read live (a stage pod is
+  created a moment before anyone could exec into it; a cache would miss it).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from gate.admission.rules import policy as policy_rules
 from gate.admission.rules.facts import DEFAULT_OPERATOR_NAMESPACE, Facts, Lookups, ReadinessGate
 from gate.api.keys import DISABLED_ANNOTATION, state_annotation, status_label
 from gate.kube.cache import WatchCache
-from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
+from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.kube.errors import NotFound
 
 log = logging.getLogger(__name__)
@@ -49,16 +52,26 @@ class ClusterFacts:
             return Facts(operator_username=self.operator_username, operator_namespace=self.operator_namespace)
         existing = frozenset(await _gather_existing(self, lookups.policies))
         referencing: tuple[str, ...] = ()
+        packages: dict[str, tuple[str, ...]] = {}
         if lookups.gates_referencing:
             gates, _ = await self.client.list(NODEGATES)
             referencing = tuple(policy_rules.referencing_gates(lookups.gates_referencing, gates))
+            packages = policy_rules.referencing_packages(lookups.gates_referencing, gates)
+        pod = None
+        # Only NodeGate's namespace holds its pods (and only there may the webhook read pods).
+        if lookups.pod and lookups.pod[0] == self.operator_namespace:
+            namespace, name = lookups.pod
+            try:
+                pod = await self.client.get(PODS, name, namespace)
+            except NotFound:
+                pod = None
         installed: dict[str, tuple[str, ...]] = {}
         if lookups.installed:
             installed = await self._installed(*lookups.installed)
         readiness = readiness_gates(self.gates.items()) if lookups.readiness_gates else ()
-        return Facts(existing_policies=existing, referencing_gates=referencing, installed_on=installed,
-                     readiness_gates=readiness, operator_username=self.operator_username,
-                     operator_namespace=self.operator_namespace)
+        return Facts(existing_policies=existing, referencing_gates=referencing, referencing_packages=packages,
+                     installed_on=installed, readiness_gates=readiness, operator_username=self.operator_username,
+                     operator_namespace=self.operator_namespace, pod=pod)
 
     async def _policy_exists(self, name: str) -> bool:
         if self.policies.get(name) is not None:

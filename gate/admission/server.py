@@ -27,6 +27,7 @@ import datetime as dt
 import gc
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol, TypeVar
@@ -43,6 +44,7 @@ from gate.admission.bodies import SMALL_BODY, BodyBudget
 from gate.admission.certificates import FileCertificates, SelfManagedCertificates
 from gate.admission.facts import ClusterFacts
 from gate.admission.largebodies import LargeBodyWork
+from gate.admission.notices import KubeNotices, NoticeSink
 from gate.admission.rules import decide
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.images import ALLOW_ALL, ImagePolicy
@@ -57,7 +59,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Webhook = Literal["validate", "mutate"]
-KNOWN_KINDS = frozenset({"NodeGate", "DeploymentPolicy", "Node"})
+KNOWN_KINDS = frozenset({"NodeGate", "DeploymentPolicy", "Node", "PodExecOptions", "PodAttachOptions",
+                         "PodPortForwardOptions"})
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -156,8 +159,10 @@ def _summarise(exc: ValidationError) -> str:
 class AdmissionServer:
     def __init__(self, *, facts: FactSource, authorizer: Authorizer, certificate: ReloadableCertificate,
                  max_body_bytes: int = 3 * 1024 * 1024, bodies: BodyBudget | None = None,
-                 metrics: Metrics | None = None, image_policy: ImagePolicy = ALLOW_ALL) -> None:
+                 metrics: Metrics | None = None, image_policy: ImagePolicy = ALLOW_ALL,
+                 notices: NoticeSink | None = None) -> None:
         self.facts = facts
+        self.notices = notices
         self.image_policy = image_policy
         self.authorizer = authorizer
         self.certificate = certificate
@@ -310,6 +315,26 @@ class AdmissionServer:
                 log.warning("SubjectAccessReview failed; user=%s error=%s", req.user_info.username, exc)
                 return self._failed(webhook, f"could not check authorization ({exc}); retry shortly")
             verdict = verdict.with_answers(answers)
+        if verdict.allowed and verdict.notices and not req.dry_run:
+            return await self._record(webhook, req.user_info.username, verdict)
+        return verdict
+
+    async def _record(self, webhook: Webhook, user: str, verdict: Verdict) -> Verdict:
+        """Leave the verdict's Events (a break-glass use); refuse when they cannot be left."""
+        if self.notices is None:
+            return self._failed(webhook, "this webhook cannot record a break-glass use (no Event sink), so it "
+                                         "allows none")
+        for notice in verdict.notices:
+            try:
+                await self.notices.record(notice, user)
+            except (ApiError, ConnectionFailed) as exc:
+                self.metrics.errors.labels(webhook, "notice").inc()
+                log.warning("Break-glass Event not written; refused; user=%s pod=%s/%s error=%s", user,
+                            notice.namespace, notice.name, exc)
+                return self._failed(webhook, f"could not record the break-glass use as an Event ({exc}), and "
+                                             "none goes without one; retry shortly")
+            log.warning("Allowed a break-glass use; user=%s object=%s/%s reason=%s", user, notice.namespace,
+                        notice.name, notice.reason)
         return verdict
 
     @staticmethod
@@ -340,7 +365,8 @@ async def serve(settings: WebhookSettings) -> None:
                                      per_request=settings.sar_per_request)
     server = AdmissionServer(facts=facts, certificate=certificate, max_body_bytes=settings.max_body_bytes,
                              bodies=BodyBudget(settings.max_bodies_bytes), authorizer=reviewer,
-                             image_policy=settings.image_policy)
+                             image_policy=settings.image_policy,
+                             notices=KubeNotices(client, socket.gethostname()))
     certs: SelfManagedCertificates | FileCertificates
     if settings.cert_mode == "self-managed":
         policy = CertPolicy(hosts=settings.hosts,

@@ -9,15 +9,17 @@ from typing import Any
 from gate.admission.facts import readiness_gates
 from gate.admission.rules import policy as policy_rules
 from gate.admission.rules.facts import DEFAULT_OPERATOR_USERNAME, Facts, Lookups
-from gate.admission.rules.review import AccessCheck
+from gate.admission.rules.review import AccessCheck, Notice
 
 
 class StaticFacts:
     synced = True
 
     def __init__(self, gates: Sequence[dict[str, Any]] = (), policies: Sequence[str] = (),
-                 installed_on: dict[str, tuple[str, ...]] | None = None) -> None:
+                 installed_on: dict[str, tuple[str, ...]] | None = None,
+                 pods: Sequence[dict[str, Any]] = ()) -> None:
         self.gates = list(gates)
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         self.policies = frozenset(policies)
         self.installed_on = installed_on or {}
 
@@ -26,6 +28,9 @@ class StaticFacts:
             existing_policies=self.policies & lookups.policies,
             referencing_gates=tuple(policy_rules.referencing_gates(lookups.gates_referencing, self.gates))
             if lookups.gates_referencing else (),
+            referencing_packages=policy_rules.referencing_packages(lookups.gates_referencing, self.gates)
+            if lookups.gates_referencing else {},
+            pod=self.pods.get(lookups.pod) if lookups.pod else None,
             installed_on=self.installed_on if lookups.installed else {},
             readiness_gates=readiness_gates(self.gates) if lookups.readiness_gates else (),
             operator_username=DEFAULT_OPERATOR_USERNAME,
@@ -42,3 +47,13 @@ class FixedAuthorizer:
         if self.record:
             self.asked.extend(checks)
         return [self.allowed] * len(checks)
+
+
+class RecordedNotices:
+    """Keeps the Events it is given, as (notice, user)."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[Notice, str]] = []
+
+    async def record(self, notice: Notice, user: str) -> None:
+        self.recorded.append((notice, user))

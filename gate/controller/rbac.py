@@ -114,6 +114,14 @@ WEBHOOK_CLUSTER_RULES: list[Rule] = [
     Rule([""], ["nodes"], ["list"], "nodes where a package being removed is still installed"),
 ]
 
+# Role in the operator's namespace: exec, attach and port-forward into NodeGate's pods.
+WEBHOOK_NAMESPACE_RULES: list[Rule] = [
+    Rule([""], ["pods"], ["get"],
+         "read the pod an exec, attach or port-forward goes into: refused when it is a stage or prepull pod"),
+    Rule(["events.k8s.io"], ["events"], ["create"],
+         "a Warning Event on the pod when the break-glass verb exec-stage-pods lets someone in"),
+]
+
 # Self-managed certificates only (cert-manager mode needs none of these).
 WEBHOOK_SELF_MANAGED_CLUSTER_RULES: list[Rule] = [
     Rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
@@ -136,13 +144,14 @@ PRE_DELETE_RULES: list[Rule] = [
 ]
 
 RuleSet = Literal["operator-cluster", "operator-namespace", "operator-events", "webhook-cluster",
-                  "webhook-self-managed-cluster", "webhook-self-managed-namespace", "pre-delete"]
+                  "webhook-namespace", "webhook-self-managed-cluster", "webhook-self-managed-namespace", "pre-delete"]
 
 RULE_SETS: dict[RuleSet, list[Rule]] = {
     "operator-cluster": CLUSTER_RULES,
     "operator-namespace": NAMESPACE_RULES,
     "operator-events": EVENTS_RULES,
     "webhook-cluster": WEBHOOK_CLUSTER_RULES,
+    "webhook-namespace": WEBHOOK_NAMESPACE_RULES,
     "webhook-self-managed-cluster": WEBHOOK_SELF_MANAGED_CLUSTER_RULES,
     "webhook-self-managed-namespace": WEBHOOK_SELF_MANAGED_NAMESPACE_RULES,
     "pre-delete": PRE_DELETE_RULES,
@@ -219,6 +228,8 @@ def webhook_rbac(namespace: str, *, prefix: str = "nodegate", self_managed: bool
         _sa(name, namespace, "webhook"),
         _role("ClusterRole", name, None, _rules(cluster, names), "webhook"),
         _binding("ClusterRoleBinding", name, None, "ClusterRole", name, sa, "webhook"),
+        _role("Role", f"{name}-pods", namespace, _rules(WEBHOOK_NAMESPACE_RULES), "webhook"),
+        _binding("RoleBinding", f"{name}-pods", namespace, "Role", f"{name}-pods", sa, "webhook"),
     ]
     if self_managed:
         objs += [

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from gate.admission.authz import review_body
-from gate.admission.rules.review import AccessCheck, UserInfo, Violation
+from gate.admission.notices import event_of
+from gate.admission.rules.review import AccessCheck, Notice, UserInfo, Violation
 from gate.controller import rbac
 from gate.kube.client import (
     CONFIGMAPS,
@@ -205,6 +206,10 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("webhook-cluster", "deploymentpolicies", "watch"): lambda i: _watch(wh(i), POLICIES),
     ("webhook-cluster", "deploymentpolicies", "get"): lambda i: _absent_ok(wh(i).get(POLICIES, MISSING)),
     ("webhook-cluster", "nodes", "list"): lambda i: wh(i).list(NODES, label_selector="nodegate.io/status.probe"),
+    # gate.admission.facts (the pod of an exec), gate.admission.notices (a break-glass Event)
+    ("webhook-namespace", "pods", "get"): lambda i: _absent_ok(wh(i).get(PODS, MISSING, i.namespace)),
+    ("webhook-namespace", "events", "create"): lambda i: wh(i).create(EVENTS, event_of(
+        Notice(i.namespace, "Pod", MISSING, "BreakGlassExec", "probe"), "probe"), dry_run=True),
     ("webhook-self-managed-cluster", "validatingwebhookconfigurations", "get"): lambda i: _both(
         i, lambda res: _absent_ok(wh(i).get(res, i.configuration))),
     ("webhook-self-managed-cluster", "validatingwebhookconfigurations", "update"): lambda i: _both(
@@ -234,6 +239,7 @@ def _role_of(rule_set: str, ids: Identities) -> tuple[Obj, int]:
         "operator-namespace": ("Role", f"{p}-operator", ns, 0),
         "operator-events": ("Role", f"{p}-operator-events", rbac.EVENTS_NAMESPACE, 0),
         "webhook-cluster": ("ClusterRole", f"{p}-webhook", None, 0),
+        "webhook-namespace": ("Role", f"{p}-webhook-pods", ns, 0),
         "webhook-self-managed-cluster": ("ClusterRole", f"{p}-webhook", None, len(rbac.WEBHOOK_CLUSTER_RULES)),
         "webhook-self-managed-namespace": ("Role", f"{p}-webhook-certs", ns, 0),
         "pre-delete": ("ClusterRole", f"{p}-pre-delete", None, 0),

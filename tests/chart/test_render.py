@@ -297,16 +297,22 @@ def test_selectors_exclude_the_release_namespace_and_kube_system_and_failure_pol
     for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
         for hook in find(objs, kind)["webhooks"]:
             [expr] = hook["namespaceSelector"]["matchExpressions"]
+            assert "caBundle" not in hook["clientConfig"]  # set at run time, so upgrades leave it alone
+            assert hook["timeoutSeconds"] <= 5
+            policies[hook["name"]] = hook["failurePolicy"]
+            if hook["name"] == "stage-pod-connect.validate.nodegate.io":
+                # exec into NodeGate's pods: only the release namespace, where they run; an Event is written
+                assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["tenant-ops"]}
+                assert hook["sideEffects"] == "NoneOnDryRun"
+                continue
             assert expr == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                             "values": ["kube-system", "tenant-ops"]}
-            assert hook["sideEffects"] == "None" and hook["timeoutSeconds"] <= 5
-            assert "caBundle" not in hook["clientConfig"]  # set at run time, so upgrades leave it alone
-            policies[hook["name"]] = hook["failurePolicy"]
-    # docs/admission.md: Fail for NodeGate and DeploymentPolicy and for removing the readiness taint;
-    # Ignore for the Node CREATE mutation unless asked for
+            assert hook["sideEffects"] == "None"
+    # docs/admission.md: Fail for NodeGate and DeploymentPolicy, for removing the readiness taint and for exec
+    # into NodeGate's pods; Ignore for the Node CREATE mutation unless asked for
     assert policies == {"nodegates.validate.nodegate.io": "Fail", "deploymentpolicies.validate.nodegate.io": "Fail",
-                        "node-taint.validate.nodegate.io": "Fail", "defaults.mutate.nodegate.io": "Fail",
-                        "node-taint.mutate.nodegate.io": "Ignore"}
+                        "node-taint.validate.nodegate.io": "Fail", "stage-pod-connect.validate.nodegate.io": "Fail",
+                        "defaults.mutate.nodegate.io": "Fail", "node-taint.mutate.nodegate.io": "Ignore"}
     strict = rendered({"webhook": {"nodeMutationFailurePolicy": "Fail"}})
     node = [h for h in find(strict, "MutatingWebhookConfiguration")["webhooks"] if h["name"].startswith("node-")]
     assert node[0]["failurePolicy"] == "Fail"

@@ -104,6 +104,16 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
   resources: ["nodes"]
   verbs: ["list"]
 {{- end }}
+{{- define "nodegate.rules.webhook-namespace" }}
+# read the pod an exec, attach or port-forward goes into: refused when it is a stage or prepull pod
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get"]
+# a Warning Event on the pod when the break-glass verb exec-stage-pods lets someone in
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
 {{- define "nodegate.rules.webhook-self-managed-cluster" }}
 # keep the caBundle of NodeGate's own two configurations current
 - apiGroups: ["admissionregistration.k8s.io"]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gate.admission.rules import defaults, images, inputs, nodegate, policy
+from gate.admission.rules import connect, defaults, images, inputs, kubelet_labels, nodegate, policy
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.review import ALLOW, AccessCheck, AdmissionRequest, Verdict, Violation
 from gate.api.keys import BYPASS_VERB, GROUP, NODEGATE_PLURAL, PACKAGES_RESOURCE, READINESS_TAINT_KEY, USE_VERB
 
-Kind = Literal["NodeGate", "DeploymentPolicy", "Node"]
+Kind = Literal["NodeGate", "DeploymentPolicy", "Node", "PodConnect"]
 Webhook = Literal["validate", "mutate"]
 
 
@@ -24,6 +24,8 @@ class ReviewError(ValueError):
 
 
 def kind_of(req: AdmissionRequest) -> Kind:
+    if connect.is_pod_connect(req):
+        return "PodConnect"  # the kind is PodExecOptions, PodAttachOptions or PodPortForwardOptions
     gvk = req.kind
     if gvk.group == GROUP and gvk.kind in ("NodeGate", "DeploymentPolicy"):
         return gvk.kind  # type: ignore[return-value]
@@ -65,8 +67,12 @@ def plan_lookups(req: AdmissionRequest, webhook: Webhook) -> Lookups:
         if kind == "Node" and req.operation == "CREATE":
             return Lookups(readiness_gates=True)
         return Lookups()
+    if kind == "PodConnect":
+        return Lookups(pod=connect.pod_to_read(req))
     if kind == "DeploymentPolicy" and req.operation == "DELETE":
         return Lookups(gates_referencing=_name(req, req.old_object))
+    if kind == "DeploymentPolicy" and req.operation in ("CREATE", "UPDATE") and _spec_changed(req):
+        return Lookups(gates_referencing=_name(req, req.object))
     if kind != "NodeGate" or req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return Lookups()
     new_spec = nodegate.spec_of(_new(req)) or {}
@@ -93,10 +99,38 @@ def validate(req: AdmissionRequest, facts: Facts, image_policy: images.ImagePoli
         return _validate_nodegate(req, facts, image_policy)
     if kind == "DeploymentPolicy":
         return _validate_policy(req, facts)
+    if kind == "PodConnect":
+        return connect.validate_connect(req, facts)
     return _validate_node(req, facts)
 
 
+_NEED = "ask an admin for a RoleBinding to a role such as nodegate-package-user"
+
+
+def _use(req: AdmissionRequest, package: str, field: str, why: str) -> AccessCheck:
+    """`use` on `package`, refused with `why` (which says what the write would do with it)."""
+    who = req.user_info.username or "(anonymous)"
+    return AccessCheck(
+        user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=package,
+        denied=Violation(field, f'user "{who}" may not {why}, which needs verb "{USE_VERB}" on '
+                                f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {package}, or any); {_NEED}",
+                         forbidden=True))
+
+
+def _delete_nodegate(req: AdmissionRequest) -> Verdict:
+    """Deleting a gate uninstalls its packages wherever it ran, as removing each of them by an
+    UPDATE does: it needs `use` on each (a gate without packages, or a cluster admin, passes)."""
+    name = _name(req, req.old_object)
+    spec = nodegate.spec_of(req.old_object) or {}
+    return Verdict(access=tuple(
+        _use(req, package, f"spec.packages[{package}]",
+             f'delete NodeGate "{name}": that removes package "{package}" from every node it ran on')
+        for package in sorted(nodegate.packages_of(spec))))
+
+
 def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images.ImagePolicy) -> Verdict:
+    if req.operation == "DELETE":
+        return _delete_nodegate(req)
     if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return ALLOW  # metadata-only updates (finalizers, labels) never wait on spec rules
     new = _new(req)
@@ -113,15 +147,15 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
     if isinstance(new_spec, dict):
         violations += images.image_violations(nodegate.packages_of(new_spec), changed, image_policy)
         violations += inputs.input_violations(nodegate.packages_of(new_spec), changed, image_policy)
+    warnings = tuple(kubelet_labels.readiness_selector_warnings(new_spec))
     if violations:
-        return Verdict(violations=tuple(violations))
+        return Verdict(violations=tuple(violations), warnings=warnings)
     who = req.user_info.username or "(anonymous)"
-    need = "ask an admin for a RoleBinding to a role such as nodegate-package-user"
     checks = [
         AccessCheck(
             user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
             denied=Violation(f"spec.packages[{name}]", f'user "{who}" may not use package "{name}": it needs verb '
-                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}',
+                             f'"{USE_VERB}" on {PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {_NEED}',
                              forbidden=True),
         )
         for name in changed
@@ -136,7 +170,7 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
                 user=req.user_info, verb=USE_VERB, group=GROUP, resource=PACKAGES_RESOURCE, name=name,
                 denied=Violation(f"spec.{placement[0]}", f'user "{who}" may not change {fields}: that decides where '
                                  f'package "{name}" runs as root, which needs verb "{USE_VERB}" on '
-                                 f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {need}",
+                                 f"{PACKAGES_RESOURCE}.{GROUP} (resourceName {name}, or any); {_NEED}",
                                  forbidden=True),
             )
             for name in sorted(nodegate.packages_of(new_spec)) if name not in changed
@@ -154,15 +188,33 @@ def _validate_nodegate(req: AdmissionRequest, facts: Facts, image_policy: images
                 denied=Violation(f"spec.packages[{name}].{where}", f'user "{who}" may not get {kind} "{obj}" in '
                                  f'namespace {ns}, where the package\'s pods would receive it; name only {kind}s '
                                  "you may read there", forbidden=True)))
-    return Verdict(access=tuple(checks))
+    return Verdict(access=tuple(checks), warnings=warnings)
 
 
 def _validate_policy(req: AdmissionRequest, facts: Facts) -> Verdict:
     if req.operation == "DELETE":
+        # No package right to ask about: a policy that gates name cannot be deleted at all, and one
+        # that none names decides nothing.
         return Verdict(violations=tuple(policy.delete_violations(_name(req, req.old_object), facts.referencing_gates)))
     if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return ALLOW
-    return Verdict(violations=tuple(policy.validate_spec(_new(req).get("spec", {}))))
+    violations = tuple(policy.validate_spec(_new(req).get("spec", {})))
+    return Verdict(violations=violations, access=() if violations else _policy_use(req, _name(req, req.object), facts))
+
+
+def _policy_use(req: AdmissionRequest, name: str, facts: Facts) -> tuple[AccessCheck, ...]:
+    """A policy decides the budget, batches and health of every gate naming it: changing it is changing
+    them, so it needs `use` on each package of each of those gates (as a gate's own budget does)."""
+    gates_of: dict[str, list[str]] = {}
+    for gate in facts.referencing_gates:
+        for package in facts.referencing_packages.get(gate, ()):
+            gates_of.setdefault(package, []).append(gate)
+    verb = "create" if req.operation == "CREATE" else "change"
+    return tuple(
+        _use(req, package, "spec",
+             f'{verb} DeploymentPolicy "{name}": NodeGate(s) {", ".join(sorted(gates))} name it '
+             f'(spec.deploymentPolicy), so it decides how package "{package}" rolls out there')
+        for package, gates in sorted(gates_of.items()))
 
 
 def _validate_node(req: AdmissionRequest, facts: Facts) -> Verdict:

@@ -162,3 +162,15 @@ def referencing_gates(policy: str, gates: Sequence[dict[str, Any]]) -> list[str]
         str(g.get("metadata", {}).get("name")) for g in gates
         if isinstance(g.get("spec"), dict) and g["spec"].get("deploymentPolicy") == policy
     )
+
+
+def referencing_packages(policy: str, gates: Sequence[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """gate -> its package names, for each gate naming `policy`."""
+    out: dict[str, tuple[str, ...]] = {}
+    for g in gates:
+        spec = g.get("spec")
+        if isinstance(spec, dict) and spec.get("deploymentPolicy") == policy:
+            packages = spec.get("packages")
+            out[str(g.get("metadata", {}).get("name"))] = tuple(sorted(map(str, packages))) \
+                if isinstance(packages, dict) else ()
+    return out

@@ -112,6 +112,9 @@ class AccessCheck:
     name: str
     denied: Violation
     namespace: str = ""  # "" for cluster-scoped resources and virtual ones (packages)
+    expect: bool = True
+    """The answer the request needs: False for a question whose yes refuses it (a right held only
+    through a wildcard, `gate.admission.rules.connect`)."""
 
     def cache_key(self) -> tuple[object, ...]:
         extra = tuple(sorted((k, tuple(v)) for k, v in self.user.extra.items()))
@@ -123,6 +126,18 @@ JsonPatch = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class Notice:
+    """A Warning Event the server leaves when the request is allowed: the use of a break-glass right.
+    The request is refused when the Event cannot be written (no break-glass without its trace)."""
+
+    namespace: str
+    kind: str
+    name: str
+    reason: str
+    note: str
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What the rules decided. `access` lists the authorizer questions still to be asked: the
     request is allowed only when there are no violations and every one of them is answered yes."""
@@ -131,16 +146,18 @@ class Verdict:
     access: tuple[AccessCheck, ...] = ()
     patch: JsonPatch = field(default_factory=list)
     warnings: tuple[str, ...] = ()
+    notices: tuple[Notice, ...] = ()
 
     @property
     def allowed(self) -> bool:
         return not self.violations and not self.access
 
     def with_answers(self, answers: Sequence[bool]) -> Verdict:
-        """Fold the authorizer's answers (one per access check, in order) in: every no is a violation."""
+        """Fold the authorizer's answers (one per access check, in order) in: every answer other than
+        the check's `expect` is a violation."""
         if len(answers) != len(self.access):
             raise ValueError(f"{len(self.access)} access checks but {len(answers)} answers")
-        denied = tuple(check.denied for check, yes in zip(self.access, answers, strict=True) if not yes)
+        denied = tuple(check.denied for check, yes in zip(self.access, answers, strict=True) if yes != check.expect)
         return replace(self, violations=self.violations + denied, access=())
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from gate.admission.bodies import BodyBudget
+from gate.admission.notices import NoticeSink
 from gate.admission.server import AdmissionServer
 from gate.admission.testing import FixedAuthorizer, StaticFacts
 from gate.certs import pki
@@ -50,14 +51,14 @@ def free_port() -> int:
 @contextmanager
 def running_server(*, facts: StaticFacts | None = None, authorizer: FixedAuthorizer | None = None,
                    load_certificate: bool = True, max_body_bytes: int = 3 * 1024 * 1024,
-                   bodies: BodyBudget | None = None) -> Iterator[Running]:
+                   bodies: BodyBudget | None = None, notices: NoticeSink | None = None) -> Iterator[Running]:
     ca = pki.create_ca("test-ca")
     certificate = ReloadableCertificate()
     if load_certificate:
         leaf = pki.issue(ca, "webhook", hosts=["127.0.0.1"], server=True)
         certificate.load(leaf.cert_pem, leaf.key_pem)
     server = AdmissionServer(facts=facts or StaticFacts(), authorizer=authorizer or FixedAuthorizer(),
-                             certificate=certificate, max_body_bytes=max_body_bytes, bodies=bodies)
+                             certificate=certificate, max_body_bytes=max_body_bytes, bodies=bodies, notices=notices)
     port = free_port()
     loop = asyncio.new_event_loop()
     started = threading.Event()
