@@ -16,12 +16,15 @@ Either way the node fails with the agent's message naming the input, and no mark
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
+from gate.api import keys
 from gate.devcluster.services import WEBHOOK_CONFIGURATION
 from tests.realnode.conftest import POOL_LABEL, RealCluster
-from tests.realnode.test_failures import failed_message, wait_failed
+from tests.realnode.test_failures import wait_failed
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -43,6 +46,20 @@ def _payloads(marker: str) -> tuple[dict[str, str], dict[str, str]]:
            "LD_PRELOAD": "/nodegate-config/evil.so"}
     config = {"sitecustomize.py": f"import os\nos.system({touch!r})\n", "evil.sh": touch + "\n"}
     return env, config
+
+
+def failed_message(real: RealCluster, gate: str, node: str) -> str:
+    """The agent's own message in the node's failure record: the record keeps the agent's JSON summary
+    of the stage as its message, whose `message` is what the agent refused, unquoted."""
+    key = keys.state_annotation(gate).replace(".", "\\.")
+    state = real.kubectl.run("get", "node", node, "-o", f"jsonpath={{.metadata.annotations.{key}}}")
+    failure = json.loads(state.stdout or "{}").get("failure") or {}
+    message = str(failure.get("message", ""))
+    try:
+        summary = json.loads(message)
+    except ValueError:
+        return message
+    return str(summary.get("message", message)) if isinstance(summary, dict) else message
 
 
 def _marker_absent(real: RealCluster, node: str, marker: str) -> None:
@@ -68,7 +85,8 @@ def test_a_declared_but_hostile_value_and_an_undeclared_key_are_refused_on_the_n
         wait_failed(real, gate_name)
         message = failed_message(real, gate_name, node)
         assert "env KERNEL_ARGS=" in message and "does not match the pattern" in message, message
-        assert "config key 'sitecustomize.py' is not accepted: package grub-cmdline declares no config" in message
+        assert "config key 'sitecustomize.py' is not accepted: package grub-cmdline declares no config" in message, \
+            message
         _marker_absent(real, node, marker)
         assert real.node_file(node, "/etc/default/grub.d/90-nodegate.cfg") is None, "the agent touched the host"
     finally:
