@@ -27,7 +27,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
-from gate.api.state import PodRecord
+from gate.api.state import NodeGateState, PodRecord
 from gate.controller.events import EventRecorder
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
@@ -49,7 +49,7 @@ from gate.controller.triggers import GateKey, NodeKey
 from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, KubeClient
-from gate.kube.errors import ApiError, NotFound, TooManyRequests
+from gate.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
@@ -330,18 +330,33 @@ class Executor:
         unrecorded: the next look asks for it again and `_found_pod` adopts it."""
         node = node_obj["metadata"]["name"]
         meta = pod["metadata"]
-        present = set(self.world.index.pods_of(gate.name, node))
-        kept = {name: r for name, r in seen.state.pods.items() if name in present}
-        kept[meta["name"]] = PodRecord(uid=meta["uid"], shape=shape_digest(pod))
-        state = seen.state.model_copy(update={"pods": kept})
-        try:
-            node_obj = await self.write_node_update(gate, node, NodeUpdate(state=state), base=node_obj)
-        except ApiError as exc:
-            log.warning("Stage pod not recorded, adopted at the next look; gate=%s node=%s pod=%s error=%s",
-                        gate.name, node, meta["name"], exc)
-            self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
-            return node_obj, seen
-        return node_obj, replace(seen, state=state, node=node_view(node_obj))
+        present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
+        record = PodRecord(uid=meta["uid"], shape=shape_digest(pod))
+        base, current = node_obj, seen.state
+        for attempt in range(2):
+            kept = {name: r for name, r in current.pods.items() if name in present}
+            state = current.model_copy(update={"pods": {**kept, meta["name"]: record}})
+            try:
+                node_obj = await self.write_node_update(gate, node, NodeUpdate(state=state), base=base)
+                return node_obj, replace(seen, state=state, node=node_view(node_obj))
+            except Conflict as exc:
+                # Written meanwhile (the gate's plan, say): once more on the copy the cache holds now, the
+                # gate's record on it checked as on every read (`World.fleet_node`).
+                fresh = self.world.nodes.get(node)
+                error: ApiError = exc
+                if attempt or fresh is None or fresh is base:
+                    break
+                again = self.world.fleet_node(fresh).states.get(gate.name)
+                if not isinstance(again, NodeGateState):
+                    break
+                base, current = fresh, again
+            except ApiError as exc:
+                error = exc
+                break
+        log.warning("Stage pod not recorded, adopted at the next look; gate=%s node=%s pod=%s error=%s",
+                    gate.name, node, meta["name"], error)
+        self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
+        return node_obj, seen
 
     async def _found_pod(self, gate: NodeGate, node_obj: Obj, seen: NodeContext, body: Obj) -> tuple[Obj, NodeContext]:
         """A create found a pod under the stage pod's deterministic name that the decision did not count as
@@ -351,10 +366,11 @@ class Executor:
         for it to go (a person deletes it; the next look creates the operator's)."""
         node, name = node_obj["metadata"]["name"], body["metadata"]["name"]
         self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
-        try:
-            live = await self.client.get(PODS, name, self.settings.namespace)
-        except NotFound:
+        # A list by name, not a get: the operator's RBAC lists and watches pods, and gets none.
+        found, _ = await self.client.list(PODS, self.settings.namespace, field_selector=f"metadata.name={name}")
+        if not found:
             return node_obj, seen  # gone since: the next look creates it
+        live = found[0]
         uid, shape = str(live["metadata"].get("uid") or ""), shape_digest(live)
         record = seen.state.pods.get(name)
         if record is not None and record.uid == uid:
