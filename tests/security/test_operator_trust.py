@@ -172,3 +172,32 @@ async def test_a_renumbered_controller_revision_is_not_counted(kube: KubeClient,
     again = await kube.get(CONTROLLER_REVISIONS, first["metadata"]["name"], NAMESPACE)
     assert again["revision"] == 4 and again["metadata"]["annotations"][GATE_NAME_ANNOTATION] == scenario.name
 
+
+
+async def test_the_operators_own_manifest_as_the_api_server_stores_it_is_adopted(
+        kube: KubeClient, operator: int) -> None:
+    """The adoption after a crash between a pod's create and its record compares the pod found with the
+    manifest the operator builds: the API server's defaults (pull policy, termination message path, a
+    volume's mode, a fieldRef's apiVersion) must not read as a difference, or the operator's own pod
+    would be refused. Its stored shape is also what gets recorded: the same digest as the cache's."""
+    from gate.api.nodegate import Interrupt, NodeGate
+    from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
+    from gate.controller.podshape import shape_differences, shape_digest
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.machine import PodRequest, Step
+
+    env = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    gate = NodeGate.model_validate({
+        "metadata": {"name": unique("adopt"), "uid": "0b5e2f9e-0000-4000-8000-000000000001"},
+        "spec": {"packages": {"cve-fix": {**PKG, "config": {"a.conf": "x=1"}, "env": env}}}})
+    settings = OperatorSettings(namespace=NAMESPACE)
+    stages = PodRequest(name=unique("ng-apply-adopt"), kind="stages", round=1,
+                        steps=(Step("cve-fix", "apply", "1.0.0/x", version="1.0.0"),
+                               Step("cve-fix", "config", "c", version="1.0.0")))
+    reboot = PodRequest(name=unique("ng-interrupt-adopt"), kind="interrupt", round=1,
+                        steps=(Step(None, "interrupt", "reboot:"),), interrupt=Interrupt(type="reboot"))
+    for request in (stages, reboot):
+        body = stage_pod(gate, "kwok-node-0", request, settings)
+        stored = await kube.create(PODS, body, NAMESPACE, dry_run=True)
+        assert stored["metadata"]["uid"] and shape_differences(body, stored) == [], request.kind
+        assert stage_pod_view(stage_pod_fields(stored)).shape == shape_digest(stored)

@@ -84,3 +84,15 @@ def test_annotations_and_labels_of_others_and_the_status_change_no_shape() -> No
     live["status"] = {"phase": "Succeeded", "containerStatuses": [{"name": "apply-tuned", "state": {
         "terminated": {"exitCode": 0}}}]}
     assert shape_digest(live) == before
+
+
+def test_an_empty_list_the_api_server_leaves_out_is_no_difference() -> None:
+    from tests.unit.controller.test_pods import INTERRUPT
+
+    pod = stage_pod(gate(), "node-7", INTERRUPT, SETTINGS)
+    assert pod["spec"]["containers"][0]["env"] == []
+    stored = as_stored(pod)
+    del stored["spec"]["containers"][0]["env"]
+    assert shape_differences(pod, stored) == []
+    stored["spec"]["containers"][0]["env"] = [{"name": "BASH_ENV", "value": "/tmp/x"}]
+    assert shape_differences(pod, stored) == ["containers[0].env"]
