@@ -64,6 +64,18 @@ class Rollback(Model):
     done: bool = Field(default=False, description="The node is back on the revision (`installed` says what it has).")
 
 
+class PodRecord(Model):
+    """A stage pod the operator created on the node: what makes it the operator's (`gate.lifecycle.ownership`).
+    Frozen, like `Installed`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uid: str = Field(description="The pod's metadata.uid, as the API server returned it to the create.")
+    shape: str = Field(description="Digest of what the operator built (images, commands, arguments, environment, "
+                       "mounts, volumes, host namespaces, its nodegate.io labels and annotations) as the API server "
+                       "stored it (`gate.controller.podshape`).")
+
+
 class NodeGateState(Model):
     v: StateVersion = Field(default=1, description="Version of this record's format.")
     status: NodeStatus = Field(default="waiting", description="waiting, in-progress, complete, failed or blocked.")
@@ -104,6 +116,8 @@ class NodeGateState(Model):
                            "(batch and compartment are the removal's).")
     passed: bool = Field(default=False, description="The node completed this gate once: later rounds (an upgrade, "
                          "a config change, a reset) never put the readiness taint back.")
+    pods: dict[str, PodRecord] = Field(default_factory=dict, description="The stage pods the operator created for "
+                                       "this gate on the node, by name: only these are read as stage results.")
     sig: str = Field(default="", description="The operator's signature of this record: `<key id>:<HMAC-SHA256, hex>` "
                      "over the record without it, bound to the gate's and the node's names and uids "
                      "(`gate.api.records`). A record without a valid one is not the operator's and is never acted on.")

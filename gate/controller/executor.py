@@ -27,6 +27,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.nodegate import NodeGate
+from gate.api.state import NodeGateState, PodRecord
 from gate.controller.events import EventRecorder
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
@@ -38,15 +39,17 @@ from gate.controller.pods import (
     request_packages,
     stage_pod,
     stage_pod_ended,
+    stage_pod_fields,
     stage_pod_view,
 )
+from gate.controller.podshape import shape_differences, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.controller.signing import Signer
 from gate.controller.triggers import GateKey, NodeKey
 from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, KubeClient
-from gate.kube.errors import ApiError, NotFound, TooManyRequests
+from gate.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
@@ -61,6 +64,7 @@ from gate.lifecycle.machine import (
     config_refused,
     write_refused,
 )
+from gate.lifecycle.ownership import refusal as pod_refusal
 from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
 
 log = logging.getLogger("nodegate.operator")
@@ -268,21 +272,29 @@ class Executor:
                 await self.execute(gate, node_obj, config_refused(seen, request, *foreign), seen)
                 return
             facts = facts_of(node, node_obj, seen.state)
+            body = stage_pod(gate, node, request, self.settings, facts, images)
             try:
-                created = await self._ensure(PODS, stage_pod(gate, node, request, self.settings, facts, images))
+                created = await self._ensure(PODS, body)
             except ApiError as exc:
                 if not refused_for_good(exc):
                     raise
                 await self._fail_refused(gate, node_obj, seen, "PodRefused", f"the stage pod {request.name}", exc,
                                          request.steps[0])
                 return
-            if created is not None:
-                # Seen at once by the next reconcile of this node, before the watch event arrives.
-                self.world.pods.observe(created)
-                self.world.index.pod_event("ADDED", created)
-                log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
-                         request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps),
-                         request.name)
+            if created is None:
+                # A pod of this name is there, and the decision did not count it as the operator's.
+                node_obj, seen = await self._found_pod(gate, node_obj, seen, body)
+                continue
+            node_obj, seen = await self._record_pod(gate, node_obj, seen, created)
+            # Seen at once by the next reconcile of this node, before the watch event arrives.
+            self.world.pods.observe(created)
+            self.world.index.pod_event("ADDED", created)
+            log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
+                     request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps), request.name)
+        asked = {r.name for r in decision.create_pods}
+        for other in self.world.stage_pods_of(gate.name, node, seen.state.pods).foreign:
+            if other.pod.name not in asked:  # one asked for was judged by `_found_pod` just now
+                await self._pod_not_ours(gate, node, other.pod.name, other.pod.uid, other.pod.shape, other.why)
         try:
             blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
         except _EvictionRefused as refused:
@@ -310,6 +322,92 @@ class Executor:
         if decision.remove_state or (new_status is not None and old_state is not None
                                      and state_status(old_state) != new_status):
             self.world.gate_later(gate.name)
+
+    async def _record_pod(self, gate: NodeGate, node_obj: Obj, seen: NodeContext, pod: Obj) -> tuple[Obj, NodeContext]:
+        """Record a stage pod as the operator's (`gate.lifecycle.ownership`): its uid and the digest of what it
+        runs, in the node's signed state, in a write of its own (a create cannot carry the uid it gets). The
+        records of pods gone from the node are dropped in the same write. A write that fails leaves the pod
+        unrecorded: the next look asks for it again and `_found_pod` adopts it."""
+        node = node_obj["metadata"]["name"]
+        meta = pod["metadata"]
+        present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
+        record = PodRecord(uid=meta["uid"], shape=shape_digest(pod))
+        base, current = node_obj, seen.state
+        for attempt in range(2):
+            kept = {name: r for name, r in current.pods.items() if name in present}
+            state = current.model_copy(update={"pods": {**kept, meta["name"]: record}})
+            try:
+                node_obj = await self.write_node_update(gate, node, NodeUpdate(state=state), base=base)
+                return node_obj, replace(seen, state=state, node=node_view(node_obj))
+            except Conflict as exc:
+                # Written meanwhile (the gate's plan, say): once more on the copy the cache holds now, the
+                # gate's record on it checked as on every read (`World.fleet_node`).
+                fresh = self.world.nodes.get(node)
+                error: ApiError = exc
+                if attempt or fresh is None or fresh is base:
+                    break
+                again = self.world.fleet_node(fresh).states.get(gate.name)
+                if not isinstance(again, NodeGateState):
+                    break
+                base, current = fresh, again
+            except ApiError as exc:
+                error = exc
+                break
+        log.warning("Stage pod not recorded, adopted at the next look; gate=%s node=%s pod=%s error=%s",
+                    gate.name, node, meta["name"], error)
+        self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
+        return node_obj, seen
+
+    async def _found_pod(self, gate: NodeGate, node_obj: Obj, seen: NodeContext, body: Obj) -> tuple[Obj, NodeContext]:
+        """A create found a pod under the stage pod's deterministic name that the decision did not count as
+        the operator's. Adopted when its uid is not recorded and it runs exactly what `body` (the operator's
+        manifest) says: a crash, or a lost race on the node's write, between the create and the record
+        (`_record_pod`). Otherwise it is not the operator's: reported once, never read, and the node waits
+        for it to go (a person deletes it; the next look creates the operator's)."""
+        node, name = node_obj["metadata"]["name"], body["metadata"]["name"]
+        self.world.queue.add_after(NodeKey(gate.name, node), max(self.settings.poll_seconds, 1.0))
+        # A list by name, not a get: the operator's RBAC lists and watches pods, and gets none.
+        found, _ = await self.client.list(PODS, self.settings.namespace, field_selector=f"metadata.name={name}")
+        if not found:
+            return node_obj, seen  # gone since: the next look creates it
+        live = found[0]
+        uid, shape = str(live["metadata"].get("uid") or ""), shape_digest(live)
+        record = seen.state.pods.get(name)
+        if record is not None and record.uid == uid:
+            why = pod_refusal(stage_pod_view(stage_pod_fields(live)), record)
+            if why is None:  # the operator's, and unchanged: the cache had not seen it yet
+                self.world.pods.observe(live)
+                self.world.index.pod_event("ADDED", live)
+                return node_obj, seen
+        else:
+            differences = shape_differences(body, live)
+            if not differences:
+                log.info("Adopted a stage pod created before its record was written; gate=%s node=%s pod=%s",
+                         gate.name, node, name)
+                node_obj, seen = await self._record_pod(gate, node_obj, seen, live)
+                self.world.pods.observe(live)
+                self.world.index.pod_event("ADDED", live)
+                return node_obj, seen
+            shown = ", ".join(differences[:5]) + (f" and {len(differences) - 5} more" if len(differences) > 5 else "")
+            why = (f"it holds the name of the stage pod the operator was about to create, but the operator did not "
+                   f"record creating it, and it does not run what the operator builds (differs in {shown})")
+        await self._pod_not_ours(gate, node, name, uid, shape, why)
+        return node_obj, seen
+
+    async def _pod_not_ours(self, gate: NodeGate, node: str, name: str, uid: str, shape: str, why: str) -> None:
+        """Report a pod carrying the gate's stage pod labels that is not the operator's: once per pod and shape
+        (a Warning Event `PodNotOurs` on the gate, `nodegate_pods_refused_total`, a log line)."""
+        seen = (gate.name, uid or f"{self.settings.namespace}/{name}", shape)
+        if seen in self.world.pods_reported:
+            return
+        self.world.pods_reported.add(seen)
+        self.metrics.pods_refused.labels(gate.name).inc()
+        log.warning("Stage pod not the operator's, ignored; gate=%s node=%s pod=%s/%s why=%s", gate.name, node,
+                    self.settings.namespace, name, why)
+        await self.recorder.emit(self._gate_obj(gate), "Warning", "PodNotOurs",
+                                 f"Pod {self.settings.namespace}/{name} on node {node} carries NodeGate {gate.name}'s "
+                                 f"stage pod labels but is not the operator's: {why}. It is not read as a stage "
+                                 "result. Find who created or changed it (the API server's audit log), then delete it")
 
     def _stage_metrics(self, pod: Obj) -> None:
         """A stage pod about to be deleted: the duration of each of its steps by outcome (succeeded,
@@ -447,7 +545,8 @@ class Executor:
             return
         view = node_view(obj)
         ctx = NodeContext(gate=gate, node=view, state=update.state,
-                          stage_pods=self.world.stage_pods_of(gate.name, node), pods=None, now=datetime.now(UTC))
+                          stage_pods=self.world.stage_pods_of(gate.name, node, update.state.pods).ours, pods=None,
+                          now=datetime.now(UTC))
         starts = update.state.status == "in-progress" and update.state.phase == "idle"
         await self._fail_refused(gate, obj, ctx, "NodeWriteRefused",
                                  f"the {'start of a round' if starts else 'write'} of node {node}", exc,

@@ -8,8 +8,8 @@ or renumber it, delete the oldest beyond `OperatorSettings.revision_history_limi
 * **Where**: the operator's namespace. A ControllerRevision is namespaced and a NodeGate is not; its
   owner reference to the gate (controller, no blockOwnerDeletion, as the package ConfigMaps) lets the
   garbage collector delete the history with the gate.
-* **Only its own**: a revision without the operator's signature, or signed for another gate or an
-  earlier gate of the same name, is ignored (one log line per object); one squatting the name the
+* **Only its own**: a revision without the operator's signature (which covers its number), or signed
+  for another gate or an earlier gate of the same name, is ignored (one log line per object); one squatting the name the
   operator needs is deleted (with its uid as a precondition) and written anew. `data` of a
   ControllerRevision cannot change once created, so overwriting is delete and create.
 * **Remembered**: the rollout hash last recorded per gate (and its uid), so a spec write that is no
@@ -101,8 +101,11 @@ class HistoryReconciler:
             await self._create(gate, step, foreign)
         elif step.renumber:
             current = next(r for r in own if r.name == step.name)
+            sig = sign_revision(signer.ring, gate.name, uid, current.spec_hash, current.spec, step.number)
+            # The number and its signature in one write, guarded by the version that was checked.
             await self.client.patch(CONTROLLER_REVISIONS, step.name, {
-                "revision": step.number, "metadata": {"resourceVersion": current.resource_version}}, namespace=ns)
+                "revision": step.number, "metadata": {"resourceVersion": current.resource_version,
+                                                      "annotations": {SIGNATURE_ANNOTATION: sig}}}, namespace=ns)
             log.info("Renumbered a revision, its spec applied again; gate=%s revision=%s number=%d",
                      gate.name, step.name, step.number)
         for name in step.delete:
@@ -145,7 +148,8 @@ class HistoryReconciler:
                                      body={"preconditions": {"uid": uid}} if uid else None)
             log.warning("Deleted a ControllerRevision under the name of this gate's revision that the operator did "
                         "not write; gate=%s revision=%s/%s", gate.name, ns, step.name)
-        sig = sign_revision(signer.ring, gate.name, gate.metadata.uid or "", rollout_hash(gate), revision_spec(gate))
+        sig = sign_revision(signer.ring, gate.name, gate.metadata.uid or "", rollout_hash(gate), revision_spec(gate),
+                            step.number)
         try:
             await self.client.create(CONTROLLER_REVISIONS, revision_object(gate, step.number, sig, ns), ns)
         except Conflict:

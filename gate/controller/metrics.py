@@ -82,6 +82,10 @@ class OperatorMetrics:
         self.records_refused = counter("nodegate_records_refused_total",
                                        "Node records of a gate that the operator did not write (no valid signature): "
                                        "ignored and reported, once per distinct record", ["gate"])
+        self.pods_refused = counter("nodegate_pods_refused_total",
+                                    "Pods with a gate's stage pod labels that the operator did not create, or that "
+                                    "changed since it did: never read as stage results, reported once per pod and "
+                                    "shape", ["gate"])
         self.reconcile_errors = Counter("nodegate_reconcile_errors_total", "Reconciles that raised",
                                         ["kind", "error"], registry=r)
         self.reconcile_duration = Histogram("nodegate_reconcile_duration_seconds", "Reconcile duration", ["kind"],

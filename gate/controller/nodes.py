@@ -84,7 +84,7 @@ class NodeReconciler:
             found = next((r for r in revisions if r.spec_hash == state.rollback.to), None)
             if state.rollback.to and found is None:
                 ctx = NodeContext(gate=gate, node=node_view(node_obj), state=state, pods=None, now=datetime.now(UTC),
-                                  stage_pods=self.world.stage_pods_of(gate_name, node_name))
+                                  stage_pods=self.world.stage_pods_of(gate_name, node_name, state.pods).ours)
                 await self.executor.execute(gate, node_obj, fail_round(
                     ctx, "NoRevision", f"revision {state.rollback.revision} of the gate, which the node was going "
                     "back to, is no longer kept (pruned)", stage="rollback"), ctx)
@@ -110,7 +110,7 @@ class NodeReconciler:
         if self.prepuller is not None and not removing and target is gate:
             prepull, prepull_pod = self.prepuller.pod_for(gate, state, node_name)
         ctx = NodeContext(gate=target, node=view, state=state,
-                          stage_pods=self.world.stage_pods_of(gate_name, node_name),
+                          stage_pods=self.world.stage_pods_of(gate_name, node_name, state.pods).ours,
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
                           timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),

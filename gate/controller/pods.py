@@ -46,6 +46,7 @@ from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
+from gate.controller.podshape import SHAPE_FIELD, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
@@ -421,9 +422,12 @@ _POD_STATUS_KEPT = ("phase", "reason", "message", "startTime", "initContainerSta
 
 def stage_pod_fields(pod: Obj) -> Obj:
     """A stage pod as the operator's cache keeps it: its metadata (less managedFields), its node and
-    deadline, and how far its containers got. The containers' specs (image, command, mounts, the
-    environment) are most of a stage pod, and the operator reads them nowhere: it built them
-    (`stage_pod`), and the steps are in an annotation (`gate.kube.cache.WatchCache`'s transform)."""
+    deadline, how far its containers got, and the digest of what it runs (`gate.controller.podshape`).
+    The containers' specs (image, command, mounts, the environment) are most of a stage pod, and the
+    operator reads nothing else of them: it built them (`stage_pod`), the steps are in an annotation
+    (`gate.kube.cache.WatchCache`'s transform), and the digest says whether they are still what it built."""
+    if SHAPE_FIELD in pod:
+        return pod  # slimmed already
     meta = slim(pod).get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -431,6 +435,9 @@ def stage_pod_fields(pod: Obj) -> Obj:
         "apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"), "metadata": meta,
         "spec": {k: spec[k] for k in ("nodeName", "activeDeadlineSeconds") if k in spec},
         "status": {k: status[k] for k in _POD_STATUS_KEPT if k in status},
+        # What the containers run, as one digest taken before their specs are dropped: whether it is
+        # still what the operator built (`gate.lifecycle.ownership`).
+        SHAPE_FIELD: shape_digest(pod),
     }
 
 
@@ -495,4 +502,5 @@ def stage_pod_view(pod: Obj) -> StagePod:
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
+        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)),
     )

@@ -10,6 +10,7 @@ executor. It parses each object once per resourceVersion (a gate, a node's fleet
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
-from gate.api.state import NodeGateState
+from gate.api.state import NodeGateState, PodRecord
 from gate.controller.index import StageIndex
 from gate.controller.pods import stage_pod_ended, stage_pod_fields, stage_pod_view
 from gate.controller.queue import WorkQueue
@@ -29,7 +30,7 @@ from gate.controller.workloads import WorkloadIndex, workload_fields
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.lifecycle.fleet import FleetNode, Replan, disabled, replan
-from gate.lifecycle.machine import StagePod
+from gate.lifecycle.ownership import Recognised, recognise
 from gate.rollout.history import Revision
 
 log = logging.getLogger("nodegate.operator")
@@ -73,6 +74,7 @@ class World:
         # parsed fleet views (`fleet_memo`, by resourceVersion) of before are parsed again.
         self.trust_epoch = 0
         self.reported: set[tuple[str, str, str]] = set()  # (gate, node, record digest) reported not ours
+        self.pods_reported: set[tuple[str, str, str]] = set()  # (gate, pod uid, shape) reported not ours
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
@@ -92,6 +94,7 @@ class World:
         for memo in (self.gate_memo, self.gate_seen, self.gate_cost, self.removal_release, self.revisions):
             memo.pop(name, None)
         self.reported = {r for r in self.reported if r[0] != name}
+        self.pods_reported = {r for r in self.pods_reported if r[0] != name}
 
     def gate(self, name: str) -> NodeGate | None:
         obj = self.gates.get(name)
@@ -216,10 +219,12 @@ class World:
                     break
         return busy
 
-    def stage_pods_of(self, gate: str, node: str) -> dict[str, StagePod]:
+    def stage_pods_of(self, gate: str, node: str, recorded: Mapping[str, PodRecord]) -> Recognised:
+        """The gate's stage pods on the node, split by `recorded` (the node's signed state's `pods`) into
+        the operator's, which the decider reads, and the foreign ones (`gate.lifecycle.ownership`)."""
         views = {}
         for name in self.index.pods_of(gate, node):
             pod = self.pods.get(name, self.settings.namespace)
             if pod is not None:
                 views[name] = stage_pod_view(pod)
-        return views
+        return recognise(views, recorded)

@@ -141,6 +141,20 @@ CONNECTIONS = 32
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+def versioned(method: str, body: Any) -> bool:
+    """The write carries a resourceVersion the API server checks (a compare-and-swap): a PUT or PATCH
+    with `metadata.resourceVersion`, a DELETE with a resourceVersion precondition. Such a write cannot
+    land over a newer one by a standby; any other can (`gate.kube.fence`)."""
+    if not isinstance(body, dict):
+        return False
+    if method == "DELETE":
+        return bool((body.get("preconditions") or {}).get("resourceVersion"))
+    if method in ("PUT", "PATCH"):
+        meta = body.get("metadata")
+        return isinstance(meta, dict) and bool(meta.get("resourceVersion"))
+    return False  # a create or a subresource POST (an eviction): nothing to compare
+
+
 class _FencedConnector(aiohttp.TCPConnector):
     """Checks the fence once a write has its connection, the last moment before its bytes go out.
 
@@ -261,15 +275,20 @@ class KubeClient:
             data = body if isinstance(body, (bytes, str)) else orjson.dumps(body)
             content_type = content_type or "application/json"
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        wait = self._timeout if timeout is None else timeout
         if self.fence is not None and method not in _READS:
-            self.fence.check(f"{method} {path}")  # early, not to wait for a connection in vain; again once it has one
+            # Early, not to wait for a connection in vain; again once it has one (`_FencedConnector`). A
+            # write without a resourceVersion must also end before the fence does (`Fence.budget`).
+            what = f"{method} {path}"
+            wait = self.fence.budget(what, wait) if not versioned(method, body) else wait
+            self.fence.check(what)
         self.requests += 1
         self.requests_by[(method, resource_of(path))] += 1
         try:
             async with self._sess().request(
                 method, self.base_url + path, params=clean, data=data,
                 headers=await self._headers(content_type),
-                timeout=aiohttp.ClientTimeout(total=self._timeout if timeout is None else timeout),
+                timeout=aiohttp.ClientTimeout(total=wait),
             ) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:

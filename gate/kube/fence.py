@@ -25,6 +25,13 @@ after it, even when the event loop was stalled (a frozen process, a starved CPU)
 loop has not yet noticed. The leader also cancels its work at the deadline; the fence is what makes
 the deadline hold for the writes already on their way.
 
+**Unversioned writes** (a condition patch, a delete, an eviction, a merge patch without a
+resourceVersion) get a tighter rule. A write that carries a resourceVersion cannot land over a
+standby's newer write of that object (the API server refuses it, 409); one without can. So such a write
+goes out only with a deadline of its own that ends no later than the fence (`budget`): the client gives
+up on it (and closes its connection, which cancels the request in the API server) before the renew
+deadline, and the margin is what the API server has left to finish one already being applied.
+
 Pure: the clock is a parameter.
 """
 
@@ -96,6 +103,13 @@ class Fence:
 
     def holds(self) -> bool:
         return self._open and self.remaining() > 0
+
+    def budget(self, what: str, wanted: float) -> float:
+        """The time an unversioned write may take: `wanted`, cut to what is left before the renew deadline,
+        so that it cannot be answered (or retried by the client) after it. Raises `LeadershipLost` as
+        `check` does when no time is left."""
+        self.check(what)
+        return min(wanted, self.remaining())
 
     def check(self, what: str) -> None:
         """Raise `LeadershipLost` unless a write may go out now; `what` names it in the error."""

@@ -522,7 +522,8 @@ def _requests(gate: NodeGate, node: FleetNode, state: NodeGateState | None,
     base = state or NodeGateState()
     if reset_key in annotations:
         # The next pick starts a new round; a node that passed once keeps serving (no readiness taint).
-        fresh = NodeGateState(round=base.round, boot_id=base.boot_id, passed=passed(base))
+        # The pods it created stay its own: the last attempt's pod, kept for its logs, is swept by the next round.
+        fresh = NodeGateState(round=base.round, boot_id=base.boot_id, passed=passed(base), pods=base.pods)
         up.remove_annotations.append(reset_key)
         if node.view.cordoned_by == gate.name:
             up.change.unschedulable = False

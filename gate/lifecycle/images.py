@@ -19,6 +19,13 @@ Decisions:
 * **Fail closed.** A package with a tagged image and no matching record has no pod image
   (`pod_images` lists it as unresolved): no stage pod of it is created, on any node, until the record
   exists. The gate's plan does not start rounds meanwhile (`gate.controller.gates`).
+* **A record is checked before it is used.** `status.images` is written by whoever may write the
+  gate's status, not only by the operator, so a record counts only when its digest is a digest
+  (`sha256:` and 64 lowercase hex digits, `gate.api.digests.DIGEST`: nothing else can follow the `@`)
+  and it names this package and exactly the `image:version` of the spec, which admission judged
+  against the package's image binding. The pod's repository is always the spec's (`by_digest`), so a
+  record can at most choose another manifest of the bound repository; one that fails the check is
+  treated as missing, and resolved again.
 * **Pull policy is explicit.** By digest, `IfNotPresent`: the content cannot differ, so a node that
   has it need not ask the registry again. With resolution turned off (`--resolve-digests=false`,
   for clusters whose operator cannot reach the registry) a tag is pulled with `Always`, so each node
@@ -32,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gate.api.digests import DIGEST
 from gate.api.nodegate import ImageRecord, NodeGate, Package
 from gate.api.versions import image_reference
 
@@ -61,8 +69,11 @@ def by_digest(reference: str, digest: str) -> str:
 
 
 def recorded(gate: NodeGate) -> dict[tuple[str, str], ImageRecord]:
-    """The gate's image records by (package, tagged reference)."""
-    return {(r.package, r.reference): r for r in (gate.status.images if gate.status is not None else [])}
+    """The gate's usable image records by (package, tagged reference): those whose digest is one
+    (`DIGEST`). Looked up by the spec's own (package, image:version), so a record of another
+    reference or repository is never used either."""
+    records = gate.status.images if gate.status is not None else []
+    return {(r.package, r.reference): r for r in records if DIGEST.match(r.digest)}
 
 
 def _tagged(gate: NodeGate, also: Sequence[NodeGate]) -> dict[tuple[str, str], Package]:

@@ -92,6 +92,8 @@ class StagePod:
     round: int = 0
     attempt: int = 0  # of its first step
     deadline: float | None = None  # its activeDeadlineSeconds
+    uid: str = ""  # its metadata.uid and the digest of what it runs: whether it is the operator's
+    shape: str = ""  # (`gate.lifecycle.ownership`; the decider only ever sees pods that are)
 
     @property
     def ended(self) -> bool:

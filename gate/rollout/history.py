@@ -16,9 +16,16 @@ lists them and `nodegate rollout undo` writes one back. Decisions:
 * **How many**: the current revision plus `limit` previous ones (an operator setting,
   `revision_history_limit`, 10 by default as for a DaemonSet); the oldest beyond that are deleted.
 * **Whose**: the operator counts only revisions it signed (HMAC with its record key, over the gate's
-  name and uid and the revision's data; `gate.api.records`). A ControllerRevision someone else put in
-  its namespace under a gate's label is ignored, and one squatting the name of a revision the operator
-  needs is overwritten.
+  name and uid, the revision's data and its number; `gate.api.records`). A ControllerRevision someone
+  else put in its namespace under a gate's label is ignored, and one squatting the name of a revision
+  the operator needs is overwritten. The number is signed because it decides: the newest revision is
+  the current spec, the oldest are deleted first, and `undo` goes back to the one before; whoever may
+  patch a ControllerRevision would otherwise choose which old spec comes back. A renumbering is signed
+  anew in the same write.
+* **Revisions signed before the number was** (`nodegate.io/revision.v1`) do not check and are not
+  counted: after the upgrade the current spec's revision is written anew (number 1) and the older
+  ones are left to the garbage collector with their gate. A roll-back to a spec recorded only by an
+  older operator finds no revision, as for a gate's first spec (`gate.lifecycle.rollback`).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ SIGNATURE_ANNOTATION = "nodegate.io/revision-sig"
 """On a ControllerRevision the operator wrote: `<key id>:<hex HMAC>` (`sign_revision`)."""
 HASH_LABEL = "nodegate.io/rollout-hash"
 """On a ControllerRevision: the gate's rollout hash that it holds (the name's suffix, as a label to select by)."""
-SIGNATURE_DOMAIN = "nodegate.io/revision.v1"  # the record key signs node states too: this names what is signed
+SIGNATURE_DOMAIN = "nodegate.io/revision.v2"  # the record key signs node states too: this names what is signed
+# (v1 signed no number: such a revision does not check, see above)
 
 
 def history_selector(gate: str) -> str:
@@ -59,15 +67,16 @@ def revision_name(gate: str, spec_hash: str) -> str:
     return f"{gate}-{spec_hash}"
 
 
-def _message(gate: str, gate_uid: str, spec_hash: str, spec: Obj) -> bytes:
-    return json.dumps([SIGNATURE_DOMAIN, gate, gate_uid, spec_hash, spec], sort_keys=True,
+def _message(gate: str, gate_uid: str, spec_hash: str, spec: Obj, number: int) -> bytes:
+    return json.dumps([SIGNATURE_DOMAIN, gate, gate_uid, spec_hash, number, spec], sort_keys=True,
                       separators=(",", ":")).encode()
 
 
-def sign_revision(ring: KeyRing, gate: str, gate_uid: str, spec_hash: str, spec: Obj) -> str:
-    """The signature the operator puts on a revision it writes (`SIGNATURE_ANNOTATION`)."""
+def sign_revision(ring: KeyRing, gate: str, gate_uid: str, spec_hash: str, spec: Obj, number: int) -> str:
+    """The signature the operator puts on a revision it writes (`SIGNATURE_ANNOTATION`), for this number:
+    a renumbering writes a new one."""
     kid = ring.signing_id
-    message = _message(gate, gate_uid, spec_hash, spec)
+    message = _message(gate, gate_uid, spec_hash, spec, number)
     return f"{kid}:{hmac.new(ring.keys[kid], message, hashlib.sha256).hexdigest()}"
 
 
@@ -79,9 +88,10 @@ def revision_refusal(ring: KeyRing, gate: str, gate_uid: str, revision: Revision
     secret = ring.keys.get(kid)
     if not sep or secret is None:
         return f"it is not signed with a key the operator holds ({kid!r})"
-    message = _message(gate, gate_uid, revision.spec_hash, revision.spec)
+    message = _message(gate, gate_uid, revision.spec_hash, revision.spec, revision.number)
     if not hmac.compare_digest(digest, hmac.new(secret, message, hashlib.sha256).hexdigest()):
-        return f"its signature does not match its data for gate {gate} (uid {gate_uid})"
+        return (f"its signature does not match its data and number ({revision.number}) for gate {gate} (uid "
+                f"{gate_uid}): changed since the operator wrote it, or signed before the number was")
     if revision.name != revision_name(gate, revision.spec_hash):
         return f"its name is not {revision_name(gate, revision.spec_hash)}"
     return None

@@ -7,6 +7,10 @@ policy *specs* and the node labels (with the pure `gate.rollout` functions that 
 compartment is), and judges every change it is fed. `gate.testing.watcher` feeds it from watches of
 its own; unit tests feed it recorded sequences.
 
+It counts every pod that carries the stage pod labels, whether or not the operator made it: the
+operator reads only the pods it recorded (`gate.lifecycle.ownership`), but what runs on a host runs
+there all the same, so a planted pod that runs a step twice or under an uncordon is a finding here.
+
 Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 
 * N is **disrupted by G** while G's state on N says `in-progress` (the planner reserves budget from

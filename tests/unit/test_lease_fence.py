@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gate.kube.client import CONFIGMAPS, KubeClient
+from gate.kube.client import CONFIGMAPS, NODES, KubeClient
 from gate.kube.config import Connection
 from gate.kube.errors import ConnectionFailed, LeadershipLost
 from gate.kube.fence import Fence, LeaseTiming
@@ -150,3 +150,71 @@ def test_the_writes_the_fence_kept_back_are_a_metric() -> None:
     metrics = OperatorMetrics()
     Health(OperatorSettings(), client, metrics, lambda: False, lambda: False).sync_request_metrics()
     assert "nodegate_leader_writes_refused 3.0" in generate_latest(metrics.registry).decode()
+
+
+@pytest.mark.parametrize(("method", "body", "expected"), [
+    ("PATCH", {"metadata": {"resourceVersion": "7"}, "spec": {}}, True),
+    ("PUT", {"metadata": {"name": "n", "resourceVersion": "7"}}, True),
+    ("DELETE", {"preconditions": {"resourceVersion": "7"}}, True),
+    ("PATCH", {"status": {"conditions": []}}, False),  # a node condition (strategic merge)
+    ("PATCH", {"metadata": {"annotations": {"a": None}}}, False),  # a merge patch
+    ("PATCH", [{"op": "remove", "path": "/spec/x"}], False),  # a JSON patch
+    ("DELETE", None, False),
+    ("DELETE", {"preconditions": {"uid": "u"}}, False),  # a uid is no compare-and-swap on the content
+    ("POST", {"apiVersion": "policy/v1", "kind": "Eviction"}, False),
+    ("POST", {"metadata": {"resourceVersion": "7"}}, False),  # a create: nothing to compare with
+])
+def test_a_write_is_versioned_only_when_the_api_server_compares_a_resource_version(
+        method: str, body: object, expected: bool) -> None:
+    from gate.kube.client import versioned
+
+    assert versioned(method, body) is expected
+
+
+def test_an_unversioned_write_gets_no_more_time_than_the_fence_has_left() -> None:
+    clock = Clock(100.0)
+    fence = Fence(10, clock)
+    fence.begin(sent=100.0)
+    clock.now = 107.5
+    assert fence.budget("PATCH /api/v1/nodes/n1/status", 30.0) == pytest.approx(2.5)
+    assert fence.budget("PATCH /api/v1/nodes/n1/status", 1.0) == pytest.approx(1.0)
+    clock.now = 110.0
+    with pytest.raises(LeadershipLost, match="PATCH /api/v1/nodes/n1/status: not sent"):
+        fence.budget("PATCH /api/v1/nodes/n1/status", 30.0)
+
+
+async def test_an_unversioned_write_is_abandoned_at_the_fence_and_a_versioned_one_is_not() -> None:
+    """The work client's own timeout (30 s) outlives the renew deadline: an unversioned write still
+    waiting for its answer is given up when the fence closes (the connection closed, the request
+    cancelled in the API server); a versioned one may finish, a standby's write would make it fail."""
+    import asyncio
+    import time
+
+    from aiohttp import web
+
+    seen: list[str] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        seen.append(request.method)
+        await asyncio.sleep(1.0)
+        return web.json_response({"metadata": {"name": "n1"}})
+
+    app = web.Application()
+    app.router.add_route("*", "/api/v1/nodes/n1", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        fence = Fence(10)
+        fence.begin(sent=time.monotonic() - 9.8)  # 0.2 s of the term left
+        async with KubeClient(Connection(f"http://127.0.0.1:{port}"), fence=fence, timeout=30) as client:
+            with pytest.raises(ConnectionFailed, match="PATCH /api/v1/nodes/n1"):
+                await client.patch(NODES, "n1", {"metadata": {"annotations": {"a": "b"}}})
+            fence.begin(sent=time.monotonic() - 9.8)
+            done = await client.patch(NODES, "n1", {"metadata": {"resourceVersion": "3", "annotations": {"a": "b"}}})
+            assert done["metadata"]["name"] == "n1"
+        assert seen == ["PATCH", "PATCH"]  # both went out: the fence held when each was sent
+    finally:
+        await runner.cleanup()

@@ -89,3 +89,22 @@ def test_the_images_of_a_spec_a_failed_batch_goes_back_to_are_resolved_and_kept_
     # Once nothing goes back any more, the older record goes.
     assert [(r.package, r.reference) for r in merged_records(with_both, [])] == [("a", "h/a:2.0.0"),
                                                                                  ("new", "h/new:1.0.0")]
+
+
+def test_a_status_record_is_used_only_with_a_digest_and_only_for_the_specs_own_reference() -> None:
+    """`status.images` may be written by anyone with the status subresource: a record that is no
+    digest, or names another repository, never reaches a pod; the image is resolved again."""
+    packages = {"a": {"version": "1.0.0", "image": "registry.example.com/team/a"}}
+    ref = "registry.example.com/team/a:1.0.0"
+    for digest in ("sha256:" + "1" * 63, "sha256:" + "A" * 64, f"{D1}/../../evil/b", "md5:" + "1" * 32,
+                   f"sha256:{'1' * 32}@sha256:{'2' * 32}", ""):
+        forged = gate(packages, [record("a", ref, digest)])
+        images, missing = pod_images(forged, ["a"], resolve=True)
+        assert (images, missing) == ({}, ["a"]), digest
+        assert list(to_resolve(forged)) == [("a", ref)], digest
+        assert merged_records(forged, []) == [], digest  # dropped from the status at the next write
+    # A record for another repository under the package's name is never looked up: the spec's is.
+    elsewhere = gate(packages, [record("a", "evil.example.com/a:1.0.0", D1)])
+    assert pod_images(elsewhere, ["a"], resolve=True) == ({}, ["a"])
+    good = gate(packages, [record("a", ref, D1)])
+    assert pod_images(good, ["a"], resolve=True)[0]["a"].image == f"registry.example.com/team/a@{D1}"

@@ -33,7 +33,7 @@ def gate(version: str, *, paused: bool = False, uid: str = "uid-1") -> NodeGate:
 def revision(g: NodeGate, number: int) -> Revision:
     h = rollout_hash(g)
     return Revision(name=revision_name(g.name, h), number=number, spec_hash=h, spec=revision_spec(g),
-                    sig=sign_revision(RING, g.name, g.metadata.uid or "", h, revision_spec(g)))
+                    sig=sign_revision(RING, g.name, g.metadata.uid or "", h, revision_spec(g), number))
 
 
 def test_a_new_spec_gets_the_greatest_number_plus_one_and_the_same_spec_is_left_alone() -> None:
@@ -83,6 +83,37 @@ def test_only_a_revision_the_operator_signed_for_this_gate_is_its_own() -> None:
     assert revision_refusal(other_key, "g", "uid-1", own) is not None
     renamed = Revision("g-0000000000000000", 1, own.spec_hash, own.spec, sig=own.sig)
     assert "name" in str(revision_refusal(RING, "g", "uid-1", renamed))
+
+
+def test_a_revision_whose_number_was_changed_is_not_the_operators_and_undo_skips_it() -> None:
+    """Whoever may patch a ControllerRevision chose which old spec came back when its number was outside
+    the signature: 1.0.0 made the newest previous revision picks it for undo and for the history's order."""
+    one, two, three = revision(gate("1.0.0"), 1), revision(gate("2.0.0"), 2), revision(gate("3.0.0"), 3)
+    bumped = Revision(one.name, 7, one.spec_hash, one.spec, sig=one.sig)
+    why = revision_refusal(RING, "g", "uid-1", bumped)
+    assert why is not None and "number (7)" in why
+    own = [r for r in (bumped, two, three) if revision_refusal(RING, "g", "uid-1", r) is None]
+    assert undo_target(own, three.spec_hash, None).name == two.name  # not the forged "newest"
+    with pytest.raises(UndoError, match="no revision 7"):
+        undo_target(own, three.spec_hash, 7)
+    # Renumbered by the operator: signed anew for its number, it checks.
+    renumbered = Revision(one.name, 4, one.spec_hash, one.spec,
+                          sig=sign_revision(RING, "g", "uid-1", one.spec_hash, one.spec, 4))
+    assert revision_refusal(RING, "g", "uid-1", renumbered) is None
+
+
+def test_a_revision_signed_without_its_number_is_not_counted() -> None:
+    import hashlib
+    import hmac
+    import json
+
+    old = revision(gate("1.0.0"), 1)
+    message = json.dumps(["nodegate.io/revision.v1", "g", "uid-1", old.spec_hash, old.spec], sort_keys=True,
+                         separators=(",", ":")).encode()
+    kid = RING.signing_id
+    v1 = Revision(old.name, 1, old.spec_hash, old.spec,
+                  sig=f"{kid}:{hmac.new(RING.keys[kid], message, hashlib.sha256).hexdigest()}")
+    assert "signed before the number was" in str(revision_refusal(RING, "g", "uid-1", v1))
 
 
 def _object(owner_uid: str, *, data: Any = None, number: Any = 1) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""What a stage pod runs, as one comparable value: the part of a pod the operator builds (pure: no I/O).
+
+A stage pod is privileged and its containers' ends are stage results, so the operator counts only a
+pod it made, running what it built (`gate.lifecycle.ownership`). Its "shape" is the projection of a
+pod onto what decides what runs and how the operator reads it:
+
+* every container (init, regular and ephemeral, in order): name, image, command, args, env and
+  envFrom, working directory, mounts and devices, security context, lifecycle hooks, stdin/tty;
+* the pod: node, host namespaces, volumes, service account and its token, security context, runtime
+  class, deadline;
+* the labels and annotations under `nodegate.io/` (the steps, round and attempt the result is read
+  by, the node facts the agent reads through the Downward API).
+
+Decisions:
+
+* **Fields, not the whole spec.** The API server fills defaults in (`imagePullPolicy`,
+  `terminationMessagePath`, a volume's `defaultMode`, a fieldRef's `apiVersion`) and other
+  controllers may add labels and annotations of their own; none of that is what the operator built.
+  A field the list leaves out is one that decides nothing about what runs (tolerations, resources).
+* **Two comparisons.** A pod the operator created is recorded with the digest of its shape as the API
+  server returned it (`shape_digest`), and compared with that digest on every look: any later change
+  of an image (the one container field that may change on a live pod), a label or an annotation
+  shows. A pod found under a name the operator was about to use (a crash between the create and the
+  record) is compared with what the operator builds now (`shape_differences`), a field the operator
+  left empty matching only an empty one, and only the defaults the server fills in (`_DEFAULTED`)
+  matching what the manifest left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from gate.api import keys
+
+Obj = dict[str, Any]
+
+SHAPE_FIELD = f"{keys.GROUP}/shape"
+"""Where the operator's pod cache keeps a pod's shape digest (`gate.controller.pods.stage_pod_fields`),
+computed from the whole pod before the cache drops its containers' specs."""
+
+_CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "envFrom", "workingDir", "volumeMounts",
+                     "volumeDevices", "securityContext", "lifecycle", "stdin", "stdinOnce", "tty", "restartPolicy")
+_POD_FIELDS = ("nodeName", "hostPID", "hostNetwork", "hostIPC", "hostUsers", "shareProcessNamespace", "volumes",
+               "serviceAccountName", "automountServiceAccountToken", "securityContext", "runtimeClassName",
+               "activeDeadlineSeconds")
+_PREFIX = f"{keys.GROUP}/"
+# The keys the API server fills in inside the fields above when a manifest leaves them out: a volume's
+# (and a projection's) `defaultMode`, a fieldRef's `apiVersion`. Any other key the manifest did not set
+# is a difference: a `subPath` on the host mount, a `valueFrom` on an env entry.
+_DEFAULTED = frozenset({"defaultMode", "apiVersion"})
+
+
+def _ours(mapping: object) -> Obj:
+    return {k: v for k, v in sorted((mapping or {}).items()) if k.startswith(_PREFIX)} \
+        if isinstance(mapping, dict) else {}
+
+
+def pod_shape(pod: Obj) -> Obj:
+    """The projection of `pod` that `shape_digest` hashes; absent fields are None."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    containers = {kind: [{f: c.get(f) for f in _CONTAINER_FIELDS} for c in spec.get(kind) or []]
+                  for kind in ("initContainers", "containers", "ephemeralContainers")}
+    return {"labels": _ours(meta.get("labels")), "annotations": _ours(meta.get("annotations")),
+            **containers, **{f: spec.get(f) for f in _POD_FIELDS}}
+
+
+def shape_digest(pod: Obj) -> str:
+    """A digest of the pod's shape: equal for two pods that run the same thing the same way."""
+    blob = json.dumps(pod_shape(pod), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def shape_differences(built: Obj, live: Obj) -> list[str]:
+    """Where the live pod does not run what `built` (the operator's manifest) says: the paths that differ,
+    empty when it does. The API server's defaults in `live` (a key `built` does not set inside an object
+    it does set) are no difference; anything else is, a list of another length among them."""
+    out: list[str] = []
+    _compare(pod_shape(built), pod_shape(live), "", out)
+    return out
+
+
+def _compare(want: object, have: object, path: str, out: list[str]) -> None:
+    if isinstance(want, dict) and isinstance(have, dict):
+        for key, value in want.items():
+            _compare(value, have.get(key), f"{path}.{key}" if path else key, out)
+        out.extend(f"{path}.{k}" if path else k for k in have
+                   if k not in want and k not in _DEFAULTED and have[k] not in (None, {}, [], False))
+        return
+    if isinstance(want, list) and isinstance(have, list) and len(want) == len(have):
+        for i, (w, h) in enumerate(zip(want, have, strict=True)):
+            _compare(w, h, f"{path}[{i}]", out)
+        return
+    if want in (None, {}, []) and have in (None, {}, []):
+        return  # the API server leaves an empty list or object out
+    if want != have:
+        out.append(path)
