@@ -89,6 +89,10 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     real = RealNodeSpec(args.real_nodes, _labels(args.label), suites=suites) if args.real_nodes else None
     cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err,
                real_nodes=real)
+    if args.cert_manager:
+        from gate.devcluster import certmanager
+
+        certmanager.start(cluster, progress=_err)
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
     print(cluster.kubeconfig)
     return 0
@@ -198,6 +202,9 @@ def parser() -> argparse.ArgumentParser:
                          "(default 1)")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
+    up.add_argument("--cert-manager", action="store_true",
+                    help="also run the real cert-manager (its CRDs, controller and cainjector, out of cluster), "
+                         "for the chart's certManager.enabled=true")
     up.set_defaults(func=cmd_dev_up)
 
     down = dev_sub.add_parser("down", parents=[state], help="stop every process `dev up` started")
