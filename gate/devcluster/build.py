@@ -287,6 +287,9 @@ def build(component: Component, progress: Progress = print) -> Path:
         go = _go()
         work = cache_root() / "build" / f"{component.name}-{component.version}"
         work.mkdir(parents=True, exist_ok=True)
+        # Taken before the sources are copied: a source edited during the build leaves a stamp that
+        # does not match it, so the next run builds again.
+        fingerprint = component.fingerprint
         gomod, tools = _wrapper(component)
         (work / "go.mod").write_text(gomod)
         if tools:
@@ -331,7 +334,7 @@ def build(component: Component, progress: Progress = print) -> Path:
         target.mkdir(parents=True, exist_ok=True)
         for name in [*component.binaries, *component.assets]:
             os.replace(staging / name, target / name)
-        _stamp(component).write_text(component.fingerprint + "\n")
+        _stamp(component).write_text(fingerprint + "\n")
         progress(f"Built {names} in {time.monotonic() - started:.0f}s -> {target}")
         return target
 

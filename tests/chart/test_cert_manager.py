@@ -28,7 +28,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +107,7 @@ async def test_without_cert_manager_the_install_says_what_is_missing_and_status_
 # -- cert-manager running -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cert_manager(cluster: DevCluster) -> object:
+def cert_manager(cluster: DevCluster) -> Iterator[None]:
     certmanager.start(cluster, progress=lambda m: None)
     try:
         yield
@@ -210,7 +210,7 @@ async def issued(kube: KubeClient, name: str, namespace: str, *, after: str = ""
 
 
 @pytest.fixture(scope="module")
-async def served(cluster: DevCluster, cert_manager: object) -> AsyncIterator[Served]:
+async def served(cluster: DevCluster, cert_manager: None) -> AsyncIterator[Served]:
     release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-cm"), unique("ngm"),
                                       {"certManager": {"enabled": True}})
     prefix, ns = release.prefix, release.namespace
