@@ -22,12 +22,14 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
 import ssl
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,3 +373,139 @@ def test_helm_renders_the_plain_cert_manager_manifests_the_api_server_accepts(
     assert "certificate.cert-manager.io/nodegate-webhook created (server dry run)" in proc.stdout or \
         "certificate.cert-manager.io/nodegate-webhook configured (server dry run)" in proc.stdout, proc.stdout
 
+
+
+# -- switching modes with helm upgrade ----------------------------------------------------------------
+
+def admission_call(port: int, bundle: bytes, server_name: str) -> str:
+    """What the API server does for one request through the Service: verify the webhook's certificate
+    against the configuration's caBundle for the Service's name, POST the review of the probe. ""
+    when the webhook refused the probe as it should, else what went wrong."""
+    name = unique("cm-switch")
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {"group": "nodegate.io", "version": "v1alpha1", "kind": "NodeGate"},
+        "resource": {"group": "nodegate.io", "version": "v1alpha1", "resource": "nodegates"},
+        "name": name, "operation": "CREATE", "userInfo": {"username": "admin", "groups": ["system:masters"]},
+        "object": probe(name), "dryRun": True}}).encode()
+    try:
+        ctx = ssl.create_default_context(cadata=bundle.decode())
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, \
+                ctx.wrap_socket(sock, server_hostname=server_name) as tls:
+            tls.sendall(b"POST /validate HTTP/1.1\r\nHost: " + server_name.encode() + b"\r\n"
+                        b"Content-Type: application/json\r\nConnection: close\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            raw = b""
+            while chunk := tls.recv(65536):
+                raw += chunk
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; an empty bundle a ValueError
+        return f"{type(exc).__name__}: {exc}"
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        return head.decode(errors="replace").splitlines()[0]
+    answer = json.loads(payload)["response"]
+    return "" if answer["allowed"] is False and PROBE_POLICY in json.dumps(answer.get("status")) else str(answer)
+
+
+@dataclass
+class Endpoints:
+    """The webhook pods the Service would route to (their local ports), and what each call met."""
+
+    ports: list[int]
+    failures: list[str] = field(default_factory=list)
+    calls: int = 0
+
+
+async def call_steadily(kube: KubeClient, prefix: str, service_name: str, endpoints: Endpoints,
+                        stop: asyncio.Event) -> None:
+    """A steady stream of reviews, round-robin over the ready pods, each verified against the
+    ValidatingWebhookConfiguration's caBundle as it is at that moment."""
+    while not stop.is_set():
+        config = await kube.get(VALIDATING_WEBHOOKS, prefix)
+        bundle = base64.b64decode(config["webhooks"][0]["clientConfig"].get("caBundle", ""))
+        port = endpoints.ports[endpoints.calls % len(endpoints.ports)]
+        outcome = await asyncio.to_thread(admission_call, port, bundle, service_name)
+        endpoints.calls += 1
+        if outcome:
+            endpoints.failures.append(f"call {endpoints.calls} to :{port}: {outcome}")
+        await asyncio.sleep(0.05)
+
+
+async def test_helm_upgrade_from_self_managed_to_cert_manager_and_back_loses_no_admission(
+        cluster: DevCluster, cert_manager: None, kube: KubeClient) -> None:
+    """Each upgrade is followed as a rolling update does it: the new pod starts from the upgraded
+    Deployment and joins the Service once ready, then the old one leaves and stops. The calls go to
+    the pods as the API server's would through the Service (which it cannot reach here): verified
+    against the configuration's caBundle of the moment, for the Service's name.
+
+    What it found: on the switch to cert-manager the old self-managed pods and cert-manager share the
+    Secret; an old pod read cert-manager's new pair and served it before publishing the bundle that
+    trusts its CA (about one run in five lost a call). The self-managed webhook now publishes the
+    bundle first (gate/admission/certificates.py)."""
+    release = await asyncio.to_thread(install, cluster, "nodegate", unique("ng-sw"), unique("ngs"), {})
+    prefix, ns = release.prefix, release.namespace
+    service_name = f"{prefix}-webhook.{ns}.svc"
+    kubeconfig = await token_kubeconfig(cluster, f"{prefix}-webhook", ns)
+    volume = SecretVolume(kube, f"{prefix}-webhook-tls", ns)
+    started: list[str] = []
+
+    async def start_pod(suffix: str, overrides: dict[str, str] | None = None) -> int:
+        deployment = await kube.get(DEPLOYMENTS, f"{prefix}-webhook", ns)
+        port, process = free_port(), f"{prefix}-webhook-{suffix}"
+        run_deployment(cluster, process, deployment, ns, kubeconfig, {
+            "NODEGATE_WEBHOOK_LISTEN": f"127.0.0.1:{port}", "NODEGATE_WEBHOOK_CERT_CHECK_SECONDS": "1",
+            **(overrides or {})})
+        started.append(process)
+        await asyncio.to_thread(wait_https, f"https://127.0.0.1:{port}/readyz", cluster=cluster, process=process)
+        return port
+
+    async def upgrade(values: Obj) -> None:
+        from tests.chart.outofcluster import DEV_CLUSTER_TOLERATIONS
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
+            import yaml
+
+            yaml.safe_dump({"fullnameOverride": prefix, "webhook": {"tolerations": DEV_CLUSTER_TOLERATIONS},
+                            "operator": {"tolerations": DEV_CLUSTER_TOLERATIONS}, **values}, vf)
+            vf.flush()
+            from tests.chart.conftest import CHART_DIR
+
+            await asyncio.to_thread(release.helm, "upgrade", release.name, str(CHART_DIR), "--values", vf.name,
+                                    "--wait", "--timeout", "3m")
+
+    stop = asyncio.Event()
+    streaming: asyncio.Task[None] | None = None
+    try:
+        endpoints = Endpoints([await start_pod("a")])
+
+        async def published() -> bool:
+            return "" not in await bundles(kube, prefix)
+
+        await wait_for(published, what="the self-managed webhook to publish its caBundle")
+        streaming = asyncio.create_task(call_steadily(kube, prefix, service_name, endpoints, stop))
+        await asyncio.sleep(1)
+        # self-managed -> cert-manager
+        await upgrade({"certManager": {"enabled": True}})
+        await issued(kube, f"{prefix}-webhook", ns)
+        await volume.sync()
+        volume.start()
+        endpoints.ports.append(await start_pod("b", {"NODEGATE_WEBHOOK_CERT_DIR": str(volume.dir)}))
+        endpoints.ports.remove(endpoints.ports[0])
+        cluster.stop_process(started[0])
+        await asyncio.sleep(2)
+        calls_with_cert_manager = endpoints.calls
+        # cert-manager -> self-managed
+        await upgrade({})
+        endpoints.ports.append(await start_pod("c"))
+        endpoints.ports.remove(endpoints.ports[0])
+        cluster.stop_process(started[1])
+        await asyncio.sleep(2)
+    finally:
+        stop.set()
+        if streaming is not None:
+            await streaming
+        await volume.stop()
+        for process in started:
+            cluster.stop_process(process)
+        await asyncio.to_thread(uninstall, cluster, release)
+    assert endpoints.calls > calls_with_cert_manager > 20, (calls_with_cert_manager, endpoints.calls)
+    assert endpoints.failures == [], f"{len(endpoints.failures)} of {endpoints.calls}: {endpoints.failures[:5]}"
