@@ -156,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     # The demo runs `nodegate` commands through `main`, handed to it: it does not import this module.
     return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None,
-                    cli=main, keep=args.keep, down=args.down)
+                    cli=main, keep=args.keep, down=args.down, cert_manager=args.cert_manager)
 
 
 def _err(message: str) -> None:
@@ -232,6 +232,9 @@ def parser() -> argparse.ArgumentParser:
                       "(default 60; 12 with --quick)")
     demo.add_argument("--keep", action="store_true", help="with --quick: leave the control plane running")
     demo.add_argument("--down", action="store_true", help="stop the demo's control plane and exit")
+    demo.add_argument("--cert-manager", action="store_true",
+                      help="the webhook's certificate issued by the real cert-manager and its caBundle filled by "
+                      "cert-manager's cainjector, instead of self-managed")
     demo.add_argument("--state-dir", help="where the demo's control plane keeps its state "
                       "(default ~/.cache/nodegate/demo; never the one of `nodegate dev`)")
     demo.set_defaults(func=cmd_demo)

@@ -23,6 +23,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ import yaml
 
 from gate.devcluster import build
 from gate.devcluster.processes import ClusterError, Process, ProcessTable, free_port, http_ok, tail
-from gate.kube.client import KubeClient
+from gate.kube.client import KubeClient, Resource
 
 if TYPE_CHECKING:
     from gate.devcluster.cluster import DevCluster
@@ -128,5 +129,107 @@ def stop(procs: ProcessTable) -> None:
         procs.stop(name)
 
 
+
+
+# -- the dev cluster's webhook with certificates from cert-manager (`nodegate demo --cert-manager`) ----
+
+INJECT_CA_FROM = "cert-manager.io/inject-ca-from"
+RESOURCES = {kind: Resource("cert-manager.io", "v1", kind.lower() + "s", True, kind)
+             for kind in ("Issuer", "Certificate")}
+DEV_ISSUER = "nodegate-dev-selfsigned"
+DEV_CA = "nodegate-dev-ca"
+DEV_CERTIFICATE = "nodegate-dev-webhook"
+DEV_SECRET = "nodegate-dev-webhook-tls"
+
+
+def dev_certificates(namespace: str) -> list[Obj]:
+    """The chart's CA chain for the local webhook: a self-signed Issuer signs a CA, the CA Issuer signs
+    the serving certificate, for 127.0.0.1 and localhost (the API server calls the webhook by URL)."""
+    def meta(name: str) -> Obj:
+        return {"name": name, "namespace": namespace}
+
+    return [
+        {"apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": meta(DEV_ISSUER),
+         "spec": {"selfSigned": {}}},
+        {"apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(DEV_CA),
+         "spec": {"isCA": True, "commonName": DEV_CA, "secretName": DEV_CA,
+                  "privateKey": {"algorithm": "ECDSA", "size": 256},
+                  "issuerRef": {"name": DEV_ISSUER, "kind": "Issuer", "group": "cert-manager.io"}}},
+        {"apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": meta(DEV_CA),
+         "spec": {"ca": {"secretName": DEV_CA}}},
+        {"apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(DEV_CERTIFICATE),
+         "spec": {"secretName": DEV_SECRET, "commonName": "localhost", "dnsNames": ["localhost"],
+                  "ipAddresses": ["127.0.0.1"], "usages": ["server auth", "digital signature"],
+                  "privateKey": {"algorithm": "ECDSA", "size": 256},
+                  "issuerRef": {"name": DEV_CA, "kind": "Issuer", "group": "cert-manager.io"}}},
+    ]
+
+
+def start_webhook(cluster: DevCluster, progress: Progress, *, timeout: float = 120.0) -> None:
+    """Like `services.start_webhook`, with the serving certificate from cert-manager: start cert-manager,
+    have it issue `dev_certificates`, run `nodegate webhook serve --cert-mode files` on a copy of the
+    Secret (the Certificate lasts 90 days, longer than any demo), and register both configurations
+    with the annotation `cert-manager.io/inject-ca-from` and no caBundle: cert-manager's cainjector
+    fills it. Returns once the API server calls the webhook."""
+    import base64
+
+    from gate.admission.configuration import webhook_configurations
+    from gate.controller.rbac import WEBHOOK_SERVICE_ACCOUNT
+    from gate.devcluster import services
+    from gate.devcluster.controlplane import NAMESPACE
+    from gate.kube.client import SECRETS
+    from gate.kube.errors import NotFound
+
+    start(cluster, progress=progress)
+    deadline = time.monotonic() + timeout
+    tls_dir = cluster.dir / "webhook-tls"
+
+    async def issue() -> None:
+        async with await cluster.client() as kube:
+            for obj in dev_certificates(NAMESPACE):
+                await kube.patch(RESOURCES[obj["kind"]], obj["metadata"]["name"], obj, namespace=NAMESPACE,
+                                 patch_type="apply", field_manager="nodegate-dev", force=True)
+            while True:
+                try:
+                    secret = await kube.get(SECRETS, DEV_SECRET, NAMESPACE)
+                    if {"tls.crt", "tls.key"} <= set(secret.get("data") or {}):
+                        break
+                except NotFound:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"cert-manager did not issue Certificate {NAMESPACE}/{DEV_CERTIFICATE}; "
+                                       f"see {cluster.logs / (CONTROLLER + '.log')}")
+                await asyncio.sleep(0.2)
+        tls_dir.mkdir(exist_ok=True)
+        for key in ("tls.crt", "tls.key"):
+            (tls_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
+
+    progress(f"cert-manager issues the webhook's certificate (Certificate {NAMESPACE}/{DEV_CERTIFICATE}) ...")
+    asyncio.run(issue())
+    port = services.webhook_port(cluster)
+    if port is None:
+        asyncio.run(services.install_webhook_rbac(cluster))
+        kubeconfig = asyncio.run(services.service_account_kubeconfig(
+            cluster, WEBHOOK_SERVICE_ACCOUNT, NAMESPACE, cluster.dir / "webhook.kubeconfig"))
+        port = free_port()
+        argv = [sys.executable, "-m", "gate.cli.main", "webhook", "serve", "--kubeconfig", str(kubeconfig),
+                "--listen", f"127.0.0.1:{port}", "--cert-mode", "files", "--cert-dir", str(tls_dir),
+                "--configuration-name", services.WEBHOOK_CONFIGURATION, "--cert-check-seconds", "2"]
+        cluster.register(services.WEBHOOK_PROCESS, argv, services.python_env())
+    services.wait_webhook_ready(cluster, port, deadline)
+
+    async def register() -> None:
+        async with await cluster.client() as kube:
+            for config in webhook_configurations(mode="url", url=f"https://127.0.0.1:{port}", ca_bundle=None,
+                                                 name=services.WEBHOOK_CONFIGURATION):
+                config["metadata"]["annotations"] = {INJECT_CA_FROM: f"{NAMESPACE}/{DEV_CERTIFICATE}"}
+                await kube.apply(config, field_manager="nodegate-dev")
+        await services.wait_webhook_called(cluster, deadline)
+
+    asyncio.run(register())
+    progress(f"Admission webhook ready on https://127.0.0.1:{port}, its certificate from cert-manager "
+             "and its caBundle from cert-manager's cainjector.")
+
+
 __all__ = ["CAINJECTOR", "CERTIFICATES_CRD", "COMPONENT", "CONTROLLER", "PROCESSES", "crd_documents",
-           "install_crds", "running", "start", "stop", "version"]
+           "dev_certificates", "install_crds", "running", "start", "start_webhook", "stop", "version"]
