@@ -58,10 +58,13 @@ class SelfManagedCertificates:
             assert secret is not None
             data = secret.get("data") or {}
             cert, key = base64.b64decode(data[TLS_CERT]), base64.b64decode(data[TLS_KEY])
-            if self.serving.load(cert, key):
-                log.info("Loaded serving certificate; notAfter=%s", self.serving.not_after)
+            # The configurations trust the bundle before the pair is served: a pair another writer put
+            # in the Secret (cert-manager, when a `helm upgrade` switches to it) chains to a CA that
+            # only this bundle names, and served first it would fail every call until published.
             self.trust_bundle = base64.b64decode(data.get(TRUST_BUNDLE, ""))
             await self.publish_trust_bundle()
+            if self.serving.load(cert, key):
+                log.info("Loaded serving certificate; notAfter=%s", self.serving.not_after)
             return
         raise ConnectionFailed("the certificate Secret kept changing under us; will retry")
 

@@ -81,6 +81,7 @@ class DemoSettings:
     keep: bool  # leave the control plane running at the end
     state_dir: Path
     phase_timeout: float  # longest wait for one phase of the rollout
+    cert_manager: bool = False  # the webhook's certificate from the real cert-manager, not self-managed
 
     @property
     def pools(self) -> dict[str, int]:
@@ -202,19 +203,20 @@ def interruptible() -> Iterator[None]:
 
 
 def run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, cli: Cli, keep: bool = False,
-             down: bool = False) -> int:
+             down: bool = False, cert_manager: bool = False) -> int:
     with interruptible():
-        return _run_demo(quick=quick, nodes=nodes, state_dir=state_dir, cli=cli, keep=keep, down=down)
+        return _run_demo(quick=quick, nodes=nodes, state_dir=state_dir, cli=cli, keep=keep, down=down,
+                         cert_manager=cert_manager)
 
 
 def _run_demo(*, quick: bool, nodes: int | None, state_dir: Path | None, cli: Cli, keep: bool,
-              down: bool) -> int:
+              down: bool, cert_manager: bool = False) -> int:
     from gate.devcluster.cluster import DevCluster
 
     settings = DemoSettings(
         nodes=nodes or (12 if quick else 60), job_seconds=0.3 if quick else 1.0, quick=quick,
         keep=keep or not quick, state_dir=(state_dir or default_state_dir()).resolve(),
-        phase_timeout=240.0 if quick else 600.0,
+        phase_timeout=240.0 if quick else 600.0, cert_manager=cert_manager,
     )
     cluster = DevCluster(settings.state_dir)
     if down:
@@ -267,7 +269,14 @@ def _story(cluster: Any, settings: DemoSettings, say: Narrator, cli: Cli) -> Non
     say.progress("Nodes: " + ", ".join(f"{n} in {p}" for p, n in pools.items()) +
                  f" (kwok plays their kubelet; a stage takes {settings.job_seconds:g}s)")
     run_async(services.install_crds(cluster))
-    services.start_webhook(cluster, say.progress)
+    if settings.cert_manager:
+        from gate.devcluster import certmanager
+
+        say.progress("The webhook's certificate comes from cert-manager (its controller and cainjector run "
+                     "next to the control plane).")
+        certmanager.start_webhook(cluster, say.progress)
+    else:
+        services.start_webhook(cluster, say.progress)
     services.start_operator(cluster, say.progress, extra=OPERATOR_FLAGS)
     # Everything below talks to the demo cluster, as `export KUBECONFIG=...` would make it.
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)

@@ -92,6 +92,10 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
                real_nodes=real)
     if args.prometheus_endpoint:
         services.set_prometheus_endpoints(cluster, endpoints)
+    if args.cert_manager:
+        from gate.devcluster import certmanager
+
+        certmanager.start(cluster, progress=_err)
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
     print(cluster.kubeconfig)
     return 0
@@ -155,7 +159,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     # The demo runs `nodegate` commands through `main`, handed to it: it does not import this module.
     return run_demo(quick=args.quick, nodes=args.nodes, state_dir=Path(args.state_dir) if args.state_dir else None,
-                    cli=main, keep=args.keep, down=args.down)
+                    cli=main, keep=args.keep, down=args.down, cert_manager=args.cert_manager)
 
 
 def _err(message: str) -> None:
@@ -205,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
                          "operator.health.prometheus.endpoints)")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
+    up.add_argument("--cert-manager", action="store_true",
+                    help="also run the real cert-manager (its CRDs, controller and cainjector, out of cluster), "
+                         "for the chart's certManager.enabled=true")
     up.set_defaults(func=cmd_dev_up)
 
     down = dev_sub.add_parser("down", parents=[state], help="stop every process `dev up` started")
@@ -232,6 +239,9 @@ def parser() -> argparse.ArgumentParser:
                       "(default 60; 12 with --quick)")
     demo.add_argument("--keep", action="store_true", help="with --quick: leave the control plane running")
     demo.add_argument("--down", action="store_true", help="stop the demo's control plane and exit")
+    demo.add_argument("--cert-manager", action="store_true",
+                      help="the webhook's certificate issued by the real cert-manager and its caBundle filled by "
+                      "cert-manager's cainjector, instead of self-managed")
     demo.add_argument("--state-dir", help="where the demo's control plane keeps its state "
                       "(default ~/.cache/nodegate/demo; never the one of `nodegate dev`)")
     demo.set_defaults(func=cmd_demo)

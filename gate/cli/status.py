@@ -145,6 +145,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 async def _status(args: argparse.Namespace) -> int:
     async with connect(args) as client:
+        await warn_webhook_problems(client)
         if args.watch:
             return await watch_status(client, args.namespace, args.gate)
         reports = reports_of(await fetch_snapshot(client, args.namespace, args.gate), args.gate)
@@ -158,6 +159,15 @@ async def _status(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(reports))
     return 0
+
+
+async def warn_webhook_problems(client: KubeClient) -> None:
+    """Say on stderr when the API server cannot call NodeGate's admission webhooks (gate.cli.webhook_health):
+    every write to a NodeGate would fail, whatever the rollout's status says."""
+    from gate.cli.webhook_health import webhook_problems
+
+    for problem in await webhook_problems(client):
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
 
 
 async def watch_status(client: KubeClient, namespace: str, gate: str | None, *,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).with_name("versions.toml")
-ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe", "prometheus")
+ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe", "prometheus", "cert-manager")
 # Runs the control plane on another Kubernetes release than the pinned one (`make test-matrix`):
 # `NODEGATE_KUBE_VERSION=v1.33.13`. Unset, CI and `nodegate dev up` use versions.toml's pin.
 KUBE_VERSION_ENV = "NODEGATE_KUBE_VERSION"
@@ -114,6 +114,7 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
     registry = data["registry"]
     probe = data["kstatus-probe"]
     prom = data["prometheus"]
+    certmanager = data["cert-manager"]
     prom_version_pkg = "github.com/prometheus/common/version"
     return {
         "kubernetes": Component(
@@ -174,6 +175,16 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
                      f"-X {prom_version_pkg}.Revision={prom['version']}",
                      f"-X {prom_version_pkg}.Branch=release"),
             tags=tuple(prom["tags"]),
+        ),
+        "cert-manager": Component(
+            "cert-manager",
+            certmanager["module"],
+            certmanager["version"],
+            dict(certmanager["binaries"]),
+            # `cert-manager controller` logs the release it runs (util.AppVersion).
+            ldflags=(f"-X {certmanager['module']}/pkg/util.AppVersion={certmanager['version']}",),
+            assets=dict(certmanager["assets"]),
+            sources=dict(certmanager["sources"]),
         ),
     }
 
@@ -276,6 +287,9 @@ def build(component: Component, progress: Progress = print) -> Path:
         go = _go()
         work = cache_root() / "build" / f"{component.name}-{component.version}"
         work.mkdir(parents=True, exist_ok=True)
+        # Taken before the sources are copied: a source edited during the build leaves a stamp that
+        # does not match it, so the next run builds again.
+        fingerprint = component.fingerprint
         gomod, tools = _wrapper(component)
         (work / "go.mod").write_text(gomod)
         if tools:
@@ -301,9 +315,11 @@ def build(component: Component, progress: Progress = print) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         ldflags = " ".join(["-s", "-w", *component.ldflags])
+        # A command of NodeGate's own carries no paths of this machine (its panics name module paths).
+        trim = ["-trimpath"] if component.sources else []
         for binary, pkg in component.binaries.items():
             _run(
-                [go, "build", "-v", *tag_args, "-ldflags", ldflags, "-o", str(staging / binary), pkg],
+                [go, "build", "-v", *trim, *tag_args, "-ldflags", ldflags, "-o", str(staging / binary), pkg],
                 work, env, log, progress, f"{component.name}: {binary}", total,
             )
         if component.assets:
@@ -318,7 +334,7 @@ def build(component: Component, progress: Progress = print) -> Path:
         target.mkdir(parents=True, exist_ok=True)
         for name in [*component.binaries, *component.assets]:
             os.replace(staging / name, target / name)
-        _stamp(component).write_text(component.fingerprint + "\n")
+        _stamp(component).write_text(fingerprint + "\n")
         progress(f"Built {names} in {time.monotonic() - started:.0f}s -> {target}")
         return target
 

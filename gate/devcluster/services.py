@@ -257,12 +257,12 @@ def start_webhook(cluster: DevCluster, progress: Progress, *, timeout: float = 6
         env = {"PYTHONPATH": str(Path(gate.__file__).resolve().parent.parent), "PYTHONUNBUFFERED": "1"}
         cluster.register(WEBHOOK_PROCESS, webhook_argv(cluster, port, kubeconfig), env)
     deadline = time.monotonic() + timeout
-    _wait_webhook_ready(cluster, port, deadline)
+    wait_webhook_ready(cluster, port, deadline)
     asyncio.run(_register_webhook(cluster, port, deadline))
     progress(f"Admission webhook ready on https://127.0.0.1:{port}.")
 
 
-def _wait_webhook_ready(cluster: DevCluster, port: int, deadline: float) -> None:
+def wait_webhook_ready(cluster: DevCluster, port: int, deadline: float) -> None:
     import ssl
     import time
     import urllib.request
@@ -292,15 +292,11 @@ def _wait_webhook_ready(cluster: DevCluster, port: int, deadline: float) -> None
 
 
 async def _register_webhook(cluster: DevCluster, port: int, deadline: float) -> None:
-    import asyncio
     import base64
-    import time
 
     from gate.admission.configuration import webhook_configurations
     from gate.certs.rotation import TRUST_BUNDLE
-    from gate.devcluster.cluster import ClusterError
-    from gate.kube.client import NODEGATES, SECRETS
-    from gate.kube.errors import ApiError
+    from gate.kube.client import SECRETS
 
     async with await cluster.client() as kube:
         secret = await kube.get(SECRETS, WEBHOOK_SECRET, "nodegate-system")
@@ -308,6 +304,19 @@ async def _register_webhook(cluster: DevCluster, port: int, deadline: float) -> 
         for config in webhook_configurations(mode="url", url=f"https://127.0.0.1:{port}", ca_bundle=bundle,
                                              name=WEBHOOK_CONFIGURATION):
             await kube.apply(config, field_manager="nodegate-dev")
+    await wait_webhook_called(cluster, deadline)
+
+
+async def wait_webhook_called(cluster: DevCluster, deadline: float) -> None:
+    """Until the API server calls the webhook: a dry-run create that only the webhook refuses."""
+    import asyncio
+    import time
+
+    from gate.devcluster.cluster import ClusterError
+    from gate.kube.client import NODEGATES
+    from gate.kube.errors import ApiError
+
+    async with await cluster.client() as kube:
         probe = {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate",
                  "metadata": {"name": "nodegate-dev-webhook-probe"},
                  "spec": {"deploymentPolicy": _PROBE_POLICY}}

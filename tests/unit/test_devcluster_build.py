@@ -99,3 +99,44 @@ def test_prometheus_is_built_without_service_discoveries_and_stamped_with_its_re
     from dataclasses import replace
 
     assert replace(prom, tags=()).fingerprint != prom.fingerprint
+
+
+def test_cert_manager_is_built_from_its_own_source_on_the_main_module_without_cloud_issuers() -> None:
+    cm = load_components(environ={})["cert-manager"]
+    gomod, tools = _wrapper(cm)
+    assert f"require github.com/cert-manager/cert-manager {cm.version}" in gomod
+    assert tools == ""
+    assert f"-X github.com/cert-manager/cert-manager/pkg/util.AppVersion={cm.version}" in cm.ldflags
+    # every CRD of the release, from the module's deploy/crds/, installed next to the binary
+    assert sorted(cm.assets.values()) == sorted(f"deploy/crds/{name}" for name in cm.assets)
+    assert {"cert-manager.io_certificates.yaml", "cert-manager.io_issuers.yaml"} <= set(cm.assets)
+    source = (Path(__file__).resolve().parents[2] / "gate" / "devcluster" / cm.sources["main.go"]).read_text()
+    imports = source.split("import (", 1)[1].split(")", 1)[0]
+    assert '"github.com/cert-manager/cert-manager/pkg/controller/cainjector"' in imports
+    assert '_ "github.com/cert-manager/cert-manager/pkg/issuer/ca"' in imports
+    # cmd/controller's own module is not servable; and no ACME, Vault or Venafi (cloud SDKs) is linked
+    for unwanted in ("cert-manager/controller-binary", "/acme", "/vault", "/venafi", "/internal/"):
+        assert unwanted not in imports, unwanted
+
+
+def test_a_source_edited_during_a_build_leaves_a_stamp_that_builds_again(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from gate.devcluster import build
+
+    source = tmp_path / "main.go"
+    source.write_text("package main\n")
+    comp = replace(load_components(environ={})["kstatus-probe"], sources={"main.go": str(source)})
+    monkeypatch.setenv("NODEGATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_go", lambda: "go")
+
+    def fake_run(cmd: list[str], cwd: Path, *args: object, **kw: object) -> None:
+        if "build" in cmd:
+            source.write_text("package main // edited while building\n")
+            Path(cmd[cmd.index("-o") + 1]).write_text("binary")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: build.subprocess.CompletedProcess(a, 1, "", ""))
+    build.build(comp, progress=lambda m: None)
+    assert not build.is_built(comp)  # the stamp names the source the binary was built from

@@ -100,6 +100,27 @@ tainted (a readinessTaint gate selecting all of them), the operator must still r
 {{- if and .Values.certManager.enabled .Values.certManager.issuerRef.name (not .Values.certManager.issuerRef.kind) -}}
 {{- fail "certManager.issuerRef.kind is required with certManager.issuerRef.name" -}}
 {{- end -}}
+{{- include "nodegate.requireCertManager" . -}}
+{{- end -}}
+
+{{/*
+certManager.enabled needs cert-manager's API: without its CRDs `helm install` would fail on the
+first Issuer with Helm's "no matches for kind" and leave nothing said about why. Against a cluster
+(install, upgrade, --dry-run=server) .Capabilities come from its discovery; `helm template` and
+--dry-run=client ask no cluster, and there `lookup` returns nothing, so only a cluster is checked.
+*/}}
+{{- define "nodegate.requireCertManager" -}}
+{{- if and .Values.certManager.enabled (lookup "v1" "Namespace" "" "kube-system") -}}
+{{- $missing := list -}}
+{{- range $kind := list "Certificate" "Issuer" -}}
+{{- if not ($.Capabilities.APIVersions.Has (printf "cert-manager.io/v1/%s" $kind)) -}}
+{{- $missing = append $missing (printf "cert-manager.io/v1 %s" $kind) -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "certManager.enabled=true needs cert-manager, and this cluster does not serve %s (cert-manager's CRDs are not installed). Install cert-manager first (https://cert-manager.io/docs/installation/), or leave certManager.enabled=false for self-managed certificates." (join ", " $missing)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* clientConfig of a webhook: the Service; caBundle is set at run time (self-managed webhook or
