@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -20,6 +20,7 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
+Obj = dict[str, Any]  # an object as the API server sends it (JSON), before or without a model
 
 
 @functools.lru_cache(maxsize=1024)  # specs repeat a few durations; a timedelta is immutable
@@ -86,6 +87,22 @@ class Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def selector_holds(match_labels: Mapping[str, str], expressions: Iterable[tuple[str, str, Sequence[str]]],
+                   labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics, written once: `matchLabels` and `matchExpressions` as
+    (key, operator, values), all ANDed. Both the model (`LabelSelector.matches`) and the admission
+    rules' raw selectors (`gate.admission.rules.syntax.selector_matches`, once valid) read it."""
+    if any(labels.get(key) != value for key, value in match_labels.items()):
+        return False
+    for key, op, values in expressions:
+        present = key in labels
+        if (op == "In" and not (present and labels[key] in values)) \
+                or (op == "NotIn" and present and labels[key] in values) \
+                or (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
 class LabelSelectorRequirement(Model):
     key: str = Field(max_length=317, description="The label key the selector applies to.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
@@ -114,20 +131,8 @@ class LabelSelector(Model):
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a set of labels satisfies this selector (Kubernetes semantics)."""
-        for key, value in self.match_labels.items():
-            if labels.get(key) != value:
-                return False
-        for req in self.match_expressions:
-            present = req.key in labels
-            if req.operator == "In" and not (present and labels[req.key] in req.values):
-                return False
-            if req.operator == "NotIn" and present and labels[req.key] in req.values:
-                return False
-            if req.operator == "Exists" and not present:
-                return False
-            if req.operator == "DoesNotExist" and present:
-                return False
-        return True
+        return selector_holds(self.match_labels, ((r.key, r.operator, r.values) for r in self.match_expressions),
+                              labels)
 
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions

@@ -25,10 +25,11 @@ from gate.controller.views import node_view, pod_view
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import NodeUpdate, disabled, orphan_taint, readiness_clear, selects, taint_reason
+from gate.lifecycle.fleet import NodeUpdate, disabled, selects
 from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal, fail_round
 from gate.lifecycle.rollback import rolled_back, target_gate
 from gate.lifecycle.soak import health_of
+from gate.lifecycle.taint import orphan_taint, readiness_clear, taint_reason
 
 
 class NodeReconciler:
@@ -129,8 +130,8 @@ class JoinReconciler:
         self.executor = executor
 
     async def reconcile(self, key: JoinKey) -> None:
-        gate_name, node_name = key.gate, key.node
         """The readiness-taint backstop for one joining node, ahead of the gate's plan (same rule)."""
+        gate_name, node_name = key.gate, key.node
         gate = self.world.gate(gate_name)
         node_obj = self.world.nodes.get(node_name)
         if gate is None or node_obj is None or gate.metadata.deletion_timestamp or disabled(gate):

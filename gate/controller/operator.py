@@ -52,6 +52,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODES
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
+from gate.lifecycle import taint
 from gate.lifecycle.machine import Timing
 
 log = logging.getLogger("nodegate.operator")
@@ -128,7 +129,7 @@ class Operator:
             for policy in world.policies.items():
                 world.queue.add(PolicyKey(policy["metadata"]["name"]))
             for node in world.nodes.items():  # with no gate at all, no gate event looks at the taints
-                if triggers.has_readiness_taint(node):
+                if taint.has_readiness_taint(taint.node_taints(node)):
                     world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.api import keys
+from gate.lifecycle import taint
 from gate.lifecycle.fleet import NodeUpdate
 
 Obj = dict[str, Any]
@@ -53,14 +54,11 @@ def node_patch(gate: str, obj: Obj, update: NodeUpdate) -> NodePatch:
     if change.unschedulable is not None and bool((obj.get("spec") or {}).get("unschedulable")) != change.unschedulable:
         spec["unschedulable"] = change.unschedulable
     taints = list((obj.get("spec") or {}).get("taints") or [])
-    has_taint = any(t.get("key") == keys.READINESS_TAINT_KEY for t in taints)
     added = removed = False
-    if change.add_readiness_taint and not has_taint:
-        spec["taints"] = [*taints, {"key": keys.READINESS_TAINT_KEY, "effect": keys.READINESS_TAINT_EFFECT}]
-        added = True
-    elif change.remove_readiness_taint and has_taint:
-        spec["taints"] = [t for t in taints if t.get("key") != keys.READINESS_TAINT_KEY]
-        removed = True
+    if change.add_readiness_taint and (written := taint.with_readiness_taint(taints)) is not None:
+        spec["taints"], added = written, True
+    elif change.remove_readiness_taint and (written := taint.without_readiness_taint(taints)) is not None:
+        spec["taints"], removed = written, True
     annotations = {k: v for k, v in annotations.items() if current_ann.get(k) != v}
     labels = {k: v for k, v in labels.items() if current_lab.get(k) != v}
     if not annotations and not labels and not spec:

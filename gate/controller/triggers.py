@@ -13,7 +13,7 @@ Three kinds of keys:
 * `NodeKey(gate, node)`: one step of that node's state machine (`gate.lifecycle.machine`).
 * `JoinKey(gate, node)`: a node that joined after the gate, which may need the readiness taint now.
 * `TaintKey(node)`: a node with the readiness taint, which must lose it once no readinessTaint gate
-  selects it (`gate.lifecycle.fleet.orphan_taint`).
+  selects it (`gate.lifecycle.taint.orphan_taint`).
 * `PolicyKey(policy)`: a DeploymentPolicy's own status (accepted, the gates that use it).
 * `HistoryKey(gate)`: record the gate's current spec as its newest ControllerRevision
   (`gate.controller.history`).
@@ -28,6 +28,7 @@ from typing import Any, Literal
 from gate.api import keys
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner, stage_pod_ended
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
+from gate.lifecycle import taint
 from gate.lifecycle.fleet import Replan
 
 Obj = dict[str, Any]
@@ -127,7 +128,7 @@ def on_gate(obj: Obj, seen_before: GateSeen | None, nodes: Iterable[Obj], polici
                 if annotation in (n["metadata"].get("annotations") or {})]
     # Its selector, readinessTaint, deletion or disabling may leave a tainted node with no gate to lift
     # the taint: every tainted node is looked at (few, and the look is cheap).
-    now += [TaintKey(n["metadata"]["name"]) for n in nodes if has_readiness_taint(n)]
+    now += [TaintKey(n["metadata"]["name"]) for n in nodes if taint.has_readiness_taint(taint.node_taints(n))]
     if kind != "DELETED" and not seen[1] and (seen_before is None or seen[0] != seen_before[0]):
         now.append(HistoryKey(name))  # a spec write (or the first look): the history may need a revision
     return Triggered(now=tuple(now))
@@ -151,14 +152,15 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     A node joining after a readinessTaint gate may need the taint (the webhook may have missed it):
     it is tainted at once, without waiting for a plan of the whole fleet, to leave the scheduler as
     little time as possible, and the gate is planned now. The nodes of the initial list, older than
-    the gate, are left to the plan (`gate.lifecycle.fleet.taint_reason` decides).
+    the gate, are left to the plan (`gate.lifecycle.taint.taint_reason` decides).
 
     `in_round`: the gates whose state on the node says a round is in progress, when the caller has
     parsed the states already (the operator has, for its plans); otherwise read off the annotations."""
     node = obj["metadata"]["name"]
     annotations = obj["metadata"].get("annotations") or {}
     # A tainted node relabelled out of its gates, or ignored, must lose the taint: looked at each time.
-    now: list[WorkKey] = [TaintKey(node)] if kind != "DELETED" and has_readiness_taint(obj) else []
+    tainted = kind != "DELETED" and taint.has_readiness_taint(taint.node_taints(obj))
+    now: list[WorkKey] = [TaintKey(node)] if tainted else []
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
@@ -223,10 +225,6 @@ def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
     return None
 
 
-def has_readiness_taint(node: Obj) -> bool:
-    return any(t.get("key") == keys.READINESS_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or ())
-
-
 def joined_after(node: Obj, gate: Obj) -> bool:
     node_created, gate_created = created_at(node), created_at(gate)
     return node_created is not None and gate_created is not None and node_created > gate_created
@@ -234,6 +232,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
-    "has_readiness_taint", "joined_after",
+    "joined_after",
     "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
 ]

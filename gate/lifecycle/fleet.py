@@ -8,7 +8,7 @@ this module turns that into node updates and the gate's status.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -23,6 +23,7 @@ from gate.lifecycle.condition import NodeCondition, blocked_condition
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.lifecycle.rollback import plan_rollbacks, rollback_message
+from gate.lifecycle.taint import passed, taint_reason
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
 from gate.rollout.history import Revision
 from gate.rollout.snapshot import memo_match
@@ -112,53 +113,6 @@ def disabled(gate: NodeGate) -> bool:
 
 def selects(gate: NodeGate, node: NodeView) -> bool:
     return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(node.labels)
-
-
-def readiness_clear(gate_name: str, node: FleetNode, gates: Iterable[NodeGate]) -> bool:
-    """Every *other* readinessTaint gate that selects the node is complete on it."""
-    for other in gates:
-        if other.name == gate_name or not other.spec.readiness_taint or not node.selected_by(other):
-            continue
-        if not passed(node.states.get(other.name)):
-            return False
-    return True
-
-
-def orphan_taint(node: FleetNode, gates: Iterable[NodeGate]) -> str | None:
-    """Why the readiness taint must come off a node that no readinessTaint gate selects any longer, or
-    None (no taint, or a gate still holds the node back). `gates`: the live, enabled gates
-    (`World.all_gates`): a deleted or disabled gate holds no node back.
-
-    The taint says "a NodeGate has work to finish here before workloads may come"; with no gate to
-    finish it, nobody else may lift it (only the operator or a holder of `bypass` may), so a node
-    relabelled out of its gate, ignored, or left by an edited, disabled or deleted gate would keep it
-    for ever."""
-    if not node.view.has_readiness_taint:
-        return None
-    if any(g.spec.readiness_taint and node.selected_by(g) for g in gates):
-        return None
-    if node.ignored and any(g.spec.readiness_taint and node.matches(g) for g in gates):
-        return f"the node is ignored ({keys.IGNORE_LABEL}=true), so no readinessTaint NodeGate holds it back"
-    return "no readinessTaint NodeGate selects the node any longer"
-
-
-def passed(state: NodeGateState | StateParseError | None) -> bool:
-    """The node completed the gate once (it may be in a later round now: an upgrade, a reset)."""
-    return isinstance(state, NodeGateState) and (state.status == "complete" or state.passed)
-
-
-def taint_reason(gate: NodeGate, node: FleetNode, state: NodeGateState | None, effective: NodeGateState | None,
-                 gate_created: datetime | None) -> str | None:
-    """Why a node the gate selects must get the readiness taint back, or None: it joined after the gate
-    (the webhook may have missed it) or rebooted, and has not passed the gate yet. A node that passed
-    once keeps serving through later rounds (an upgrade, a config change, a reset)."""
-    if not gate.spec.readiness_taint or node.view.has_readiness_taint or passed(state) or passed(effective):
-        return None
-    if gate_created is not None and node.created is not None and node.created > gate_created:
-        return "joined without it"
-    if effective is not None and effective.boot_id and effective.boot_id != node.view.boot_id:
-        return "rebooted before completing"
-    return None
 
 
 # Seconds after writing a roll-back record before the plan that lets its nodes go back (`gate.lifecycle.rollback`).

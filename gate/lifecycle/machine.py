@@ -47,6 +47,7 @@ from gate.api.state import (
     rollout_hash,
     spec_hash,
 )
+from gate.lifecycle import taint
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.interrupts import merge
@@ -147,10 +148,6 @@ class NodeView:
     @property
     def cordoned_by(self) -> str | None:
         return self.annotations.get(keys.CORDONED_BY)
-
-    @property
-    def has_readiness_taint(self) -> bool:
-        return any(k == keys.READINESS_TAINT_KEY for k, _ in self.taints)
 
 
 @dataclass(frozen=True)
@@ -882,7 +879,7 @@ def _finish(r: _Round) -> None:
     else:
         _complete_round(r)
     change = r.decision.node
-    if ctx.node.has_readiness_taint and ctx.readiness_clear and ctx.gate.spec.readiness_taint:
+    if taint.lifts(ctx.gate, ctx.node.taints, ctx.readiness_clear):
         change.remove_readiness_taint = True
         r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
     if ctx.health is None:
@@ -1030,7 +1027,7 @@ def decide_removal(ctx: NodeContext) -> Decision:
         change.clear_cordoned_by = True
         if ctx.node.unschedulable:
             change.unschedulable = False
-    if ctx.node.has_readiness_taint and gate.spec.readiness_taint and ctx.readiness_clear:
+    if taint.lifts(gate, ctx.node.taints, ctx.readiness_clear):
         change.remove_readiness_taint = True
     r.event("node", "Normal", "Released", f"NodeGate {gate.name} was deleted; its keys were removed from the node")
     return r.decision

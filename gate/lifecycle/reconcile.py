@@ -53,12 +53,13 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
 from gate.lifecycle.condition import NodeCondition, failure_condition
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, readiness_clear, selects
+from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, selects
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, timestamp
 from gate.lifecycle.images import records_wire
 from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
+from gate.lifecycle.taint import lifts, readiness_clear
 from gate.rollout.history import Revision
 
 Obj = dict[str, Any]
@@ -215,8 +216,7 @@ def plan_release(gate: NodeGate, fleet: Iterable[FleetNode], gates: Collection[N
     requests = (keys.reset_annotation(gate.name), keys.rerun_annotation(gate.name))
     for node in fleet:
         view = node.view
-        taint = (gate.spec.readiness_taint and view.has_readiness_taint and selects(gate, view)
-                 and readiness_clear(gate.name, node, gates))
+        taint = selects(gate, view) and lifts(gate, view.taints, readiness_clear(gate.name, node, gates))
         if keys.status_label(gate.name) in view.labels or any(r in view.annotations for r in requests) or taint:
             update = NodeUpdate(remove_state=True)
             if taint:
@@ -241,7 +241,7 @@ def plan_disabled(gate: NodeGate, fleet: Sequence[FleetNode], *, status: Obj, ga
     updates: dict[str, NodeUpdate] = {}
     if gate.spec.readiness_taint:
         for node in fleet:
-            if node.view.has_readiness_taint and selects(gate, node.view) and readiness_clear(gate.name, node, gates):
+            if selects(gate, node.view) and lifts(gate, node.view.taints, readiness_clear(gate.name, node, gates)):
                 update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
                                                          f"NodeGate {gate.name} is disabled; no other gate holds "
                                                          "the node back")])

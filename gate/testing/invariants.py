@@ -88,6 +88,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, ROUND_ANNOTATION, STEPS_ANNOTATION
 from gate.kube.objects import container_statuses, pod_outcome
+from gate.lifecycle import taint
 from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, compartments_of
 
 Obj = dict[str, Any]
@@ -249,7 +250,7 @@ class NodeFacts:
         return cls(
             name=meta["name"], labels=dict(meta.get("labels") or {}), annotations=annotations,
             unschedulable=bool(spec.get("unschedulable")),
-            tainted=any(t.get("key") == keys.READINESS_TAINT_KEY for t in spec.get("taints") or []),
+            tainted=taint.has_readiness_taint(spec.get("taints") or []),
             states=states, rv=resource_version(obj),
         )
 

@@ -13,6 +13,7 @@ from gate.admission.rules import connect, defaults, images, inputs, kubelet_labe
 from gate.admission.rules.facts import Facts, Lookups
 from gate.admission.rules.review import ALLOW, AccessCheck, AdmissionRequest, Verdict, Violation
 from gate.api.keys import BYPASS_VERB, GROUP, NODEGATE_PLURAL, PACKAGES_RESOURCE, READINESS_TAINT_KEY, USE_VERB
+from gate.lifecycle import taint
 
 Kind = Literal["NodeGate", "DeploymentPolicy", "Node", "PodConnect"]
 Webhook = Literal["validate", "mutate"]
@@ -237,13 +238,8 @@ def _validate_node(req: AdmissionRequest, facts: Facts) -> Verdict:
                                        name="", denied=denied),))
 
 
-def _taints(node: dict[str, Any]) -> object:
-    spec = node.get("spec")
-    return spec.get("taints") if isinstance(spec, dict) else None
-
-
 def _removes_readiness_taint(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    return defaults.has_readiness_taint(_taints(old)) and not defaults.has_readiness_taint(_taints(new))
+    return taint.has_readiness_taint(taint.node_taints(old)) and not taint.has_readiness_taint(taint.node_taints(new))
 
 
 # -- mutation --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Mutation: defaults for both kinds, and the readiness taint on nodes that join.
+"""Mutation: defaults for both kinds, and the readiness taint on nodes that join (`gate.lifecycle.taint`).
 
 Patches are minimal RFC 6902: only `add` operations for what is missing, so applying the mutation to
 an already mutated object yields an empty patch (the API server may call a webhook twice when another
@@ -14,9 +14,9 @@ from typing import Any
 from gate.admission.rules import syntax
 from gate.admission.rules.facts import ReadinessGate
 from gate.admission.rules.review import JsonPatch
-from gate.api.keys import IGNORE_LABEL, READINESS_TAINT_EFFECT, READINESS_TAINT_KEY
 from gate.api.nodegate import NodeGateSpec
 from gate.api.policy import CompartmentDefault, ExponentialStrategy, FixedStrategy, LinearStrategy, default_strategy
+from gate.lifecycle import taint
 
 NODEGATE_DEFAULTS: dict[str, Any] = {
     "priority": NodeGateSpec.model_fields["priority"].default,
@@ -29,7 +29,6 @@ STRATEGY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_STRATEGY: dict[str, Any] = default_strategy().to_wire()
 DEFAULT_COMPARTMENT: dict[str, Any] = CompartmentDefault().to_wire()
-READINESS_TAINT: dict[str, str] = {"key": READINESS_TAINT_KEY, "effect": READINESS_TAINT_EFFECT}
 
 
 def pointer(*parts: str | int) -> str:
@@ -91,31 +90,7 @@ def _strategy_defaults(holder: dict[str, Any], path: tuple[str | int, ...], patc
 
 
 def node_taint(node: dict[str, Any], gates: Sequence[ReadinessGate]) -> JsonPatch:
-    """Taint a joining node that a readinessTaint gate selects, unless it has the taint already.
-
-    The node's own `nodegate.io/ignore` label counts for nothing here: a node cannot opt itself out by
-    registering with it. Only a holder of `bypass` may set it (the node-keys policy refuses anyone
-    else's CREATE with it); such a node is tainted like any other, and the operator lifts the taint
-    within seconds, since no gate selects an ignored node (`gate.lifecycle.fleet.orphan_taint`).
-    Failing closed costs an opted-out node a few seconds; failing open let any node skip every gate."""
-    meta = node.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    labels = {str(k): str(v) for k, v in labels.items() if k != IGNORE_LABEL} if isinstance(labels, dict) else {}
-    if not any(syntax.selector_matches(g.node_selector, labels) for g in gates):
-        return []
-    spec = node.get("spec")
-    if not isinstance(spec, dict):
-        return [{"op": "add", "path": "/spec", "value": {"taints": [dict(READINESS_TAINT)]}}]
-    taints = spec.get("taints")
-    if not isinstance(taints, list):
-        return [{"op": "add", "path": "/spec/taints", "value": [dict(READINESS_TAINT)]}]
-    if has_readiness_taint(taints):
-        return []
-    return [{"op": "add", "path": "/spec/taints/-", "value": dict(READINESS_TAINT)}]
-
-
-def has_readiness_taint(taints: object) -> bool:
-    return isinstance(taints, list) and any(
-        isinstance(t, dict) and t.get("key") == READINESS_TAINT_KEY and t.get("effect") == READINESS_TAINT_EFFECT
-        for t in taints
-    )
+    """The readiness taint on a joining node that a readinessTaint gate selects (`gate.lifecycle.taint`
+    decides and builds the patch; the gates' raw selectors are matched here)."""
+    return taint.join_patch(node, lambda labels: any(syntax.selector_matches(g.node_selector, dict(labels))
+                                                     for g in gates))

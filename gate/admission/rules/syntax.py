@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from gate.admission.rules.review import Violation
+from gate.api.common import selector_holds
 from gate.api.versions import Predicate as Predicate  # re-exported: the rules read versions through syntax
 from gate.api.versions import parse_constraint as parse_constraint
 from gate.api.versions import parse_version as parse_version
@@ -110,17 +111,8 @@ def selector_matches(raw: object, labels: dict[str, str]) -> bool:
         return True
     if not isinstance(raw, dict) or selector_violations(raw, ""):
         return False
-    for key, value in (raw.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for req in raw.get("matchExpressions") or []:
-        key, op, values = req["key"], req["operator"], req.get("values") or []
-        present = key in labels
-        if (op == "In" and not (present and labels[key] in values)) \
-                or (op == "NotIn" and present and labels[key] in values) \
-                or (op == "Exists" and not present) or (op == "DoesNotExist" and present):
-            return False
-    return True
+    expressions = ((r["key"], r["operator"], r.get("values") or []) for r in raw.get("matchExpressions") or [])
+    return selector_holds(raw.get("matchLabels") or {}, expressions, labels)
 
 
 def selector_canonical(raw: dict[str, Any]) -> tuple[object, ...]:

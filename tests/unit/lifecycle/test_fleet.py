@@ -9,7 +9,8 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Failure, Installed, NodeGateState, StateParseError, rollout_hash, spec_hash
-from gate.lifecycle.fleet import FleetNode, GatePlan, orphan_taint, plan_gate, replan
+from gate.lifecycle.fleet import FleetNode, GatePlan, plan_gate, replan
+from gate.lifecycle.taint import orphan_taint
 from gate.lifecycle.work import constraint_error, constraint_satisfied, package_work
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, started
 

@@ -11,6 +11,7 @@ import pytest
 from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
+from gate.lifecycle import taint
 from gate.lifecycle.machine import (
     Decision,
     NodeContext,
@@ -359,7 +360,7 @@ def test_readiness_taint_is_lifted_only_when_every_readiness_gate_is_done() -> N
     g = gate({"k": PKG}, readinessTaint=True)
     tainted = node(taints=((keys.READINESS_TAINT_KEY, "NoSchedule"),))
     state, _, view = run_until_quiet(g, started(g), n=tainted)
-    assert state.status == "complete" and not view.has_readiness_taint
+    assert state.status == "complete" and not taint.has_readiness_taint(view.taints)
     final = started(g).model_copy(update={"phase": "finish"})
     d = decide(ctx(g, final, n=tainted, readiness_clear=False))
     assert d.state is not None and d.state.status == "complete" and not d.node.remove_readiness_taint
