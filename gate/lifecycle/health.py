@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
-from gate.api.common import Condition
+from gate.api.common import Condition, Obj
 from gate.api.nodegate import CompartmentStatus, NodeCounts
 from gate.api.policy import DeploymentPolicyStatus
 
@@ -67,13 +67,27 @@ def timestamp(now: datetime) -> str:
 
 def condition(type_: str, status: Literal["True", "False"], reason: str, message: str,
               previous: Sequence[Condition], now: datetime, generation: int) -> Condition:
-    """A condition that keeps its lastTransitionTime while its status stays the same."""
+    """A condition that keeps its lastTransitionTime while its status stays the same. The one builder of
+    gate and policy conditions (`previous_conditions` reads them from a status as sent); a node's own
+    conditions follow the same rule in `gate.lifecycle.condition.condition_patch`."""
     since = timestamp(now)
     for old in previous:
         if old.type == type_ and old.status == status:
             since = old.last_transition_time or since
     return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
                      observed_generation=generation)
+
+
+def previous_conditions(status: Obj) -> list[Condition]:
+    """The conditions of a status as the API server sent it, for `condition` to keep their times; an
+    entry that does not parse (a hand edit through the status subresource) counts as absent."""
+    out = []
+    for raw in status.get("conditions") or []:
+        try:
+            out.append(Condition.model_validate(raw))
+        except ValueError:
+            continue
+    return out
 
 
 def rollout_verdict(gate: str, counts: NodeCounts, compartments: Sequence[CompartmentStatus],

@@ -45,7 +45,7 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from gate.api import keys
 from gate.api.common import parse_time
@@ -54,7 +54,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
 from gate.lifecycle.condition import NodeCondition, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, selects
-from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, timestamp
+from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, previous_conditions
 from gate.lifecycle.images import records_wire
 from gate.lifecycle.machine import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
@@ -247,19 +247,16 @@ def plan_disabled(gate: NodeGate, fleet: Sequence[FleetNode], *, status: Obj, ga
                                                          "the node back")])
                 update.change.remove_readiness_taint = True
                 updates[node.view.name] = update
-    stamp = timestamp(now)
     generation = gate.metadata.generation or 0
     wanted = dict(status)
-    previous = {c.get("type"): c for c in status.get("conditions") or []}
+    previous = previous_conditions(status)
     conditions = [c for c in status.get("conditions") or []
                   if c.get("type") not in ("Disabled", "Progressing", *KSTATUS_TYPES)]
-    for type_, value, reason, message in (
+    disabled: tuple[tuple[str, Literal["True", "False"], str, str], ...] = (
             ("Disabled", "True", "Disabled", f"annotation {keys.DISABLED_ANNOTATION}=true: the gate does nothing"),
-            ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts")):
-        old = previous.get(type_) or {}
-        since = old.get("lastTransitionTime") if old.get("status") == value else stamp
-        conditions.append({"type": type_, "status": value, "reason": reason, "message": message,
-                           "lastTransitionTime": since or stamp, "observedGeneration": generation})
+            ("Progressing", "False", "Disabled", "The gate is disabled: no new work starts"))
+    for type_, value, reason, message in disabled:
+        conditions.append(condition(type_, value, reason, message, previous, now, generation).to_wire())
     wanted.update({"conditions": conditions, "status": "Disabled", "observedGeneration": generation})
     return ReconcilePlan(gate=gate.name, updates=updates, status=status_patch(status, wanted))
 
@@ -267,13 +264,12 @@ def plan_disabled(gate: NodeGate, fleet: Sequence[FleetNode], *, status: Obj, ga
 def plan_problem(gate: NodeGate, *, status: Obj, reason: str, message: str, now: datetime) -> ReconcilePlan:
     """A gate that cannot go on until a person fixes what `message` names (its DeploymentPolicy is
     missing or invalid): Degraded, and Stalled for kstatus, with a Warning Event saying why."""
-    stamp = timestamp(now)
     generation = gate.metadata.generation or 0
     wanted = dict(status)
+    previous = previous_conditions(status)
     conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Degraded", *KSTATUS_TYPES)]
-    for type_ in ("Degraded", STALLED):
-        conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
-                           "lastTransitionTime": stamp, "observedGeneration": generation})
+    for type_ in ("Degraded", STALLED):  # since the problem began: the time holds while the status does
+        conditions.append(condition(type_, "True", reason, message, previous, now, generation).to_wire())
     wanted.update({"conditions": conditions, "status": "Degraded", "observedGeneration": generation})
     return ReconcilePlan(gate=gate.name, status=status_patch(status, wanted),
                          events=[EventRequest("gate", "Warning", reason, message)])

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gate.api import keys
-from gate.api.common import Condition
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, rollout_hash
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, fresh_rollout, gate_status, resumed_gate, rollout_events
-from gate.lifecycle.health import RECONCILING, STALLED, Verdict, with_verdict
+from gate.lifecycle.health import RECONCILING, STALLED, Verdict, condition, with_verdict
 from gate.lifecycle.machine import EventRequest
 from gate.rollout import GateProgress, NodeSnapshot, Start, plan
 
@@ -188,9 +187,7 @@ def _status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentSt
         reason = "Removing"
         message = (f"{counts.complete} of {counts.matched} nodes uninstalled, {counts.in_progress} in progress, "
                    f"{waiting} waiting; then every node is released and the gate goes")
-    deleting = Condition(type="Deleting", status="True", reason=reason, message=message,
-                         observed_generation=gate.metadata.generation or 0,
-                         last_transition_time=_since(previous, now))
+    deleting = condition("Deleting", "True", reason, message, previous, now, gate.metadata.generation or 0)
     conditions = [c for c in base.conditions if c.type != "Deleting"] + [deleting]
     # The removal's own kstatus verdict: what blocks it for good needs a person (Stalled); the rest
     # is uninstalls running or waiting, a pause included (Reconciling). Nothing left: neither.
@@ -201,8 +198,3 @@ def _status(gate: NodeGate, counts: NodeCounts, compartments: list[CompartmentSt
     return base.model_copy(update={"conditions": conditions, "status": "Deleting"}), events
 
 
-def _since(previous: Sequence[Condition], now: datetime) -> str:
-    for old in previous:
-        if old.type == "Deleting" and old.status == "True" and old.last_transition_time:
-            return old.last_transition_time
-    return now.isoformat(timespec="seconds").replace("+00:00", "Z")

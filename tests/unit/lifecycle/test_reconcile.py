@@ -236,6 +236,16 @@ def test_a_missing_policy_makes_the_gate_degraded_and_stalled() -> None:
     assert [(e.type, e.reason, e.message) for e in plan.events] == [
         ("Warning", "PolicyNotFound", "DeploymentPolicy p does not exist")]
     assert plan.updates == {}
+    # The problem holds an hour later: the conditions keep their time, so only the Event is planned again.
+    later = plan_problem(g, status=plan.status, reason="PolicyNotFound", message="DeploymentPolicy p does not exist",
+                         now=NOW + timedelta(hours=1))
+    assert later.status is None and [e.reason for e in later.events] == ["PolicyNotFound"]
+    # Another problem, the gate still Degraded: the new message is written, and the time is still the first one.
+    other = plan_problem(g, status=plan.status, reason="PolicyInvalid", message="DeploymentPolicy p is invalid",
+                         now=NOW + timedelta(hours=2))
+    assert other.status is not None
+    assert [(c["type"], c["reason"], c["lastTransitionTime"]) for c in other.status["conditions"][-2:]] == [
+        (t, "PolicyInvalid", by_type[t]["lastTransitionTime"]) for t in ("Degraded", "Stalled")]
 
 
 # The removal.
