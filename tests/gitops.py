@@ -18,14 +18,14 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from gate.api.common import Obj
 
 REPO = Path(__file__).resolve().parent.parent
 ARGOCD = REPO / "charts" / "nodegate" / "docs" / "argocd"
 RECORD_ENV = "NODEGATE_RECORD_GITOPS"
-Obj = dict[str, Any]
 
 
 def script_dir(kind: str) -> Path:

@@ -36,12 +36,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from bench.fuzz.strategies import json_paths, json_values, slot, text
+from gate.api.common import Obj
 from gate.api.crd import all_crds
 from gate.devcluster.cluster import DevCluster, NodeSpec
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
 from gate.kube.errors import ApiError, NotFound
 
-Obj = dict[str, Any]
 FUZZ_LABEL = "nodegate.dev/fuzz"
 
 

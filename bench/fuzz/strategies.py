@@ -15,7 +15,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-Obj = dict[str, Any]
+from gate.api.common import Obj
+
 TAINT = {"key": "nodegate.io/runtime-required", "effect": "NoSchedule"}
 
 

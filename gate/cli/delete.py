@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
+from gate.api.common import Obj
 from gate.cli.kubectx import connect
 from gate.cli.snapshot import get_gate
 from gate.cli.targets import changed
 from gate.kube.client import NODEGATES
-
-Obj = dict[str, Any]
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gate.api import keys
+from gate.api.common import Obj
 
 if TYPE_CHECKING:
     from gate.cli.stagepods import StepState
     from gate.kube.client import KubeClient, Resource
 
 HOST_LOG_DIR = "/var/log/nodegate"
-Obj = dict[str, Any]
 
 
 async def _items(client: KubeClient, res: Resource, namespace: str | None = None,

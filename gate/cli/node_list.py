@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.cli.kubectx import connect
 from gate.cli.output import print_data, table
 from gate.cli.report import Snapshot
 from gate.cli.snapshot import fetch_snapshot, reports_of
-
-Obj = dict[str, Any]
 
 
 def cmd_node_list(args: argparse.Namespace) -> int:

@@ -10,17 +10,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.cli.errors import CliError
 from gate.cli.kubectx import connect
 from gate.cli.snapshot import get_gate
 from gate.cli.targets import changed
 from gate.kube.client import NODEGATES, POLICIES
 from gate.kube.errors import NotFound
-
-Obj = dict[str, Any]
 
 
 def cmd_pause(args: argparse.Namespace) -> int:

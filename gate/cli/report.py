@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
+from gate.api.common import Obj
 from gate.api.nodegate import CompartmentStatus, ImageRecord, NodeGate
 from gate.api.policy import DEFAULT_COMPARTMENT, DeploymentPolicy
 from gate.api.state import Failure, NodeGateState, StateParseError, failure_message
@@ -28,7 +29,6 @@ from gate.lifecycle.fleet import FleetNode, plan_gate
 from gate.lifecycle.soak import soak_left
 from gate.rollout import PolicyMismatch, Wait
 
-Obj = dict[str, Any]
 NodeState = Literal["complete", "in-progress", "failed", "waiting", "blocked", "starting"]
 
 # How a phase of a round reads in one line.

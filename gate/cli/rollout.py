@@ -18,9 +18,8 @@ import argparse
 import asyncio
 from typing import Any
 
+from gate.api.common import Obj
 from gate.cli.errors import CliError
-
-Obj = dict[str, Any]
 
 
 def cmd_history(args: argparse.Namespace) -> int:

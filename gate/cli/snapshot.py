@@ -11,20 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import ValidationError
 
 from gate.api import keys
-from gate.api.common import LabelSelector
+from gate.api.common import LabelSelector, Obj
 from gate.cli import stagepods
 from gate.cli.errors import CliError
 from gate.cli.kubectx import missing_api
 from gate.cli.report import GateReport, Snapshot, build_reports
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
 from gate.kube.errors import Forbidden, NotFound
-
-Obj = dict[str, Any]
 
 
 async def _items(client: KubeClient, res: Resource, namespace: str | None = None,

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, container_name, pod_steps
 from gate.kube.objects import container_states, pod_ended
 from gate.lifecycle.machine import Step
 
-Obj = dict[str, Any]
 StepPhase = Literal["pending", "running", "succeeded", "failed"]
 
 # The operator's stage pods in its namespace: managed by NodeGate and of a stage kind.

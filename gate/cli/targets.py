@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
+from gate.api.common import Obj
 from gate.cli.errors import CliError
 from gate.kube.client import NODES, KubeClient
 from gate.kube.errors import ApiError, NotFound
 
-Obj = dict[str, Any]
 DRY_RUN_NOTE = " (server dry run: nothing was changed)"
 CONCURRENT_WRITES = 16
 

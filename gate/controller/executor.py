@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState, PodRecord
 from gate.controller.events import EventRecorder
@@ -69,7 +70,6 @@ from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
 
 log = logging.getLogger("nodegate.operator")
 
-Obj = dict[str, Any]
 
 # Refusals that asking again cannot change: not found (404: the object went, the next look decides
 # anew), conflicts (409: decided again on the fresh copy), throttling and PodDisruptionBudgets (429),

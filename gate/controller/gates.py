@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
 from gate.api import keys
-from gate.api.common import Condition
+from gate.api.common import Condition, Obj
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.controller.endpoints import EndpointBook
@@ -51,8 +51,6 @@ from gate.lifecycle.reconcile import (
 from gate.lifecycle.rollback import rollback_targets
 
 log = logging.getLogger("nodegate.operator")
-
-Obj = dict[str, Any]
 
 
 class GateReconciler:

@@ -19,9 +19,9 @@ or renumber it, delete the oldest beyond `OperatorSettings.revision_history_limi
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import rollout_hash
 from gate.controller.pods import GATE_NAME_ANNOTATION, owner_reference
@@ -44,8 +44,6 @@ from gate.rollout.history import (
 )
 
 log = logging.getLogger("nodegate.operator")
-
-Obj = dict[str, Any]
 
 
 def revision_object(gate: NodeGate, number: int, sig: str, namespace: str) -> Obj:

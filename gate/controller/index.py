@@ -9,11 +9,9 @@ holds names only, and the cache holds the objects.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
+from gate.api.common import Obj
 from gate.controller.triggers import stage_owner
-
-Obj = dict[str, Any]
 
 
 class StageIndex:

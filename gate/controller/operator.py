@@ -24,10 +24,10 @@ import asyncio
 import gc
 import logging
 import time
-from typing import Any
 
 from gate import __version__
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.records import unsigned
 from gate.api.state import StateParseError, load_state
 from gate.controller import signing, triggers
@@ -56,8 +56,6 @@ from gate.lifecycle import taint
 from gate.lifecycle.machine import Timing
 
 log = logging.getLogger("nodegate.operator")
-
-Obj = dict[str, Any]
 
 
 class Operator:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.lifecycle import taint
 from gate.lifecycle.fleet import NodeUpdate
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

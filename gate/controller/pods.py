@@ -37,10 +37,9 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from gate.api import keys
-from gate.api.common import parse_duration
+from gate.api.common import Obj, parse_duration
 from gate.api.digests import text_config_digest
 from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
@@ -53,8 +52,6 @@ from gate.kube.objects import container_states, container_statuses, created_at, 
 from gate.lifecycle.images import PodImage, pod_images
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
-
-Obj = dict[str, Any]
 
 PAYLOAD_DIR = "/nodegate-payload"
 CONFIG_DIR = "/nodegate-config"

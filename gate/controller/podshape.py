@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from gate.api import keys
-
-Obj = dict[str, Any]
+from gate.api.common import Obj
 
 SHAPE_FIELD = f"{keys.GROUP}/shape"
 """Where the operator's pod cache keeps a pod's shape digest (`gate.controller.pods.stage_pod_fields`),

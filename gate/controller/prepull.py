@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
@@ -46,8 +45,6 @@ from gate.lifecycle.prepull import (
 )
 
 log = logging.getLogger("nodegate.operator")
-
-Obj = dict[str, Any]
 
 
 class Prepuller:

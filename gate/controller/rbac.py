@@ -11,12 +11,11 @@ No wildcard verbs or resources. Every rule says why it exists.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.events import CLUSTER_EVENTS_NAMESPACE
-
-Obj = dict[str, Any]
 
 OPERATOR_SERVICE_ACCOUNT = "nodegate-operator"
 PACKAGE_SERVICE_ACCOUNT = "nodegate-package"

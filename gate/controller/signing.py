@@ -23,9 +23,9 @@ import logging
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.records import Binding, KeyRing, KeyRingError, refusal, sign
 from gate.api.state import NodeGateState
@@ -34,7 +34,6 @@ from gate.kube.errors import Conflict, NotFound
 
 log = logging.getLogger("nodegate.operator")
 
-Obj = dict[str, Any]
 
 ADOPT_ANNOTATION = f"{keys.GROUP}/adopt-records"
 """On the key Secret: "pending" until the leader has signed the records an older operator left."""

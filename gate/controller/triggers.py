@@ -26,12 +26,12 @@ from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner, stage_pod_ended
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 from gate.lifecycle import taint
 from gate.lifecycle.fleet import Replan
 
-Obj = dict[str, Any]
 EventKind = Literal["ADDED", "MODIFIED", "DELETED"] | str
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.records import Refusal, record_digest, unsigned
 from gate.api.state import NodeGateState, StateParseError, load_state
 from gate.kube.cache import slim
@@ -13,9 +14,6 @@ from gate.kube.objects import node_ready, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
 from gate.lifecycle.machine import NodeView, PodView
-
-Obj = dict[str, Any]
-
 
 _SIGNAL_FIELDS = frozenset({"type", "status", "reason", "message", "lastTransitionTime"})
 

@@ -21,14 +21,11 @@ deleted still does until it is gone (its job may still be running its shutdown).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
 
 from gate.api import keys
-from gate.api.common import LabelSelector
+from gate.api.common import LabelSelector, Obj
 from gate.kube.cache import slim
 from gate.rollout.snapshot import memo_match
-
-Obj = dict[str, Any]
 
 
 def workload_fields(pod: Obj) -> Obj:

@@ -27,10 +27,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
+from gate.api.common import Obj
 from gate.devcluster import build
 from gate.devcluster.processes import ClusterError, Process, ProcessTable, free_port, http_ok, tail
 from gate.kube.client import KubeClient, Resource
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from gate.devcluster.cluster import DevCluster
 
 Progress = Callable[[str], None]
-Obj = dict[str, Any]
 
 COMPONENT = "cert-manager"
 CONTROLLER = "cert-manager-controller"
@@ -127,8 +127,6 @@ def stop(procs: ProcessTable) -> None:
     """Stop the controller and the cainjector (the CRDs stay)."""
     for name in PROCESSES:
         procs.stop(name)
-
-
 
 
 # -- the dev cluster's webhook with certificates from cert-manager (`nodegate demo --cert-manager`) ----

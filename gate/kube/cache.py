@@ -19,7 +19,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from gate.kube.client import KubeClient, Obj, Resource
+from gate.api.common import Obj
+from gate.kube.client import KubeClient, Resource
 from gate.kube.errors import ApiError, ConnectionFailed, Gone
 
 log = logging.getLogger(__name__)

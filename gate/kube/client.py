@@ -21,11 +21,11 @@ from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
+from gate.api.common import Obj
 from gate.kube import config as kubeconfig
 from gate.kube.errors import ApiError, ConnectionFailed, Gone, api_error
 from gate.kube.fence import Fence
 
-Obj = dict[str, Any]
 PatchType = Literal["merge", "json", "strategic", "apply"]
 
 _PATCH_CONTENT = {

@@ -21,7 +21,8 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from gate.kube.client import LEASES, KubeClient, Obj
+from gate.api.common import Obj
+from gate.kube.client import LEASES, KubeClient
 from gate.kube.errors import ApiError, ConnectionFailed
 from gate.kube.fence import Fence, LeaseTiming
 

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Literal
 
-from gate.api.common import parse_time
+from gate.api.common import Obj, parse_time
 from gate.api.state import StateParseError, load_state
 
-Obj = dict[str, Any]
 Outcome = Literal["succeeded", "failed"]
-
-
 
 
 def conditions(obj: Obj) -> dict[str, Obj]:

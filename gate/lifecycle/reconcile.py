@@ -45,10 +45,10 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from gate.api import keys
-from gate.api.common import parse_time
+from gate.api.common import Obj, parse_time
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, StateParseError
@@ -61,8 +61,6 @@ from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
 from gate.lifecycle.taint import lifts, readiness_clear
 from gate.rollout.history import Revision
-
-Obj = dict[str, Any]
 
 # The `state` label of nodegate_nodes, and the field of status.nodes it counts.
 NODE_STATES = (("complete", "complete"), ("in-progress", "inProgress"), ("failed", "failed"),

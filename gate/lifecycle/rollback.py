@@ -37,15 +37,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
+from gate.api.common import Obj
 from gate.api.nodegate import CompartmentRollback, CompartmentStatus, NodeGate, NodeGateSpec
 from gate.api.state import NodeGateState, Rollback, rollout_hash
 from gate.lifecycle.machine import EventRequest, start_round
 from gate.rollout import Plan, order_key
 from gate.rollout.history import Revision
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,12 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.records import KeyRing
 from gate.api.state import NOT_ROLLOUT_FIELDS, rollout_hash
-
-Obj = dict[str, Any]
 
 SIGNATURE_ANNOTATION = "nodegate.io/revision-sig"
 """On a ControllerRevision the operator wrote: `<key id>:<hex HMAC>` (`sign_revision`)."""

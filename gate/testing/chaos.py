@@ -43,9 +43,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.devcluster.cluster import DevCluster, NodeSpec
 from gate.devcluster.services import python_env, start_operator
 from gate.kube.cache import WatchCache
@@ -53,7 +54,6 @@ from gate.kube.client import NAMESPACES, NODEGATES, NODES, PODS, POLICIES, KubeC
 from gate.kube.errors import ApiError, ConnectionFailed, NotFound
 from gate.testing.watcher import InvariantWatcher, WatchReport
 
-Obj = dict[str, Any]
 Progress = Callable[[str], None]
 T = TypeVar("T")
 

@@ -77,11 +77,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.facts import FACTS_ANNOTATION
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
@@ -91,7 +92,6 @@ from gate.kube.objects import container_statuses, pod_outcome
 from gate.lifecycle import taint
 from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, compartments_of
 
-Obj = dict[str, Any]
 Resource = Literal["nodes", "pods", "nodegates", "deploymentpolicies"]
 ViolationKind = Literal["over-ceiling", "uncordoned-during-stage", "interrupt-uncordoned", "taint-lifted-early",
                         "duplicate-stage", "left-cordoned", "left-tainted"]

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import IO
 
 from gate.api import keys
-from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Obj, Resource
+from gate.api.common import Obj
+from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
 from gate.kube.errors import ApiError, ConnectionFailed, Gone
 from gate.testing.invariants import (
     Blind,

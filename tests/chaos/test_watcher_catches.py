@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import Interrupt, NodeGate
 from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
@@ -29,7 +30,6 @@ from gate.testing.invariants import Violation
 from gate.testing.watcher import InvariantWatcher
 from tests.conftest import unique
 
-Obj = dict[str, Any]
 NAMESPACE = "nodegate-system"
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 TAINT = {"key": keys.READINESS_TAINT_KEY, "effect": keys.READINESS_TAINT_EFFECT}

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from gate.api.common import Obj
 from gate.cli.manifests import CHART, documents, helm_path, kube_version, render
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CHART_DIR = REPO / CHART
-Obj = dict[str, Any]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

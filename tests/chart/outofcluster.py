@@ -23,9 +23,10 @@ from typing import Any
 
 import yaml
 
+from gate.api.common import Obj
 from gate.devcluster.cluster import DevCluster, Process, free_port
 from gate.devcluster.services import python_env, service_account_kubeconfig, wait_ready
-from tests.chart.conftest import CHART_DIR, Obj, helm
+from tests.chart.conftest import CHART_DIR, helm
 
 RELEASE_KIND_ORDER = ("CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                       "Role", "RoleBinding", "Service", "Deployment", "PodDisruptionBudget",

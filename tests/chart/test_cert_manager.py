@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from gate.api.common import Obj
 from gate.devcluster import certmanager
 from gate.devcluster.cluster import DevCluster, free_port
 from gate.kube.client import (
@@ -50,7 +51,6 @@ from gate.kube.client import (
     Resource,
 )
 from gate.kube.errors import ApiError, NotFound
-from tests.chart.conftest import Obj
 from tests.chart.outofcluster import Release, install, run_deployment, token_kubeconfig, uninstall, wait_for, wait_https
 from tests.conftest import unique
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
@@ -17,7 +18,7 @@ from gate.devcluster.cluster import DevCluster
 from gate.kube.client import NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
 from gate.kube.errors import ApiError
 from gate.lifecycle.machine import PodRequest, Step
-from tests.chart.conftest import Obj, find, rendered
+from tests.chart.conftest import find, rendered
 from tests.conftest import unique
 
 # bench/README.md, bench.rollout with 3 packages per node

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import yaml
 
-from tests.chart.conftest import REPO, Obj, find, rendered
+from gate.api.common import Obj
+from tests.chart.conftest import REPO, find, rendered
 
 
 def _policy(values: Obj, namespace: str = "nodegate-system") -> tuple[Obj, Obj]:

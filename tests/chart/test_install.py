@@ -20,6 +20,7 @@ from datetime import datetime
 
 import pytest
 
+from gate.api.common import Obj
 from gate.cli.manifests import remove_webhook_configurations
 from gate.controller import rbac
 from gate.devcluster.cluster import DevCluster, NodeSpec, free_port
@@ -39,7 +40,6 @@ from gate.kube.client import (
     resource_for,
 )
 from gate.kube.errors import NotFound
-from tests.chart.conftest import Obj
 from tests.chart.outofcluster import (
     Release,
     install,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gate.admission.node_keys import node_keys_policy
-from tests.chart.conftest import Obj, find, rendered
+from gate.api.common import Obj
+from tests.chart.conftest import find, rendered
 
 
 @pytest.mark.parametrize(("values", "namespace", "prefix", "operator"), [

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gate.api.common import Obj
 from gate.devcluster import registry
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import DEPLOYMENTS, KubeClient, resource_for
-from tests.chart.conftest import CHART_DIR, Obj, helm, rendered
+from tests.chart.conftest import CHART_DIR, helm, rendered
 from tests.chart.outofcluster import (
     DEV_CLUSTER_TOLERATIONS,
     Release,

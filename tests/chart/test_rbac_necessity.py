@@ -28,6 +28,7 @@ import pytest
 from gate.admission.authz import review_body
 from gate.admission.notices import event_of
 from gate.admission.rules.review import AccessCheck, Notice, UserInfo, Violation
+from gate.api.common import Obj
 from gate.controller import rbac
 from gate.kube.client import (
     CONFIGMAPS,
@@ -52,7 +53,6 @@ from gate.kube.client import (
 from gate.kube.errors import ApiError
 from tests.conftest import unique
 
-Obj = dict[str, Any]
 Call = Callable[["Identities"], Awaitable[Any]]
 MISSING = "nodegate-rbac-probe-missing"
 

@@ -25,11 +25,12 @@ from gate.admission.rules import syntax
 from gate.admission.rules.images import ImagePolicy, image_violations, prefix_problem
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
+from gate.api.common import Obj
 from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
 from gate.controller.endpoints import parse_endpoints
 from gate.controller.settings import OperatorSettings
-from tests.chart.conftest import CHART_DIR, REPO, Obj, env_of, find, lint, rendered, rendered_text
+from tests.chart.conftest import CHART_DIR, REPO, env_of, find, lint, rendered, rendered_text
 
 CERT_MANAGER: Obj = {"certManager": {"enabled": True}}
 NAMED_ISSUER: Obj = {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}

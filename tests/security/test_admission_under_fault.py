@@ -26,11 +26,11 @@ import urllib.error
 import urllib.request
 import warnings
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.stages import default_stages
 from gate.kube.cache import WatchCache
@@ -47,7 +47,6 @@ PKG = {"version": "1.0.0", "image": "registry.example.com/runtime"}
 # NODEGATE_TEST_KUBELET_READY_SECONDS=0 python3.11 -m pytest tests/security -k joining -s
 KUBELET_READY_SECONDS = float(os.environ.get("NODEGATE_TEST_KUBELET_READY_SECONDS", "2.0"))
 NOT_READY = "node.kubernetes.io/not-ready"
-Obj = dict[str, Any]
 
 
 def _has_taint(node: Obj, key: str) -> bool:

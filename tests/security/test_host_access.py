@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.api.common import Obj
 from tests.conftest import REPO, Kubectl, unique
 from tests.integration.operator.conftest import Scenario, StepLog
 
@@ -28,7 +29,6 @@ JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
 POLICY_FILE = REPO / "operator" / "host-access-policy.yaml"
 REFUSED_HERE = "is reserved to the NodeGate operator's stage pods"
 REFUSED_ELSEWHERE = "runs package pods with host access only in namespace nodegate-system"
-Obj = dict[str, Any]
 
 TOLERATE_ALL = [{"operator": "Exists"}]
 

@@ -22,13 +22,13 @@ import pytest
 import yaml
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.state import NodeGateState
 from gate.kube.client import CLUSTERROLEBINDINGS, CLUSTERROLES, EVENTS, NODES, SERVICEACCOUNTS, KubeClient
 from tests.conftest import Kubectl, unique
 from tests.integration.conftest import TAINT, Webhook, plain_node, readiness_holder
 from tests.integration.operator.conftest import Scenario, StepLog, wait_for
 
-Obj = dict[str, Any]
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg", "interrupt": {"type": "reboot"}}
 NODE_RIGHTS = [{"apiGroups": [""], "resources": ["nodes", "nodes/status"],
                 "verbs": ["get", "list", "watch", "create", "patch", "update"]}]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.state import load_state
 from gate.controller.pods import GATE_NAME_ANNOTATION, pod_steps
 from gate.devcluster.cluster import DevCluster
@@ -26,7 +26,6 @@ from tests.conftest import Kubectl, unique
 from tests.integration.operator.conftest import NAMESPACE, Scenario, StepLog, wait_for
 from tests.security.helpers import operator_metrics, samples
 
-Obj = dict[str, Any]
 PKG = {"version": "1.0.0", "image": "registry.example.com/cve-fix"}
 RUNS = "test.nodegate.io/kwok-runs"  # a planted pod that kwok runs to the end like a stage pod
 
@@ -171,7 +170,6 @@ async def test_a_renumbered_controller_revision_is_not_counted(kube: KubeClient,
     await wait_for(rewritten, what="the renumbered revision written anew")
     again = await kube.get(CONTROLLER_REVISIONS, first["metadata"]["name"], NAMESPACE)
     assert again["revision"] == 4 and again["metadata"]["annotations"][GATE_NAME_ANNOTATION] == scenario.name
-
 
 
 async def test_the_operators_own_manifest_as_the_api_server_stores_it_is_adopted(

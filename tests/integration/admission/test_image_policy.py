@@ -14,12 +14,12 @@ import base64
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import yaml
 
 from gate.admission.configuration import webhook_configurations
+from gate.api.common import Obj
 from gate.certs.rotation import TRUST_BUNDLE
 from gate.devcluster.cluster import DevCluster, free_port
 from gate.devcluster.services import python_env
@@ -31,7 +31,6 @@ DIGEST = "sha256:" + "5e" * 32
 LABEL = "nodegate.dev/image-policy-test"
 ALLOWED = ("registry.example.com/approved", "ghcr.io/acme")
 VAP_EXAMPLE = REPO / "examples" / "policy" / "image-policy-vap.yaml"
-Obj = dict[str, Any]
 
 
 def gate_yaml(name: str, packages: dict[str, str], *, label: str | None, version: str = "1.0.0",

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import rollout_hash
 from gate.controller.settings import OperatorSettings
@@ -17,7 +18,6 @@ from gate.rollout.history import SIGNATURE_ANNOTATION, history_selector
 from tests.integration.cli.conftest import Cli
 from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
 
-Obj = dict[str, Any]
 FORGED_SIG = "20200101T000000Z:" + "0" * 64
 
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.pods import container_name, pod_steps
 from gate.devcluster.cluster import DevCluster, NodeSpec, node_manifest
 from gate.devcluster.services import start_operator
@@ -26,7 +27,6 @@ from gate.kube.client import KWOK_STAGES, NODEGATES, NODES, PODS, KubeClient
 from gate.kube.errors import NotFound
 from tests.processes import HANG_GUARD
 
-Obj = dict[str, Any]
 NAMESPACE = "nodegate-system"
 # Fast settings for simulated nodes: their stages take half a second.
 OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seconds", "1", "--renew-deadline", "4",

@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.devcluster.stages import failing_stage, slow_stage
 from gate.kube.client import POLICIES
 from tests.gitops import Health, argocd_health, kstatus, record
 from tests.integration.operator.conftest import Scenario, wait_for
 
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
-Obj = dict[str, Any]
 
 
 def _conditions(obj: Obj) -> dict[str, Obj]:

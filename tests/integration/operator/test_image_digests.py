@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.controller.images import ImageResolver
 from gate.controller.metrics import OperatorMetrics
@@ -37,7 +38,6 @@ from tests.conftest import unique
 from tests.integration.operator.conftest import NAMESPACE, OPERATOR_FLAGS, Scenario, wait_for
 from tests.unit.controller.test_registry_client import DIGEST, Registry, serve
 
-Obj = dict[str, Any]
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 

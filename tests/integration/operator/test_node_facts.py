@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from gate.api.common import Obj
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
 from gate.controller.pods import FACTS_DIR, FACTS_FILE
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS
 from gate.rollout import order_key
 from tests.integration.operator.conftest import NAMESPACE, Scenario
-
-Obj = dict[str, Any]
 
 
 async def test_each_stage_pod_carries_its_nodes_labels_annotations_and_batch(scenario: Scenario) -> None:

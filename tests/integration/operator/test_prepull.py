@@ -12,11 +12,11 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.pods import prepull_owner
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
@@ -27,8 +27,6 @@ from tests.integration.operator.test_safety import _PULL_ERROR
 PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
 DRAIN = {**PKG, "interrupt": {"type": "service", "services": ["svc"]}}
 LIMIT = 2  # conftest.OPERATOR_FLAGS --prepull-concurrency
-
-Obj = dict[str, Any]
 
 
 @dataclass

@@ -15,11 +15,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.kube.client import CONFIGMAPS, NODES, PODS, VALIDATING_POLICIES, VALIDATING_POLICY_BINDINGS, KubeClient
 from gate.kube.errors import ApiError
 from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
 
-Obj = dict[str, Any]
 DRAIN = {"type": "drain"}  # cordon and drain, restart nothing: no interrupt pod, no reboot to simulate
 
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.state import Failure, NodeGateState
 
-Obj = dict[str, Any]
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday
 PKG = {"version": "1.0.0", "image": "example.com/pkg"}
 

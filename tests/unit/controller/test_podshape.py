@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
 from gate.controller.podshape import shape_differences, shape_digest
 from tests.unit.controller.test_pods import SETTINGS, gate, request
-
-Obj = dict[str, Any]
 
 
 def built() -> Obj:

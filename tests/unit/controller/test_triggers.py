@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.state import NodeGateState
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, STEPS_ANNOTATION
 from gate.controller.triggers import (
@@ -22,8 +23,6 @@ from gate.controller.triggers import (
     on_pod,
     on_policy,
 )
-
-Obj = dict[str, Any]
 
 
 def gate(name: str, *, generation: int = 1, created: str = "2026-12-01T10:00:00Z", **spec: Any) -> Obj:

@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.testing.invariants import Change, Event, Relist
 
-Obj = dict[str, Any]
 NAMESPACE = "nodegate-system"
 
 

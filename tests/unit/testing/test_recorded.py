@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.testing.invariants import Change, Event, InvariantChecker, Relist, Violation, load_event
 
 DATA = Path(__file__).parent / "data"
-Obj = dict[str, Any]
 
 
 def recording(name: str) -> list[Event]:
