@@ -219,8 +219,8 @@ class PolicyReconciler:
         self.endpoints = endpoints or EndpointBook()
 
     async def reconcile(self, key: PolicyKey) -> None:
-        name = key.policy
         """A DeploymentPolicy's status: which spec the operator read, whether it can use it, who uses it."""
+        name = key.policy
         obj = self.world.policies.get(name)
         if obj is None:
             return

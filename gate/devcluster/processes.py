@@ -80,6 +80,14 @@ class ProcessTable:
     def ports(self) -> dict[str, int]:
         return json.loads(self._ports_file.read_text()) if self._ports_file.exists() else {}
 
+    def running_port(self, name: str, answers: Callable[[int], bool]) -> int | None:
+        """The port of the table's process `name` when it runs and `answers` on its port, else None."""
+        proc = self.all().get(name)
+        port = self.ports().get(name)
+        if proc is None or port is None or not proc.alive():
+            return None
+        return port if answers(port) else None
+
     def set_port(self, name: str, port: int) -> None:
         ports = self.ports()
         ports[name] = port

@@ -85,11 +85,7 @@ def ready(port: int) -> bool:
 
 def running_port(procs: ProcessTable) -> int | None:
     """The port of the table's Prometheus when it runs and is ready, else None."""
-    proc = procs.all().get(PROCESS)
-    port = procs.ports().get(PROCESS)
-    if proc is None or port is None or not proc.alive():
-        return None
-    return port if ready(port) else None
+    return procs.running_port(PROCESS, ready)
 
 
 def start_prometheus(procs: ProcessTable, targets: Sequence[str], *,

@@ -88,11 +88,7 @@ def _v2_ok(port: int) -> bool:
 
 def running_port(procs: ProcessTable) -> int | None:
     """The port of this cluster's registry when it runs and answers `GET /v2/`, else None."""
-    proc = procs.all().get(PROCESS)
-    port = procs.ports().get(PROCESS)
-    if proc is None or port is None or not proc.alive():
-        return None
-    return port if _v2_ok(port) else None
+    return procs.running_port(PROCESS, _v2_ok)
 
 
 def start_registry(procs: ProcessTable, progress: Progress = print, *, timeout: float = 30.0) -> int:
