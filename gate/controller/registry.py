@@ -39,7 +39,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import ipaddress
 import json
 import re
 from collections.abc import Collection, Mapping
@@ -53,6 +52,7 @@ from gate.api.references import DOCKER_HUB, registry_of_host, split_name
 from gate.controller.egress import (
     EgressRefused,
     GuardedResolver,
+    loopback_host,
     realm_refusal,
     redirect_refusal,
     same_host,
@@ -104,15 +104,10 @@ class Target:
 
 
 def loopback(host: str) -> bool:
-    """The host (with an optional port) is this machine: localhost or a loopback address."""
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
-    name = name.strip("[]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    """The host (with an optional port) is this machine, by the rule the egress guard applies to plain
+    http (`gate.controller.egress.loopback_host`): the registry is spoken to over http exactly where the
+    guard allows it."""
+    return loopback_host(host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host)
 
 
 _PATH = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*)*$")
