@@ -77,6 +77,20 @@ def blocked_condition(gate: str, node: str, state: NodeGateState | StateParseErr
     return None
 
 
+def timestamp(now: datetime) -> str:
+    """A time as conditions and NodeGate's records write it (RFC 3339, seconds, `Z`)."""
+    return now.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def transition_time(before: tuple[str, str | None] | None, status: str, now: datetime) -> str:
+    """The lastTransitionTime of a condition whose status is `status` now, for every condition NodeGate
+    writes (a gate's, a policy's, a node's): the time it has while its status holds, else now.
+    `before`: the condition as read, (status, lastTransitionTime); None: it was not there."""
+    if before is not None and before[0] == status and before[1]:
+        return before[1]
+    return timestamp(now)
+
+
 def condition_patch(current: NodeCondition | None, wanted: NodeCondition | None, kind: str,
                     now: datetime) -> dict[str, Any] | None:
     """The strategic merge patch of the Node's status that turns `current` into `wanted` (None: no
@@ -85,9 +99,8 @@ def condition_patch(current: NodeCondition | None, wanted: NodeCondition | None,
         return None
     if wanted is None:
         return {"status": {"conditions": [{"type": kind, "$patch": "delete"}]}}
-    stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
     entry: dict[str, Any] = {"type": wanted.type, "status": wanted.status, "reason": wanted.reason,
-                             "message": wanted.message, "lastHeartbeatTime": stamp}
-    if current is None or current.status != wanted.status:
-        entry["lastTransitionTime"] = stamp
+                             "message": wanted.message, "lastHeartbeatTime": timestamp(now)}
+    if current is None or current.status != wanted.status:  # else the merge keeps the one the node has
+        entry["lastTransitionTime"] = transition_time(None, wanted.status, now)
     return {"status": {"conditions": [entry]}}

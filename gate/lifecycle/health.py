@@ -45,6 +45,8 @@ from typing import Final, Literal
 from gate.api.common import Condition, Obj
 from gate.api.nodegate import CompartmentStatus, NodeCounts
 from gate.api.policy import DeploymentPolicyStatus
+from gate.lifecycle.condition import timestamp as timestamp
+from gate.lifecycle.condition import transition_time
 
 KstatusType = Literal["Reconciling", "Stalled"]
 RECONCILING: Final[KstatusType] = "Reconciling"
@@ -61,19 +63,14 @@ class Verdict:
     message: str
 
 
-def timestamp(now: datetime) -> str:
-    return now.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def condition(type_: str, status: Literal["True", "False"], reason: str, message: str,
               previous: Sequence[Condition], now: datetime, generation: int) -> Condition:
     """A condition that keeps its lastTransitionTime while its status stays the same. The one builder of
     gate and policy conditions (`previous_conditions` reads them from a status as sent); a node's own
-    conditions follow the same rule in `gate.lifecycle.condition.condition_patch`."""
-    since = timestamp(now)
-    for old in previous:
-        if old.type == type_ and old.status == status:
-            since = old.last_transition_time or since
+    conditions keep theirs in `gate.lifecycle.condition.condition_patch`; both by `transition_time`."""
+    before = next(((old.status, old.last_transition_time) for old in reversed(previous)
+                   if old.type == type_ and old.status == status and old.last_transition_time), None)
+    since = transition_time(before, status, now)
     return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since,
                      observed_generation=generation)
 
