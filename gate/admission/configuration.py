@@ -31,7 +31,7 @@ import base64
 from typing import Any, Literal
 
 from gate.admission.rules.connect import CONNECT_SUBRESOURCES, POD_NAME_PREFIX
-from gate.api.keys import GROUP, NODEGATE_PLURAL, POLICY_PLURAL, READINESS_TAINT_KEY, VERSION
+from gate.api.keys import GROUP, NODEGATE_PLURAL, POLICY_PLURAL, READINESS_TAINT_EFFECT, READINESS_TAINT_KEY, VERSION
 
 Mode = Literal["service", "url"]
 FailurePolicy = Literal["Fail", "Ignore"]
@@ -39,7 +39,7 @@ DEFAULT_NAME = "nodegate"
 VALIDATE_PATH = "/validate"
 MUTATE_PATH = "/mutate"
 
-_TAINT = f"t.key == '{READINESS_TAINT_KEY}' && t.effect == 'NoSchedule'"
+_TAINT = f"t.key == '{READINESS_TAINT_KEY}' && t.effect == '{READINESS_TAINT_EFFECT}'"
 
 
 def _ca(ca_bundle: bytes | str | None) -> dict[str, str]:
