@@ -128,7 +128,7 @@ class Operator:
             for policy in world.policies.items():
                 world.queue.add(PolicyKey(policy["metadata"]["name"]))
             for node in world.nodes.items():  # with no gate at all, no gate event looks at the taints
-                if triggers.has_readiness_taint(node):
+                if triggers.needs_taint_look(node):
                     world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))

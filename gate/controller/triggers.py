@@ -158,7 +158,8 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     node = obj["metadata"]["name"]
     annotations = obj["metadata"].get("annotations") or {}
     # A tainted node relabelled out of its gates, or ignored, must lose the taint: looked at each time.
-    now: list[WorkKey] = [TaintKey(node)] if kind != "DELETED" and has_readiness_taint(obj) else []
+    # So must a node held for hand-off that someone uncordoned lose its mark (`gate.lifecycle.handoff`).
+    now: list[WorkKey] = [TaintKey(node)] if kind != "DELETED" and needs_taint_look(obj) else []
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
@@ -227,6 +228,14 @@ def has_readiness_taint(node: Obj) -> bool:
     return any(t.get("key") == keys.READINESS_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or ())
 
 
+def needs_taint_look(node: Obj) -> bool:
+    """The node's taint or hand-off mark may have to go: the readiness taint, or a schedulable node
+    still marked `held-by`."""
+    annotations = node["metadata"].get("annotations") or {}
+    released = keys.HELD_BY in annotations and not (node.get("spec") or {}).get("unschedulable")
+    return released or has_readiness_taint(node)
+
+
 def joined_after(node: Obj, gate: Obj) -> bool:
     node_created, gate_created = created_at(node), created_at(gate)
     return node_created is not None and gate_created is not None and node_created > gate_created
@@ -234,6 +243,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
-    "has_readiness_taint", "joined_after",
+    "has_readiness_taint", "joined_after", "needs_taint_look",
     "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
 ]
