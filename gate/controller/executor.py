@@ -182,6 +182,12 @@ class Executor:
         if patch is not None:
             await self._patch_condition(view.name, patch)
 
+    async def write_hand_off_condition(self, view: NodeView, wanted: NodeCondition | None) -> None:
+        kind = keys.HAND_OFF_CONDITION
+        patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))
+        if patch is not None:
+            await self._patch_condition(view.name, patch)
+
     async def _patch_condition(self, node: str, patch: Obj) -> None:
         try:
             # Strategic merge on the status subresource: only this entry of the list (merged by type)

@@ -35,7 +35,7 @@ from gate.lifecycle.fleet import (
     selects,
     taint_reason,
 )
-from gate.lifecycle.handoff import release_noticed
+from gate.lifecycle.handoff import hold_condition, release_noticed
 from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal, fail_round
 from gate.lifecycle.rollback import rolled_back, target_gate
 from gate.lifecycle.soak import health_of
@@ -172,6 +172,7 @@ class TaintReconciler:
         if node_obj is None:
             return
         view = node_view(node_obj)
+        await self.executor.write_hand_off_condition(view, hold_condition(view.annotations, view.unschedulable))
         if release_noticed(view.annotations, view.unschedulable):
             await self.executor.release_hand_off(node_obj)
             return  # the write's own event brings the node back for its taint

@@ -229,11 +229,12 @@ def has_readiness_taint(node: Obj) -> bool:
 
 
 def needs_taint_look(node: Obj) -> bool:
-    """The node's taint or hand-off mark may have to go: the readiness taint, or a schedulable node
-    still marked `held-by`."""
+    """The node's taint or hand-off mark may have to go, or its hand-off condition change: the
+    readiness taint, a `held-by` mark (released, or its condition not written yet), or the condition."""
     annotations = node["metadata"].get("annotations") or {}
-    released = keys.HELD_BY in annotations and not (node.get("spec") or {}).get("unschedulable")
-    return released or has_readiness_taint(node)
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    told = any(c.get("type") == keys.HAND_OFF_CONDITION for c in conditions)
+    return keys.HELD_BY in annotations or told or has_readiness_taint(node)
 
 
 def joined_after(node: Obj, gate: Obj) -> bool:

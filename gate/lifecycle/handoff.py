@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gate.api import keys
+from gate.lifecycle.condition import NodeCondition
 
 
 def hold_wanted(annotations: Mapping[str, str], asked_by: str | None) -> str | None:
@@ -35,3 +36,14 @@ def held(annotations: Mapping[str, str], unschedulable: bool) -> str | None:
 def release_noticed(annotations: Mapping[str, str], unschedulable: bool) -> bool:
     """Someone uncordoned a held node: its mark must go, and the release be recorded for good."""
     return keys.HELD_BY in annotations and not unschedulable
+
+
+def hold_condition(annotations: Mapping[str, str], unschedulable: bool) -> NodeCondition | None:
+    """The Node condition `nodegate.io/held-for-hand-off` while the node is held, None otherwise, so
+    that `kubectl describe node` and tools that watch node conditions say why the node takes no pods."""
+    gate = held(annotations, unschedulable)
+    if gate is None:
+        return None
+    return NodeCondition(keys.HAND_OFF_CONDITION, "True", "HeldForHandOff",
+                         f"NodeGate {gate} left the node cordoned for the validator that comes next "
+                         "(spec.leaveCordoned); `kubectl uncordon` (or `nodegate node release`) releases it for good")

@@ -1,0 +1,137 @@
+"""The onboarding hand-off (spec.leaveCordoned) on the real control plane, kwok nodes.
+
+A node joining a readinessTaint gate that asks for the hand-off ends untainted and cordoned, held for
+the validator that comes next; `kubectl uncordon` releases it for good. Not covered here: a real node
+that runs no workload pod until released (the real-node tier), and the operator killed between the
+taint's lift and the cordon, which cannot happen: both are one node write (tests/unit/lifecycle/test_handoff.py).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+from gate.api import keys
+from gate.devcluster.cluster import node_manifest
+from gate.kube.client import NODEGATES, NODES
+from tests.conftest import Kubectl
+from tests.integration.conftest import Webhook
+from tests.integration.operator.conftest import Scenario, StepLog, wait_for
+
+PKG = {"version": "1.0.0", "image": "registry.example.com/pkg"}
+TAINT = {"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}
+Obj = dict[str, Any]
+
+
+def _tainted(node: Obj) -> bool:
+    return any(t["key"] == keys.READINESS_TAINT_KEY for t in node["spec"].get("taints") or [])
+
+
+def _annotations(node: Obj) -> dict[str, str]:
+    return node["metadata"].get("annotations") or {}
+
+
+def _hand_off_condition(node: Obj) -> Obj | None:
+    return next((c for c in (node.get("status") or {}).get("conditions") or []
+                 if c["type"] == keys.HAND_OFF_CONDITION), None)
+
+
+async def join(sc: Scenario, name: str) -> str:
+    """A node joining now: the webhook gives it the readiness taint at creation."""
+    created = await sc.kube.create(NODES, node_manifest(name, {"test": sc.name}))
+    sc.nodes.append(name)
+    assert _tainted(created), "the mutating webhook did not taint the joining node"
+    return name
+
+
+async def wait_held(sc: Scenario, node: str, by: str) -> Obj:
+    async def held() -> bool:
+        obj = await sc.node(node)
+        return bool(obj["spec"].get("unschedulable")) and _hand_off_condition(obj) is not None
+    await wait_for(held, what=f"{node} held for hand-off")
+    obj = await sc.node(node)
+    assert not _tainted(obj) and _annotations(obj).get(keys.HELD_BY) == by, obj["metadata"]
+    assert keys.CORDONED_BY not in _annotations(obj), "the hold is not a round's cordon"
+    return obj
+
+
+async def assert_serving(sc: Scenario, node: str) -> None:
+    obj = await sc.node(node)
+    assert not obj["spec"].get("unschedulable"), f"{node} was held again: {_annotations(obj)}"
+    assert keys.HELD_BY not in _annotations(obj) and not _tainted(obj)
+
+
+async def test_a_joining_node_is_held_until_uncordoned_and_never_held_again(
+        scenario: Scenario, webhook: Webhook, kubectl: Kubectl, step_log: StepLog) -> None:
+    [existing] = await scenario.add_nodes(1)  # in service before the gate: never held
+    await scenario.apply_gate({"runtime": PKG}, readinessTaint=True, leaveCordoned=True)
+    await scenario.wait_ready()
+    node = await join(scenario, f"{scenario.name}-9")
+    await scenario.wait_node(node, "complete")
+    await wait_held(scenario, node, scenario.name)
+    await assert_serving(scenario, existing)
+    port = scenario.cluster.ports()["operator"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert f'nodegate_hand_off_holds_total{{gate="{scenario.name}"}} 1.0' in metrics
+
+    kubectl.run("uncordon", node)
+
+    async def released() -> bool:
+        obj = await scenario.node(node)
+        return (keys.HELD_BY not in _annotations(obj) and keys.HAND_OFF_RELEASED in _annotations(obj)
+                and _hand_off_condition(obj) is None)
+    await wait_for(released, what=f"{node}'s hold released")
+    await assert_serving(scenario, node)
+
+    # A config change: a round on every node, and the node keeps serving.
+    await scenario.apply_gate({"runtime": {**PKG, "config": {"a.conf": "2"}}}, readinessTaint=True,
+                              leaveCordoned=True)
+    await scenario.wait_ready()
+    for name in (node, existing):
+        await scenario.wait_node(name, "complete")
+        await assert_serving(scenario, name)
+
+    # A reset of the gate (what `nodegate reset GATE` writes): every node runs it again from scratch.
+    await scenario.patch_gate({"metadata": {"annotations": {keys.RESTART_ANNOTATION: "2026-12-05T11:30:00Z"}}})
+
+    async def restarted() -> bool:
+        return keys.RESTART_ANNOTATION not in ((await scenario.gate())["metadata"].get("annotations") or {})
+    await wait_for(restarted, what="the reset acted on")
+    await scenario.wait_ready()
+    await scenario.wait_node(node, "complete")
+    await assert_serving(scenario, node)
+
+    # Deleted and created again. The node gets the readiness taint back by hand (as a node that rebooted
+    # before completing would) while the new gate is paused: the new gate lifts it and must not hold it.
+    await scenario.delete_gate()
+    assert keys.HAND_OFF_RELEASED in _annotations(await scenario.node(node)), "the release did not outlive the gate"
+    await scenario.apply_gate({"runtime": PKG}, readinessTaint=True, leaveCordoned=True, paused=True)
+    await scenario.wait_condition("Paused")
+    await scenario.kube.patch(NODES, node, {"spec": {"taints": [TAINT]}}, patch_type="strategic")
+    assert _tainted(await scenario.node(node))
+    await scenario.patch_gate({"spec": {"paused": False}})
+    await scenario.wait_node(node, "complete")
+
+    async def lifted() -> bool:
+        return not _tainted(await scenario.node(node))
+    await wait_for(lifted, what="the readiness taint lifted by the new gate")
+    await assert_serving(scenario, node)
+
+
+async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_that_asks(
+        scenario: Scenario, webhook: Webhook) -> None:
+    asking = f"{scenario.name}-asks"
+    manifest = scenario.gate_manifest({"other": PKG}, readinessTaint=True, leaveCordoned=True, priority=300)
+    manifest["metadata"]["name"] = asking
+    await scenario.kube.apply(manifest, field_manager="test", force=True)
+    try:
+        await scenario.apply_gate({"runtime": PKG}, readinessTaint=True)  # asks for nothing
+        await scenario.wait_ready()
+        node = await join(scenario, f"{scenario.name}-9")
+        await scenario.wait_node(node, "complete")
+        obj = await wait_held(scenario, node, asking)
+        assert keys.status_label(asking) in obj["metadata"]["labels"]
+        assert obj["metadata"]["labels"][keys.status_label(asking)] == "complete", "held before both were done"
+    finally:
+        await scenario.kube.delete(NODEGATES, asking)
