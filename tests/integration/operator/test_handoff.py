@@ -8,7 +8,11 @@ taint's lift and the cordon, which cannot happen: both are one node write (tests
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import urllib.request
+from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 from gate.api import keys
@@ -92,11 +96,14 @@ async def test_a_joining_node_is_held_until_uncordoned_and_never_held_again(
         await scenario.wait_node(name, "complete")
         await assert_serving(scenario, name)
 
-    # A reset of the gate (what `nodegate reset GATE` writes): every node runs it again from scratch.
-    await scenario.patch_gate({"metadata": {"annotations": {keys.RESTART_ANNOTATION: "2026-12-05T11:30:00Z"}}})
+    # `nodegate reset GATE`: every node runs the gate again from scratch.
+    code, out = await nodegate(scenario, "reset", scenario.name, "--yes")
+    assert code == 0, out
 
     async def restarted() -> bool:
-        return keys.RESTART_ANNOTATION not in ((await scenario.gate())["metadata"].get("annotations") or {})
+        if keys.RESTART_ANNOTATION in ((await scenario.gate())["metadata"].get("annotations") or {}):
+            return False
+        return keys.reset_annotation(scenario.name) not in _annotations(await scenario.node(node))
     await wait_for(restarted, what="the reset acted on")
     await scenario.wait_ready()
     await scenario.wait_node(node, "complete")
@@ -119,7 +126,20 @@ async def test_a_joining_node_is_held_until_uncordoned_and_never_held_again(
     await assert_serving(scenario, node)
 
 
-async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_that_asks(
+async def nodegate(sc: Scenario, *argv: str) -> tuple[int, str]:
+    """The `nodegate` command (`gate.cli.main.main`, what the entry point calls): exit code, stdout and stderr."""
+    from gate.cli.main import main
+
+    def run() -> tuple[int, str]:
+        out = io.StringIO()
+        with redirect_stdout(out), redirect_stderr(out):
+            code = main([*argv, "--kubeconfig", str(sc.cluster.kubeconfig)])
+        return code, out.getvalue()
+
+    return await asyncio.to_thread(run)
+
+
+async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_that_asks_and_the_cli_shows_it(
         scenario: Scenario, webhook: Webhook) -> None:
     asking = f"{scenario.name}-asks"
     manifest = scenario.gate_manifest({"other": PKG}, readinessTaint=True, leaveCordoned=True, priority=300)
@@ -133,5 +153,21 @@ async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_t
         obj = await wait_held(scenario, node, asking)
         assert keys.status_label(asking) in obj["metadata"]["labels"]
         assert obj["metadata"]["labels"][keys.status_label(asking)] == "complete", "held before both were done"
+        # Where people look: `nodegate node list`, `nodegate status`, and `nodegate node release`.
+        code, out = await nodegate(scenario, "node", "list", "-o", "json")
+        assert code == 0, out
+        [row] = [r for r in json.loads(out)["items"] if r["node"] == node]
+        assert row["cordoned"] and row["heldForHandOffBy"] == asking
+        code, out = await nodegate(scenario, "status", asking)
+        assert code == 0 and "held for hand-off: 1 node(s)" in out and node in out, out
+        code, out = await nodegate(scenario, "node", "release", node)
+        assert code == 0 and "uncordoned" in out, out
+
+        async def released() -> bool:
+            return keys.HAND_OFF_RELEASED in _annotations(await scenario.node(node))
+        await wait_for(released, what=f"{node}'s release noticed")
+        await assert_serving(scenario, node)
+        code, out = await nodegate(scenario, "node", "release", node)
+        assert code == 2 and "not held for hand-off" not in out and "nothing to release" in out, out
     finally:
         await scenario.kube.delete(NODEGATES, asking)
