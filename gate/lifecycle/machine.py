@@ -908,6 +908,8 @@ def _hold(r: _Round) -> None:
     change.held_by = asker
     if ctx.node.cordoned_by == ctx.gate.name:
         change.clear_cordoned_by = True  # the round's own cordon becomes the hold
+    # The round's uncordon, decided before, does not happen: no Event may say it did.
+    r.decision.events = [e for e in r.decision.events if not (e.target == "node" and e.reason == "Uncordoned")]
     r.event("node", "Normal", "HeldForHandOff", f"NodeGate {asker} left the node cordoned for the validator "
             "that comes next (spec.leaveCordoned); `kubectl uncordon` releases it for good")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.devcluster.cluster import node_manifest
-from gate.kube.client import NODEGATES, NODES
+from gate.kube.client import EVENTS, NODEGATES, NODES
 from tests.conftest import Kubectl
 from tests.integration.conftest import Webhook
 from tests.integration.operator.conftest import Scenario, StepLog, wait_for
@@ -87,6 +87,11 @@ async def test_a_joining_node_is_held_until_uncordoned_and_never_held_again(
                 and _hand_off_condition(obj) is None)
     await wait_for(released, what=f"{node}'s hold released")
     await assert_serving(scenario, node)
+
+    async def both_told() -> bool:  # Events follow the writes they tell of
+        events, _ = await scenario.kube.list(EVENTS, "default", field_selector=f"regarding.name={node}")
+        return {"HeldForHandOff", "HandOffReleased"} <= {e["reason"] for e in events}
+    await wait_for(both_told, what=f"the HeldForHandOff and HandOffReleased Events of {node}")
 
     # A config change: a round on every node, and the node keeps serving.
     await scenario.apply_gate({"runtime": {**PKG, "config": {"a.conf": "2"}}}, readinessTaint=True,

@@ -29,9 +29,9 @@ def asking(name: str = "g") -> object:
     return decider
 
 
-def last_round(g: NodeGate, **kw: object) -> Decision:
+def last_round(g: NodeGate, *, cordoned: bool = False, **kw: object) -> Decision:
     """The decision that ends a round and lifts the taint of a joining node."""
-    final = started(g).model_copy(update={"phase": "finish"})
+    final = started(g).model_copy(update={"phase": "finish", "cordoned": cordoned})
     return decide(replace(ctx(g, final, n=node(taints=TAINT, **kw)), hold_asked_by="g"))
 
 
@@ -41,8 +41,10 @@ def test_the_taint_lift_and_the_cordon_are_one_node_patch() -> None:
     state, _, view = run_until_quiet(g, started(g), n=node(taints=TAINT), decider=asking())  # type: ignore[arg-type]
     assert state.status == "complete" and not view.has_readiness_taint
     assert view.unschedulable, "a joining node of a gate asking for the hand-off was let into service"
-    d = last_round(g, unschedulable=True, annotations={keys.CORDONED_BY: "g"})
+    d = last_round(g, cordoned=True, unschedulable=True, annotations={keys.CORDONED_BY: "g"})
     assert d.node.remove_readiness_taint and d.node.unschedulable is True and d.node.held_by == "g"
+    reasons = [e.reason for e in d.events]
+    assert "HeldForHandOff" in reasons and "Uncordoned" not in reasons, reasons
     obj = {"metadata": {"name": "n1", "resourceVersion": "7", "annotations": {keys.CORDONED_BY: "g"}},
            "spec": {"unschedulable": True, "taints": [{"key": keys.READINESS_TAINT_KEY, "effect": "NoSchedule"}]}}
     patch = node_patch("g", obj, NodeUpdate(state=d.state, change=d.node))
