@@ -9,6 +9,7 @@ taint's lift and the cordon, which cannot happen: both are one node write (tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import urllib.request
@@ -18,6 +19,7 @@ from typing import Any
 from gate.api import keys
 from gate.devcluster.cluster import node_manifest
 from gate.kube.client import EVENTS, NODEGATES, NODES
+from gate.kube.errors import NotFound
 from tests.conftest import Kubectl
 from tests.integration.conftest import Webhook
 from tests.integration.operator.conftest import Scenario, StepLog, wait_for
@@ -165,6 +167,19 @@ async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_t
         assert row["cordoned"] and row["heldForHandOffBy"] == asking
         code, out = await nodegate(scenario, "status", asking)
         assert code == 0 and "held for hand-off: 1 node(s)" in out and node in out, out
+
+        # The hold outlives the gate that asked, and a round with an interrupt of the other gate.
+        await scenario.delete_gate(asking)
+        await scenario.apply_gate({"runtime": {**PKG, "version": "1.1.0",
+                                               "interrupt": {"type": "service", "services": ["tuned"]}}},
+                                  readinessTaint=True)
+
+        async def upgraded() -> bool:
+            state = await scenario.state(node)
+            return state.get("status") == "complete" and state["installed"]["runtime"]["version"] == "1.1.0"
+        await wait_for(upgraded, what=f"{node} upgraded by a round with a service restart")
+        await wait_held(scenario, node, asking)
+
         code, out = await nodegate(scenario, "node", "release", node)
         assert code == 0 and "uncordoned" in out, out
 
@@ -175,4 +190,5 @@ async def test_two_gates_hold_a_joining_node_once_both_are_done_naming_the_one_t
         code, out = await nodegate(scenario, "node", "release", node)
         assert code == 2 and "not held for hand-off" not in out and "nothing to release" in out, out
     finally:
-        await scenario.kube.delete(NODEGATES, asking)
+        with contextlib.suppress(NotFound):
+            await scenario.kube.delete(NODEGATES, asking)
