@@ -6,7 +6,8 @@ select, and a forged `complete` state would mark a CVE fix done where it never r
 authorizer and NodeRestriction say what a kubelet may change on its own Node, this policy says who may
 change NodeGate's keys on any Node, in one place:
 
-* written by the operator alone: the `state.<gate>` annotations, `cordoned-by`, the `status.<gate>`
+* written by the operator alone: the `state.<gate>` annotations, `cordoned-by`, `held-by` and
+  `hand-off-released` (a hand-off hold, spec.leaveCordoned: `kubectl uncordon` ends it), the `status.<gate>`
   labels, the readiness taint (on UPDATE; a node may register with it, and the Node CREATE mutation
   adds it) and NodeGate's node conditions (`nodegate.io/...` types in `status.conditions`). Anyone
   else needs verb `bypass` on `nodegates.nodegate.io`, the right `docs/security.md` names for
@@ -82,7 +83,8 @@ def node_keys_policy(*, name: str, operator_username: str) -> tuple[dict[str, An
         ("conditionsChanged", f"{_ours('oldObject', 'status.conditions', 'c', condition)}"
                               f" != {_ours('object', 'status.conditions', 'c', condition)}"),
         ("operatorKeys",
-         f"variables.changedAnnotations.filter(k, k.startsWith('{_STATE}') || k == '{keys.CORDONED_BY}')"
+         f"variables.changedAnnotations.filter(k, k.startsWith('{_STATE}') || k == '{keys.CORDONED_BY}'"
+         f" || k == '{keys.HELD_BY}' || k == '{keys.HAND_OFF_RELEASED}')"
          f" + variables.changedLabels.filter(k, k.startsWith('{_STATUS}'))"
          f" + (variables.taintChanged ? ['taint {keys.READINESS_TAINT_KEY}'] : [])"
          f" + (variables.conditionsChanged ? ['node conditions {keys.CONDITION_PREFIX}*'] : [])"),

@@ -23,6 +23,12 @@ BYPASS_VERB: Final = "bypass"
 READINESS_TAINT_KEY: Final = f"{GROUP}/runtime-required"
 READINESS_TAINT_EFFECT: Final = "NoSchedule"
 CORDONED_BY: Final = f"{GROUP}/cordoned-by"
+# A node left cordoned for the validator that comes next (spec.leaveCordoned): `held-by` names the gate
+# that asked; once someone uncordons it, `hand-off-released` (when) says it is never held again.
+HELD_BY: Final = f"{GROUP}/held-by"
+HAND_OFF_RELEASED: Final = f"{GROUP}/hand-off-released"
+# The Node condition a held node carries while it waits for its validator (status True).
+HAND_OFF_CONDITION: Final = f"{GROUP}/held-for-hand-off"
 IGNORE_LABEL: Final = f"{GROUP}/ignore"
 FINALIZER: Final = f"{GROUP}/cleanup"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"

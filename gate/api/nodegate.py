@@ -275,6 +275,12 @@ NODEGATE_SPEC_RULES: list[JsonValue] = [
         "message": "set at most one of deploymentPolicy and interruptionBudget",
     },
     {
+        "rule": "!has(self.leaveCordoned) || !self.leaveCordoned || (has(self.readinessTaint) && self.readinessTaint)",
+        "message": "leaveCordoned holds a node that joined with the readiness taint, and this gate gives no node "
+                   "that taint: set readinessTaint: true too, or drop leaveCordoned",
+        "fieldPath": ".leaveCordoned",
+    },
+    {
         "rule": "!has(self.packages) || self.packages.all(k, k.matches('" + PACKAGE_NAME_PATTERN + "'))",
         "message": "package names must match " + PACKAGE_NAME_PATTERN,
         # The API server runs this rule before the validating webhook, so its message is the refusal a
@@ -303,6 +309,15 @@ class NodeGateSpec(Memoized):
         description=(
             "New matching nodes join with the taint nodegate.io/runtime-required:NoSchedule, lifted once "
             "every readinessTaint gate selecting the node is complete there."
+        ),
+    )
+    leave_cordoned: bool = Field(
+        default=False,
+        description=(
+            "Hand a joining node over to whatever validates it next: a node that joined with the readiness "
+            "taint is cordoned (annotation nodegate.io/held-by names the gate) in the same write that lifts "
+            "its taint, once every readinessTaint gate selecting it is complete there. A plain `kubectl "
+            "uncordon` releases it for good (annotation nodegate.io/hand-off-released). Needs readinessTaint."
         ),
     )
     priority: int = Field(default=200, ge=1, description="Lower runs first.")

@@ -1,7 +1,7 @@
 """`nodegate node list [--gate GATE]`: every node, or one gate's nodes with compartment, phase and failures.
 
 Computed from one snapshot (`gate.cli.snapshot`): without `--gate` a node's readiness, cordon (and by
-whom), opt-out and status per gate; with it the gate's report per node (`gate.cli.report`) next to
+whom, or held for hand-off), opt-out and status per gate; with it the gate's report per node (`gate.cli.report`) next to
 what its state annotation records. The other `node` commands, which write, are in `gate.cli.nodes`.
 """
 
@@ -17,6 +17,7 @@ from gate.cli.kubectx import connect
 from gate.cli.output import print_data, table
 from gate.cli.report import Snapshot
 from gate.cli.snapshot import fetch_snapshot, reports_of
+from gate.lifecycle.handoff import held as held_for_hand_off
 
 
 def cmd_node_list(args: argparse.Namespace) -> int:
@@ -49,14 +50,23 @@ def _all_nodes(snapshot: Snapshot) -> tuple[list[list[str]], list[Obj]]:
                     for c in (node.get("status") or {}).get("conditions") or [])
         cordoned = bool((node.get("spec") or {}).get("unschedulable"))
         by = annotations.get(keys.CORDONED_BY)
+        held = held_for_hand_off(annotations, cordoned)
         ignored = labels.get(keys.IGNORE_LABEL) == "true"
         gates = {g: ("unreadable" if isinstance(s, Exception) else s.status) for g, s in node_states(node).items()}
         rows.append([meta["name"], "yes" if ready else "no",
-                     (f"yes (by {by})" if by else "yes") if cordoned else "no", "yes" if ignored else "no",
+                     _cordon_cell(cordoned, by, held), "yes" if ignored else "no",
                      " ".join(f"{g}={s}" for g, s in sorted(gates.items())) or "-"])
         data.append({"node": meta["name"], "ready": ready, "cordoned": cordoned, "cordonedBy": by,
-                     "ignored": ignored, "gates": gates})
+                     "heldForHandOffBy": held, "ignored": ignored, "gates": gates})
     return rows, data
+
+
+def _cordon_cell(cordoned: bool, by: str | None, held: str | None) -> str:
+    if not cordoned:
+        return "no"
+    if held:
+        return f"yes (held for hand-off by {held})"
+    return f"yes (by {by})" if by else "yes"
 
 
 def _gate_nodes(snapshot: Snapshot, gate: str) -> tuple[list[list[str]], list[Obj]]:

@@ -1,8 +1,10 @@
-"""`nodegate node reset|ignore|unignore`: requests on one node, several, or every node a selector matches.
+"""`nodegate node reset|ignore|unignore|release`: requests on one node, several, or every node a selector matches.
 
 `node reset` leaves the annotation `nodegate.io/reset.<gate>` (the operator forgets what the gate
 installed there and runs it again from scratch, once a round running there ends); `node ignore`
 sets the label `nodegate.io/ignore=true` (every gate leaves the node alone), `unignore` removes it.
+`node release` uncordons a node held for hand-off (spec.leaveCordoned), exactly what `kubectl
+uncordon` does: the operator notices, removes its `held-by` mark and never holds the node again.
 Every node named must exist before anything is written; a node that already is as asked is named
 and left alone.
 """
@@ -95,8 +97,36 @@ async def _node_ignore(args: argparse.Namespace, *, ignore: bool) -> int:
     return 0
 
 
+def cmd_node_release(args: argparse.Namespace) -> int:
+    return asyncio.run(_node_release(args))
+
+
+async def _node_release(args: argparse.Namespace) -> int:
+    from gate.cli.errors import CliError
+    from gate.cli.kubectx import connect
+    from gate.cli.targets import changed, patch_nodes, select_nodes
+
+    async with connect(args) as client:
+        nodes = await select_nodes(client, args.nodes, args.selector)
+        holders = {n["metadata"]["name"]: (n["metadata"].get("annotations") or {}).get(keys.HELD_BY) for n in nodes}
+        todo = [n["metadata"]["name"] for n in nodes
+                if holders[n["metadata"]["name"]] and (n.get("spec") or {}).get("unschedulable")]
+        if not todo:
+            raise CliError("no node named is held for hand-off (cordoned with annotation "
+                           f"{keys.HELD_BY}); nothing to release. A node cordoned otherwise: kubectl uncordon")
+        # Only spec.unschedulable, as `kubectl uncordon` writes it: the mark is the operator's to remove.
+        await patch_nodes(client, {n: {"spec": {"unschedulable": False}} for n in todo}, dry_run=args.dry_run)
+    for name in sorted(set(holders) - set(todo)):
+        print(f"node/{name} is not held for hand-off; nothing changed.")
+    for name in todo:
+        changed(f"node/{name}: uncordoned. NodeGate {holders[name]} held it for hand-off; the operator removes "
+                f"its mark {keys.HELD_BY} and never holds the node again.", args.dry_run)
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add `reset`, `ignore` and `unignore` to the `node` group (gate.cli.fleet adds the group and `list`)."""
+    """Add `reset`, `ignore`, `unignore` and `release` to the `node` group (gate.cli.fleet adds the group
+    and `list`)."""
     from gate.cli.fleet import cluster_parents, subparsers_of
 
     node_sub = subparsers_of(sub.choices["node"])
@@ -113,3 +143,7 @@ def register(sub: Any) -> None:
     unignore = node_sub.add_parser("unignore", parents=[cluster, dry], help="opt nodes back in")
     add_node_arguments(unignore)
     unignore.set_defaults(func=cmd_node_unignore)
+    release = node_sub.add_parser("release", parents=[cluster, dry],
+                                  help="uncordon nodes held for hand-off (spec.leaveCordoned), as kubectl uncordon")
+    add_node_arguments(release)
+    release.set_defaults(func=cmd_node_release)

@@ -27,7 +27,6 @@ async def _plan(args: argparse.Namespace) -> int:
     from gate.api.policy import DeploymentPolicy
     from gate.api.state import NodeGateState
     from gate.controller.views import fleet_node
-    from gate.lifecycle.fleet import progress_of
     from gate.lifecycle.soak import soak_left
     from gate.rollout import NodeSnapshot, simulate
 
@@ -48,7 +47,7 @@ async def _plan(args: argparse.Namespace) -> int:
     for obj in snapshot.nodes:
         fnode = fleet_node(obj)
         nodes.append(NodeSnapshot(fnode.view.name, dict(fnode.view.labels),
-                                  {g: progress_of(s) for g, s in fnode.states.items()}))
+                                  dict(fnode.progresses)))  # as the operator reads them (a held node takes no budget)
         state = fnode.states.get(gate.name)
         if isinstance(state, NodeGateState) and state.status == "in-progress" and state.phase == "soak":
             left = soak_left(state.soak_until, now)

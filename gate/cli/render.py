@@ -265,7 +265,7 @@ def report_data(r: GateReport) -> dict[str, Any]:
     return {
         "name": r.name, "status": r.summary, "matched": r.matched, "complete": r.complete,
         "generation": r.generation, "observedGeneration": r.observed_generation, "deploymentPolicy": r.policy,
-        "paused": r.paused, "notes": list(r.notes),
+        "paused": r.paused, "notes": list(r.notes), "heldForHandOff": list(r.held),
         "compartments": [{
             "name": c.name, "matched": c.matched, "complete": c.complete, "inProgress": c.in_progress,
             "failed": c.failed, "waiting": c.waiting, "ceiling": c.ceiling, "batch": c.batch,

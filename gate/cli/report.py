@@ -26,6 +26,7 @@ from gate.controller.views import fleet_node
 from gate.controller.workloads import WorkloadIndex
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import FleetNode, plan_gate
+from gate.lifecycle.handoff import held
 from gate.lifecycle.soak import soak_left
 from gate.rollout import PolicyMismatch, Wait
 
@@ -140,6 +141,7 @@ class GateReport:
     notes: tuple[str, ...] = ()  # gate-wide: policy missing, operator behind, Degraded message
     node_states: Mapping[str, NodeState] = field(default_factory=dict)
     images: tuple[ImageRecord, ...] = ()  # each package's tag as the operator resolved it for this rollout
+    held: tuple[str, ...] = ()  # nodes this gate left cordoned for hand-off (spec.leaveCordoned)
 
     @property
     def done(self) -> bool:
@@ -263,12 +265,17 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
     )
     matched = len(node_states)
     complete = sum(1 for s in node_states.values() if s == "complete")
+    handed = tuple(sorted(n.view.name for n in fleet if held(n.view.annotations, n.view.unschedulable) == gate.name))
+    if handed:
+        shown = ", ".join(handed[:5]) + (f" and {len(handed) - 5} more" if len(handed) > 5 else "")
+        notes.append(f"held for hand-off: {len(handed)} node(s) left cordoned for the validator that comes next "
+                     f"({shown}); `kubectl uncordon NODE` or `nodegate node release NODE` releases one for good")
     return GateReport(
         name=gate.name, summary=_summary(gate), matched=matched, complete=complete, generation=generation,
         observed_generation=observed, policy=wanted, paused=gate.spec.paused, compartments=tuple(compartments),
         active=tuple(sorted(active, key=lambda a: (order.get(a.compartment, 0), a.name))),
         failed=tuple(sorted(failed, key=lambda f: (order.get(f.compartment, 0), f.name))),
-        waits=tuple(waits), notes=tuple(notes), node_states=node_states, images=_images(gate),
+        waits=tuple(waits), notes=tuple(notes), node_states=node_states, images=_images(gate), held=handed,
     )
 
 

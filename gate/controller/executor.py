@@ -182,6 +182,12 @@ class Executor:
         if patch is not None:
             await self._patch_condition(view.name, patch)
 
+    async def write_hand_off_condition(self, view: NodeView, wanted: NodeCondition | None) -> None:
+        kind = keys.HAND_OFF_CONDITION
+        patch = condition_patch(view.conditions.get(kind), wanted, kind, datetime.now(UTC))
+        if patch is not None:
+            await self._patch_condition(view.name, patch)
+
     async def _patch_condition(self, node: str, patch: Obj) -> None:
         try:
             # Strategic merge on the status subresource: only this entry of the list (merged by type)
@@ -228,6 +234,8 @@ class Executor:
             update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
             try:
                 node_obj = await self.write_node_update(gate, node, update, base=node_obj)
+                if decision.node.held_by is not None:
+                    self.metrics.hand_off_holds.labels(decision.node.held_by).inc()
             except ApiError as exc:
                 if not refused_for_good(exc) or decision.remove_state:
                     raise  # a removal that cannot be written cannot be recorded as failed either
@@ -502,6 +510,25 @@ class Executor:
         result = await self.client.patch(NODES, node_obj["metadata"]["name"], built.body)
         self.world.nodes.observe(result)
         log.info("Lifted the readiness taint; node=%s why=%s", node_obj["metadata"]["name"], why)
+        for event in update.events:
+            await self.recorder.emit(result, event.type, event.reason, event.message)
+
+    async def release_hand_off(self, node_obj: Obj) -> None:
+        """Someone uncordoned a node held for hand-off: drop `held-by` and record the release for good,
+        guarded by the resourceVersion it was seen at (a node cordoned again meanwhile is looked at again)."""
+        name = node_obj["metadata"]["name"]
+        holder = (node_obj["metadata"].get("annotations") or {}).get(keys.HELD_BY, "")
+        update = NodeUpdate(events=[EventRequest("node", "Normal", "HandOffReleased",
+                                                 f"The node was uncordoned: NodeGate {holder}'s hand-off hold "
+                                                 "ended, and NodeGate never holds this node again")])
+        update.change.hand_off_released = datetime.now(UTC).isoformat(timespec="seconds")
+        built = node_patch("", node_obj, update)
+        if built.body is None:
+            return
+        self.metrics.hand_off_releases.inc()
+        result = await self.client.patch(NODES, name, built.body)
+        self.world.nodes.observe(result)
+        log.info("Noticed a hand-off release; node=%s gate=%s", name, holder)
         for event in update.events:
             await self.recorder.emit(result, event.type, event.reason, event.message)
 

@@ -77,6 +77,12 @@ class OperatorMetrics:
             "none waits): `time() - ...` is the oldest wait", ["gate"])
         self.taint_removals = counter("nodegate_readiness_taint_removals_total",
                                       "Readiness taints removed from nodes", ["gate"])
+        self.hand_off_holds = counter("nodegate_hand_off_holds_total",
+                                      "Joining nodes left cordoned for hand-off as their readiness taint was lifted "
+                                      "(spec.leaveCordoned), by the gate that asked", ["gate"])
+        self.hand_off_releases = Counter("nodegate_hand_off_releases_total",
+                                         "Held nodes that someone uncordoned, whose hold NodeGate then ended for good",
+                                         registry=r)
         self.taints_added = counter("nodegate_readiness_taints_added_total",
                                     "Readiness taints the operator added (missed joins, reboots)", ["gate"])
         self.records_refused = counter("nodegate_records_refused_total",

@@ -5,7 +5,8 @@ the node's context from the caches (the gate, the node, its state, its stage pod
 node when it drains), decides with `gate.lifecycle.machine` (`decide`, or `decide_removal` for a
 deleted gate) and hands the decision to the executor. `JoinReconciler.reconcile(JoinKey)` is the
 readiness-taint backstop for a node that just joined, ahead of the gate's plan, and
-`TaintReconciler.reconcile(TaintKey)` lifts the taint of a node that no readinessTaint gate selects.
+`TaintReconciler.reconcile(TaintKey)` lifts the taint of a node that no readinessTaint gate selects, and
+notices that someone released a node held for hand-off (spec.leaveCordoned).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from gate.controller.views import node_view, pod_view
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import NodeUpdate, disabled, selects
+from gate.lifecycle.fleet import NodeUpdate, disabled, hold_asked_by, selects
+from gate.lifecycle.handoff import hold_condition, release_noticed
 from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal, fail_round
 from gate.lifecycle.rollback import rolled_back, target_gate
 from gate.lifecycle.soak import health_of
@@ -114,6 +116,7 @@ class NodeReconciler:
                           stage_pods=self.world.stage_pods_of(gate_name, node_name, state.pods).ours,
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
+                          hold_asked_by=hold_asked_by(gate, fnode, self.world.all_gates()),
                           timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),
                           health=health, reading=reading, prepull=prepull, prepull_pod=prepull_pod)
         decision = decide_removal(ctx) if removing else decide(ctx)
@@ -156,10 +159,16 @@ class TaintReconciler:
         self.executor = executor
 
     async def reconcile(self, key: TaintKey) -> None:
-        """The readiness taint follows membership: off a node no readinessTaint gate selects any longer."""
+        """The readiness taint follows membership: off a node no readinessTaint gate selects any longer.
+        And a hand-off hold someone ended (`gate.lifecycle.handoff`): its mark goes, the release stays."""
         node_obj = self.world.nodes.get(key.node)
         if node_obj is None:
             return
+        view = node_view(node_obj)
+        await self.executor.write_hand_off_condition(view, hold_condition(view.annotations, view.unschedulable))
+        if release_noticed(view.annotations, view.unschedulable):
+            await self.executor.release_hand_off(node_obj)
+            return  # the write's own event brings the node back for its taint
         why = orphan_taint(self.world.fleet_node(node_obj), self.world.all_gates())
         if why is not None:
             await self.executor.lift_readiness_taint(node_obj, why)

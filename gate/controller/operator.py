@@ -52,7 +52,6 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODES
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
-from gate.lifecycle import taint
 from gate.lifecycle.machine import Timing
 
 log = logging.getLogger("nodegate.operator")
@@ -127,7 +126,7 @@ class Operator:
             for policy in world.policies.items():
                 world.queue.add(PolicyKey(policy["metadata"]["name"]))
             for node in world.nodes.items():  # with no gate at all, no gate event looks at the taints
-                if taint.has_readiness_taint(taint.node_taints(node)):
+                if triggers.needs_taint_look(node):
                     world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))

@@ -50,6 +50,11 @@ def node_patch(gate: str, obj: Obj, update: NodeUpdate) -> NodePatch:
         annotations[keys.CORDONED_BY] = change.cordoned_by
     if change.clear_cordoned_by and current_ann.get(keys.CORDONED_BY):
         annotations[keys.CORDONED_BY] = None
+    if change.held_by is not None:
+        annotations[keys.HELD_BY] = change.held_by
+    if change.hand_off_released is not None:
+        annotations[keys.HELD_BY] = None
+        annotations[keys.HAND_OFF_RELEASED] = change.hand_off_released
     if change.unschedulable is not None and bool((obj.get("spec") or {}).get("unschedulable")) != change.unschedulable:
         spec["unschedulable"] = change.unschedulable
     taints = list((obj.get("spec") or {}).get("taints") or [])

@@ -159,8 +159,8 @@ def on_node(kind: EventKind, obj: Obj, gates: Iterable[Obj], *, replan: Replan =
     node = obj["metadata"]["name"]
     annotations = obj["metadata"].get("annotations") or {}
     # A tainted node relabelled out of its gates, or ignored, must lose the taint: looked at each time.
-    tainted = kind != "DELETED" and taint.has_readiness_taint(taint.node_taints(obj))
-    now: list[WorkKey] = [TaintKey(node)] if tainted else []
+    # So must a node held for hand-off that someone uncordoned lose its mark (`gate.lifecycle.handoff`).
+    now: list[WorkKey] = [TaintKey(node)] if kind != "DELETED" and needs_taint_look(obj) else []
     later: list[str] = []
     for gate in gates:
         gname = gate["metadata"]["name"]
@@ -225,6 +225,15 @@ def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
     return None
 
 
+def needs_taint_look(node: Obj) -> bool:
+    """The node's taint or hand-off mark may have to go, or its hand-off condition change: the
+    readiness taint, a `held-by` mark (released, or its condition not written yet), or the condition."""
+    annotations = node["metadata"].get("annotations") or {}
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    told = any(c.get("type") == keys.HAND_OFF_CONDITION for c in conditions)
+    return keys.HELD_BY in annotations or told or taint.has_readiness_taint(taint.node_taints(node))
+
+
 def joined_after(node: Obj, gate: Obj) -> bool:
     node_created, gate_created = created_at(node), created_at(gate)
     return node_created is not None and gate_created is not None and node_created > gate_created
@@ -232,6 +241,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
-    "joined_after",
+    "joined_after", "needs_taint_look",
     "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
 ]

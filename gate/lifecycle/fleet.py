@@ -8,7 +8,7 @@ this module turns that into node updates and the gate's status.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -20,6 +20,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.api.records import Refusal
 from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.condition import NodeCondition, blocked_condition
+from gate.lifecycle.handoff import held
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
 from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
 from gate.lifecycle.rollback import plan_rollbacks, rollback_message
@@ -42,7 +43,13 @@ class FleetNode:
     def progresses(self) -> Mapping[str, GateProgress]:
         """Where each gate's rollout stands on the node. The operator keeps one FleetNode per node
         version, so a plan of a thousand nodes reads this rather than working it out each time."""
-        return {g: progress_of(s) for g, s in self.states.items()}
+        handed_off = held(self.view.annotations, self.view.unschedulable) is not None
+        return {g: progress_of(s, handed_off=handed_off) for g, s in self.states.items()}
+
+    @property
+    def handed_off(self) -> bool:
+        """Held for hand-off (spec.leaveCordoned): cordoned for the validator that comes next."""
+        return held(self.view.annotations, self.view.unschedulable) is not None
 
     @functools.cached_property
     def matched(self) -> dict[Hashable, bool]:
@@ -92,9 +99,9 @@ class GatePlan:
                                       (keys.RESTART_ANNOTATION, self.restarted)) if done]
 
 
-def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
+def progress_of(state: NodeGateState | StateParseError | None, *, handed_off: bool = False) -> GateProgress:
     if state is None:
-        return GateProgress()
+        return GateProgress(handed_off=handed_off)
     if isinstance(state, StateParseError):
         return GateProgress(status="failed")
     # A waiting node the gate cordoned (while its protected pods finish, or left so by a failed round)
@@ -103,7 +110,8 @@ def progress_of(state: NodeGateState | StateParseError | None) -> GateProgress:
     soaking = state.status == "in-progress" and state.phase == "soak"
     disrupted = (state.status == "in-progress" and not soaking) or (state.status in ("failed", "waiting")
                                                                     and state.cordoned)
-    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted, soaking=soaking)
+    return GateProgress(status=state.status, batch=state.batch, disrupted=disrupted, soaking=soaking,
+                        handed_off=handed_off)
 
 
 def disabled(gate: NodeGate) -> bool:
@@ -113,6 +121,16 @@ def disabled(gate: NodeGate) -> bool:
 
 def selects(gate: NodeGate, node: NodeView) -> bool:
     return node.labels.get(keys.IGNORE_LABEL) != "true" and gate.spec.node_selector.matches(node.labels)
+
+
+def hold_asked_by(gate: NodeGate, node: FleetNode, gates: Iterable[NodeGate]) -> str | None:
+    """The readinessTaint gate selecting the node that asks for a hand-off hold (spec.leaveCordoned):
+    `gate` itself if it asks, else the first other by name; None when none asks."""
+    if gate.spec.readiness_taint and gate.spec.leave_cordoned:
+        return gate.name
+    askers = sorted(g.name for g in gates if g.name != gate.name and g.spec.readiness_taint
+                    and g.spec.leave_cordoned and node.selected_by(g))
+    return askers[0] if askers else None
 
 
 # Seconds after writing a roll-back record before the plan that lets its nodes go back (`gate.lifecycle.rollback`).
@@ -246,7 +264,7 @@ def plan_gate(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[F
                                           f"NodeGate {name} tainted the node: it {why}"))
         progresses = node.progresses
         if effective is not None and effective is not node.states.get(name):
-            progresses = {**progresses, name: progress_of(effective)}
+            progresses = {**progresses, name: progress_of(effective, handed_off=node.handed_off)}
         snapshots.append(NodeSnapshot(node.view.name, node.view.labels, progresses, node.matched))
 
     resumed = keys.RESUME_ANNOTATION in gate.metadata.annotations

@@ -50,6 +50,7 @@ from gate.api.state import (
 from gate.lifecycle import taint
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.dag import topological_order
+from gate.lifecycle.handoff import hold_wanted
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.soak import Reading, judge, soak_end
 from gate.lifecycle.work import PackageWork, after_stage, constraint_satisfied, package_work
@@ -194,6 +195,8 @@ class NodeChange:
     add_readiness_taint: bool = False
     remove_readiness_taint: bool = False
     status: keys.NodeStatus | None = None  # the status.<gate> label
+    held_by: str | None = None  # a hand-off hold: the held-by annotation, naming the gate that asked
+    hand_off_released: str | None = None  # someone uncordoned a held node: drop held-by, record this time
 
     def empty(self) -> bool:
         return self == NodeChange()
@@ -224,6 +227,9 @@ class NodeContext:
     pods: Sequence[PodView] | None  # pods on the node; None when not loaded (only needed to drain)
     now: datetime
     readiness_clear: bool = True  # every other readinessTaint gate selecting the node is complete
+    # The readinessTaint gate selecting the node that asks for a hand-off hold (spec.leaveCordoned):
+    # this gate if it asks, else another (`gate.lifecycle.fleet.hold_asked_by`); None: nobody asks.
+    hold_asked_by: str | None = None
     timing: Timing = Timing()
     release: bool = True  # removal: a node that uninstalled may be released (its batch was judged)
     health: Health | None = None  # the `health` of the node's compartment (None: no soak)
@@ -882,8 +888,27 @@ def _finish(r: _Round) -> None:
     if taint.lifts(ctx.gate, ctx.node.taints, ctx.readiness_clear):
         change.remove_readiness_taint = True
         r.event("node", "Normal", "ReadinessTaintRemoved", "Every readinessTaint gate is complete on the node")
+        _hold(r)
     if ctx.health is None:
         r.event("node", "Normal", "Complete", f"NodeGate {ctx.gate.name} is complete on the node")
+
+
+def _hold(r: _Round) -> None:
+    """Hand the joining node over (spec.leaveCordoned): cordoned, with `held-by`, in the very write that
+    lifts its taint, so no crash can leave it schedulable in between. The hold carries no `cordoned-by`:
+    later rounds find a node someone else cordoned, keep it so, and never uncordon it."""
+    ctx, change = r.ctx, r.decision.node
+    asker = hold_wanted(ctx.node.annotations, ctx.hold_asked_by)
+    if asker is None:
+        return
+    change.unschedulable = True
+    change.held_by = asker
+    if ctx.node.cordoned_by == ctx.gate.name:
+        change.clear_cordoned_by = True  # the round's own cordon becomes the hold
+    # The round's uncordon, decided before, does not happen: no Event may say it did.
+    r.decision.events = [e for e in r.decision.events if not (e.target == "node" and e.reason == "Uncordoned")]
+    r.event("node", "Normal", "HeldForHandOff", f"NodeGate {asker} left the node cordoned for the validator "
+            "that comes next (spec.leaveCordoned); `kubectl uncordon` releases it for good")
 
 
 def _enter_soak(r: _Round, health: Health) -> None:

@@ -23,6 +23,9 @@ class GateProgress:
     batch: int = 0
     disrupted: bool = False
     soaking: bool = False  # its round went through; it serves while it proves healthy (`gate.lifecycle.soak`)
+    # Held for hand-off (spec.leaveCordoned, `gate.lifecycle.handoff`): out of service for its validator,
+    # not for this rollout, so a round on it takes nothing from the budget of the nodes that serve.
+    handed_off: bool = False
 
     @property
     def finished(self) -> bool:
@@ -49,8 +52,9 @@ class GateProgress:
     @property
     def occupies_budget(self) -> bool:
         """Counts against the compartment's ceiling. In-flight nodes count even before the
-        operator cordons them: the ceiling is reserved at pick time, not at cordon time."""
-        return self.disrupted or self.in_flight
+        operator cordons them: the ceiling is reserved at pick time, not at cordon time. A node held for
+        hand-off never counts: it serves nobody while it waits for its validator."""
+        return (self.disrupted or self.in_flight) and not self.handed_off
 
 
 NOT_STARTED = GateProgress()

@@ -15,7 +15,9 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 
 * N is **disrupted by G** while G's state on N says `in-progress` (the planner reserves budget from
   the moment it picks a node) or N is unschedulable with `nodegate.io/cordoned-by: G` (a cordon
-  NodeGate holds, such as a failed node left cordoned).
+  NodeGate holds, such as a failed node left cordoned), unless N is **held for hand-off**:
+  unschedulable with `nodegate.io/held-by` (spec.leaveCordoned), out of service for its validator,
+  so a round on it takes nothing from the budget.
 * A stage **pod is running** from its creation until it is seen with phase Succeeded or Failed, with
   every step's container terminated with exit code 0 or one container terminated non-zero (the
   kubelet writes the terminal phase only later, once it stopped the sandbox), or deleted. A pod runs
@@ -53,7 +55,11 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
    rollout resumed afterwards makes it again.
 6. `left-cordoned` / `left-tainted` (after convergence, `check_converged`): no node is unschedulable
    with `cordoned-by`; no node carries the readiness taint unless a readinessTaint gate selecting it
-   is not complete there.
+   is not complete there. A hold for hand-off has no `cordoned-by`: it outlives rounds and
+   convergence by design, until someone uncordons the node.
+7. `hold-unasked`: when N gets `held-by: G`, N loses the readiness taint in that very version (one
+   write: never a schedulable moment between), G is a readinessTaint gate with leaveCordoned that
+   selects N, and N carries no `hand-off-released` (a released node is never held again).
 
 Order. Nodes and pods arrive on separate watches, so the checker needs them merged in the order
 etcd applied them: it relies on resourceVersions being etcd revisions of one etcd, comparable across
@@ -94,10 +100,10 @@ from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, co
 
 Resource = Literal["nodes", "pods", "nodegates", "deploymentpolicies"]
 ViolationKind = Literal["over-ceiling", "uncordoned-during-stage", "interrupt-uncordoned", "taint-lifted-early",
-                        "duplicate-stage", "left-cordoned", "left-tainted"]
+                        "duplicate-stage", "left-cordoned", "left-tainted", "hold-unasked"]
 VIOLATION_KINDS: tuple[ViolationKind, ...] = (
     "over-ceiling", "uncordoned-during-stage", "interrupt-uncordoned", "taint-lifted-early", "duplicate-stage",
-    "left-cordoned", "left-tainted")
+    "left-cordoned", "left-tainted", "hold-unasked")
 
 
 @dataclass(frozen=True)
@@ -265,7 +271,13 @@ class NodeFacts:
         state = self.states[gate]
         return "unreadable" if state is None else state.status
 
+    @property
+    def held_for_hand_off(self) -> bool:
+        return self.unschedulable and keys.HELD_BY in self.annotations
+
     def disrupted_by(self, gate: str) -> bool:
+        if self.held_for_hand_off:
+            return False
         return self.status(gate) == "in-progress" or (self.unschedulable and self.cordoned_by == gate)
 
     def requests(self, gate: str) -> bool:
@@ -682,6 +694,7 @@ class InvariantChecker:
             elif not exact and any(j.created_hi <= hi and (j.ended_lo is None or j.ended_lo > lo)
                                    for j in self._pods_of(holder, new.name)):
                 self.coverage.unverified += 1
+        self._judge_hold(prev, new, exact, hi)
         if prev.tainted and not new.tainted:
             if not exact:
                 self.coverage.unverified += 1
@@ -695,6 +708,26 @@ class InvariantChecker:
                     self._violate("taint-lifted-early", gate.name, new.name,
                                   f"the readiness taint was removed while the gate's status there is "
                                   f"{status or 'absent (never started)'}", rv=hi)
+
+    def _judge_hold(self, prev: NodeFacts, new: NodeFacts, exact: bool, rv: int) -> None:
+        """Invariant 7: a hold for hand-off appears only where and as spec.leaveCordoned says."""
+        holder = new.annotations.get(keys.HELD_BY)
+        if holder is None or keys.HELD_BY in prev.annotations:
+            return
+        if not exact:
+            self.coverage.unverified += 1
+            return
+        why = None
+        gate = self.gates.get(holder)
+        if keys.HAND_OFF_RELEASED in prev.annotations:
+            why = "the node was released from a hold once already"
+        elif not (prev.tainted and not new.tainted and new.unschedulable):
+            why = "the hold did not come in the write that lifted the readiness taint"
+        elif gate is None or not gate.gate.spec.readiness_taint or not gate.gate.spec.leave_cordoned \
+                or not gate.selects(new):
+            why = "the gate it names does not ask for a hand-off on this node"
+        if why is not None:
+            self._violate("hold-unasked", holder, new.name, why, rv=rv)
 
     # -- pods -------------------------------------------------------------------------------------
 

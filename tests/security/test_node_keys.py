@@ -87,6 +87,8 @@ FORGERIES: dict[str, Callable[[str], Obj]] = {
     "cordoned-by": lambda g: {"metadata": {"annotations": {keys.CORDONED_BY: g}}},
     "status label": lambda g: {"metadata": {"labels": {keys.status_label(g): "complete"}}},
     "the readiness taint, added": lambda g: {"spec": {"taints": [TAINT]}},
+    # A hand-off hold forged (held-by) or dodged for good (hand-off-released) by someone else.
+    "hand-off keys": lambda g: {"metadata": {"annotations": {keys.HELD_BY: g, keys.HAND_OFF_RELEASED: "now"}}},
 }
 
 

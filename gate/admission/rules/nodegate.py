@@ -97,6 +97,9 @@ def validate_spec(spec: object, *, existing_policies: frozenset[str] | None) -> 
     if spec.get("cordonWhileProtected") is True and not spec.get("podNonInterruptLabels"):
         out.append(Violation("spec.cordonWhileProtected", "cordons nodes while their protected pods finish, and "
                              "no pod is protected: set spec.podNonInterruptLabels too, or drop this field"))
+    if spec.get("leaveCordoned") is True and spec.get("readinessTaint") is not True:
+        out.append(Violation("spec.leaveCordoned", "holds a node that joined with the readiness taint, and this "
+                             "gate gives no node that taint: set spec.readinessTaint: true too, or drop this field"))
     out += toleration_violations(spec.get("additionalTolerations"), "spec.additionalTolerations")
     out += duration_violations(spec.get("waitTimeout"), "spec.waitTimeout", WAIT_TIMEOUT_MAX,
                                hint="leave it unset to wait for as long as they run")

@@ -24,6 +24,9 @@ CASES = [
     (gate(interruptionBudget={"percent": 10, "count": 2}),
         "spec.interruptionBudget: set exactly one of percent or count"),
     (gate(interruptionBudget={}), "spec.interruptionBudget: set exactly one of percent or count"),
+    (gate(leaveCordoned=True), "spec.leaveCordoned: holds a node that joined with the readiness taint, and this gate "
+     "gives no node that taint: set spec.readinessTaint: true too"),
+    (gate(leaveCordoned=True, readinessTaint=False), "set spec.readinessTaint: true too, or drop this field"),
     (gate(interruptionBudget={"percent": 101}),
         "spec.interruptionBudget.percent: must be a whole number from 0 to 100"),
     (gate(interruptionBudget={"percent": -1}), "spec.interruptionBudget.percent"),

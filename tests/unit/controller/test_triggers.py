@@ -176,3 +176,17 @@ def test_a_tainted_node_is_looked_at_on_each_of_its_events_and_on_each_gate_chan
     edited = on_gate(gate("g", generation=2), gate_seen(gate("g")), nodes)
     assert TaintKey("n1") in edited.now and TaintKey("n2") not in edited.now
     assert TaintKey("n1") in on_gate(gate("g"), gate_seen(gate("g")), nodes, kind="DELETED").now
+
+
+def test_a_node_held_for_hand_off_or_told_so_is_looked_at_by_the_taint_reconcile() -> None:
+    held = node("n1")
+    held["metadata"]["annotations"][keys.HELD_BY] = "g"
+    held["spec"] = {"unschedulable": True}
+    assert on_node("MODIFIED", held, []).now == (TaintKey("n1"),)  # its condition may be due
+    held["spec"] = {"unschedulable": False}
+    assert on_node("MODIFIED", held, []).now == (TaintKey("n1"),)  # released: the mark must go
+    told = node("n2")
+    told["status"] = {"conditions": [{"type": keys.HAND_OFF_CONDITION, "status": "True"}]}
+    assert on_node("MODIFIED", told, []).now == (TaintKey("n2"),)  # released: the condition must go
+    assert on_node("MODIFIED", node("n3"), []).now == ()
+    assert on_node("DELETED", held, []).now == ()

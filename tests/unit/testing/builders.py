@@ -33,8 +33,9 @@ class Cluster:
 
     def gate(self, name: str, *, selector: dict[str, str] | None = None, budget: dict[str, int] | None = None,
              policy: str | None = None, readiness: bool = False, generation: int = 1,
-             deleting: bool = False) -> Obj:
+             deleting: bool = False, leave_cordoned: bool = False) -> Obj:
         spec: Obj = {"nodeSelector": {"matchLabels": selector or {"pool": "test"}}, "readinessTaint": readiness,
+                     "leaveCordoned": leave_cordoned,
                      "packages": {"pkg": {"version": "1.0.0", "image": "registry.example.com/pkg"}}}
         if budget is not None:
             spec["interruptionBudget"] = budget

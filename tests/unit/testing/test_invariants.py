@@ -681,3 +681,55 @@ def test_the_operators_own_stage_pod_slimmed_for_a_journal_keeps_its_steps_and_h
         ("a", "apply", "apply-a", "1.2.0", "3"), ("b", "config", "config-b", "2.0.0", "3")]
     assert facts.succeeded == {"payload-a", "apply-a", "payload-b"}
     assert facts.failed_lo == 7 and facts.ended_lo == 7
+
+
+def _hold(c: Cluster, node: str, gate: str = GATE, **kw: object) -> None:
+    """The write that ends a joining node's last round: complete, untainted, cordoned and marked held-by."""
+    c.update(node, state={gate: state("complete")}, cordon=gate,
+             annotations={keys.CORDONED_BY: None, keys.HELD_BY: gate}, **kw)  # type: ignore[arg-type]
+
+
+def test_a_hold_for_hand_off_in_the_write_that_lifts_the_taint_is_legal_and_outlives_convergence() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True, leave_cordoned=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: state("in-progress", batch=1, round=1, phase="idle")})
+    _hold(c, "n", untaint=True)
+    assert judge(c, converged=True) == []
+    c.update("n", uncordon=True)  # the validator's uncordon: nothing NodeGate ran is cut short
+    assert judge(c, converged=True) == []
+
+
+def test_a_hold_nobody_asked_for_or_apart_from_the_taint_lift_or_after_a_release_is_a_violation() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True)  # no leaveCordoned
+    c.node("n", tainted=True)
+    _hold(c, "n", untaint=True)
+    assert [(v.kind, v.node) for v in judge(c)] == [("hold-unasked", "n")]
+
+    c = Cluster()
+    c.gate(GATE, readiness=True, leave_cordoned=True)
+    c.node("n", tainted=True)
+    c.update("n", state={GATE: state("complete")}, untaint=True)  # a schedulable moment before the hold
+    _hold(c, "n")
+    [v] = judge(c)
+    assert v.kind == "hold-unasked" and "lifted the readiness taint" in v.message
+
+    c = Cluster()
+    c.gate(GATE, readiness=True, leave_cordoned=True)
+    c.node("n", tainted=True)
+    c.update("n", annotations={keys.HAND_OFF_RELEASED: "2026-12-05T11:00:00Z"})
+    _hold(c, "n", untaint=True)
+    [v] = judge(c)
+    assert v.kind == "hold-unasked" and "released" in v.message
+
+
+def test_a_round_on_a_held_node_takes_no_budget() -> None:
+    c = Cluster()
+    c.gate(GATE, readiness=True, leave_cordoned=True, budget={"count": 1})
+    c.node("held", tainted=True)
+    c.node("m")
+    _hold(c, "held", untaint=True)
+    c.update("held", state={GATE: state("in-progress", batch=2, round=2, phase="idle")})
+    c.update("m", state={GATE: state("in-progress", batch=2, round=1, phase="idle")})
+    assert judge(c) == []
