@@ -12,6 +12,7 @@ from gate.controller.patches import node_patch
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, hold_asked_by, progress_of
 from gate.lifecycle.handoff import held, release_noticed
 from gate.lifecycle.machine import Decision, NodeContext, decide
+from gate.lifecycle.taint import has_readiness_taint
 from tests.unit.lifecycle.test_machine import PKG, ctx, node, run_until_quiet, started
 
 TAINT = ((keys.READINESS_TAINT_KEY, "NoSchedule"),)
@@ -39,7 +40,7 @@ def test_the_taint_lift_and_the_cordon_are_one_node_patch() -> None:
     # The operator killed between the lift and the cordon: there is no such moment, as both are one request.
     g = gate(packages=REBOOT, readinessTaint=True, leaveCordoned=True)
     state, _, view = run_until_quiet(g, started(g), n=node(taints=TAINT), decider=asking())  # type: ignore[arg-type]
-    assert state.status == "complete" and not view.has_readiness_taint
+    assert state.status == "complete" and not has_readiness_taint(view.taints)
     assert view.unschedulable, "a joining node of a gate asking for the hand-off was let into service"
     d = last_round(g, cordoned=True, unschedulable=True, annotations={keys.CORDONED_BY: "g"})
     assert d.node.remove_readiness_taint and d.node.unschedulable is True and d.node.held_by == "g"
