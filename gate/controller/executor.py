@@ -50,7 +50,7 @@ from gate.controller.triggers import GateKey, NodeKey
 from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import CONFIGMAPS, NODEGATES, NODES, PODS, KubeClient
-from gate.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
+from gate.kube.errors import ApiError, Conflict, ConnectionFailed, NotFound, TooManyRequests
 from gate.kube.objects import container_states, parse_time, state_status
 from gate.lifecycle.condition import NodeCondition, condition_patch, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
@@ -82,6 +82,10 @@ def refused_for_good(exc: ApiError) -> bool:
     """The API server refused a write, and would refuse it again as is: admission (a webhook, a
     ValidatingAdmissionPolicy, a quota, a LimitRange), validation, RBAC, a body too large."""
     return 400 <= exc.status < 500 and exc.status not in _TEMPORARY_4XX
+
+
+# Tries at recording a created stage pod when other writers of the node win the race (each on a newer copy).
+_RECORD_ATTEMPTS = 4
 
 
 class Executor:
@@ -341,18 +345,29 @@ class Executor:
         present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
         record = PodRecord(uid=meta["uid"], shape=shape_digest(pod))
         base, current = node_obj, seen.state
-        for attempt in range(2):
+        for attempt in range(_RECORD_ATTEMPTS):
             kept = {name: r for name, r in current.pods.items() if name in present}
             state = current.model_copy(update={"pods": {**kept, meta["name"]: record}})
             try:
                 node_obj = await self.write_node_update(gate, node, NodeUpdate(state=state), base=base)
                 return node_obj, replace(seen, state=state, node=node_view(node_obj))
             except Conflict as exc:
-                # Written meanwhile (the gate's plan, say): once more on the copy the cache holds now, the
-                # gate's record on it checked as on every read (`World.fleet_node`).
-                fresh = self.world.nodes.get(node)
+                # Written meanwhile (another gate's round on the same node, the gate's plan): again on a newer
+                # copy, the gate's record on it checked as on every read (`World.fleet_node`). The cache's copy
+                # when it has one; the API server's when the watch has not brought it yet (a list by name: the
+                # operator lists and watches nodes, and gets none).
                 error: ApiError = exc
-                if attempt or fresh is None or fresh is base:
+                if attempt == _RECORD_ATTEMPTS - 1:
+                    break
+                fresh = self.world.nodes.get(node)
+                if fresh is None or fresh is base:
+                    try:
+                        listed, _ = await self.client.list(NODES, field_selector=f"metadata.name={node}")
+                    except (ApiError, ConnectionFailed) as failed:
+                        error = failed if isinstance(failed, ApiError) else exc
+                        break
+                    fresh = listed[0] if listed else None
+                if fresh is None:
                     break
                 again = self.world.fleet_node(fresh).states.get(gate.name)
                 if not isinstance(again, NodeGateState):

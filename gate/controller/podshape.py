@@ -33,6 +33,7 @@ import json
 
 from gate.api import keys
 from gate.api.common import Obj
+from gate.api.facts import FACTS_ANNOTATION
 
 SHAPE_FIELD = f"{keys.GROUP}/shape"
 """Where the operator's pod cache keeps a pod's shape digest (`gate.controller.pods.stage_pod_fields`),
@@ -74,9 +75,19 @@ def shape_digest(pod: Obj) -> str:
 def shape_differences(built: Obj, live: Obj) -> list[str]:
     """Where the live pod does not run what `built` (the operator's manifest) says: the paths that differ,
     empty when it does. The API server's defaults in `live` (a key `built` does not set inside an object
-    it does set) are no difference; anything else is, a list of another length among them."""
+    it does set) are no difference; anything else is, a list of another length among them.
+
+    The node facts annotation is left out of this comparison (not of the recorded digest): it is a
+    snapshot of the node's labels and annotations taken when the pod was built, and they change while
+    other gates work on the same node (their status labels), so the pod the operator created a moment
+    before would differ from the one it builds now. The facts are data a step reads, not what runs; a
+    pod with host access under a stage pod's name can only come from the operator's ServiceAccount (the
+    chart's host-access policy), and every other field must still match."""
     out: list[str] = []
-    _compare(pod_shape(built), pod_shape(live), "", out)
+    want, have = pod_shape(built), pod_shape(live)
+    for shape in (want, have):
+        shape["annotations"] = {k: v for k, v in shape["annotations"].items() if k != FACTS_ANNOTATION}
+    _compare(want, have, "", out)
     return out
 
 

@@ -58,6 +58,8 @@ PARSED_ONLY = {
                          "its operator and webhook are local processes, not the chart's pods",
     ("helm",): "needs the Helm release `nodegate`: the dev cluster runs NodeGate without Helm "
                "(tests/chart/test_install.py installs the chart elsewhere)",
+    ("kubectl", "exec"): "break glass into a stage pod: kwok's nodes serve no exec; admission's refusal and the "
+                         "break-glass pass are proven in tests/security/test_stage_pod_exec.py",
     ("kubectl", "patch", "configmap", "argocd-cm"): "needs Argo CD installed; the snippet it applies is "
                                                     "tested with a Lua runtime (tests/unit/test_argocd_health.py)",
 }
@@ -69,6 +71,7 @@ EXPECTED_PARSED_ONLY = [
     "kubectl -n nodegate-system logs deploy/nodegate-webhook | grep -i certificate",
     "helm -n nodegate-system get values nodegate",
     "helm -n nodegate-system upgrade nodegate charts/nodegate --reuse-values",
+    "kubectl -n nodegate-system exec -it POD -- sh",
     "helm pull oci://REGISTRY/charts/nodegate --version X --untar",
     "kubectl -n argocd patch configmap argocd-cm --type merge --patch-file nodegate/docs/argocd/argocd-cm.yaml",
 ]

@@ -147,7 +147,9 @@ async def test_a_renumbered_controller_revision_is_not_counted(kube: KubeClient,
         await wait_for(enough, what=f"{count} revisions of the gate")
         return found
 
-    await scenario.apply_gate({"cve-fix": {**PKG, "version": versions[0]}}, interruptionBudget={"percent": 100})
+    # uninstall enabled: the last step goes back to 1.0.0, a downgrade admission allows only with an uninstall path
+    await scenario.apply_gate({"cve-fix": {**PKG, "version": versions[0], "uninstall": {"enabled": True}}},
+                              interruptionBudget={"percent": 100})
     await scenario.wait_ready()
     [first] = await listed(1)
     await scenario.patch_gate({"spec": {"packages": {"cve-fix": {"version": versions[1]}}}})

@@ -95,3 +95,21 @@ def test_an_empty_list_the_api_server_leaves_out_is_no_difference() -> None:
     assert shape_differences(pod, stored) == []
     stored["spec"]["containers"][0]["env"] = [{"name": "BASH_ENV", "value": "/tmp/x"}]
     assert shape_differences(pod, stored) == ["containers[0].env"]
+
+
+def test_node_facts_taken_a_moment_earlier_do_not_stop_the_adoption_but_change_the_recorded_digest() -> None:
+    """Found in the merged suite: two gates working on one node, the record write of the first lost the race,
+    and by the next look the other gate's status label had changed the node's facts; the operator's own pod
+    then read as not its own for a resync period. Adoption compares what runs; the recorded digest still
+    covers the facts the pod was created with."""
+    from gate.api.facts import FACTS_ANNOTATION
+
+    pod = built()
+    live = as_stored(pod)
+    before = shape_digest(live)
+    assert FACTS_ANNOTATION in live["metadata"]["annotations"]
+    live["metadata"]["annotations"][FACTS_ANNOTATION] = '{"node": "node-7", "labels": {"nodegate.io/status.b": "x"}}'
+    assert shape_differences(pod, live) == []
+    assert shape_digest(live) != before
+    live["spec"]["containers"][0]["image"] = "evil.example.com/x"
+    assert shape_differences(pod, live) == ["containers[0].image"]
