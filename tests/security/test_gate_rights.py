@@ -19,28 +19,16 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.conftest import REPO, Kubectl, unique
+from tests.conftest import Kubectl, unique
 from tests.integration.conftest import Webhook
-from tests.security.test_package_use import BASE, EVIL, User, gate
-
-ROLES = REPO / "config" / "rbac" / "package-user.yaml"
+from tests.security.test_package_use import BASE, EVIL, User, base_user, gate
 
 
 @pytest.fixture
 def person(kubectl: Kubectl, webhook: Webhook) -> Iterator[User]:
     """A user who may edit NodeGates and DeploymentPolicies and use package `base`, nothing more."""
-    kubectl.run("apply", "-f", str(ROLES))
-    user = User(unique("eve"), kubectl)
-    user.bind("nodegate-editor")
-    user.grant_use("base")
-    try:
+    with base_user(kubectl, "eve") as user:
         yield user
-    finally:
-        for name in user.gates:
-            kubectl.run("delete", "nodegates.nodegate.io", name, "--ignore-not-found", "--wait=false", check=False)
-        for name in user.bindings:
-            kubectl.run("delete", "clusterrolebinding", name, "--ignore-not-found", check=False)
-            kubectl.run("delete", "clusterrole", name, "--ignore-not-found", check=False)
 
 
 @pytest.fixture

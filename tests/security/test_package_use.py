@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -73,11 +74,12 @@ class User:
         self.grant_use("evil")
 
 
-@pytest.fixture
-def editor(kubectl: Kubectl, webhook: Webhook) -> Iterator[User]:
-    """A user who may edit NodeGates and use package `base`, but not `evil`; an admin-made gate using base."""
+@contextmanager
+def base_user(kubectl: Kubectl, prefix: str) -> Iterator[User]:
+    """A new user bound to `nodegate-editor` with `use` on package `base` only; their gates, bindings and
+    roles are deleted afterwards."""
     kubectl.run("apply", "-f", str(ROLES))
-    user = User(unique("mallory"), kubectl)
+    user = User(unique(prefix), kubectl)
     user.bind("nodegate-editor")
     user.grant_use("base")
     try:
@@ -88,6 +90,13 @@ def editor(kubectl: Kubectl, webhook: Webhook) -> Iterator[User]:
         for name in user.bindings:
             kubectl.run("delete", "clusterrolebinding", name, "--ignore-not-found", check=False)
             kubectl.run("delete", "clusterrole", name, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def editor(kubectl: Kubectl, webhook: Webhook) -> Iterator[User]:
+    """A user who may edit NodeGates and use package `base`, but not `evil`; an admin-made gate using base."""
+    with base_user(kubectl, "mallory") as user:
+        yield user
 
 
 def packages_in_cluster(kubectl: Kubectl, name: str) -> set[str] | None:
