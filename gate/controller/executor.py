@@ -394,6 +394,10 @@ class Executor:
         if not found:
             return node_obj, seen  # gone since: the next look creates it
         live = found[0]
+        if live["metadata"].get("deletionTimestamp"):
+            # On its way out (the operator's own, deleted, or anyone's): neither adopted nor put back into the
+            # cache, whose watch may already have seen it go; the next look, after it is gone, creates it anew.
+            return node_obj, seen
         uid, shape = str(live["metadata"].get("uid") or ""), shape_digest(live)
         record = seen.state.pods.get(name)
         if record is not None and record.uid == uid:
