@@ -23,6 +23,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ import yaml
 
 from gate.api.common import Obj
 from gate.devcluster import build
-from gate.devcluster.processes import ClusterError, Process, ProcessTable, free_port, http_ok, tail
+from gate.devcluster.processes import ClusterError, Process, ProcessTable, free_port, http_ok, wait_until
 from gate.kube.client import KubeClient, Resource
 
 if TYPE_CHECKING:
@@ -113,12 +114,8 @@ def start(cluster: DevCluster, *, progress: Progress = print, timeout: float = 6
     ports = procs.ports()
     for name, proc in started.items():
         url = f"http://127.0.0.1:{ports[name]}/readyz"
-        while not http_ok(url):
-            if not proc.alive():
-                raise ClusterError(f"{name} exited during start-up; last lines of {proc.log}:\n{tail(Path(proc.log))}")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{name} did not report its informers synced within {timeout:.0f}s; see {proc.log}")
-            time.sleep(0.1)
+        wait_until(functools.partial(http_ok, url), f"{name} (its informers synced, {url})", {name: proc}, deadline,
+                   Path(proc.log))
     progress(f"cert-manager {version()} ready (logs: {procs.logs / (CONTROLLER + '.log')}, "
              f"{procs.logs / (CAINJECTOR + '.log')}).")
 
