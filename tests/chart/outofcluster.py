@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,6 +27,9 @@ from gate.api.common import Obj
 from gate.devcluster.cluster import DevCluster, Process, free_port
 from gate.devcluster.services import python_env, service_account_kubeconfig, wait_ready
 from tests.chart.conftest import CHART_DIR, helm
+
+if TYPE_CHECKING:
+    from gate.kube.client import KubeClient
 
 RELEASE_KIND_ORDER = ("CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                       "Role", "RoleBinding", "Service", "Deployment", "PodDisruptionBudget",
@@ -222,12 +225,7 @@ async def serve_release_webhook(cluster: DevCluster, release: Release, *, probe:
             unreachable = "admitted"
         except ApiError as exc:
             unreachable = exc.message
-        for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-            config = await kube.get(res, prefix)
-            ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                    "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
-                              "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
-            await kube.patch(res, prefix, ops, patch_type="json")
+        await point_at_loopback(kube, prefix, port, bundle)
 
         async def called() -> bool:
             try:
@@ -250,3 +248,16 @@ async def wait_for(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         await asyncio.sleep(0.2)
+
+
+async def point_at_loopback(kube: KubeClient, prefix: str, port: int, bundle: str) -> None:
+    """Point every webhook of the release's two configurations at the webhook served on 127.0.0.1:`port`
+    (the dev API server cannot reach a Service), keeping each path and trusting `bundle`."""
+    from gate.kube.client import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+
+    for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
+        config = await kube.get(res, prefix)
+        ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
+                          "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
+        await kube.patch(res, prefix, ops, patch_type="json")

@@ -51,7 +51,16 @@ from gate.kube.client import (
     Resource,
 )
 from gate.kube.errors import ApiError, NotFound
-from tests.chart.outofcluster import Release, install, run_deployment, token_kubeconfig, uninstall, wait_for, wait_https
+from tests.chart.outofcluster import (
+    Release,
+    install,
+    point_at_loopback,
+    run_deployment,
+    token_kubeconfig,
+    uninstall,
+    wait_for,
+    wait_https,
+)
 from tests.conftest import unique
 
 CERTIFICATES = Resource("cert-manager.io", "v1", "certificates", True, "Certificate")
@@ -245,12 +254,7 @@ async def served(cluster: DevCluster, cert_manager: None) -> AsyncIterator[Serve
                 return found.pop() if len(found) == 1 and "" not in found else None
 
             bundle = await wait_for(injected, what="cainjector to fill both configurations' caBundle")
-            for res in (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS):
-                config = await kube.get(res, prefix)
-                ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                        "value": {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}",
-                                  "caBundle": bundle}} for i, w in enumerate(config["webhooks"])]
-                await kube.patch(res, prefix, ops, patch_type="json")
+            await point_at_loopback(kube, prefix, port, bundle)
             yield Served(release, volume, process, port)
         finally:
             await volume.stop()
