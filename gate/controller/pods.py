@@ -49,7 +49,7 @@ from gate.controller.podshape import SHAPE_FIELD, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
-from gate.lifecycle.images import PodImage, pod_images
+from gate.lifecycle.images import PodImage, pod_images, request_packages
 from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
 
@@ -215,11 +215,6 @@ def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-
-
-def request_packages(request: PodRequest) -> list[str]:
-    """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
-    return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
 
 
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
