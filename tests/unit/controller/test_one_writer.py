@@ -18,7 +18,7 @@ OTHER_WRITERS = {
     ("gates.py", "PolicyReconciler.reconcile"): "a DeploymentPolicy's own status",
     ("history.py", "HistoryReconciler.reconcile"): "the gate's ControllerRevisions",
     ("history.py", "HistoryReconciler._create"): "the gate's ControllerRevisions",
-    ("operator.py", "Operator._sign_records"): "records signed once when this replica first leads, before any reconcile",
+    ("operator.py", "Operator._sign_records"): "records signed when this replica first leads, before any reconcile",
     ("signing.py", "load_or_create"): "the record signing key's Secret, at start-up",
     ("signing.py", "adoption_done"): "the record signing key's Secret, once records are adopted",
 }
