@@ -7,7 +7,8 @@ the ones it asks for (but those the decision holds until their images are pinned
 decision's Events and metrics (`finish`). What it meets on the way ends the decision there and comes
 back in `Applied` for the next plan (`gate.lifecycle.outcomes`; the rule: `gate.controller.executor`):
 a write refused for good, a ConfigMap that is not NodeGate's, the budget that blocked an eviction.
-The taint backstops' writes (`lift_readiness_taint`, `release_hand_off`) are sent here too.
+The writes of the taint reconcile (a readiness taint lifted, a hand-off release) are sent here too
+(`write_node_change`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from gate.kube.objects import container_states, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.images import pod_images, request_packages
-from gate.lifecycle.machine import Decision, EventRequest, NodeContext, NodeView, PodRequest, Step
+from gate.lifecycle.machine import Decision, NodeContext, NodeView, PodRequest, Step
 from gate.lifecycle.outcomes import Refusal, node_write_refusal
 from gate.lifecycle.ownership import refusal as pod_refusal
 
@@ -349,39 +350,21 @@ class NodeApplier(Writer):
             blocked = blocked or result
         return blocked
 
-    async def lift_readiness_taint(self, node_obj: Obj, why: str) -> None:
-        """Remove the readiness taint of a node that no gate holds back any longer (no gate's keys move)."""
-        update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
-                                                 f"NodeGate lifted the readiness taint: {why}")])
-        update.change.remove_readiness_taint = True
+    async def write_node_change(self, node_obj: Obj, update: NodeUpdate) -> bool:
+        """A node write of no gate's (the readiness taint of a node no gate holds back any longer, a
+        hand-off release), guarded by the resourceVersion it was decided on, then its Events. Whether
+        anything was written."""
         built = node_patch("", node_obj, update)
         if built.body is None:
-            return
-        self.metrics.taint_removals.labels("-").inc()  # no gate: "-", as for a node step's package
+            return False
+        if built.taint_removed:
+            self.metrics.taint_removals.labels("-").inc()  # no gate: "-", as for a node step's package
+        if update.change.hand_off_released is not None:
+            self.metrics.hand_off_releases.inc()
         result = await self.client.patch(NODES, node_obj["metadata"]["name"], built.body)
         self.world.nodes.observe(result)
-        log.info("Lifted the readiness taint; node=%s why=%s", node_obj["metadata"]["name"], why)
-        for event in update.events:
-            await self.recorder.emit(result, event.type, event.reason, event.message)
-
-    async def release_hand_off(self, node_obj: Obj) -> None:
-        """Someone uncordoned a node held for hand-off: drop `held-by` and record the release for good,
-        guarded by the resourceVersion it was seen at (a node cordoned again meanwhile is looked at again)."""
-        name = node_obj["metadata"]["name"]
-        holder = (node_obj["metadata"].get("annotations") or {}).get(keys.HELD_BY, "")
-        update = NodeUpdate(events=[EventRequest("node", "Normal", "HandOffReleased",
-                                                 f"The node was uncordoned: NodeGate {holder}'s hand-off hold "
-                                                 "ended, and NodeGate never holds this node again")])
-        update.change.hand_off_released = datetime.now(UTC).isoformat(timespec="seconds")
-        built = node_patch("", node_obj, update)
-        if built.body is None:
-            return
-        self.metrics.hand_off_releases.inc()
-        result = await self.client.patch(NODES, name, built.body)
-        self.world.nodes.observe(result)
-        log.info("Noticed a hand-off release; node=%s gate=%s", name, holder)
-        for event in update.events:
-            await self.recorder.emit(result, event.type, event.reason, event.message)
+        await self.emit(result, update.events)
+        return True
 
 
 class _ConfigMapRefused(Exception):

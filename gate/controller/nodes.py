@@ -243,9 +243,20 @@ class TaintReconciler:
         view = node_view(node_obj)
         await self.applier.write_hand_off_condition(view, hold_condition(view.annotations, view.unschedulable))
         if release_noticed(view.annotations, view.unschedulable):
-            await self.applier.release_hand_off(node_obj)
+            # Someone uncordoned a node held for hand-off: `held-by` goes and the release is recorded for good.
+            holder = view.annotations.get(keys.HELD_BY, "")
+            update = NodeUpdate(events=[EventRequest("node", "Normal", "HandOffReleased",
+                                                     f"The node was uncordoned: NodeGate {holder}'s hand-off hold "
+                                                     "ended, and NodeGate never holds this node again")])
+            update.change.hand_off_released = datetime.now(UTC).isoformat(timespec="seconds")
+            if await self.applier.write_node_change(node_obj, update):
+                log.info("Noticed a hand-off release; node=%s gate=%s", key.node, holder)
             return DONE  # the write's own event brings the node back for its taint
         why = orphan_taint(self.world.fleet_node(node_obj), self.world.all_gates())
         if why is not None:
-            await self.applier.lift_readiness_taint(node_obj, why)
+            update = NodeUpdate(events=[EventRequest("node", "Normal", "ReadinessTaintRemoved",
+                                                     f"NodeGate lifted the readiness taint: {why}")])
+            update.change.remove_readiness_taint = True  # no gate's keys move
+            if await self.applier.write_node_change(node_obj, update):
+                log.info("Lifted the readiness taint; node=%s why=%s", key.node, why)
         return DONE
