@@ -61,10 +61,8 @@ log = logging.getLogger("nodegate.operator")
 
 
 class GateReconciler:
-    def __init__(self, client: KubeClient, metrics: OperatorMetrics, world: World, applier: GateApplier,
-                 resolver: ImageResolver, prepuller: Prepuller | None = None,
-                 endpoints: EndpointBook | None = None) -> None:
-        self.client = client
+    def __init__(self, metrics: OperatorMetrics, world: World, applier: GateApplier, resolver: ImageResolver,
+                 prepuller: Prepuller | None = None, endpoints: EndpointBook | None = None) -> None:
         self.endpoints = endpoints or EndpointBook()
         self.metrics = metrics
         self.world = world
@@ -96,7 +94,7 @@ class GateReconciler:
             return result | await self._finalize(gate, obj)
         finalizer = plan_finalizer(gate)
         if finalizer is not None:
-            return await self._apply(gate, obj, finalizer)  # the watch brings the new version back to us
+            return result | await self._apply(gate, obj, finalizer)  # the watch brings the new version back
         if disabled(gate):
             return result | await self._disabled(gate, obj)
         found, policy = await self._policy_of(gate, obj)
@@ -112,7 +110,7 @@ class GateReconciler:
                               packages_in_use=self._packages_in_use(), reported=self.world.reported,
                               prepull=self.prepuller.lookahead if self.prepuller is not None else None,
                               revisions=self.world.revisions.get(name))
-        result = await self._apply(gate, obj, plan)
+        result |= await self._apply(gate, obj, plan)
         if self.prepuller is not None and plan.prepull is not None:  # after the picks are written
             result |= await self._prepull(self.prepuller, gate, plan.prepull)
         return result

@@ -76,7 +76,7 @@ class Operator:
         prepuller = Prepuller(settings, self.world, self.metrics)
         # The Prometheus endpoints the installer configured: the only ones a policy may name.
         self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
-        self.gates = GateReconciler(client, self.metrics, self.world, gate_applier,
+        self.gates = GateReconciler(self.metrics, self.world, gate_applier,
                                     ImageResolver(settings, client, self.metrics), prepuller, self.endpoints)
         self.policies = PolicyReconciler(client, self.world, self.endpoints)
         self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
