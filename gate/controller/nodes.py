@@ -2,7 +2,7 @@
 
 `NodeReconciler.reconcile(NodeKey)` is one step of a node's state machine for one gate: it builds
 the node's context from the caches (the gate, the node, its state, its stage pods, the pods on the
-node when it drains), decides with `gate.lifecycle.machine` (`decide`, or `decide_removal` for a
+node when it drains), decides with `gate.lifecycle.machine.decide` (or `gate.lifecycle.uninstall.decide_removal` for a
 deleted gate) and hands the decision to the executor. `JoinReconciler.reconcile(JoinKey)` is the
 readiness-taint backstop for a node that just joined, ahead of the gate's plan, and
 `TaintReconciler.reconcile(TaintKey)` lifts the taint of a node that no readinessTaint gate selects, and
@@ -28,10 +28,13 @@ from gate.kube.client import PODS, KubeClient
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import NodeUpdate, disabled, hold_asked_by, selects
 from gate.lifecycle.handoff import hold_condition, release_noticed
-from gate.lifecycle.machine import EventRequest, NodeContext, Timing, decide, decide_removal, fail_round
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import EventRequest, NodeContext, Timing
 from gate.lifecycle.rollback import rolled_back, target_gate
+from gate.lifecycle.round import fail_round
 from gate.lifecycle.soak import health_of
 from gate.lifecycle.taint import orphan_taint, readiness_clear, taint_reason
+from gate.lifecycle.uninstall import decide_removal
 
 
 class NodeReconciler:

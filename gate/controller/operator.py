@@ -52,7 +52,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODES
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
-from gate.lifecycle.machine import Timing
+from gate.lifecycle.node import Timing
 
 log = logging.getLogger("nodegate.operator")
 

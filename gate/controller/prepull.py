@@ -33,7 +33,7 @@ from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.errors import ApiError, Conflict
 from gate.kube.objects import pod_ended
-from gate.lifecycle.machine import PULL_ERRORS, StagePod
+from gate.lifecycle.node import PULL_ERRORS, StagePod
 from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,

@@ -22,8 +22,9 @@ from gate.api.state import Failure, NodeGateState, StateParseError, rollout_hash
 from gate.lifecycle.condition import NodeCondition, blocked_condition
 from gate.lifecycle.handoff import held
 from gate.lifecycle.health import condition, rollout_verdict, with_verdict
-from gate.lifecycle.machine import EventRequest, NodeChange, NodeView, pending_work, rerun, start_round
+from gate.lifecycle.node import EventRequest, NodeChange, NodeView
 from gate.lifecycle.rollback import plan_rollbacks, rollback_message
+from gate.lifecycle.round import pending_work, rerun, start_round
 from gate.lifecycle.taint import passed, taint_reason
 from gate.rollout import GateProgress, NodeSnapshot, Plan, plan, resume
 from gate.rollout.history import Revision

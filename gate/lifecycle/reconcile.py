@@ -56,7 +56,7 @@ from gate.lifecycle.condition import NodeCondition, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, selects
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, previous_conditions
 from gate.lifecycle.images import records_wire
-from gate.lifecycle.machine import EventRequest
+from gate.lifecycle.node import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
 from gate.lifecycle.taint import lifts, readiness_clear

@@ -1,5 +1,5 @@
 """A write the API server refuses for good during a node's round fails the node with the server's
-message (`gate.lifecycle.machine.write_refused`); the round's cordon is undone while the host is as
+message (`gate.lifecycle.round.write_refused`); the round's cordon is undone while the host is as
 the round found it, so the node leaves the budget instead of waiting cordoned for ever."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from gate.api import keys
 from gate.api.nodegate import Interrupt
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import progress_of
-from gate.lifecycle.machine import Decision, NodeView, Step, decide, write_refused
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import Decision, NodeView, Step
+from gate.lifecycle.round import write_refused
 from tests.unit.lifecycle.test_machine import PKG, ctx, gate, node, one, started
 
 REFUSAL = 'admission webhook "deny.example.com" denied the request: no ConfigMaps today'

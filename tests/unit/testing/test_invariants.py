@@ -7,7 +7,7 @@ from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
 from gate.api.nodegate import NodeGate
 from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
-from gate.lifecycle.machine import PodRequest, Step, pod_name
+from gate.lifecycle.node import PodRequest, Step, pod_name
 from gate.testing.invariants import (
     Blind,
     Change,
