@@ -30,9 +30,10 @@ from gate.api import keys
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, rollout_hash
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, fresh_rollout, gate_status, resumed_gate, rollout_events
+from gate.lifecycle.fleet import FleetNode, NodeUpdate
 from gate.lifecycle.health import RECONCILING, STALLED, Verdict, condition, with_verdict
 from gate.lifecycle.node import EventRequest
+from gate.lifecycle.status import fresh_rollout, gate_status, resumed_gate, rollout_events
 from gate.rollout import GateProgress, NodeSnapshot, Start, plan
 
 
