@@ -291,7 +291,7 @@ def describe_failure(exc: BaseException) -> str:
 
     from gate.devcluster.build import BuildError
     from gate.devcluster.cluster import ClusterError
-    from gate.devcluster.realnode import RealNodeError
+    from gate.devcluster.hostside import RealNodeError
 
     if isinstance(exc, (BuildError, ClusterError, RealNodeError)):
         return str(exc)
