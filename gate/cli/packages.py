@@ -69,7 +69,7 @@ def cmd_package_verify(args: argparse.Namespace) -> int:
         if args.policy:
             policy = load_policy(Path(args.policy).read_text(), source=args.policy)
         else:
-            policy = policy_for_keys({Path(k).name: Path(k).read_text() for k in args.key}, repository)
+            policy = policy_for_keys({k: Path(k).read_text() for k in args.key}, repository)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 

@@ -135,13 +135,13 @@ def _run_async(coro: Coroutine[Any, Any, Verdict]) -> Verdict:
 
 
 def dev_signature_policy(registries: Iterable[str], public_key: str, *, mode: str = "enforce",
-                         unmatched: str = "allow") -> str:
+                         unmatched: str = "allow", under: str = "nodegate/**") -> str:
     """The dev cluster's signature policy (YAML): the dev key (`public_key`, a PEM) for
-    `<registry>/nodegate/**` at each address the dev registry is reached on (`host:port`)."""
+    `<registry>/nodegate/**` (`under`) at each address the dev registry is reached on (`host:port`)."""
     text = yaml.safe_dump({
         "mode": mode,
         "unmatched": unmatched,
-        "rules": [{"name": DEV_RULE_NAME, "repositories": [f"{r}/nodegate/**" for r in registries],
+        "rules": [{"name": DEV_RULE_NAME, "repositories": [f"{r}/{under}" for r in registries],
                    "keys": [{"name": DEV_KEY_NAME, "pem": public_key}]}],
     }, sort_keys=False)
     load_policy(text, source="the dev signature policy")  # what it writes, it reads

@@ -194,11 +194,11 @@ def test_what_fails_says_why_naming_the_image_the_digest_and_the_rule() -> None:
     assert reason == "UntrustedKey" and "signed by a key that is not in the rule" in message
     payload, sig = _simplesigning(stranger, DIGEST)
     reason, _, message = _judge(simplesigning_evidence("tag z.sig", payload, sig))
-    assert reason == "UntrustedKey" and "this format does not say which key signed" in message
-    # An edited simple-signing payload cannot be told from another key's: read as UntrustedKey, saying so.
+    assert reason == "SignatureInvalid" and "made by another key, or its payload was changed" in message
+    # An edited simple-signing payload cannot be told from another key's signature: both read so.
     payload, sig = _simplesigning(P256, DIGEST)
     edited = payload.replace(b'"optional": null', b'"optional": {"x": 1}')
-    assert _judge(simplesigning_evidence("tag e.sig", edited, sig))[0] == "UntrustedKey"
+    assert _judge(simplesigning_evidence("tag e.sig", edited, sig))[0] == "SignatureInvalid"
     assert _judge(simplesigning_evidence("tag n.sig", payload, None))[0] == "SignatureInvalid"
     # One good signature among bad ones verifies; an attestation is no signature.
     assert _judge(simplesigning_evidence("tag y.sig", copied_payload, copied_sig),
