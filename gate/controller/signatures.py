@@ -17,9 +17,10 @@ Decisions:
 * **A registry that cannot be read is an error, not a verdict.** A 401, a timeout or a malformed
   answer raises `RegistryError`, as a resolution does; the operator retries it like one. Only what
   was read decides (a 404 under the signature tag is "no signature there"). Errors are not cached.
-* **The requests** (measured on distribution v3.1.2, which has no referrers API: see
-  docs/supply-chain.md): the simple-signing tag, the referrers API and the fallback tag in parallel,
-  then the payload blobs, or the referrer manifests and then their bundles, in parallel.
+* **The requests**: the simple-signing tag, the referrers API and its fallback tag in parallel (one
+  round trip); then the payload blobs of a `.sig` manifest (a second), or the referrer manifests and
+  then their bundles (a second and a third). `requests` counts them (docs/supply-chain.md has the
+  figures on distribution v3.1.2, which has no referrers API).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class SignatureVerifier:
         self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
+        self.requests = 0  # HTTP requests those lookups sent
 
     async def verify(self, reference: str, digest: str, credentials: tuple[str, str] | None = None) -> Verdict:
         """The policy's verdict on `reference` at `digest`; raises RegistryError when the registry
@@ -143,7 +145,10 @@ class SignatureVerifier:
         """Every signature of `digest` the registry holds, in both formats."""
         async with registry_session(reference, target, credentials, timeout=self.timeout,
                                     token_hosts=self.token_hosts) as reg:
-            (legacy, (bundles, where)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
+            try:
+                (legacy, (bundles, where)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
+            finally:
+                self.requests += reg.requests
         return Lookup([*legacy, *bundles], where)
 
 
@@ -168,11 +173,12 @@ async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
 
 
 async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], Format | None]:
-    index = await reg.referrers(digest)
+    # The API and its fallback tag at once: one round trip whichever the registry offers (a registry
+    # with the API answers the tag with a 404, one request more).
+    index, fallback = await asyncio.gather(reg.referrers(digest), reg.manifest(referrers_tag(digest), (OCI_INDEX,)))
     fmt: Format = "bundle-referrers"
     if index is None:
-        index = await reg.manifest(referrers_tag(digest), (OCI_INDEX,))
-        fmt = "bundle-tag"
+        index, fmt = fallback, "bundle-tag"
     if index is None:
         return [], None
     try:

@@ -109,6 +109,15 @@ async def test_images_cosign_signed_in_either_format_verify_by_any_trusted_key_o
     assert "is signed by a key that is not in the rule" in verdicts["foreign"].message
     assert all(images[n][2] in v.message and "rule team" in v.message for n, v in verdicts.items())
 
+    # The cost of one verification: the .sig tag, the referrers API and its fallback tag at once, then
+    # the payload, or the referrer manifest and then its bundle.
+    counted = {}
+    for name in ("legacy", "bundle", "unsigned"):
+        fresh = SignatureVerifier(verifier.policy)
+        await fresh.verify(*images[name][1:])
+        counted[name] = fresh.requests
+    assert counted == {"legacy": 4, "bundle": 5, "unsigned": 3}
+
     # Cached by digest: asking again costs no lookup; a changed policy (the rotation done) looks again.
     lookups = verifier.lookups
     assert (await verifier.verify(*images["bundle"][1:])).reason == "Verified"
