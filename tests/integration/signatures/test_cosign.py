@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gate.api.cosign import referrers_tag, signature_tag
-from gate.api.signatures import SignatureKey, SignaturePolicy, SignatureRule
+from gate.api.signatures import SignatureKey, SignaturePolicy, SignatureRule, load_policy
 from gate.controller.registry import resolve_digest
 from gate.controller.signatures import SignatureVerifier
 from gate.devcluster import cosign, registry
@@ -227,3 +227,21 @@ def test_package_verify_says_what_the_operator_would_decide_and_exits_0_only_whe
     assert f"rule:     {cosign.DEV_RULE_NAME} (keys: {cosign.DEV_KEY_NAME})" in held.stdout
     refused = verify(signed_ref)
     assert refused.returncode != 0 and "give the keys to trust (--key FILE" in refused.stderr
+
+
+async def test_dev_images_signs_with_the_machines_dev_key_once_and_the_dev_policy_trusts_it(
+        keys: Keys, port: int) -> None:
+    repository = f"nodegate/{unique('sigtest')}"
+    digest = registry.push_small_image(port, repository, "1.0", "dev catalog")
+    reference = f"127.0.0.1:{port}/{repository}@{digest}"
+    said: list[str] = []
+    pub = cosign.sign_images([reference], said.append)
+    assert pub is not None
+    assert said == [f"Signed 127.0.0.1:{port}/{repository} ({digest[:19]}...) with the dev key {pub}"]
+    assert cosign.sign_images([reference], said.append) == pub and len(said) == 1  # signed already: nothing to do
+    policy = load_policy(cosign.dev_signature_policy([f"127.0.0.1:{port}", f"10.0.0.1:{port}"], pub.read_text()))
+    verdict = await SignatureVerifier(policy).verify(f"127.0.0.1:{port}/{repository}:1.0", digest)
+    assert (verdict.reason, verdict.rule, verdict.key) == ("Verified", cosign.DEV_RULE_NAME, cosign.DEV_KEY_NAME)
+    other = registry.push_small_image(port, repository, "2.0", "not signed")
+    refused = await SignatureVerifier(policy).verify(f"127.0.0.1:{port}/{repository}:2.0", other)
+    assert refused.reason == "SignatureMissing"
