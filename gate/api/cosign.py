@@ -255,9 +255,9 @@ def _keys(rule: SignatureRule) -> str:
 
 def judge(policy: SignaturePolicy, image: str, repository: str, digest: str,
           found: list[Evidence]) -> Verdict:
-    """What `policy` decides for `image` (`repository`, qualified) at `digest`, given the signatures
-    `found` for it (empty when the rule's lookup found none)."""
-    subject = f"image {image} ({digest})"
+    """What `policy` decides for `image` (as the gate names it, `repository` qualified) at `digest`,
+    given the signatures `found` for it (empty when the rule's lookup found none)."""
+    subject = f"image {image}" if image.endswith(f"@{digest}") else f"image {image} ({digest})"
     rule = policy.rule_for(repository)
     if rule is None:
         if policy.unmatched == "allow":

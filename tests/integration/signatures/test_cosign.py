@@ -104,7 +104,7 @@ async def test_images_cosign_signed_in_either_format_verify_by_any_trusted_key_o
     }
     _, ref, digest = images["unsigned"]
     assert verdicts["unsigned"].message == (
-        f"image {ref}@{digest} ({digest}) has no cosign signature (looked for the tag {signature_tag(digest)} "
+        f"image {ref} ({digest}) has no cosign signature (looked for the tag {signature_tag(digest)} "
         "and for Sigstore bundles among its referrers); rule team needs a signature by key trusted or new")
     assert "is signed by a key that is not in the rule" in verdicts["foreign"].message
     assert all(images[n][2] in v.message and "rule team" in v.message for n, v in verdicts.items())
@@ -211,9 +211,9 @@ def test_package_verify_says_what_the_operator_would_decide_and_exits_0_only_whe
         f"digest:   {signed}",
         f"rule:     command-line (keys: {keys.trusted[1]}, {keys.rotated_in[1]})",
         "found:    1 Sigstore bundle found through the referrers tag schema (sha256-<hex>) (the registry has no "
-        "referrers API: the tag-schema fallback was read)",
+        f"OCI referrers API: its fallback tag {referrers_tag(signed)} was read)",
         f"verdict:  Verified by key {keys.trusted[1]}",
-        f"why:      image {signed_ref}@{signed} ({signed}) is signed by key {keys.trusted[1]} of rule command-line "
+        f"why:      image {signed_ref} ({signed}) is signed by key {keys.trusted[1]} of rule command-line "
         "(Sigstore bundle found through the referrers tag schema (sha256-<hex>))",
         "operator: the image runs",
     ]
