@@ -150,6 +150,22 @@ async def test_a_re_pushed_tag_a_copied_signature_and_an_edited_payload_fail_nam
     assert (copied.reason, copied.key, copied.format) == ("SignatureInvalid", "trusted", "simplesigning")
     assert f"by key trusted but over a payload naming {other}, not this digest (a signature copied" in copied.message
 
+    # A bundle copied from another image: its referrer manifest put again with this image as subject.
+    repository, reference, digest = _image(port, "bundle-copied")
+    donor = registry.push_small_image(port, repository, "donor", "donor")
+    cosign.sign(keys.cosign, _by_digest(reference, donor), keys.trusted[0])
+    index = json.loads(registry.get_manifest(port, repository, referrers_tag(donor)))
+    manifest = json.loads(registry.get_manifest(port, repository, index["manifests"][0]["digest"]))
+    manifest["subject"]["digest"] = digest
+    body = json.dumps(manifest).encode()
+    index["manifests"][0]["digest"] = registry.put_manifest(port, repository, "copied", body)
+    index["manifests"][0]["size"] = len(body)
+    registry.put_manifest(port, repository, referrers_tag(digest), json.dumps(index).encode(),
+                          "application/vnd.oci.image.index.v1+json")
+    copied = await SignatureVerifier(policy).verify(reference, digest)
+    assert (copied.reason, copied.key, copied.format) == ("SignatureInvalid", "trusted", "bundle-tag")
+    assert f"over a payload naming {donor}, not this digest" in copied.message
+
     # A bundle's payload edited after signing: the statement changed, the signature kept.
     repository, reference, digest = _image(port, "edited")
     cosign.sign(keys.cosign, _by_digest(reference, digest), keys.trusted[0])
