@@ -20,6 +20,7 @@ from gate.api.cosign import SIGNATURE_ANNOTATION, SIMPLESIGNING_TYPE, signature_
 from gate.api.signatures import SignatureKey, SignaturePolicy, SignatureRule
 from gate.controller.registry import RegistryError
 from gate.controller.signatures import SignatureVerifier
+from tests.unit.controller.test_registry_client import serve_answer
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 IMAGE_DIGEST = "sha256:" + "c" * 64
@@ -40,34 +41,26 @@ class FakeRegistry:
     seen: list[str] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append(f"{request.method} {request.path.split('/', 4)[-1]}")
+        if request.path == "/token":
+            return web.json_response({"token": "t0ken"}) if request.headers.get("Authorization") == ROBOT \
+                else web.Response(status=401)
+        kind, ref = request.path.split("/")[-2:]
+        self.seen.append(f"{request.method} {kind}/{ref}")
         if request.headers.get("Authorization") != "Bearer t0ken":
             return web.Response(status=401, headers={
                 "WWW-Authenticate": f'Bearer realm="{self.base}/token",service="fake"'})
-        kind, ref = request.match_info["kind"], request.match_info["ref"]
         if kind == "manifests" and ref == signature_tag(IMAGE_DIGEST):
             return web.Response(body=SIG_MANIFEST.encode(), content_type="application/vnd.oci.image.manifest.v1+json")
         if kind == "blobs" and ref == PAYLOAD_DIGEST:
             return web.Response(body=PAYLOAD.replace(b"ccc", b"ddd") if self.lie else PAYLOAD)
         return web.Response(status=404)
 
-    async def token(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != ROBOT:
-            return web.Response(status=401)
-        return web.json_response({"token": "t0ken"})
-
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeRegistry]:
     registry = FakeRegistry()
-    app = web.Application()
-    app.router.add_get("/v2/team/pkg/{kind}/{ref}", registry.handle)
-    app.router.add_get("/token", registry.token)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    registry.base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, host = await serve_answer(registry.handle)
+    registry.base = f"http://{host}"
     try:
         yield registry
     finally:
