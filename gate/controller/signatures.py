@@ -93,13 +93,24 @@ class SignatureVerifier:
     """Finds an image digest's cosign signatures and judges them by the policy, once per digest."""
 
     def __init__(self, policy: SignaturePolicy, *, timeout: float = 10.0, token_hosts: Collection[str] = ()) -> None:
-        self.policy = policy
+        self.policy = policy  # hashed once per assignment (the setter), not per verification
         self.timeout = timeout
         self.token_hosts = tuple(token_hosts)
         self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
         self.requests = 0  # HTTP requests those lookups sent
+
+    @property
+    def policy(self) -> SignaturePolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: SignaturePolicy) -> None:
+        """A new policy: verdicts under the old one stay cached but are no longer found (another
+        fingerprint), so every digest is verified again."""
+        self._policy = policy
+        self._fingerprint = policy.fingerprint()
 
     async def verify(self, reference: str, digest: str, credentials: tuple[str, str] | None = None) -> Verdict:
         """The policy's verdict on `reference` at `digest`; raises RegistryError when the registry
@@ -108,7 +119,7 @@ class SignatureVerifier:
         if isinstance(target, str):
             raise RegistryError(reference, "", target)
         repository = qualified(f"{target.registry}/{target.repository}")
-        key = (repository, digest, self.policy.fingerprint())
+        key = (repository, digest, self._fingerprint)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
