@@ -28,7 +28,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.controller.endpoints import EndpointBook
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
-from gate.controller.images import ImageResolver, ImagesUnresolved
+from gate.controller.images import ImageResolver, ImagesUnresolved, ImagesUnverified
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.prepull import Prepuller
 from gate.controller.triggers import GateKey, PolicyKey
@@ -49,6 +49,7 @@ from gate.lifecycle.reconcile import (
     same_status,
 )
 from gate.lifecycle.rollback import rollback_targets
+from gate.lifecycle.signatures import failure_message
 
 log = logging.getLogger("nodegate.operator")
 
@@ -123,19 +124,23 @@ class GateReconciler:
         back_to = rollback_targets(gate, self.world.revisions.get(gate.name))
         resolved, problems = await self.resolver.resolve(gate, back_to)
         current = gate.status.images if gate.status is not None else []
-        records = merged_records(gate, resolved, back_to)
+        # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
+        records, verdicts = await self.resolver.verify(gate, merged_records(gate, resolved, back_to), back_to)
+        refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
         status: Obj = {}
-        message = unresolved_message(problems) if problems else ""
+        held_by, reason, message = "ImagesResolved", "ResolveFailed", unresolved_message(problems) if problems else ""
+        if refused and not problems:
+            held_by, reason, message = "ImagesVerified", refused[0].verdict.reason, failure_message(refused,
+                                                                                                  mode="enforce")
         if not same_records(current, records):
             status["images"] = records_wire(records)
-        if problems:
+        if message:
             # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
             previous = gate.status.conditions if gate.status is not None else []
             now, generation = datetime.now(UTC), gate.metadata.generation or 0
-            held: dict[str, Literal["True", "False"]] = {"ImagesResolved": "False", "Ready": "False",
-                                                         "Degraded": "True"}
+            held: dict[str, Literal["True", "False"]] = {held_by: "False", "Ready": "False", "Degraded": "True"}
             kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
-            status["conditions"] = [*kept, *(condition(type_, value, "ResolveFailed", message, previous, now,
+            status["conditions"] = [*kept, *(condition(type_, value, reason, message, previous, now,
                                                        generation).to_wire() for type_, value in held.items())]
             status.update({"status": "Degraded", "observedGeneration": generation})
         current_status = obj.get("status") or {}
@@ -144,9 +149,11 @@ class GateReconciler:
                 "resourceVersion": obj["metadata"]["resourceVersion"]}}, subresource="status")
             self.world.gates.observe(patched)
             obj, gate = patched, self.world.gate(gate.name) or gate
-        if problems:
-            await self.recorder.emit(obj, "Warning", "ResolveFailed", message)
-            raise ImagesUnresolved(message)
+        if warned:
+            await self.recorder.emit(obj, "Warning", warned[0].verdict.reason, failure_message(warned, mode="warn"))
+        if message:
+            await self.recorder.emit(obj, "Warning", reason, message)
+            raise ImagesUnresolved(message) if problems else ImagesUnverified(message)
         return gate, obj
 
     def _packages_in_use(self) -> set[str]:
