@@ -1,14 +1,78 @@
-"""Image signature verification against the cluster's policy (issue 34): work in progress.
+"""Image signature verification against the cluster's policy (issue 34): the registry reads.
 
-The interface is stable (`SignatureVerifier(policy, timeout=, token_hosts=)`, `await verify(reference,
-digest, credentials) -> Verdict`); the registry reading and the crypto follow in the next commits.
+`SignatureVerifier(policy).verify(reference, digest, credentials)` finds the cosign signatures of
+one image digest at its registry and returns the policy's `Verdict` (`gate.api.cosign.judge`, pure).
+It never shells out to cosign: the formats are read and the signatures checked with `cryptography`.
+
+Decisions:
+
+* **Both formats, looked up side by side.** The simple-signing manifest (tag `sha256-<hex>.sig`) and
+  the Sigstore bundles (the OCI referrers API, `GET /v2/<name>/referrers/<digest>`, and when the
+  registry does not offer it, the tag schema's fallback index under `sha256-<hex>`) are asked for at
+  once; each signature's payload or bundle is then fetched by digest, and checked against it by the
+  registry client (`gate.controller.registry.RegistrySession`).
+* **Once per digest and policy.** A verdict is cached by (repository, digest, policy fingerprint):
+  the same digest in the next rollout costs no request, and a changed policy (a new fingerprint)
+  verifies again. Concurrent verifications of one digest share one lookup.
+* **A registry that cannot be read is an error, not a verdict.** A 401, a timeout or a malformed
+  answer raises `RegistryError`, as a resolution does; the operator retries it like one. Only what
+  was read decides (a 404 under the signature tag is "no signature there"). Errors are not cached.
+* **The requests** (measured on distribution v3.1.2, which has no referrers API: see
+  docs/supply-chain.md): the simple-signing tag, the referrers API and the fallback tag in parallel,
+  then the payload blobs, or the referrer manifests and then their bundles, in parallel.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from collections.abc import Collection
+from dataclasses import dataclass
 
-from gate.api.signatures import SignaturePolicy, Verdict
+from gate.api.cosign import (
+    Evidence,
+    bundle_evidence,
+    bundle_layers,
+    judge,
+    referrer_candidates,
+    referrers_tag,
+    signature_tag,
+    simplesigning_evidence,
+    simplesigning_layers,
+)
+from gate.api.references import qualified
+from gate.api.signatures import Format, SignaturePolicy, Verdict
+from gate.controller.registry import (
+    RegistryError,
+    RegistrySession,
+    Target,
+    registry_session,
+    target_of,
+)
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MAX_BUNDLE = 1024 * 1024  # a Sigstore bundle with a certificate chain is a few KiB
+CACHE_SIZE = 4096
+
+
+def repository_of(reference: str) -> Target | str:
+    """The registry and repository of a reference, tagged or pinned by digest, or why it names none."""
+    name, _, pinned = reference.partition("@")
+    last = name.rpartition("/")[2]
+    target = target_of(name if ":" in last else f"{name}:latest")
+    if isinstance(target, str):
+        return target
+    return Target(target.registry, target.repository, pinned or target.tag)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What a lookup found: the signatures, and where the bundles were listed (for the CLI and docs)."""
+
+    evidence: list[Evidence]
+    referrers: Format | None  # bundle-referrers when the registry answered the API, bundle-tag otherwise
 
 
 class SignatureVerifier:
@@ -18,6 +82,128 @@ class SignatureVerifier:
         self.policy = policy
         self.timeout = timeout
         self.token_hosts = tuple(token_hosts)
+        self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
+        self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
+        self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
 
     async def verify(self, reference: str, digest: str, credentials: tuple[str, str] | None = None) -> Verdict:
-        raise NotImplementedError("issue 34: the verifier lands in the next commit on t34-verify")
+        """The policy's verdict on `reference` at `digest`; raises RegistryError when the registry
+        cannot be read."""
+        target = repository_of(reference)
+        if isinstance(target, str):
+            raise RegistryError(reference, "", target)
+        repository = qualified(f"{target.registry}/{target.repository}")
+        key = (repository, digest, self.policy.fingerprint())
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            verdict = await self._verify(reference, target, repository, digest, credentials)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a failure nobody else awaited is not logged as unhandled
+            raise
+        finally:
+            del self._pending[key]
+        future.set_result(verdict)
+        self._cache[key] = verdict
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return verdict
+
+    async def _verify(self, reference: str, target: Target, repository: str, digest: str,
+                      credentials: tuple[str, str] | None) -> Verdict:
+        image = reference if "@" in reference else f"{reference}@{digest}"
+        if self.policy.rule_for(repository) is None:
+            return judge(self.policy, image, repository, digest, [])  # no registry request needed
+        self.lookups += 1
+        found = await self.lookup(target, reference, digest, credentials)
+        return judge(self.policy, image, repository, digest, found.evidence)
+
+    async def explain(self, reference: str, digest: str,
+                      credentials: tuple[str, str] | None = None) -> tuple[Verdict, Lookup]:
+        """The verdict and every signature found, looked up even where no rule needs it and never
+        cached: what `nodegate package verify` shows."""
+        target = repository_of(reference)
+        if isinstance(target, str):
+            raise RegistryError(reference, "", target)
+        repository = qualified(f"{target.registry}/{target.repository}")
+        image = reference if "@" in reference else f"{reference}@{digest}"
+        found = await self.lookup(target, reference, digest, credentials)
+        return judge(self.policy, image, repository, digest, found.evidence), found
+
+    async def lookup(self, target: Target, reference: str, digest: str,
+                     credentials: tuple[str, str] | None = None) -> Lookup:
+        """Every signature of `digest` the registry holds, in both formats."""
+        async with registry_session(reference, target, credentials, timeout=self.timeout,
+                                    token_hosts=self.token_hosts) as reg:
+            (legacy, (bundles, where)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
+        return Lookup([*legacy, *bundles], where)
+
+
+async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
+    tag = signature_tag(digest)
+    manifest = await reg.manifest(tag, (OCI_MANIFEST, DOCKER_MANIFEST))
+    if manifest is None:
+        return []
+    try:
+        layers = simplesigning_layers(manifest)
+    except ValueError as exc:
+        return [Evidence("simplesigning", f"tag {tag}", problem=f"its manifest {exc}")]
+    payloads = await asyncio.gather(*(reg.blob(layer) for layer, _ in layers))
+    out = []
+    for (layer, signature), payload in zip(layers, payloads, strict=True):
+        where = f"tag {tag} (layer {layer})"
+        if payload is None:
+            out.append(Evidence("simplesigning", where, problem="its payload blob is missing from the registry"))
+        else:
+            out.append(simplesigning_evidence(where, payload, signature))
+    return out
+
+
+async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], Format | None]:
+    index = await reg.referrers(digest)
+    fmt: Format = "bundle-referrers"
+    if index is None:
+        index = await reg.manifest(referrers_tag(digest), (OCI_INDEX,))
+        fmt = "bundle-tag"
+    if index is None:
+        return [], None
+    try:
+        candidates = referrer_candidates(index, digest)
+    except ValueError as exc:
+        return [Evidence(fmt, f"the referrers of {digest}", problem=f"the referrers index {exc}")], fmt
+    manifests = await asyncio.gather(*(reg.manifest(d, (OCI_MANIFEST,)) for d in candidates))
+    wanted: list[tuple[str, str]] = []
+    out: list[Evidence] = []
+    for manifest_digest, manifest in zip(candidates, manifests, strict=True):
+        if manifest is None:
+            continue  # listed but gone: a referrer deleted since
+        try:
+            layers = bundle_layers(manifest, digest)
+        except ValueError as exc:
+            out.append(Evidence(fmt, f"referrer {manifest_digest}", problem=f"its manifest {exc}"))
+            continue
+        if isinstance(layers, str):
+            out.append(Evidence(fmt, f"referrer {manifest_digest}", problem=f"its manifest {layers}"))
+            continue
+        wanted += [(manifest_digest, layer) for layer in layers]
+    blobs = await asyncio.gather(*(reg.blob(layer, MAX_BUNDLE) for _, layer in wanted))
+    for (manifest_digest, layer), blob in zip(wanted, blobs, strict=True):
+        where = f"referrer {manifest_digest}"
+        if blob is None:
+            out.append(Evidence(fmt, where, problem=f"its bundle blob {layer} is missing from the registry"))
+            continue
+        evidence = bundle_evidence(fmt, where, blob)
+        if evidence is not None:
+            out.append(evidence)
+    return out, fmt
+
+
+__all__ = ["Lookup", "SignatureVerifier", "repository_of"]
