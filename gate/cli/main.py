@@ -92,6 +92,15 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
                real_nodes=real)
     if args.prometheus_endpoint:
         services.set_prometheus_endpoints(cluster, endpoints)
+    if args.image_signatures:
+        try:
+            text = Path(args.image_signatures).read_text()
+            services.set_image_signatures(cluster, text)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"--image-signatures {args.image_signatures}: {exc}") from None
+        if "operator" in cluster.processes() and cluster.processes()["operator"].alive():
+            _err("Restarting the operator with the image signature policy")
+            cluster.stop_process("operator")
     if args.cert_manager:
         from gate.devcluster import certmanager
 
@@ -207,6 +216,11 @@ def parser() -> argparse.ArgumentParser:
                     help="a Prometheus endpoint a DeploymentPolicy's health.prometheus.endpoint may name "
                          "(repeatable; replaces the cluster's endpoints; as the chart's "
                          "operator.health.prometheus.endpoints)")
+    up.add_argument("--image-signatures", metavar="FILE",
+                    help="the operator's image signature policy (YAML: mode, unmatched, rules; as the chart's "
+                         "operator.imageSignatures): every package image is verified before any node is cordoned "
+                         "for it, and resolved to a digest in a registry (docs/supply-chain.md); kept for the "
+                         "cluster's later starts")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.add_argument("--cert-manager", action="store_true",

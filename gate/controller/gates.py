@@ -125,7 +125,9 @@ class GateReconciler:
         resolved, problems = await self.resolver.resolve(gate, back_to)
         current = gate.status.images if gate.status is not None else []
         # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
-        records, verdicts = await self.resolver.verify(gate, merged_records(gate, resolved, back_to), back_to)
+        records, verdicts, unread = await self.resolver.verify(gate, merged_records(gate, resolved, back_to),
+                                                               back_to)
+        problems = {**problems, **unread}
         refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
         status: Obj = {}
         held_by, reason, message = "ImagesResolved", "ResolveFailed", unresolved_message(problems) if problems else ""

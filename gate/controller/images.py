@@ -51,20 +51,24 @@ class ImageResolver:
         self.metrics = metrics
         self.trust = trust or ImageTrust(settings, metrics)
 
-    async def verify(self, gate: NodeGate, records: Sequence[ImageRecord],
-                     also: Sequence[NodeGate] = ()) -> tuple[list[ImageRecord], list[Judged]]:
-        """With an image signature policy: the records with what it decided for each digest, and each
-        image judged: the records', and those pinned by digest in the specs (they have no record). The
-        verifier answers from its cache once it has judged a digest under this policy."""
+    async def verify(self, gate: NodeGate, records: Sequence[ImageRecord], also: Sequence[NodeGate] = (),
+                     ) -> tuple[list[ImageRecord], list[Judged], dict[str, str]]:
+        """With an image signature policy: the records with what it decided for each digest; each image
+        judged (the records', and those pinned by digest in the specs, which have no record); and the
+        packages whose signatures could not be read, with why (held as an image that does not resolve,
+        and retried). The verifier answers from its cache once it has judged a digest under this policy."""
         policy = self.trust.current()
         if policy is None:  # none (any more): no record claims a verdict
-            return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], []
+            return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], [], {}
         packages = {name: p for spec in (gate, *also) for name, p in reversed(spec.spec.packages.items())}
         images = [*records, *pinned_images(gate, also)]
         verdicts = await asyncio.gather(*(self._judge(gate.name, r, packages.get(r.package)) for r in images))
-        judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True)]
+        judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True) if not isinstance(v, str)]
+        unread = {r.package: v for r, v in zip(images, verdicts, strict=True) if isinstance(v, str)}
         now = datetime.now(UTC)
-        return [recorded_verdict(j, policy, now) for j in judged[:len(records)]], judged
+        kept = {(j.record.package, j.record.reference): j for j in judged}
+        out = [recorded_verdict(j, policy, now) if (j := kept.get((r.package, r.reference))) else r for r in records]
+        return out, judged, unread
 
     def verdicts_of(self, gate: str, judged: Sequence[Judged]) -> tuple[list[Judged], list[Judged]]:
         """The images that hold the gate (enforce mode) and those that run with a warning (warn mode)."""
@@ -75,10 +79,16 @@ class ImageResolver:
         self.metrics.images_unverified.labels(gate).set(len(refused) + len(warned_))
         return refused, warned_
 
-    async def _judge(self, gate: str, record: ImageRecord, spec: Package | None) -> Verdict:
+    async def _judge(self, gate: str, record: ImageRecord, spec: Package | None) -> Verdict | str:
         notes: list[str] = []
         credentials = await self._credentials_of(record.reference, spec, notes)
-        verdict = await self.trust.judge(record.reference, record.digest, credentials)
+        try:
+            verdict = await self.trust.judge(record.reference, record.digest, credentials)
+        except RegistryError as exc:
+            log.warning("Image signatures not read; gate=%s package=%s image=%s digest=%s error=%s", gate,
+                        record.package, record.reference, record.digest, exc)
+            return (f"the signatures of {record.reference} (digest {record.digest}) could not be read: "
+                    f"{exc}{''.join(f'; {n}' for n in notes)}")
         if not verdict.ok:
             log.warning("Image not verified; gate=%s package=%s image=%s digest=%s reason=%s rule=%s message=%s%s",
                         gate, record.package, record.reference, record.digest, verdict.reason, verdict.rule,
