@@ -141,6 +141,8 @@ def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -
     ({"image": {"digest": "latest"}}, "digest"),
     ({"operator": {"replicas": 0}}, "replicas"),
     ({"operator": {"imageSignatures": {"mode": "audit"}}}, "/operator/imageSignatures/mode"),
+    ({"operator": {"imageSignatures": {"unmatched": "refuse"}, "images": {"resolveDigests": False}}},
+     "operator.imageSignatures needs operator.images.resolveDigests: true"),
     ({"operator": {"imageSignatures": {"rules": [{"name": "r", "repositories": ["a/b"], "keys": []}]}}},
      "/operator/imageSignatures/rules/0/keys"),
     ({"webhook": {"imagePolicy": {"allowedRepositories": ["acme"]}}}, "/webhook/imagePolicy/allowedRepositories/0"),
