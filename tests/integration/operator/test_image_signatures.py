@@ -15,7 +15,6 @@ annotation) with `cryptography`. The operator's verifier reads either the same w
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -33,24 +32,19 @@ from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import set_image_signatures, start_operator
 from gate.kube.client import EVENTS, KubeClient
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, wait_for
-from tests.integration.operator.test_image_digests import OCI_CONFIG, OCI_MANIFEST, Pulls, _request, images_of, push
+from tests.integration.operator.test_image_digests import (
+    OCI_CONFIG,
+    OCI_MANIFEST,
+    Pulls,
+    images_of,
+    push,
+    put_manifest,
+    rolled_out,
+    upload_blob,
+)
 from tests.integration.operator.test_image_digests import pulls as pulls  # the fixture: every stage pod as created
 
 RULE = "tests"
-
-
-def _blob(port: int, repository: str, data: bytes) -> str:
-    import urllib.parse
-
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    base = f"http://127.0.0.1:{port}/v2/{repository}"
-    with _request(f"{base}/blobs/uploads/", "POST") as started:
-        location = urllib.parse.urljoin(f"http://127.0.0.1:{port}", started.headers["Location"])
-    separator = "&" if "?" in location else "?"
-    with _request(f"{location}{separator}digest={digest}", "PUT", data,
-                  {"Content-Type": "application/octet-stream"}) as done:
-        assert done.status == 201
-    return digest
 
 
 def sign_like_cosign(port: int, repository: str, digest: str, key: ec.EllipticCurvePrivateKey) -> None:
@@ -60,17 +54,14 @@ def sign_like_cosign(port: int, repository: str, digest: str, key: ec.EllipticCu
                                        "type": "cosign container image signature"},
                           "optional": None}).encode()
     signature = base64.b64encode(key.sign(payload, ec.ECDSA(hashes.SHA256()))).decode()
-    layer = _blob(port, repository, payload)
+    layer = upload_blob(port, repository, payload)
     config = b'{"architecture":"","os":"","config":{},"rootfs":{"type":"layers","diff_ids":[]}}'
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": {"mediaType": OCI_CONFIG, "digest": _blob(port, repository, config),
+                           "config": {"mediaType": OCI_CONFIG, "digest": upload_blob(port, repository, config),
                                       "size": len(config)},
                            "layers": [{"mediaType": SIMPLESIGNING_TYPE, "digest": layer, "size": len(payload),
                                        "annotations": {SIGNATURE_ANNOTATION: signature}}]}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/{repository}/manifests/{signature_tag(digest)}",
-                                 data=manifest, method="PUT", headers={"Content-Type": OCI_MANIFEST})
-    with urllib.request.urlopen(req, timeout=10) as put:
-        assert put.status == 201
+    put_manifest(port, repository, signature_tag(digest), manifest)
 
 
 class Signer:
@@ -255,13 +246,7 @@ async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_
         set_image_signatures(cluster, policy_text(registry_port, trusted))
         await scenario.apply_gate({"pkg": {"version": "2.0.0", "image": image}}, interruptionBudget={"count": 1})
 
-        async def upgraded() -> bool:
-            g = await scenario.gate()
-            return (images_of(g).get("pkg", {}).get("digest") == signed
-                    and (g.get("status") or {}).get("nodes", {}).get("complete") == 1
-                    and g["status"].get("observedGeneration") == g["metadata"]["generation"])
-
-        await wait_for(upgraded, what="the signed version on the first node")
+        await rolled_out(scenario, "pkg", signed, complete=1)
         set_image_signatures(cluster, policy_text(registry_port, {"other": signers[1].public_pem}))
         gate = await scenario.wait_condition("ImagesVerified", "False")
         assert signed in conditions(gate)["ImagesVerified"]["message"]
