@@ -22,12 +22,13 @@ Decisions:
 * **A signature counts only over a payload that names this exact digest**, verified over the exact
   bytes fetched (whose digest the registry client checked). A valid signature over a payload naming
   another digest is a copied signature: `SignatureInvalid`, never a pass.
-* **Which key signed.** A bundle names its key (`verificationMaterial.publicKey.hint`, cosign's
-  base64 SHA-256 of the key's DER): a bundle whose hint is a trusted key but whose signature fails was
-  changed after signing (`SignatureInvalid`); a hint of another key is `UntrustedKey`. The simple-
-  signing format names no key, so a signature that no trusted key verifies reads `UntrustedKey` there,
-  and its message says it may also be a payload changed after signing: the two cannot be told apart
-  from the bytes.
+* **`UntrustedKey` only where the format names the key.** A bundle names its key
+  (`verificationMaterial.publicKey.hint`, cosign's base64 SHA-256 of the key's DER): a hint of
+  another key is `UntrustedKey`; a trusted key's hint whose signature fails was changed after signing
+  (`SignatureInvalid`). The simple-signing format names no key, and a payload changed after signing
+  cannot be told from another key's signature by the bytes; so there a signature no trusted key
+  verifies is `SignatureInvalid` ("a signature that does not verify", as cosign itself reports it),
+  and its message says it is by another key or was changed.
 * **Order of reasons**, when an image carries several signatures: one that verifies wins
   (`Verified`); otherwise a definite sign of tampering (`SignatureInvalid`: another digest named, an
   unreadable signature, a trusted key's bundle that fails) before `UntrustedKey`, and
@@ -254,9 +255,9 @@ def _keys(rule: SignatureRule) -> str:
 
 def judge(policy: SignaturePolicy, image: str, repository: str, digest: str,
           found: list[Evidence]) -> Verdict:
-    """What `policy` decides for `image` (`repository`, qualified) at `digest`, given the signatures
-    `found` for it (empty when the rule's lookup found none)."""
-    subject = f"image {image} ({digest})"
+    """What `policy` decides for `image` (as the gate names it, `repository` qualified) at `digest`,
+    given the signatures `found` for it (empty when the rule's lookup found none)."""
+    subject = f"image {image}" if image.endswith(f"@{digest}") else f"image {image} ({digest})"
     rule = policy.rule_for(repository)
     if rule is None:
         if policy.unmatched == "allow":
@@ -295,18 +296,18 @@ def judge(policy: SignaturePolicy, image: str, repository: str, digest: str,
             untrusted.append((f"the bundle under {ev.where} is signed by a key that is not in the rule "
                               f"(hint {ev.hint})", ev.format))
         else:
-            untrusted.append((f"no key of the rule verifies the signature under {ev.where}: it is by another "
-                              "key, or its payload was changed after signing (this format does not say which "
-                              "key signed)", ev.format))
-    if invalid:
-        key, why, fmt = invalid[0]
-        return Verdict("SignatureInvalid", rule.name, key, f"{subject}: {why}; {needs}", fmt)
-    why, fmt = untrusted[0]
+            invalid.append((None, f"no key of the rule verifies the signature under {ev.where}: it was made by "
+                                  "another key, or its payload was changed after signing (this format does not "
+                                  "name the key)", ev.format))
     ed25519_note = ""
     if any(isinstance(k.public_key, ed25519.Ed25519PublicKey) for k in rule.keys):
-        ed25519_note = (" (an Ed25519 key's signature must be pure Ed25519: cosign 3 signs as Ed25519ph, which "
-                        "NodeGate does not verify; sign with an ECDSA P-256 key)")
-    return Verdict("UntrustedKey", rule.name, None, f"{subject}: {why}; {needs}{ed25519_note}", fmt)
+        ed25519_note = (" (an Ed25519 key's signature must be pure Ed25519: cosign 3 signs as Ed25519ph by default, "
+                        "which NodeGate does not verify; sign with an ECDSA P-256 key)")
+    if invalid:
+        key, why, fmt = invalid[0]
+        return Verdict("SignatureInvalid", rule.name, key, f"{subject}: {why}; {needs}{ed25519_note}", fmt)
+    why, fmt = untrusted[0]
+    return Verdict("UntrustedKey", rule.name, None, f"{subject}: {why}; {needs}", fmt)
 
 
 __all__ = [

@@ -54,7 +54,7 @@ def cmd_package_verify(args: argparse.Namespace) -> int:
     """What the operator would decide about IMAGE's signatures, and why; exit 0 only when it would run."""
     import asyncio
 
-    from gate.api.cosign import signature_tag
+    from gate.api.cosign import referrers_tag
     from gate.api.signatures import FORMAT_NAMES, Verdict, load_policy, policy_for_keys
     from gate.controller.registry import RegistryError, resolve_digest
     from gate.controller.signatures import Lookup, SignatureVerifier, repository_of
@@ -69,7 +69,7 @@ def cmd_package_verify(args: argparse.Namespace) -> int:
         if args.policy:
             policy = load_policy(Path(args.policy).read_text(), source=args.policy)
         else:
-            policy = policy_for_keys({Path(k).name: Path(k).read_text() for k in args.key}, repository)
+            policy = policy_for_keys({k: Path(k).read_text() for k in args.key}, repository)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
@@ -87,9 +87,8 @@ def cmd_package_verify(args: argparse.Namespace) -> int:
     for evidence in found.evidence:
         kinds[evidence.format] = kinds.get(evidence.format, 0) + 1
     seen = "; ".join(f"{n} {FORMAT_NAMES[f]}" for f, n in kinds.items()) or "no signature"
-    where = {"bundle-referrers": "the registry answers the referrers API",
-             "bundle-tag": "the registry has no referrers API: the tag-schema fallback was read",
-             None: f"looked under the tag {signature_tag(digest)} and among the referrers"}[found.referrers]
+    where = ("the registry answers the OCI referrers API" if found.referrers_api else
+             f"the registry has no OCI referrers API: its fallback tag {referrers_tag(digest)} was read")
     if verdict.ok:
         decision = "runs"
     elif policy.mode == "warn":

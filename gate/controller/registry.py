@@ -237,6 +237,7 @@ class RegistrySession:
         self.credentials = credentials
         self.token_hosts = token_hosts
         self.authorization: str | None = None
+        self.requests = 0  # HTTP requests sent (redirect hops and token requests included): the cost figure
 
     def error(self, problem: str, status: int | None = None) -> RegistryError:
         return RegistryError(self.reference, self.target.registry, problem, status)
@@ -330,6 +331,7 @@ class RegistrySession:
             headers = {"Accept": ", ".join(accept)}
             if self.authorization and same_host(url, self.target.manifest_url):
                 headers["Authorization"] = self.authorization
+            self.requests += 1
             async with self.session.request(method, url, headers=headers, allow_redirects=False) as resp:
                 location = resp.headers.get("Location")
                 if resp.status in _REDIRECTS and location:
@@ -365,6 +367,7 @@ class RegistrySession:
         if params.get("service"):
             query["service"] = params["service"]
         headers = {"Authorization": _basic(self.credentials)} if self.credentials else {}
+        self.requests += 1
         # No redirect is followed from the token service: the credentials were sent to it alone.
         async with self.session.get(realm, params=query, headers=headers, allow_redirects=False) as resp:
             if resp.status != 200:

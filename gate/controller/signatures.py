@@ -17,9 +17,10 @@ Decisions:
 * **A registry that cannot be read is an error, not a verdict.** A 401, a timeout or a malformed
   answer raises `RegistryError`, as a resolution does; the operator retries it like one. Only what
   was read decides (a 404 under the signature tag is "no signature there"). Errors are not cached.
-* **The requests** (measured on distribution v3.1.2, which has no referrers API: see
-  docs/supply-chain.md): the simple-signing tag, the referrers API and the fallback tag in parallel,
-  then the payload blobs, or the referrer manifests and then their bundles, in parallel.
+* **The requests**: the simple-signing tag, the referrers API and its fallback tag in parallel (one
+  round trip); then the payload blobs of a `.sig` manifest (a second), or the referrer manifests and
+  then their bundles (a second and a third). `requests` counts them (docs/supply-chain.md has the
+  figures on distribution v3.1.2, which has no referrers API).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Lookup:
     """What a lookup found: the signatures, and where the bundles were listed (for the CLI and docs)."""
 
     evidence: list[Evidence]
-    referrers: Format | None  # bundle-referrers when the registry answered the API, bundle-tag otherwise
+    referrers_api: bool  # the registry answered the OCI referrers API (else its fallback tag was read)
 
 
 class SignatureVerifier:
@@ -85,6 +86,7 @@ class SignatureVerifier:
         self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
+        self.requests = 0  # HTTP requests those lookups sent
 
     async def verify(self, reference: str, digest: str, credentials: tuple[str, str] | None = None) -> Verdict:
         """The policy's verdict on `reference` at `digest`; raises RegistryError when the registry
@@ -119,7 +121,7 @@ class SignatureVerifier:
 
     async def _verify(self, reference: str, target: Target, repository: str, digest: str,
                       credentials: tuple[str, str] | None) -> Verdict:
-        image = reference if "@" in reference else f"{reference}@{digest}"
+        image = reference
         if self.policy.rule_for(repository) is None:
             return judge(self.policy, image, repository, digest, [])  # no registry request needed
         self.lookups += 1
@@ -134,7 +136,7 @@ class SignatureVerifier:
         if isinstance(target, str):
             raise RegistryError(reference, "", target)
         repository = qualified(f"{target.registry}/{target.repository}")
-        image = reference if "@" in reference else f"{reference}@{digest}"
+        image = reference
         found = await self.lookup(target, reference, digest, credentials)
         return judge(self.policy, image, repository, digest, found.evidence), found
 
@@ -143,8 +145,11 @@ class SignatureVerifier:
         """Every signature of `digest` the registry holds, in both formats."""
         async with registry_session(reference, target, credentials, timeout=self.timeout,
                                     token_hosts=self.token_hosts) as reg:
-            (legacy, (bundles, where)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
-        return Lookup([*legacy, *bundles], where)
+            try:
+                (legacy, (bundles, api)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
+            finally:
+                self.requests += reg.requests
+        return Lookup([*legacy, *bundles], api)
 
 
 async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
@@ -167,18 +172,20 @@ async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
     return out
 
 
-async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], Format | None]:
-    index = await reg.referrers(digest)
-    fmt: Format = "bundle-referrers"
+async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], bool]:
+    """The Sigstore bundles among `digest`'s referrers, and whether the registry offers the API."""
+    # The API and its fallback tag at once: one round trip whichever the registry offers (a registry
+    # with the API answers the tag with a 404, one request more).
+    index, fallback = await asyncio.gather(reg.referrers(digest), reg.manifest(referrers_tag(digest), (OCI_INDEX,)))
+    api = index is not None
+    fmt: Format = "bundle-referrers" if api else "bundle-tag"
+    index = index if api else fallback
     if index is None:
-        index = await reg.manifest(referrers_tag(digest), (OCI_INDEX,))
-        fmt = "bundle-tag"
-    if index is None:
-        return [], None
+        return [], api
     try:
         candidates = referrer_candidates(index, digest)
     except ValueError as exc:
-        return [Evidence(fmt, f"the referrers of {digest}", problem=f"the referrers index {exc}")], fmt
+        return [Evidence(fmt, f"the referrers of {digest}", problem=f"the referrers index {exc}")], api
     manifests = await asyncio.gather(*(reg.manifest(d, (OCI_MANIFEST,)) for d in candidates))
     wanted: list[tuple[str, str]] = []
     out: list[Evidence] = []
@@ -203,7 +210,7 @@ async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], F
         evidence = bundle_evidence(fmt, where, blob)
         if evidence is not None:
             out.append(evidence)
-    return out, fmt
+    return out, api
 
 
 __all__ = ["Lookup", "SignatureVerifier", "repository_of"]

@@ -91,6 +91,16 @@ def dev_key_pair(cosign: Path) -> tuple[Path, Path]:
         return key, pub
 
 
+def dev_public_key(progress: Progress = print) -> str | None:
+    """The machine's dev public key (PEM), generating the pair on first use; None (saying so) when
+    cosign is not built. What `nodegate dev up --image-signatures` trusts for the catalog."""
+    cosign = binary()
+    if cosign is None:
+        progress("cosign is not built, so there is no dev signing key: `python -m gate.devcluster.build` builds it")
+        return None
+    return dev_key_pair(cosign)[1].read_text()
+
+
 def sign(cosign: Path, image: str, key: Path, *, fmt: SignFormat = "bundle", password: str = "") -> str:
     """Sign `image` (a reference by digest: cosign signs what a tag names at that moment otherwise)
     with `key`, offline, in `fmt`; return cosign's output."""
@@ -135,18 +145,18 @@ def _run_async(coro: Coroutine[Any, Any, Verdict]) -> Verdict:
 
 
 def dev_signature_policy(registries: Iterable[str], public_key: str, *, mode: str = "enforce",
-                         unmatched: str = "allow") -> str:
+                         unmatched: str = "allow", under: str = "nodegate/**") -> str:
     """The dev cluster's signature policy (YAML): the dev key (`public_key`, a PEM) for
-    `<registry>/nodegate/**` at each address the dev registry is reached on (`host:port`)."""
+    `<registry>/nodegate/**` (`under`) at each address the dev registry is reached on (`host:port`)."""
     text = yaml.safe_dump({
         "mode": mode,
         "unmatched": unmatched,
-        "rules": [{"name": DEV_RULE_NAME, "repositories": [f"{r}/nodegate/**" for r in registries],
+        "rules": [{"name": DEV_RULE_NAME, "repositories": [f"{r}/{under}" for r in registries],
                    "keys": [{"name": DEV_KEY_NAME, "pem": public_key}]}],
     }, sort_keys=False)
     load_policy(text, source="the dev signature policy")  # what it writes, it reads
     return text
 
 
-__all__ = ["DEV_KEY_NAME", "DEV_RULE_NAME", "OFFLINE_FLAGS", "binary", "dev_key_pair", "dev_signature_policy",
-           "generate_key_pair", "sign", "sign_images"]
+__all__ = ["DEV_KEY_NAME", "DEV_RULE_NAME", "OFFLINE_FLAGS", "binary", "dev_key_pair", "dev_public_key",
+           "dev_signature_policy", "generate_key_pair", "sign", "sign_images"]
