@@ -26,9 +26,9 @@ from gate.admission.rules.images import ImagePolicy, image_violations, prefix_pr
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
 from gate.api.common import Obj
+from gate.api.signatures import load_policy
 from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
-from gate.api.signatures import load_policy
 from gate.controller.endpoints import parse_endpoints
 from gate.controller.settings import OperatorSettings
 from tests.chart.conftest import CHART_DIR, REPO, env_of, find, lint, rendered, rendered_text
