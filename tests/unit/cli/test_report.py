@@ -204,7 +204,8 @@ def test_image_signatures_that_hold_or_only_warn_are_shown() -> None:
     """`nodegate status` shows a gate held by the image signature policy (its Degraded message names the
     package, image, digest and rule) and, in warn mode, the failure it lets run."""
     held_message = (f"package pkg: image r.example/pkg:1.0.0 (digest sha256:{'1' * 64}, rule team): "
-                    "SignatureMissing. No node of this gate is cordoned and no stage pod starts until its images verify")
+                    "SignatureMissing. No node of this gate is cordoned and no stage pod starts until its images "
+                    "verify")
     held = {"observedGeneration": 1, "status": "Degraded", "conditions": [
         {"type": "ImagesVerified", "status": "False", "reason": "SignatureMissing", "message": held_message},
         {"type": "Degraded", "status": "True", "reason": "SignatureMissing", "message": held_message}]}
