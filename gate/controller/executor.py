@@ -68,6 +68,7 @@ from gate.lifecycle.machine import (
 )
 from gate.lifecycle.ownership import refusal as pod_refusal
 from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
+from gate.lifecycle.signatures import agent_image
 
 log = logging.getLogger("nodegate.operator")
 
@@ -265,8 +266,12 @@ class Executor:
                     body = {"gracePeriodSeconds": 0}
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
         for request in decision.create_pods:
+            trusted = self.trust.trusted() if self.trust is not None else None
             images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests,
-                                            trusted=self.trust.trusted() if self.trust is not None else None)
+                                            trusted=trusted)
+            agent = agent_image(self.settings.agent_image)
+            if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
+                unresolved.append(agent.package)  # NodeGate's own image, judged as a package's
             if unresolved:
                 # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet,
                 # nor a digest the image signature policy has not let run in this process. The gate

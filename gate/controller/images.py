@@ -28,7 +28,7 @@ from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
 from gate.kube.errors import ApiError
 from gate.lifecycle.images import pinned_images, to_resolve
-from gate.lifecycle.signatures import Judged, held, recorded_verdict, warned
+from gate.lifecycle.signatures import Judged, agent_image, held, recorded_verdict, warned
 
 log = logging.getLogger("nodegate.operator")
 
@@ -61,7 +61,8 @@ class ImageResolver:
         if policy is None:  # none (any more): no record claims a verdict
             return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], [], {}
         packages = {name: p for spec in (gate, *also) for name, p in reversed(spec.spec.packages.items())}
-        images = [*records, *pinned_images(gate, also)]
+        agent = agent_image(self.settings.agent_image)
+        images = [*records, *pinned_images(gate, also), *([agent] if agent is not None else [])]
         verdicts = await asyncio.gather(*(self._judge(gate.name, r, packages.get(r.package)) for r in images))
         judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True) if not isinstance(v, str)]
         unread = {r.package: v for r, v in zip(images, verdicts, strict=True) if isinstance(v, str)}

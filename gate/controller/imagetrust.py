@@ -29,7 +29,7 @@ from gate.api.signatures import SignaturePolicy, Verdict, load_policy
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.settings import OperatorSettings
 from gate.controller.signatures import SignatureVerifier
-from gate.lifecycle.signatures import trusted_digests
+from gate.lifecycle.signatures import agent_image, trusted_digests
 
 log = logging.getLogger("nodegate.operator")
 
@@ -66,6 +66,10 @@ class ImageTrust:
         if self.path is not None:
             self._stamp = _stamp(self.path)
             self._use(read_policy(str(self.path)))
+            if agent_image(settings.agent_image) is None:
+                log.warning("The agent image is a tag, so its signature is not verified: pin it by digest (the "
+                            "chart's image.digest) to have it judged like a package's; agent_image=%s",
+                            settings.agent_image)
 
     def _use(self, policy: SignaturePolicy) -> None:
         self.policy = policy

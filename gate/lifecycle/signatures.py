@@ -23,6 +23,10 @@ Decisions:
   judged in this process is judged again first. Once a pod is created, its image is part of the shape
   the node's signed record holds (`gate.lifecycle.ownership`): a pod whose image is changed afterwards
   is not the operator's.
+* **NodeGate's own agent image is judged like a package's** (`agent_image`), when it is pinned by
+  digest, as the chart pins it with `image.digest`: its failure holds every gate, and names the
+  package `(agent)`. A tagged agent image is not verified (the operator says so at start): a tag
+  could name other content on the next pull.
 * **A changed policy judges everything again.** A verdict is kept with the policy's fingerprint; a
   record judged under another fingerprint counts as not judged.
 """
@@ -39,6 +43,7 @@ from gate.api.signatures import SignaturePolicy, Verdict
 from gate.lifecycle.health import condition
 
 CONDITION = "ImagesVerified"
+AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
 PASSED = ("Verified", "NotCovered")  # the reasons of a verdict that is ok
 
 
@@ -113,6 +118,16 @@ def verified_condition(records: Sequence[ImageRecord], previous: Sequence[Condit
     if len(judged) > signed:
         message += f", {len(judged) - signed} in repositories no rule covers (allowed by the policy)"
     return condition(CONDITION, "True", "Verified", message, previous, now, generation)
+
+
+def agent_image(image: str) -> ImageRecord | None:
+    """NodeGate's agent image (in every stage pod) as a record to judge like a package's, when it is
+    pinned by digest (the chart's `image.digest`); None for a tag, which nothing pins, so nothing can
+    verify (docs/supply-chain.md)."""
+    if "@" not in image:
+        return None
+    repository, _, digest = image.partition("@")
+    return ImageRecord(package=AGENT, reference=repository, digest=digest)
 
 
 def trusted_digests(judged: Mapping[tuple[str, str], Verdict], policy: SignaturePolicy) -> frozenset[tuple[str, str]]:

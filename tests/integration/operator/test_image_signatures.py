@@ -29,7 +29,7 @@ from gate.api.common import Obj
 from gate.api.cosign import SIGNATURE_ANNOTATION, SIMPLESIGNING_TYPE, signature_tag
 from gate.devcluster import cosign, registry
 from gate.devcluster.cluster import DevCluster
-from gate.devcluster.services import set_image_signatures, start_operator
+from gate.devcluster.services import AGENT_IMAGE_ENV, set_image_signatures, start_operator
 from gate.kube.client import EVENTS, KubeClient
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, wait_for
 from tests.integration.operator.test_image_digests import (
@@ -45,6 +45,7 @@ from tests.integration.operator.test_image_digests import (
 from tests.integration.operator.test_image_digests import pulls as pulls  # the fixture: every stage pod as created
 
 RULE = "tests"
+AGENT_REPOSITORY = "nodegate-sig/agent"
 
 
 def sign_like_cosign(port: int, repository: str, digest: str, key: ec.EllipticCurvePrivateKey) -> None:
@@ -108,8 +109,12 @@ def verifying_operator(cluster: DevCluster, operator: int, registry_port: int,
     key for the test's repositories; put back without a policy afterwards."""
     cluster.stop_process("operator")
     set_image_signatures(cluster, policy_text(registry_port, {"trusted": signers[0].public_pem}))
+    # NodeGate's own agent image, pinned by digest as the chart pins it, is judged like a package's.
+    agent = push(registry_port, AGENT_REPOSITORY, "dev", "the agent")
+    signers[0].sign(registry_port, AGENT_REPOSITORY, agent)
+    env = {AGENT_IMAGE_ENV: f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}@{agent}"}
     try:
-        yield start_operator(cluster, lambda m: None, extra=[*OPERATOR_FLAGS, "--resolve-timeout", "5"])
+        yield start_operator(cluster, lambda m: None, extra=[*OPERATOR_FLAGS, "--resolve-timeout", "5"], env=env)
     finally:
         cluster.stop_process("operator")
         set_image_signatures(cluster, None)
@@ -249,7 +254,8 @@ async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_
         await rolled_out(scenario, "pkg", signed, complete=1)
         set_image_signatures(cluster, policy_text(registry_port, {"other": signers[1].public_pem}))
         gate = await scenario.wait_condition("ImagesVerified", "False")
-        assert signed in conditions(gate)["ImagesVerified"]["message"]
+        message = conditions(gate)["ImagesVerified"]["message"]
+        assert signed in message and f"package (agent): image 127.0.0.1:{registry_port}/{AGENT_REPOSITORY}" in message
         before = len(pulls.of(scenario.name))
         later = await scenario.add_nodes(2, start=1)
         await event(kube, scenario.name, conditions(gate)["ImagesVerified"]["reason"], signed)

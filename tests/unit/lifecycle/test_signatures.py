@@ -9,7 +9,9 @@ from gate.api.nodegate import ImageRecord, NodeGate
 from gate.api.signatures import SignaturePolicy, Verdict
 from gate.lifecycle.images import pinned_images, pod_images
 from gate.lifecycle.signatures import (
+    AGENT,
     Judged,
+    agent_image,
     failure_message,
     held,
     recorded_verdict,
@@ -97,3 +99,12 @@ def test_a_stage_pod_pulls_only_a_digest_the_operator_judged_runnable_whatever_t
     assert missing == [] and images["p"].image == PINNED
     # Without a policy, nothing is filtered.
     assert pod_images(g, ["a", "p"], resolve=True)[1] == []
+
+
+def test_the_agent_image_is_judged_when_pinned_by_digest_and_not_as_a_tag() -> None:
+    pinned = agent_image("registry.example.com/nodegate/nodegate@" + D1)
+    assert pinned is not None and (pinned.package, pinned.reference, pinned.digest) == (
+        AGENT, "registry.example.com/nodegate/nodegate", D1)
+    assert agent_image("ghcr.io/nodegate/nodegate:0.9.0") is None
+    message = failure_message([Judged(pinned, MISSING)], mode="enforce")
+    assert message.startswith("package (agent): image registry.example.com/nodegate/nodegate")
