@@ -38,7 +38,7 @@ from gate.kube.errors import NotFound
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import disabled
 from gate.lifecycle.health import condition, policy_status
-from gate.lifecycle.images import merged_records, records_wire, same_records, unresolved_message
+from gate.lifecycle.images import merged_records, records_wire, same_records
 from gate.lifecycle.reconcile import (
     holders,
     plan_disabled,
@@ -49,7 +49,7 @@ from gate.lifecycle.reconcile import (
     same_status,
 )
 from gate.lifecycle.rollback import rollback_targets
-from gate.lifecycle.signatures import failure_message
+from gate.lifecycle.signatures import failure_message, hold_of
 
 log = logging.getLogger("nodegate.operator")
 
@@ -127,22 +127,19 @@ class GateReconciler:
         # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
         records, verdicts, unread = await self.resolver.verify(gate, merged_records(gate, resolved, back_to),
                                                                back_to)
-        problems = {**problems, **unread}
         refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
         status: Obj = {}
-        held_by, reason, message = "ImagesResolved", "ResolveFailed", unresolved_message(problems) if problems else ""
-        if refused and not problems:
-            held_by, reason, message = "ImagesVerified", refused[0].verdict.reason, failure_message(refused,
-                                                                                                  mode="enforce")
+        hold = hold_of({**problems, **unread}, refused)
         if not same_records(current, records):
             status["images"] = records_wire(records)
-        if message:
+        if hold is not None:
             # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
             previous = gate.status.conditions if gate.status is not None else []
             now, generation = datetime.now(UTC), gate.metadata.generation or 0
-            held: dict[str, Literal["True", "False"]] = {held_by: "False", "Ready": "False", "Degraded": "True"}
+            held: dict[str, Literal["True", "False"]] = {hold.condition: "False", "Ready": "False",
+                                                         "Degraded": "True"}
             kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
-            status["conditions"] = [*kept, *(condition(type_, value, reason, message, previous, now,
+            status["conditions"] = [*kept, *(condition(type_, value, hold.reason, hold.message, previous, now,
                                                        generation).to_wire() for type_, value in held.items())]
             status.update({"status": "Degraded", "observedGeneration": generation})
         current_status = obj.get("status") or {}
@@ -153,9 +150,10 @@ class GateReconciler:
             obj, gate = patched, self.world.gate(gate.name) or gate
         if warned:
             await self.recorder.emit(obj, "Warning", warned[0].verdict.reason, failure_message(warned, mode="warn"))
-        if message:
-            await self.recorder.emit(obj, "Warning", reason, message)
-            raise ImagesUnresolved(message) if problems else ImagesUnverified(message)
+        if hold is not None:
+            await self.recorder.emit(obj, "Warning", hold.reason, hold.message)
+            unverified = hold.condition == "ImagesVerified"
+            raise ImagesUnverified(hold.message) if unverified else ImagesUnresolved(hold.message)
         return gate, obj
 
     def _packages_in_use(self) -> set[str]:

@@ -41,6 +41,7 @@ from gate.api.common import Condition
 from gate.api.nodegate import ImageRecord, ImageVerification
 from gate.api.signatures import SignaturePolicy, Verdict
 from gate.lifecycle.health import condition
+from gate.lifecycle.images import unresolved_message
 
 CONDITION = "ImagesVerified"
 AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
@@ -95,6 +96,25 @@ def _about(judged: Judged) -> str:
     record, verdict = judged.record, judged.verdict
     head = f"image {record.reference} (digest {record.digest}, rule {verdict.rule or 'none'}): {verdict.reason}"
     return f"{head}: {verdict.message}" if verdict.message else head
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a gate's images hold it before any plan: the condition set False, its reason and message."""
+
+    condition: str  # ImagesResolved or ImagesVerified
+    reason: str
+    message: str
+
+
+def hold_of(problems: Mapping[str, str], refused: Sequence[Judged]) -> Hold | None:
+    """What holds the gate: images that do not resolve (or whose signatures cannot be read) first,
+    then images the policy refuses (enforce mode); None when nothing does."""
+    if problems:
+        return Hold("ImagesResolved", "ResolveFailed", unresolved_message(problems))
+    if refused:
+        return Hold(CONDITION, refused[0].verdict.reason, failure_message(refused, mode="enforce"))
+    return None
 
 
 def verified_condition(records: Sequence[ImageRecord], previous: Sequence[Condition], now: datetime,

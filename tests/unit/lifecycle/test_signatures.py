@@ -14,6 +14,7 @@ from gate.lifecycle.signatures import (
     agent_image,
     failure_message,
     held,
+    hold_of,
     recorded_verdict,
     trusted_digests,
     verified_condition,
@@ -108,3 +109,13 @@ def test_the_agent_image_is_judged_when_pinned_by_digest_and_not_as_a_tag() -> N
     assert agent_image("ghcr.io/nodegate/nodegate:0.9.0") is None
     message = failure_message([Judged(pinned, MISSING)], mode="enforce")
     assert message.startswith("package (agent): image registry.example.com/nodegate/nodegate")
+
+
+def test_an_image_that_does_not_resolve_holds_first_then_one_the_policy_refuses() -> None:
+    refused = [Judged(record(), MISSING)]
+    first = hold_of({"b": "HTTP 404"}, refused)
+    assert first is not None and (first.condition, first.reason) == ("ImagesResolved", "ResolveFailed")
+    assert "package b: HTTP 404" in first.message
+    then = hold_of({}, refused)
+    assert then is not None and (then.condition, then.reason) == ("ImagesVerified", "SignatureMissing")
+    assert hold_of({}, []) is None
