@@ -289,9 +289,12 @@ def judge(policy: SignaturePolicy, image: str, repository: str, digest: str,
                                     f"{ev.named_digest or 'no digest'}, not this digest (a signature copied from "
                                     "another image)", ev.format))
         elif ev.hint is not None and ev.hint in hints:
-            invalid.append((hints[ev.hint], f"the bundle under {ev.where} names key {hints[ev.hint]} but its "
-                                            "signature does not verify: its payload was changed after signing",
-                            ev.format))
+            named = hints[ev.hint]
+            why = "its payload was changed after signing"
+            if isinstance(next(k.public_key for k in rule.keys if k.name == named), ed25519.Ed25519PublicKey):
+                why = "an Ed25519ph signature (what cosign 3 makes with an Ed25519 key), or " + why
+            invalid.append((named, f"the bundle under {ev.where} names key {named} but its signature does not "
+                                   f"verify: {why}", ev.format))
         elif ev.hint is not None:
             untrusted.append((f"the bundle under {ev.where} is signed by a key that is not in the rule "
                               f"(hint {ev.hint})", ev.format))

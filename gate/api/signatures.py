@@ -142,6 +142,12 @@ def _specificity(pattern: list[str]) -> tuple[int, int, int]:
     return (0 if wild else 1, len(pattern) - len(wild), 0 if "**" in wild else 1)
 
 
+def _unique(what: str, names: list[str]) -> None:
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what}: {', '.join(dup)} appears twice")
+
+
 class SignatureRule(_Strict):
     """The keys whose signature the images of some repositories need."""
 
@@ -160,10 +166,7 @@ class SignatureRule(_Strict):
 
     @model_validator(mode="after")
     def _unique_keys(self) -> SignatureRule:
-        names = [k.name for k in self.keys]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"key names must be unique within a rule: {', '.join(dup)} appears twice")
+        _unique("key names must be unique within a rule", [k.name for k in self.keys])
         return self
 
     def specificity(self, repository: str) -> tuple[int, int, int] | None:
@@ -182,10 +185,7 @@ class SignaturePolicy(_Strict):
 
     @model_validator(mode="after")
     def _unique_rules(self) -> SignaturePolicy:
-        names = [r.name for r in self.rules]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"rule names must be unique: {', '.join(dup)} appears twice")
+        _unique("rule names must be unique", [r.name for r in self.rules])
         return self
 
     def rule_for(self, repository: str) -> SignatureRule | None:

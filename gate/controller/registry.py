@@ -83,6 +83,10 @@ class RegistryError(Exception):
         self.status = status
 
 
+class DigestMismatch(RegistryError):
+    """The registry served bytes that are not the digest they were asked for by."""
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a tagged reference's manifest lives."""
@@ -298,7 +302,8 @@ class RegistrySession:
         if status != 200:
             raise self._refusal(status)
         if body_digest(digest.partition(":")[0], body) != digest:
-            raise self.error(f"the registry served the blob {digest} with other bytes")
+            raise DigestMismatch(self.reference, self.target.registry,
+                                 f"the registry served the blob {digest} with other bytes")
         return body
 
     def _refusal(self, status: int) -> RegistryError:

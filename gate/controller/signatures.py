@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from gate.api.cosign import (
     Evidence,
@@ -44,6 +45,7 @@ from gate.api.cosign import (
 from gate.api.references import qualified
 from gate.api.signatures import Format, SignaturePolicy, Verdict
 from gate.controller.registry import (
+    DigestMismatch,
     RegistryError,
     RegistrySession,
     Target,
@@ -51,11 +53,22 @@ from gate.controller.registry import (
     target_of,
 )
 
+T = TypeVar("T")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MAX_BUNDLE = 1024 * 1024  # a Sigstore bundle with a certificate chain is a few KiB
 CACHE_SIZE = 4096
+
+
+async def _all(*aws: Awaitable[T]) -> list[T]:
+    """Every result, awaited side by side; the first failure is raised once all have ended (none is
+    left running against a session about to close, and none goes unretrieved)."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast(list[T], results)
 
 
 def repository_of(reference: str) -> Target | str:
@@ -80,13 +93,24 @@ class SignatureVerifier:
     """Finds an image digest's cosign signatures and judges them by the policy, once per digest."""
 
     def __init__(self, policy: SignaturePolicy, *, timeout: float = 10.0, token_hosts: Collection[str] = ()) -> None:
-        self.policy = policy
+        self.policy = policy  # hashed once per assignment (the setter), not per verification
         self.timeout = timeout
         self.token_hosts = tuple(token_hosts)
         self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
         self.requests = 0  # HTTP requests those lookups sent
+
+    @property
+    def policy(self) -> SignaturePolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: SignaturePolicy) -> None:
+        """A new policy: verdicts under the old one stay cached but are no longer found (another
+        fingerprint), so every digest is verified again."""
+        self._policy = policy
+        self._fingerprint = policy.fingerprint()
 
     async def verify(self, reference: str, digest: str, credentials: tuple[str, str] | None = None) -> Verdict:
         """The policy's verdict on `reference` at `digest`; raises RegistryError when the registry
@@ -95,7 +119,7 @@ class SignatureVerifier:
         if isinstance(target, str):
             raise RegistryError(reference, "", target)
         repository = qualified(f"{target.registry}/{target.repository}")
-        key = (repository, digest, self.policy.fingerprint())
+        key = (repository, digest, self._fingerprint)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -146,10 +170,15 @@ class SignatureVerifier:
         async with registry_session(reference, target, credentials, timeout=self.timeout,
                                     token_hosts=self.token_hosts) as reg:
             try:
-                (legacy, (bundles, api)) = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest))
+                legacy, bundled = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest),
+                                                       return_exceptions=True)
+                if isinstance(legacy, BaseException):
+                    raise legacy
+                if isinstance(bundled, BaseException):
+                    raise bundled
             finally:
                 self.requests += reg.requests
-        return Lookup([*legacy, *bundles], api)
+        return Lookup([*legacy, *bundled[0]], bundled[1])
 
 
 async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
@@ -161,22 +190,33 @@ async def _simplesigning(reg: RegistrySession, digest: str) -> list[Evidence]:
         layers = simplesigning_layers(manifest)
     except ValueError as exc:
         return [Evidence("simplesigning", f"tag {tag}", problem=f"its manifest {exc}")]
-    payloads = await asyncio.gather(*(reg.blob(layer) for layer, _ in layers))
+    payloads = await _all(*(_blob(reg, layer) for layer, _ in layers))
     out = []
     for (layer, signature), payload in zip(layers, payloads, strict=True):
         where = f"tag {tag} (layer {layer})"
-        if payload is None:
+        if isinstance(payload, str):
+            out.append(Evidence("simplesigning", where, problem=payload))
+        elif payload is None:
             out.append(Evidence("simplesigning", where, problem="its payload blob is missing from the registry"))
         else:
             out.append(simplesigning_evidence(where, payload, signature))
     return out
 
 
+async def _blob(reg: RegistrySession, digest: str, limit: int = MAX_BUNDLE) -> bytes | str | None:
+    """A signature's blob; None when missing; why, when the registry served other bytes than its digest
+    names (that signature is unreadable: a verdict, not a registry error to retry)."""
+    try:
+        return await reg.blob(digest, limit)
+    except DigestMismatch:
+        return f"the registry served other bytes than its digest {digest} names"
+
+
 async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], bool]:
     """The Sigstore bundles among `digest`'s referrers, and whether the registry offers the API."""
     # The API and its fallback tag at once: one round trip whichever the registry offers (a registry
     # with the API answers the tag with a 404, one request more).
-    index, fallback = await asyncio.gather(reg.referrers(digest), reg.manifest(referrers_tag(digest), (OCI_INDEX,)))
+    index, fallback = await _all(reg.referrers(digest), reg.manifest(referrers_tag(digest), (OCI_INDEX,)))
     api = index is not None
     fmt: Format = "bundle-referrers" if api else "bundle-tag"
     index = index if api else fallback
@@ -186,7 +226,7 @@ async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], b
         candidates = referrer_candidates(index, digest)
     except ValueError as exc:
         return [Evidence(fmt, f"the referrers of {digest}", problem=f"the referrers index {exc}")], api
-    manifests = await asyncio.gather(*(reg.manifest(d, (OCI_MANIFEST,)) for d in candidates))
+    manifests = await _all(*(reg.manifest(d, (OCI_MANIFEST,)) for d in candidates))
     wanted: list[tuple[str, str]] = []
     out: list[Evidence] = []
     for manifest_digest, manifest in zip(candidates, manifests, strict=True):
@@ -201,9 +241,12 @@ async def _bundles(reg: RegistrySession, digest: str) -> tuple[list[Evidence], b
             out.append(Evidence(fmt, f"referrer {manifest_digest}", problem=f"its manifest {layers}"))
             continue
         wanted += [(manifest_digest, layer) for layer in layers]
-    blobs = await asyncio.gather(*(reg.blob(layer, MAX_BUNDLE) for _, layer in wanted))
+    blobs = await _all(*(_blob(reg, layer, MAX_BUNDLE) for _, layer in wanted))
     for (manifest_digest, layer), blob in zip(wanted, blobs, strict=True):
         where = f"referrer {manifest_digest}"
+        if isinstance(blob, str):
+            out.append(Evidence(fmt, where, problem=blob))
+            continue
         if blob is None:
             out.append(Evidence(fmt, where, problem=f"its bundle blob {layer} is missing from the registry"))
             continue

@@ -150,6 +150,22 @@ async def test_a_re_pushed_tag_a_copied_signature_and_an_edited_payload_fail_nam
     assert (copied.reason, copied.key, copied.format) == ("SignatureInvalid", "trusted", "simplesigning")
     assert f"by key trusted but over a payload naming {other}, not this digest (a signature copied" in copied.message
 
+    # A bundle copied from another image: its referrer manifest put again with this image as subject.
+    repository, reference, digest = _image(port, "bundle-copied")
+    donor = registry.push_small_image(port, repository, "donor", "donor")
+    cosign.sign(keys.cosign, _by_digest(reference, donor), keys.trusted[0])
+    index = json.loads(registry.get_manifest(port, repository, referrers_tag(donor)))
+    manifest = json.loads(registry.get_manifest(port, repository, index["manifests"][0]["digest"]))
+    manifest["subject"]["digest"] = digest
+    body = json.dumps(manifest).encode()
+    index["manifests"][0]["digest"] = registry.put_manifest(port, repository, "copied", body)
+    index["manifests"][0]["size"] = len(body)
+    registry.put_manifest(port, repository, referrers_tag(digest), json.dumps(index).encode(),
+                          "application/vnd.oci.image.index.v1+json")
+    copied = await SignatureVerifier(policy).verify(reference, digest)
+    assert (copied.reason, copied.key, copied.format) == ("SignatureInvalid", "trusted", "bundle-tag")
+    assert f"over a payload naming {donor}, not this digest" in copied.message
+
     # A bundle's payload edited after signing: the statement changed, the signature kept.
     repository, reference, digest = _image(port, "edited")
     cosign.sign(keys.cosign, _by_digest(reference, digest), keys.trusted[0])
@@ -245,3 +261,25 @@ async def test_dev_images_signs_with_the_machines_dev_key_once_and_the_dev_polic
     other = registry.push_small_image(port, repository, "2.0", "not signed")
     refused = await SignatureVerifier(policy).verify(f"127.0.0.1:{port}/{repository}:2.0", other)
     assert refused.reason == "SignatureMissing"
+
+
+async def test_cosigns_ed25519_signatures_are_ed25519ph_which_is_not_verified_and_the_verdict_says_so(
+        keys: Keys, port: int, tmp_path: Path) -> None:
+    """docs/supply-chain.md's limit, shown: cosign 3 signs with an Ed25519 key as Ed25519ph, which
+    `cryptography` does not verify (pure Ed25519 signatures are, tests/unit/test_api_signatures.py)."""
+    import os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    private = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "ed.pem").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    subprocess.run([str(keys.cosign), "import-key-pair", "--key", str(tmp_path / "ed.pem"), "--output-key-prefix",
+                    str(tmp_path / "ed")], env=dict(os.environ, COSIGN_PASSWORD=""), check=True, capture_output=True)
+    _, reference, digest = _image(port, "ed25519")
+    cosign.sign(keys.cosign, _by_digest(reference, digest), tmp_path / "ed.key")
+    verdict = await SignatureVerifier(_policy(tmp_path / "ed.pub", pattern=f"127.0.0.1:{port}/sigtest/*")).verify(
+        reference, digest)
+    assert (verdict.reason, verdict.key) == ("SignatureInvalid", tmp_path.name)
+    assert "an Ed25519ph signature (what cosign 3 makes with an Ed25519 key)" in verdict.message
