@@ -13,7 +13,9 @@ Decisions:
   registry client (`gate.controller.registry.RegistrySession`).
 * **Once per digest and policy.** A verdict is cached by (repository, digest, policy fingerprint):
   the same digest in the next rollout costs no request, and a changed policy (a new fingerprint)
-  verifies again. Concurrent verifications of one digest share one lookup.
+  verifies again. Concurrent verifications of one digest share one lookup. A verdict that fails is
+  kept only `FAILURE_TTL` seconds: an image signed after it was refused runs on a later retry of its
+  gate (the work queue's backoff), without a policy change or a restart.
 * **A registry that cannot be read is an error, not a verdict.** A 401, a timeout or a malformed
   answer raises `RegistryError`, as a resolution does; the operator retries it like one. Only what
   was read decides (a 404 under the signature tag is "no signature there"). Errors are not cached.
@@ -26,6 +28,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
@@ -59,6 +62,7 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MAX_BUNDLE = 1024 * 1024  # a Sigstore bundle with a certificate chain is a few KiB
 CACHE_SIZE = 4096
+FAILURE_TTL = 30.0  # seconds a failed verdict is kept: a signature pushed after a refusal is seen soon
 
 
 async def _all(*aws: Awaitable[T]) -> list[T]:
@@ -96,7 +100,7 @@ class SignatureVerifier:
         self.policy = policy  # hashed once per assignment (the setter), not per verification
         self.timeout = timeout
         self.token_hosts = tuple(token_hosts)
-        self._cache: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], tuple[Verdict, float | None]] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
         self.requests = 0  # HTTP requests those lookups sent
@@ -122,8 +126,11 @@ class SignatureVerifier:
         key = (repository, digest, self._fingerprint)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
-            return cached
+            verdict, expires = cached
+            if expires is None or time.monotonic() < expires:
+                self._cache.move_to_end(key)
+                return verdict
+            del self._cache[key]
         pending = self._pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -138,7 +145,7 @@ class SignatureVerifier:
         finally:
             del self._pending[key]
         future.set_result(verdict)
-        self._cache[key] = verdict
+        self._cache[key] = (verdict, None if verdict.ok else time.monotonic() + FAILURE_TTL)
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return verdict

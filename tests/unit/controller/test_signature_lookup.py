@@ -91,3 +91,33 @@ async def test_a_registry_serving_other_bytes_under_a_signatures_digest_makes_it
                                            ("robot", "pw"))
     assert verdict.reason == "SignatureInvalid"
     assert f"the registry served other bytes than its digest {PAYLOAD_DIGEST} names" in verdict.message
+
+
+
+async def test_a_failed_verdict_is_kept_briefly_and_a_passing_one_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature pushed after a refusal is seen once the failure's short cache ends; a pass stays."""
+    from gate.api.signatures import Verdict
+    from gate.controller import signatures
+
+    pem = KEY.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    verifier = SignatureVerifier(SignaturePolicy(rules=[SignatureRule(
+        name="team", repositories=["registry.example.com/team/*"], keys=[SignatureKey(name="ci", pem=pem.decode())])]))
+    answers = iter([Verdict("SignatureMissing", "team", None, "no signature"), Verdict("Verified", "team", "ci", "ok")])
+    calls: list[str] = []
+
+    async def judged(self: object, reference: str, target: object, repository: str, digest: str,
+                     credentials: object) -> Verdict:
+        calls.append(digest)
+        return next(answers)
+
+    monkeypatch.setattr(SignatureVerifier, "_verify", judged)
+    clock = [1000.0]
+    monkeypatch.setattr(signatures.time, "monotonic", lambda: clock[0])
+    digest, image = "sha256:" + "a" * 64, "registry.example.com/team/pkg:1"
+    seen = [(await verifier.verify(image, digest)).reason, (await verifier.verify(image, digest)).reason]
+    clock[0] += signatures.FAILURE_TTL + 1
+    seen.append((await verifier.verify(image, digest)).reason)
+    clock[0] += 10_000
+    seen.append((await verifier.verify(image, digest)).reason)
+    assert seen == ["SignatureMissing", "SignatureMissing", "Verified", "Verified"]
+    assert calls == [digest, digest]
