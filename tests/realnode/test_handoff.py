@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -90,6 +91,17 @@ def hand_off_condition(node: Obj) -> bool:
     return any(c["type"] == keys.HAND_OFF_CONDITION for c in (node.get("status") or {}).get("conditions") or [])
 
 
+def wait_seeing(real: RealCluster, namespace: str, node: str, what: str, ready: Callable[[], bool],
+                timeout: float) -> None:
+    """`real.wait`, saying on a timeout where the workload pod and the node were."""
+    try:
+        real.wait(what, ready, timeout, every=2.0)
+    except AssertionError as exc:
+        pod, obj = workload_pod(real, namespace) or {}, node_obj(real, node)
+        raise AssertionError(f"{exc}; the workload pod: {pod.get('status')} on {pod.get('spec', {}).get('nodeName')}; "
+                             f"{node}: {obj['spec']}, {marks_of(obj)}") from None
+
+
 async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_later_round_leaves_it_serving(
         real: RealCluster, gate_name: str) -> None:
     node = real.nodes[0]
@@ -113,8 +125,8 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         assert keys.HAND_OFF_RELEASED not in marks_of(joined)
 
         real.kubectl.apply(workload(namespace, node, f"{real.config(node).registry}/{PAUSE_IMAGE}"))
-        real.wait("the workload pod refused for the readiness taint",
-                  lambda: keys.READINESS_TAINT_KEY in scheduling(workload_pod(real, namespace)), 180.0)
+        wait_seeing(real, namespace, node, "the workload pod refused for the readiness taint",
+                    lambda: keys.READINESS_TAINT_KEY in scheduling(workload_pod(real, namespace)), 180.0)
 
         real.wait_complete(gate_name, 600.0)
         assert real.node_file(node, marker) == f"{gate_name}\n", "the package did not run on the node"
@@ -122,7 +134,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         def held() -> bool:
             obj = node_obj(real, node)
             return bool(obj["spec"].get("unschedulable")) and hand_off_condition(obj)
-        real.wait(f"{node} held for hand-off", held, 120.0)
+        wait_seeing(real, namespace, node, f"{node} held for hand-off", held, 120.0)
         obj = node_obj(real, node)
         assert not tainted(obj) and marks_of(obj).get(keys.HELD_BY) == gate_name, obj["metadata"]
         assert keys.CORDONED_BY not in marks_of(obj), "the hold is not a round's cordon"
@@ -131,7 +143,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         def refused_for_cordon() -> bool:
             message = scheduling(workload_pod(real, namespace))
             return "unschedulable" in message and keys.READINESS_TAINT_KEY not in message
-        real.wait("the workload pod refused for the cordon", refused_for_cordon, 180.0)
+        wait_seeing(real, namespace, node, "the workload pod refused for the cordon", refused_for_cordon, 180.0)
         pod = workload_pod(real, namespace)
         assert pod is not None and not pod["spec"].get("nodeName"), pod
         assert pod["status"].get("phase") == "Pending", pod["status"]
@@ -144,7 +156,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
             pod = workload_pod(real, namespace)
             return (pod is not None and pod["spec"].get("nodeName") == node
                     and pod["status"].get("phase") == "Running")
-        real.wait(f"the workload pod running on {node}", running, 180.0)
+        wait_seeing(real, namespace, node, f"the workload pod running on {node}", running, 180.0)
         # The same look into the node's containerd that found nothing before finds it now.
         assert containers_of(real, node, namespace), "no workload container in the node's containerd"
 
@@ -152,7 +164,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
             obj = node_obj(real, node)
             marks = marks_of(obj)
             return keys.HELD_BY not in marks and keys.HAND_OFF_RELEASED in marks and not hand_off_condition(obj)
-        real.wait(f"{node}'s release noticed", released, 120.0)
+        wait_seeing(real, namespace, node, f"{node}'s release noticed", released, 120.0)
 
         # A later round (a config change) leaves the released node schedulable.
         changed = {**config, "config.sh": f"echo 2 > {conf}\n", "config-check.sh": f"grep -qx 2 {conf}\n"}
@@ -163,7 +175,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
             nodes = status.get("nodes") or {}
             return (status.get("observedGeneration") == 2 and nodes.get("complete") == nodes.get("matched") == 1
                     and real.node_file(node, conf) == "2\n")
-        real.wait("the config change's round complete on the node", rolled, 600.0, every=2.0)
+        wait_seeing(real, namespace, node, "the config change's round complete on the node", rolled, 600.0)
         obj = node_obj(real, node)
         assert not obj["spec"].get("unschedulable"), f"{node} held again: {marks_of(obj)}"
         assert keys.HELD_BY not in marks_of(obj) and keys.HAND_OFF_RELEASED in marks_of(obj)
