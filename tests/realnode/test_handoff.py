@@ -107,7 +107,12 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
     node = real.nodes[0]
     namespace = gate_name
     marker, conf = f"/etc/nodegate-handoff-{gate_name}", f"/etc/nodegate-handoff-{gate_name}.conf"
-    config = {"apply.sh": f"echo {gate_name} > {marker}\n", "apply-check.sh": f"grep -qx {gate_name} {marker}\n"}
+    go = f"{marker}.go"
+    # The package's step waits on the node until the test has seen the scheduler refuse the pod for the
+    # taint (at most 5 minutes), so that the round cannot end before that.
+    config = {"apply.sh": f"i=0; until [ -e {go} ]; do i=$((i + 1)); [ $i -lt 1500 ]; sleep 0.2; done\n"
+                          f"echo {gate_name} > {marker}\n",
+              "apply-check.sh": f"grep -qx {gate_name} {marker}\n"}
     image = real.images["shellscript"]
     real.kubectl.run("create", "namespace", namespace)
     try:
@@ -125,8 +130,15 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         assert keys.HAND_OFF_RELEASED not in marks_of(joined)
 
         real.kubectl.apply(workload(namespace, node, f"{real.config(node).registry}/{PAUSE_IMAGE}"))
-        wait_seeing(real, namespace, node, "the workload pod refused for the readiness taint",
-                    lambda: keys.READINESS_TAINT_KEY in scheduling(workload_pod(real, namespace)), 180.0)
+        # Kept off the node by a taint (the scheduler names no taint key), while the package's step runs.
+        def refused_for_taint() -> bool:
+            message = scheduling(workload_pod(real, namespace))
+            return "untolerated taint" in message and "unschedulable" not in message
+        wait_seeing(real, namespace, node, "the workload pod refused for a taint", refused_for_taint, 180.0)
+        pod, obj = workload_pod(real, namespace), node_obj(real, node)
+        assert pod is not None and not pod["spec"].get("nodeName"), pod
+        assert tainted(obj) and not obj["spec"].get("unschedulable"), obj["spec"]
+        real.node_sh(node, f"touch {go}")
 
         real.wait_complete(gate_name, 600.0)
         assert real.node_file(node, marker) == f"{gate_name}\n", "the package did not run on the node"
@@ -188,4 +200,4 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         real.kubectl.run("uncordon", node, check=False)
         real.kubectl.run("taint", "node", node, f"{keys.READINESS_TAINT_KEY}-", check=False)
         with contextlib.suppress(RealNodeError):
-            real.node_sh(node, f"rm -f {marker} {conf}", check=False)
+            real.node_sh(node, f"rm -f {marker} {conf} {go}", check=False)
