@@ -133,7 +133,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         # Kept off the node by a taint (the scheduler names no taint key), while the package's step runs.
         def refused_for_taint() -> bool:
             message = scheduling(workload_pod(real, namespace))
-            return "untolerated taint" in message and "unschedulable" not in message
+            return "untolerated taint" in message and "were unschedulable" not in message
         wait_seeing(real, namespace, node, "the workload pod refused for a taint", refused_for_taint, 180.0)
         pod, obj = workload_pod(real, namespace), node_obj(real, node)
         assert pod is not None and not pod["spec"].get("nodeName"), pod
@@ -154,7 +154,7 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         # The scheduler looked again once the taint was lifted and refused the pod for the cordon alone.
         def refused_for_cordon() -> bool:
             message = scheduling(workload_pod(real, namespace))
-            return "unschedulable" in message and keys.READINESS_TAINT_KEY not in message
+            return "were unschedulable" in message
         wait_seeing(real, namespace, node, "the workload pod refused for the cordon", refused_for_cordon, 180.0)
         pod = workload_pod(real, namespace)
         assert pod is not None and not pod["spec"].get("nodeName"), pod
@@ -182,16 +182,18 @@ async def test_a_held_real_node_runs_no_workload_pod_until_uncordoned_and_a_late
         changed = {**config, "config.sh": f"echo 2 > {conf}\n", "config-check.sh": f"grep -qx 2 {conf}\n"}
         real.kubectl.apply(handoff_gate(gate_name, node, image, changed))
 
-        def rolled() -> bool:
-            status = real.gate_status(gate_name)
-            nodes = status.get("nodes") or {}
-            return (status.get("observedGeneration") == 2 and nodes.get("complete") == nodes.get("matched") == 1
-                    and real.node_file(node, conf) == "2\n")
-        wait_seeing(real, namespace, node, "the config change's round complete on the node", rolled, 600.0)
+        def rolled() -> bool:  # the node's own record of the round, then the round's uncordon
+            obj = node_obj(real, node)
+            state = json.loads(marks_of(obj).get(keys.state_annotation(gate_name)) or "{}")
+            installed = (state.get("installed") or {}).get("shellscript") or {}
+            return (state.get("status") == "complete" and "config.sh" in (installed.get("config") or {})
+                    and not obj["spec"].get("unschedulable"))
+        wait_seeing(real, namespace, node, "the config change's round complete and the node schedulable", rolled,
+                    600.0)
+        assert real.node_file(node, conf) == "2\n", "the config change's round did not run on the node"
         obj = node_obj(real, node)
-        assert not obj["spec"].get("unschedulable"), f"{node} held again: {marks_of(obj)}"
-        assert keys.HELD_BY not in marks_of(obj) and keys.HAND_OFF_RELEASED in marks_of(obj)
-        assert not tainted(obj)
+        assert keys.HELD_BY not in marks_of(obj) and keys.HAND_OFF_RELEASED in marks_of(obj), marks_of(obj)
+        assert not tainted(obj) and not hand_off_condition(obj)
     finally:
         with contextlib.suppress(AssertionError):
             real.delete_gate(gate_name, 300.0)
