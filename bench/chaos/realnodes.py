@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.api import keys
-from gate.devcluster import faults, realnode, services
+from gate.devcluster import faults, hostside, realnode, services
 from gate.devcluster.cluster import DevCluster, RealNodeSpec
 from gate.devcluster.images import ensure_images
 from gate.kube.client import NODEGATES, NODES, KubeClient
@@ -73,7 +73,7 @@ def node_up(dev: DevCluster, node: str) -> bool:
     try:
         faults.node_processes(faults.node_config(dev.dir, node), "kubelet")
         return True
-    except (realnode.RealNodeError, OSError):  # no init, or it ended as we looked
+    except (hostside.RealNodeError, OSError):  # no init, or it ended as we looked
         return False
 
 

@@ -15,17 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from gate.agent.package import (
-    EXAMPLE_GATE,
-    STAGES,
-    ConfigKey,
-    Package,
-    Stage,
-    Step,
-    ValueRule,
-    example_entries,
-    load_package,
-)
+from gate.agent.loader import Package, example_entries, load_package
+from gate.agent.package import EXAMPLE_GATE, STAGES, ConfigKey, Stage, Step, ValueRule
 
 TIER_NAMES: Final = {"realnode": "real nodes, by the operator", "chroot": "`nodegate package test` (chroot)",
                      "unit": "unit tests"}

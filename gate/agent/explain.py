@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gate.agent.config import effective_config
 from gate.agent.errors import PackageError
-from gate.agent.package import load_package
+from gate.agent.loader import load_package
 
 EXPLAIN_TIMEOUT_SECONDS = 60.0
 MESSAGE_LINES = 10

@@ -15,16 +15,8 @@ from pydantic import ValidationError
 
 from gate.agent.config import config_problems
 from gate.agent.gate_env import check_gate_env
-from gate.agent.package import (
-    CHANGING_STAGES,
-    CHECK_OF,
-    EXAMPLE_GATE,
-    MANIFEST,
-    PackageManifest,
-    example_entries,
-    file_problems,
-    validation_problems,
-)
+from gate.agent.loader import example_entries, file_problems, validation_problems
+from gate.agent.package import CHANGING_STAGES, CHECK_OF, EXAMPLE_GATE, MANIFEST, PackageManifest
 
 Level = Literal["error", "warning"]
 SAMPLE_CONFIG = "sample-config"

@@ -39,7 +39,7 @@ from gate.agent.history import (
     with_step_done,
 )
 from gate.agent.host import PackageLayout, check_root
-from gate.agent.package import Package, load_package
+from gate.agent.loader import Package, load_package
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
 from gate.agent.process import Outcome, Termination, run_command
 from gate.agent.summary import Summary, tail

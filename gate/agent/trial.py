@@ -24,7 +24,8 @@ from typing import IO, Final, Literal
 from gate.agent.errors import AgentError
 from gate.agent.interrupt import InterruptSettings, run_interrupt
 from gate.agent.lint import Finding, has_errors, lint_package
-from gate.agent.package import Stage, load_package
+from gate.agent.loader import load_package
+from gate.agent.package import Stage
 from gate.agent.plan import StageRequest
 from gate.agent.stage import StageResult, StageSettings, run_stage
 from gate.agent.summary import Summary

@@ -18,7 +18,7 @@ from gate.api import keys
 from gate.api.common import Obj
 from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, container_name, pod_steps
 from gate.kube.objects import container_states, pod_ended
-from gate.lifecycle.machine import Step
+from gate.lifecycle.node import Step
 
 StepPhase = Literal["pending", "running", "succeeded", "failed"]
 

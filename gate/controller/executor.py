@@ -48,7 +48,7 @@ from gate.kube.client import NODES, KubeClient
 from gate.kube.errors import ApiError, NotFound
 from gate.lifecycle.condition import NodeCondition, condition_patch
 from gate.lifecycle.fleet import NodeUpdate
-from gate.lifecycle.machine import Decision, EventRequest, NodeView
+from gate.lifecycle.node import Decision, EventRequest, NodeView
 from gate.lifecycle.outcomes import Unrecordable
 
 log = logging.getLogger("nodegate.operator")

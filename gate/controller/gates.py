@@ -27,7 +27,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.controller.endpoints import EndpointBook
 from gate.controller.gate_applier import GateApplier
-from gate.controller.images import ImageResolver, ImagesUnresolved
+from gate.controller.images import ImageResolver, ImagesUnresolved, ImagesUnverified
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import fail_refused
 from gate.controller.prepull import Prepuller
@@ -40,8 +40,8 @@ from gate.kube.errors import ApiError, NotFound
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import NodeUpdate, disabled
 from gate.lifecycle.health import policy_status
-from gate.lifecycle.images import plan_images
-from gate.lifecycle.machine import NodeContext
+from gate.lifecycle.images import merged_records, plan_images
+from gate.lifecycle.node import NodeContext
 from gate.lifecycle.outcomes import Refusal, refused_update
 from gate.lifecycle.prepull import Candidate
 from gate.lifecycle.reconcile import (
@@ -56,6 +56,7 @@ from gate.lifecycle.reconcile import (
     same_status,
 )
 from gate.lifecycle.rollback import rollback_targets
+from gate.lifecycle.signatures import hold_of, warnings
 
 log = logging.getLogger("nodegate.operator")
 
@@ -158,20 +159,27 @@ class GateReconciler:
         return merged(look(k) for k in looks)
 
     async def _resolve_images(self, gate: NodeGate, obj: Obj) -> tuple[NodeGate, Obj]:
-        """Resolve the images of the gate's packages that have no record of their image:version yet, and
-        write what `gate.lifecycle.images.plan_images` makes of it, before anything is planned. Returns the
-        gate and its object as they are after that write. Raises `ImagesUnresolved` (the reconcile is
-        retried with backoff) once the status and an Event say which image failed and why."""
+        """Resolve the images of the gate's packages that have no record of their image:version yet, judge
+        their digests under the image signature policy (`gate.lifecycle.signatures`), and write what
+        `gate.lifecycle.images.plan_images` makes of it, before anything is planned. Returns the gate and its
+        object as they are after that write. Raises `ImagesUnresolved` or `ImagesUnverified` (the reconcile
+        is retried with backoff) once the status and an Event say which image holds the gate and why."""
         if not self.resolver.settings.resolve_digests:
             return gate, obj
         back_to = rollback_targets(gate, self.world.revisions.get(gate.name))
         resolved, problems = await self.resolver.resolve(gate, back_to)
-        plan = plan_images(gate, obj.get("status") or {}, resolved, problems, back_to, datetime.now(UTC))
+        # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
+        records, verdicts, unread = await self.resolver.verify(gate, merged_records(gate, resolved, back_to),
+                                                               back_to)
+        refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
+        plan = plan_images(gate, obj.get("status") or {}, records, hold_of({**problems, **unread}, refused),
+                           datetime.now(UTC), warnings(warned))
         patched = await self.applier.apply_images(gate, obj, plan)
         if patched is not None:
             obj, gate = patched, self.world.gate(gate.name) or gate
         if plan.held is not None:
-            raise ImagesUnresolved(plan.held)
+            unverified = plan.held.condition == "ImagesVerified"
+            raise ImagesUnverified(plan.held.message) if unverified else ImagesUnresolved(plan.held.message)
         return gate, obj
 
     def _packages_in_use(self) -> set[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -44,7 +44,7 @@ from gate.kube.objects import container_states, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.images import pod_images, request_packages
-from gate.lifecycle.machine import Decision, NodeContext, NodeView, PodRequest, Step
+from gate.lifecycle.node import Decision, NodeContext, NodeView, PodRequest, Step
 from gate.lifecycle.outcomes import Refusal, node_write_refusal
 from gate.lifecycle.ownership import refusal as pod_refusal
 
@@ -70,10 +70,12 @@ class Applied:
 
 class NodeApplier(Writer):
     async def execute(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext, *,
-                      held: Collection[str] = ()) -> Applied:
+                      held: Collection[str] = (), trusted: Container[tuple[str, str]] | None = None) -> Applied:
         """Send a node's decision up to its evictions; `held`: stage pods of it not created (their images
-        are not pinned yet). A write refused for good, or a ConfigMap that is not NodeGate's, ends it there:
-        the node is never left cordoned and drained, waiting for a write that cannot succeed."""
+        are not pinned yet, or not judged runnable under the image signature policy, `trusted`, as
+        `gate.lifecycle.images.held_requests` read it). A write refused for good, or a ConfigMap that is
+        not NodeGate's, ends it there: the node is never left cordoned and drained, waiting for a write
+        that cannot succeed."""
         node = node_obj["metadata"]["name"]
         out = Applied(node_obj, ctx)
         if decision.writes_node or decision.remove_state:
@@ -106,7 +108,8 @@ class NodeApplier(Writer):
         for request in decision.create_pods:
             if request.name in held:
                 continue
-            images = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests)[0]
+            images = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests,
+                                trusted=trusted)[0]
             try:
                 foreign = await self._ensure_configs(gate, request)
             except _ConfigMapRefused as refused:

@@ -2,9 +2,10 @@
 
 `NodeReconciler.reconcile(NodeKey)` is one step of a node's state machine for one gate: it builds
 the node's context from the caches (the gate, the node, its state, its stage pods, the pods on the
-node when it drains), decides with `gate.lifecycle.machine` (`decide`, or `decide_removal` for a
-deleted gate), hands the decision to `NodeApplier`, plans what the applier met
-(`gate.lifecycle.outcomes`) and returns when to look again. `JoinReconciler.reconcile(JoinKey)` is the
+node when it drains), decides with `gate.lifecycle.machine.decide` (or
+`gate.lifecycle.uninstall.decide_removal` for a deleted gate), hands the decision to `NodeApplier`,
+plans what the applier met (`gate.lifecycle.outcomes`) and returns when to look again.
+`JoinReconciler.reconcile(JoinKey)` is the
 readiness-taint backstop for a node that just joined, ahead of the gate's plan, and
 `TaintReconciler.reconcile(TaintKey)` lifts the taint of a node that no readinessTaint gate selects, and
 notices that someone released a node held for hand-off (spec.leaveCordoned).
@@ -22,6 +23,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState, StateParseError
 from gate.controller.endpoints import EndpointBook
 from gate.controller.executor import Writer
+from gate.controller.imagetrust import ImageTrust
 from gate.controller.node_applier import NodeApplier
 from gate.controller.prepull import Prepuller
 from gate.controller.result import DONE, Result, look, replan
@@ -35,20 +37,15 @@ from gate.kube.objects import parse_time, state_status
 from gate.lifecycle.fleet import NodeUpdate, disabled, hold_asked_by, selects
 from gate.lifecycle.handoff import hold_condition, release_noticed
 from gate.lifecycle.images import held_requests
-from gate.lifecycle.machine import (
-    Decision,
-    EventRequest,
-    NodeContext,
-    Timing,
-    config_refused,
-    decide,
-    decide_removal,
-    fail_round,
-)
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import Decision, EventRequest, NodeContext, Timing
 from gate.lifecycle.outcomes import Refusal, after_refusal, drain_blocked, unrecordable
 from gate.lifecycle.rollback import rolled_back, target_gate
+from gate.lifecycle.round import config_refused, fail_round
+from gate.lifecycle.signatures import agent_image
 from gate.lifecycle.soak import health_of
 from gate.lifecycle.taint import orphan_taint, readiness_clear, taint_reason
+from gate.lifecycle.uninstall import decide_removal
 
 log = logging.getLogger("nodegate.operator")
 
@@ -56,9 +53,10 @@ log = logging.getLogger("nodegate.operator")
 class NodeReconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient, timing: Timing, world: World,
                  applier: NodeApplier, signals: SignalReader | None = None,
-                 prepuller: Prepuller | None = None) -> None:
+                 prepuller: Prepuller | None = None, trust: ImageTrust | None = None) -> None:
         self.settings = settings
         self.prepuller = prepuller
+        self.trust = trust  # the image signature policy's verdicts: the digests a stage pod may pull
         self.client = client
         self.timing = timing
         self.world = world
@@ -147,11 +145,13 @@ class NodeReconciler:
         status moved."""
         node = node_obj["metadata"]["name"]
         old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
-        held = held_requests(gate, decision.create_pods, resolve=self.settings.resolve_digests)
+        trusted = self.trust.trusted() if self.trust is not None else None
+        held = held_requests(gate, decision.create_pods, resolve=self.settings.resolve_digests, trusted=trusted,
+                             agent=agent_image(self.settings.agent_image))
         for name, packages in held.items():
             log.info("Stage pod held until its images are resolved; gate=%s node=%s pod=%s packages=%s",
                      gate.name, node, name, ",".join(packages))
-        applied = await self.applier.execute(gate, node_obj, decision, ctx, held=held)
+        applied = await self.applier.execute(gate, node_obj, decision, ctx, held=held, trusted=trusted)
         soon = max(self.settings.poll_seconds, 1.0)
         result = (replan([gate.name]) | look(NodeKey(gate.name, node), soon)) if held else DONE
         if applied.in_round:

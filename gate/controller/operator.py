@@ -40,6 +40,7 @@ from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
 from gate.controller.history import HistoryReconciler
 from gate.controller.images import ImageResolver, ImagesUnresolved
+from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.node_applier import NodeApplier
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
@@ -55,7 +56,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODES
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
-from gate.lifecycle.machine import Timing
+from gate.lifecycle.node import Timing
 
 log = logging.getLogger("nodegate.operator")
 
@@ -71,18 +72,21 @@ class Operator:
                         reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds,
                         health_poll=settings.health_poll_seconds)
         self.world = World(settings, client)
+        # The image signature policy (--image-signatures): read now, so a bad file stops the start.
+        self.image_trust = ImageTrust(settings, self.metrics)
         gate_applier = GateApplier(settings, client, self.metrics, recorder, self.world)
         node_applier = NodeApplier(settings, client, self.metrics, recorder, self.world)
         prepuller = Prepuller(settings, self.world, self.metrics)
         # The Prometheus endpoints the installer configured: the only ones a policy may name.
         self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
         self.gates = GateReconciler(self.metrics, self.world, gate_applier,
-                                    ImageResolver(settings, client, self.metrics), prepuller, self.endpoints)
+                                    ImageResolver(settings, client, self.metrics, self.image_trust), prepuller,
+                                    self.endpoints)
         self.policies = PolicyReconciler(client, self.world, self.endpoints)
         self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
                                     concurrency=settings.health_queries)
         self.nodes = NodeReconciler(settings, client, timing, self.world, node_applier, self.signals,
-                                   prepuller)
+                                   prepuller, self.image_trust)
         self.joins = JoinReconciler(self.world, node_applier)
         self.taints = TaintReconciler(self.world, node_applier)
         self.history = HistoryReconciler(settings, client, self.world)
@@ -134,6 +138,7 @@ class Operator:
                     world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
+            workers.append(asyncio.create_task(self._watch_image_policy()))
             await asyncio.gather(*workers)
         finally:
             self.ready = False
@@ -245,6 +250,17 @@ class Operator:
             # A safety net, not the engine: every change arrives as an event; this catches a lost one.
             for gate in self.world.gates.items():
                 self._queue(triggers.on_gate(gate, None, self.world.nodes.items()))
+
+    async def _watch_image_policy(self) -> None:
+        """A changed image signature policy judges every digest again: every gate is reconciled now
+        (its reconcile judges its images before it plans; node reconciles wait for that)."""
+        while True:
+            await asyncio.sleep(self.settings.poll_seconds)
+            if self.image_trust.changed():
+                log.info("Image signature policy changed, every gate's images are judged again; gates=%d",
+                         len(self.world.gates))
+                for gate in self.world.gates.items():
+                    self._queue(triggers.on_gate(gate, None, self.world.nodes.items()))
 
     async def _worker(self, number: int) -> None:
         queue = self.world.queue

@@ -4,7 +4,7 @@ A phase of a round runs as one bare pod pinned to its node (`nodeName`, so no sc
 and a cordon does not stop it), owned by the gate, tolerating the readiness taint and
 `unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
 No Job controller sits in the path: the operator retries a failed step itself, in a new pod of its
-own deterministic name (`gate.lifecycle.machine.pod_name`). Its steps are containers that run one
+own deterministic name (`gate.lifecycle.node.pod_name`). Its steps are containers that run one
 after another, as NodeWright's stage pods chain a stage and its check: for each package an init
 container from the package image copies the payload into an emptyDir, then an agent container
 (NodeGate's image) runs each of its stages against the host. Each step's result is its container's
@@ -50,7 +50,7 @@ from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images, request_packages
-from gate.lifecycle.machine import PodKind, PodRequest, RunPhase, StagePod, Step
+from gate.lifecycle.node import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
 
 PAYLOAD_DIR = "/nodegate-payload"

@@ -34,7 +34,7 @@ from gate.controller.triggers import NodeKey
 from gate.controller.world import World
 from gate.kube.errors import ApiError
 from gate.kube.objects import pod_ended
-from gate.lifecycle.machine import PULL_ERRORS, EventRequest, StagePod
+from gate.lifecycle.node import PULL_ERRORS, EventRequest, StagePod
 from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,

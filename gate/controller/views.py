@@ -13,7 +13,7 @@ from gate.kube.cache import slim
 from gate.kube.objects import node_ready, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
-from gate.lifecycle.machine import NodeView, PodView
+from gate.lifecycle.node import NodeView, PodView
 
 _SIGNAL_FIELDS = frozenset({"type", "status", "reason", "message", "lastTransitionTime"})
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.certs import pki
-from gate.devcluster import build, realnode
+from gate.devcluster import build, hostside, realnode
 from gate.devcluster.controlplane import NAMESPACE, ControlPlane, kubeconfig_dict, wait_established
 from gate.devcluster.network import MAX_REAL_NODES, ClusterNetwork
 from gate.devcluster.processes import ClusterError, Process, ProcessTable, free_port, tail
@@ -130,7 +130,7 @@ class DevCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._mode_file.write_text(json.dumps({"real_nodes": real}))
         if real:
-            realnode.ensure_bridge(self.network)
+            hostside.ensure_bridge(self.network)
         ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "kwok", "scheduler")}
         self.procs.write_ports(ports)
         procs: dict[str, Process] = {}

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gate.devcluster import build, realnode
+from gate.devcluster import build, hostside, realnode
 from gate.devcluster.controlplane import ControlPlane
 from gate.devcluster.network import ClusterNetwork
 from gate.devcluster.processes import ClusterError, ProcessTable
@@ -119,9 +119,9 @@ class RealFleet:
         for config in self.configs():
             try:
                 realnode.clean_up(config)
-            except (realnode.RealNodeError, ValueError, OSError) as exc:  # the others still go
+            except (hostside.RealNodeError, ValueError, OSError) as exc:  # the others still go
                 print(f"warning: cleaning up real node {config.name}: {exc}")
-        realnode.remove_bridge(self.network)
+        hostside.remove_bridge(self.network)
 
     def exists(self) -> bool:
         return self.base.exists()

@@ -17,7 +17,8 @@ loader that shows grub.cfg's command line at /proc/cmdline. Packages run Debian'
 Each node has a supervisor (`python -m gate.devcluster.realnode supervise`), recorded with the
 cluster's processes: it plugs the veth in, waits for the node, and boots it again when the node
 reboots (a reboot(2) in the node's PID namespace kills its init with SIGHUP), with a new boot ID.
-Stopping the supervisor stops the node and removes its cgroups and links: `dev down` leaves nothing.
+Stopping the supervisor stops the node and removes its cgroups and links: `dev down` leaves nothing. The
+machine's side of it (the bridge, the cgroups) is `gate.devcluster.hostside`.
 
 The kernel is shared: `vm.*` and other global sysctls, modules and /sys/module are this machine's.
 `net.*` sysctls, mounts, processes, hostname and files are the node's own.
@@ -46,6 +47,7 @@ import yaml
 
 from gate.certs import pki
 from gate.devcluster.build import BuildError, cache_root
+from gate.devcluster.hostside import CGROUP_ROOT, RealNodeError, cgroup_dirs, create_cgroups, remove_cgroups, run_ip
 from gate.devcluster.network import SERVICE_CIDR, ClusterNetwork
 from gate.devcluster.rootfs import RootSpec, ensure_root
 
@@ -71,7 +73,6 @@ REAL_NODE_OS_LABEL = "nodegate.dev/os"
 PAUSE_IMAGE = "nodegate/pause:3.10"
 # Debian packages this machine needs to run real nodes (the nodes carry their own copies).
 HOST_PACKAGES = ("debootstrap", "iproute2", "iptables", "util-linux", "umoci", "skopeo")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 REBOOT_SIGNAL = signal.SIGHUP
 # How long a rebooting node stays down (firmware, boot loader) before it boots again: longer than the
 # control plane's node-monitor grace period, so a reboot is seen as a real one is, NotReady then Ready.
@@ -120,10 +121,6 @@ def read_hold(path: Path) -> float:
         return max(0.0, float(path.read_text().strip()))
     except (OSError, ValueError):
         return 0.0
-
-
-class RealNodeError(RuntimeError):
-    """A real node could not be built, started or stopped; the message says what to look at."""
 
 
 def unsupported_reason() -> str | None:
@@ -374,75 +371,6 @@ version = 2
 """
 
 
-# -- the machine's side: bridge, veth, cgroups --------------------------------------------------------
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RealNodeError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
-    return proc
-
-
-def ensure_bridge(net: ClusterNetwork) -> None:
-    if _ip("link", "show", net.bridge, check=False).returncode != 0:
-        _ip("link", "add", net.bridge, "type", "bridge")
-    if net.gateway not in _ip("-4", "-o", "addr", "show", "dev", net.bridge).stdout:
-        _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
-    _ip("link", "set", net.bridge, "up")
-
-
-def remove_bridge(net: ClusterNetwork) -> None:
-    _ip("link", "del", net.bridge, check=False)
-
-
-def cgroup_dirs(name: str) -> list[Path]:
-    """The node's cgroup directory in every hierarchy mounted here (v1 controllers and unified)."""
-    hierarchies = [p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()] \
-        if not (CGROUP_ROOT / "cgroup.controllers").exists() else [CGROUP_ROOT]
-    return [h / name for h in hierarchies]
-
-
-def create_cgroups(name: str) -> None:
-    for path in cgroup_dirs(name):
-        path.mkdir(exist_ok=True)
-        if path.parent.name == "cpuset":
-            for knob in ("cpuset.cpus", "cpuset.mems"):
-                (path / knob).write_text((path.parent / knob).read_text())
-
-
-def remove_cgroups(name: str, timeout: float = 10.0) -> list[str]:
-    """Remove the node's cgroups, deepest first; returns the directories that could not be removed."""
-    left: list[str] = []
-    for top in cgroup_dirs(name):
-        if not top.exists():
-            continue
-        dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
-        for d in [*dirs, top]:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    # A process that is just exiting still counts in its cgroup for a moment.
-                    if time.monotonic() > deadline:
-                        left.append(str(d))
-                        break
-                    _kill_cgroup(d)
-                    time.sleep(0.1)
-    return left
-
-
-def _kill_cgroup(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
 # -- the supervisor: boot, reboot, stop ------------------------------------------------------------------
 
 
@@ -464,7 +392,7 @@ class Supervisor:
         remove_cgroups(c.cgroup_name)
         create_cgroups(c.cgroup_name)
         (c.dir / "boot_id").write_text(str(uuid.uuid4()) + "\n")
-        _ip("link", "del", self.net.host_veth(c.index), check=False)
+        run_ip("link", "del", self.net.host_veth(c.index), check=False)
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NODE_DIR": str(c.dir), "NODE_NAME": c.name,
                "NODE_LOWER": c.lower, "NODE_KUBELET": c.kubelet}
         console = open(c.dir / "console.log", "ab")
@@ -480,8 +408,8 @@ class Supervisor:
         init = self._child_of(proc.pid)
         (c.dir / "init.pid").write_text(f"{init}\n")
         veth = self.net.host_veth(c.index)
-        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(init))
-        _ip("link", "set", veth, "master", self.net.bridge, "up")
+        run_ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(init))
+        run_ip("link", "set", veth, "master", self.net.bridge, "up")
         for args in (("link", "set", "lo", "up"), ("addr", "add", f"{self.net.node_ip(c.index)}/24", "dev", "eth0"),
                      ("link", "set", "eth0", "up"),
                      # No default route: nothing on a node reaches past this machine. The Service
@@ -490,7 +418,7 @@ class Supervisor:
                      ("route", "add", SERVICE_CIDR, "via", self.net.gateway)):
             subprocess.run(["nsenter", f"--net=/proc/{init}/ns/net", "ip", *args], check=True, capture_output=True)
         # The machine reaches the node's pods (the API server calls a webhook that runs in one).
-        _ip("route", "replace", self.net.pod_cidr(c.index), "via", self.net.node_ip(c.index))
+        run_ip("route", "replace", self.net.pod_cidr(c.index), "via", self.net.node_ip(c.index))
         self.boots += 1
         self.log(f"booted (boot {self.boots}, init pid {init} on this machine)")
         return proc
@@ -567,8 +495,8 @@ def clean_up(config: NodeConfig) -> list[str]:
         os.kill(node_init_pid(config), signal.SIGKILL)
     left = remove_cgroups(config.cgroup_name)
     net = config.network
-    _ip("link", "del", net.host_veth(config.index), check=False)
-    _ip("route", "del", net.pod_cidr(config.index), check=False)
+    run_ip("link", "del", net.host_veth(config.index), check=False)
+    run_ip("route", "del", net.pod_cidr(config.index), check=False)
     return left
 
 

@@ -39,17 +39,17 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from gate.api.common import Obj
 from gate.api.digests import DIGEST
 from gate.api.nodegate import ImageRecord, NodeGate, Package
 from gate.api.versions import image_reference
 from gate.lifecycle.health import condition, same_status
-from gate.lifecycle.machine import EventRequest, PodRequest
+from gate.lifecycle.node import EventRequest, PodRequest
 
 PullPolicy = Literal["IfNotPresent", "Always"]
 
@@ -95,6 +95,19 @@ def _tagged(gate: NodeGate, also: Sequence[NodeGate]) -> dict[tuple[str, str], P
     return out
 
 
+def pinned_images(gate: NodeGate, also: Sequence[NodeGate] = ()) -> list[ImageRecord]:
+    """The images pinned by digest in the gate's spec and the specs in `also`, as records of their
+    repository and digest: never stored (the spec says what runs), but judged by an image signature
+    policy like the resolved ones (`gate.lifecycle.signatures`)."""
+    out: dict[tuple[str, str], ImageRecord] = {}
+    for spec_of in (gate, *also):
+        for name, package in spec_of.spec.packages.items():
+            if "@" in package.image:
+                reference, _, digest = package.image.partition("@")
+                out.setdefault((name, package.image), ImageRecord(package=name, reference=reference, digest=digest))
+    return [out[key] for key in sorted(out)]
+
+
 def to_resolve(gate: NodeGate, also: Sequence[NodeGate] = ()) -> dict[tuple[str, str], Package]:
     """(package, tagged reference) -> the package, for each image with no record of that very reference:
     the gate's packages, and those of the specs in `also` (where a failed batch goes back to,
@@ -114,16 +127,24 @@ def merged_records(gate: NodeGate, resolved: Iterable[ImageRecord], also: Sequen
     return out
 
 
-def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tuple[dict[str, PodImage], list[str]]:
+def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool,
+               trusted: Container[tuple[str, str]] | None = None) -> tuple[dict[str, PodImage], list[str]]:
     """The image of each of `packages` as its stage pods pull it, and the packages that cannot be
-    pulled yet (a tagged image without a record of its reference, while resolution is on)."""
+    pulled yet (a tagged image without a record of its reference, while resolution is on). With an
+    image signature policy, `trusted` holds the (reference, digest) pairs the operator judged runnable
+    under it (`gate.lifecycle.signatures.trusted_digests`): a record of any other digest is not used."""
     records = recorded(gate)
+    if trusted is not None:
+        records = {key: r for key, r in records.items() if (r.reference, r.digest) in trusted}
     images: dict[str, PodImage] = {}
     missing: list[str] = []
     for name in packages:
         package = gate.spec.packages[name]
         ref = tagged_reference(package)
         if ref is None:
+            if trusted is not None and tuple(package.image.partition("@")[::2]) not in trusted:
+                missing.append(name)  # pinned, and not judged runnable under the image signature policy
+                continue
             images[name] = PodImage(image_reference(package.image, package.version), "IfNotPresent")
         elif not resolve:
             images[name] = PodImage(ref, "Always")
@@ -135,13 +156,14 @@ def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tup
 
 
 def same_records(current: Iterable[ImageRecord], wanted: Iterable[ImageRecord]) -> bool:
-    def key(records: Iterable[ImageRecord]) -> list[tuple[str, str, str]]:
-        return sorted((r.package, r.reference, r.digest) for r in records)
+    def key(records: Iterable[ImageRecord]) -> list[tuple[str, str, str, str]]:
+        return sorted((r.package, r.reference, r.digest, r.verified.model_dump_json() if r.verified else "")
+                      for r in records)
 
     return key(current) == key(wanted)
 
 
-def records_wire(records: Iterable[ImageRecord]) -> list[dict[str, str]]:
+def records_wire(records: Iterable[ImageRecord]) -> list[dict[str, Any]]:
     return [r.to_wire() for r in records]
 
 
@@ -156,51 +178,65 @@ def request_packages(request: PodRequest) -> list[str]:
     return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
 
 
-def held_requests(gate: NodeGate, requests: Iterable[PodRequest], *, resolve: bool) -> dict[str, list[str]]:
-    """The stage pods of a node's decision held until their images are resolved (fail closed: no stage
-    pod pulls a tag the rollout has not pinned): pod name -> its packages without a record. The gate
-    reconcile resolves them, or says why it cannot; the node looks again after it."""
+def held_requests(gate: NodeGate, requests: Iterable[PodRequest], *, resolve: bool,
+                  trusted: Container[tuple[str, str]] | None = None,
+                  agent: ImageRecord | None = None) -> dict[str, list[str]]:
+    """The stage pods of a node's decision held until their images may be pulled (fail closed: no stage
+    pod pulls a tag the rollout has not pinned, nor, with an image signature policy, a digest it has
+    not judged runnable, `trusted`; NodeGate's own image, `agent`, is judged as a package's): pod name
+    -> the packages it waits for. The gate reconcile resolves and judges them, or says why it cannot;
+    the node looks again after it."""
     held = {}
     for request in requests:
-        unresolved = pod_images(gate, request_packages(request), resolve=resolve)[1]
+        unresolved = pod_images(gate, request_packages(request), resolve=resolve, trusted=trusted)[1]
+        if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
+            unresolved.append(agent.package)
         if unresolved:
             held[request.name] = unresolved
     return held
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Why a gate's images hold it before any plan (`gate.lifecycle.signatures.hold_of`): the condition
+    set False, its reason and message."""
+
+    condition: str  # ImagesResolved or ImagesVerified
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class ImagesPlan:
-    """What resolving a gate's images writes, before any other plan of the gate: `status`, the merge
-    patch of its status (the records, and while an image fails the conditions that say so; None: as
-    it is), then `events` on the gate. `held` (the message): an image failed, no round may start, and
-    the reconcile stops after these writes, retried with backoff."""
+    """What resolving (and judging) a gate's images writes, before any other plan of the gate: `status`,
+    the merge patch of its status (the records, and while the images hold the gate the conditions that
+    say so; None: as it is), then `events` on the gate. `held`: the images hold the gate, no round may
+    start, and the reconcile stops after these writes, retried with backoff."""
 
     status: Obj | None = None
     events: list[EventRequest] = field(default_factory=list)
-    held: str | None = None
+    held: Hold | None = None
 
 
-def plan_images(gate: NodeGate, status: Obj, resolved: Iterable[ImageRecord], problems: Mapping[str, str],
-                also: Sequence[NodeGate], now: datetime) -> ImagesPlan:
-    """The records of `resolved` merged into the gate's (`merged_records`, with the specs in `also`), and
-    for `problems` (package -> why its image did not resolve): ImagesResolved False, Ready False and
-    Degraded True, each with the message, the status Degraded, and a Warning Event ResolveFailed."""
+def plan_images(gate: NodeGate, status: Obj, records: Sequence[ImageRecord], hold: Hold | None, now: datetime,
+                warnings: Sequence[EventRequest] = ()) -> ImagesPlan:
+    """The gate's image `records` (resolved, merged and judged) for its status, and while `hold` holds
+    the gate: its condition False, Ready False and Degraded True, each with its message, the status
+    Degraded, and a Warning Event; `warnings` (images that fail the signature policy in warn mode) are
+    said before it."""
     current = gate.status.images if gate.status is not None else []
-    records = merged_records(gate, resolved, also)
     patch: Obj = {}
     if not same_records(current, records):
         patch["images"] = records_wire(records)
-    message = unresolved_message(problems) if problems else ""
-    if problems:
+    if hold is not None:
         # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
         previous = gate.status.conditions if gate.status is not None else []
         generation = gate.metadata.generation or 0
-        held: dict[str, Literal["True", "False"]] = {"ImagesResolved": "False", "Ready": "False", "Degraded": "True"}
+        held: dict[str, Literal["True", "False"]] = {hold.condition: "False", "Ready": "False", "Degraded": "True"}
         kept = [c for c in status.get("conditions") or [] if c.get("type") not in held]
-        patch["conditions"] = [*kept, *(condition(type_, value, "ResolveFailed", message, previous, now,
+        patch["conditions"] = [*kept, *(condition(type_, value, hold.reason, hold.message, previous, now,
                                                   generation).to_wire() for type_, value in held.items())]
         patch.update({"status": "Degraded", "observedGeneration": generation})
     write = bool(patch) and not same_status(status, {**status, **patch})
-    return ImagesPlan(status=patch if write else None,
-                      events=[EventRequest("gate", "Warning", "ResolveFailed", message)] if problems else [],
-                      held=message if problems else None)
+    events = [*warnings, *([EventRequest("gate", "Warning", hold.reason, hold.message)] if hold else [])]
+    return ImagesPlan(status=patch if write else None, events=events, held=hold)

@@ -6,7 +6,7 @@ next plan:
 
 * **A write refused for good** (`Refusal`: admission, a quota, validation; asking again would be
   refused again) fails the node with the server's message (`after_refusal`, which is
-  `gate.lifecycle.machine.write_refused`). A gate plan's write of a node that is not a round's
+  `gate.lifecycle.round.write_refused`). A gate plan's write of a node that is not a round's
   (a status label, a request acted on) only says so in an Event on the node (`refused_update`).
 * **The failure cannot be written either** (`unrecordable`): said where it still can be, the node's
   failure condition (its status subresource) and Events that say why it is not on the node.
@@ -14,7 +14,7 @@ next plan:
   per blocking budget, with a Warning Event.
 
 A ConfigMap found under a package's name that is not NodeGate's is decided by
-`gate.lifecycle.machine.config_refused`, and a stage pod held until its images are pinned by
+`gate.lifecycle.round.config_refused`, and a stage pod held until its images are pinned by
 `gate.lifecycle.images.held_requests`.
 """
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from gate.api.state import NodeGateState
 from gate.lifecycle.condition import NodeCondition, failure_condition
 from gate.lifecycle.fleet import NodeUpdate
-from gate.lifecycle.machine import Decision, EventRequest, NodeContext, Step, write_refused
+from gate.lifecycle.node import Decision, EventRequest, NodeContext, Step
+from gate.lifecycle.round import write_refused
 
 
 @dataclass(frozen=True)

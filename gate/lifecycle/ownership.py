@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gate.api.state import PodRecord
-from gate.lifecycle.machine import StagePod
+from gate.lifecycle.node import StagePod
 
 
 @dataclass(frozen=True)

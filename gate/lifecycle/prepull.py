@@ -51,7 +51,8 @@ from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
 from gate.lifecycle.images import PodImage, pod_images
 from gate.lifecycle.interrupts import merge
-from gate.lifecycle.machine import PULL_ERRORS, StagePod, round_work
+from gate.lifecycle.node import PULL_ERRORS, StagePod
+from gate.lifecycle.round import round_work
 
 # The wait reasons that clear by themselves as the rollout goes on (`gate.rollout.planner.WaitReason`).
 AHEAD_REASONS = frozenset({"batch-running", "budget-full", "queued", "outside-window"})

@@ -15,7 +15,7 @@ did before), so that it never waits for budget it holds itself. A node that unin
 nodes; nodes with nothing to uninstall are released at once. Pure: the operator performs the updates
 returned.
 
-On the node the removal is a round of its own (`gate.lifecycle.machine.decide_removal`, with new stage pod
+On the node the removal is a round of its own (`gate.lifecycle.uninstall.decide_removal`, with new stage pod
 names): cordon, wait for protected pods and drain when an uninstall needs an interrupt, the uninstalls,
 the interrupt, the checks after it, the uncordon; the node then stops counting against the budget.
 """
@@ -30,9 +30,10 @@ from gate.api import keys
 from gate.api.nodegate import CompartmentStatus, NodeCounts, NodeGate, NodeGateStatus
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, rollout_hash
-from gate.lifecycle.fleet import FleetNode, NodeUpdate, fresh_rollout, gate_status, resumed_gate, rollout_events
+from gate.lifecycle.fleet import FleetNode, NodeUpdate
 from gate.lifecycle.health import RECONCILING, STALLED, Verdict, condition, with_verdict
-from gate.lifecycle.machine import EventRequest
+from gate.lifecycle.node import EventRequest
+from gate.lifecycle.status import fresh_rollout, gate_status, resumed_gate, rollout_events
 from gate.rollout import GateProgress, NodeSnapshot, Start, plan
 
 

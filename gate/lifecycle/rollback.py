@@ -42,7 +42,8 @@ from typing import Literal
 from gate.api.common import Obj
 from gate.api.nodegate import CompartmentRollback, CompartmentStatus, NodeGate, NodeGateSpec
 from gate.api.state import NodeGateState, Rollback, rollout_hash
-from gate.lifecycle.machine import EventRequest, start_round
+from gate.lifecycle.node import EventRequest
+from gate.lifecycle.round import start_round
 from gate.rollout import Plan, order_key
 from gate.rollout.history import Revision
 

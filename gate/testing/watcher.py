@@ -33,19 +33,10 @@ from gate.api import keys
 from gate.api.common import Obj
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient, Resource
 from gate.kube.errors import ApiError, ConnectionFailed, Gone
-from gate.testing.invariants import (
-    Blind,
-    Change,
-    Coverage,
-    Event,
-    InvariantChecker,
-    Relist,
-    Violation,
-    dump_event,
-    resource_version,
-    slim,
-)
-from gate.testing.invariants import Resource as Kind
+from gate.testing.events import Blind, Change, Event, Relist, dump_event, resource_version, slim
+from gate.testing.events import Resource as Kind
+from gate.testing.findings import Coverage, Violation
+from gate.testing.invariants import InvariantChecker
 
 log = logging.getLogger("nodegate.testing.watcher")
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gate.agent.host import STATE_BASE
-from gate.agent.package import load_package
+from gate.agent.loader import load_package
 from gate.api.nodegate import NodeGate
 from gate.cli.main import main
 from tests.agent import fake_kernels, fake_lvm

@@ -31,7 +31,7 @@ from gate.api.facts import FACTS_ANNOTATION
 from gate.api.nodegate import NodeGate
 from gate.controller.pods import AGENT_COMMAND, CONFIG_DIR, HOST_ROOT, PAYLOAD_DIR, TERMINATION_LOG, stage_pod
 from gate.controller.settings import OperatorSettings
-from gate.lifecycle.machine import PodRequest, Step
+from gate.lifecycle.node import PodRequest, Step
 from tests.agent.conftest import Agent
 from tests.agent.packaging import configmap, make_package
 

@@ -366,7 +366,7 @@ def test_a_configmap_that_is_not_the_one_the_operator_rendered_is_refused_before
     from gate.api.nodegate import NodeGate
     from gate.controller.pods import config_map, stage_pod
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import PodRequest, Step
+    from gate.lifecycle.node import PodRequest, Step
 
     g = NodeGate.model_validate({"metadata": {"name": "test-gate", "uid": "u-1"}, "spec": {"packages": {
         "demo-pkg": {"version": "1.0.0", "image": "example.com/demo", "config": {"a.conf": "alpha=1\n"}}}}})
@@ -554,7 +554,7 @@ def test_steps_see_the_nodes_facts_from_the_operators_file_and_what_the_host_has
     from gate.api.state import NodeGateState
     from gate.controller.pods import facts_of, stage_pod
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import PodRequest, Step
+    from gate.lifecycle.node import PodRequest, Step
 
     base = make_package(tmp_path / "base", "apply: [{name: s, command: 'true'}]", name="base-sysctl", version="1.2.0")
     assert agent.run("apply", base, package="base-sysctl", version="1.2.0", gate="base").code == 0

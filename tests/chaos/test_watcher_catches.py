@@ -25,8 +25,8 @@ from gate.devcluster.cluster import DevCluster, node_manifest
 from gate.devcluster.services import install_operator_rbac
 from gate.devcluster.stages import KWOK_NODE_ANNOTATION
 from gate.kube.client import NODEGATES, NODES, PODS, KubeClient
-from gate.lifecycle.machine import PodRequest, Step, pod_name
-from gate.testing.invariants import Violation
+from gate.lifecycle.node import PodRequest, Step, pod_name
+from gate.testing.findings import Violation
 from gate.testing.watcher import InvariantWatcher
 from tests.conftest import unique
 

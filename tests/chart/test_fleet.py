@@ -17,7 +17,7 @@ from gate.controller.settings import OperatorSettings
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import NAMESPACES, NODES, PODS, SERVICEACCOUNTS, KubeClient, resource_for
 from gate.kube.errors import ApiError
-from gate.lifecycle.machine import PodRequest, Step
+from gate.lifecycle.node import PodRequest, Step
 from tests.chart.conftest import find, rendered
 from tests.conftest import unique
 
@@ -156,7 +156,7 @@ async def test_a_package_requesting_more_memory_than_the_default_limit_without_a
     pod["metadata"].pop("ownerReferences")
     with pytest.raises(ApiError) as refused:
         await kube.create(PODS, pod)
-    # The operator fails the node with this message (reason PodRefused: gate.lifecycle.machine.write_refused).
+    # The operator fails the node with this message (reason PodRefused: gate.lifecycle.round.write_refused).
     assert refused.value.status in (403, 422)
     assert "must be less than or equal to memory limit" in refused.value.message, refused.value.message
     pods, _ = await kube.list(PODS, namespace=package_namespace)

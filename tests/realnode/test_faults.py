@@ -274,7 +274,7 @@ def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_
         try:
             faults.node_processes(real.config(node), "kubelet")
             return False
-        except Exception:  # realnode.RealNodeError: the node's init is gone
+        except Exception:  # hostside.RealNodeError: the node's init is gone
             return True
 
     def scenario() -> None:

@@ -184,7 +184,7 @@ async def test_the_operators_own_manifest_as_the_api_server_stores_it_is_adopted
     from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
     from gate.controller.podshape import shape_differences, shape_digest
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import PodRequest, Step
+    from gate.lifecycle.node import PodRequest, Step
 
     env = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     gate = NodeGate.model_validate({

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gate.cli.main import main
-from gate.devcluster import realnode
+from gate.devcluster import hostside, realnode
 from gate.devcluster.cluster import RealNodeSpec
 from gate.devcluster.network import MAX_REAL_NODES, ClusterNetwork
 
@@ -106,7 +106,7 @@ def test_each_release_has_a_root_of_its_own_from_the_same_package_list() -> None
 
 @pytest.mark.parametrize("suites", [["bookworm", "sid"], ["Trixie"], []])
 def test_an_unknown_or_missing_release_is_refused_naming_the_option_and_the_known_ones(suites: list[str]) -> None:
-    with pytest.raises(realnode.RealNodeError, match=r"^--real-node-os: .*bookworm, trixie") as caught:
+    with pytest.raises(hostside.RealNodeError, match=r"^--real-node-os: .*bookworm, trixie") as caught:
         RealNodeSpec(2, suites=suites)
     if suites:
         assert repr(suites[-1]) in str(caught.value)

@@ -40,7 +40,7 @@ WILDCARD_PROBE_VERB: Final = "nodegate-wildcard-probe"
 """A verb no role names: a user allowed it holds a wildcard verb (or is in system:masters)."""
 BREAK_GLASS_REASON: Final = "BreakGlassExec"
 POD_NAME_PREFIX: Final = "ng-"
-"""Every stage and prepull pod's name starts so (`gate.lifecycle.machine.pod_name`,
+"""Every stage and prepull pod's name starts so (`gate.lifecycle.node.pod_name`,
 `gate.lifecycle.prepull.prepull_pod_name`): the webhook configuration sends only CONNECTs into pods
 so named to the webhook, so an outage never stops an exec into the operator's own pods."""
 _POD_NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

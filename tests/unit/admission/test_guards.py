@@ -23,7 +23,7 @@ from gate.admission.rules.review import AccessCheck, AdmissionRequest, Notice, V
 from gate.admission.testing import RecordedNotices, StaticFacts
 from gate.api.keys import GROUP, NODEGATE_PLURAL
 from gate.kube.errors import ConnectionFailed
-from gate.lifecycle.machine import Step, pod_name
+from gate.lifecycle.node import Step, pod_name
 from gate.lifecycle.prepull import RoundImages, prepull_pod_name
 from tests.unit.admission.helpers import gate, package, request
 from tests.unit.admission.server import running_server

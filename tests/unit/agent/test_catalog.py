@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gate.agent.catalog import render_catalog
-from gate.agent.package import load_package
+from gate.agent.loader import load_package
 from gate.cli.main import main
 from gate.devcluster.realnode import NODE_OS
 from tests.realnode.conftest import REAL_NODE_SUITES

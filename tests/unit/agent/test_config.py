@@ -6,7 +6,8 @@ import pytest
 
 from gate.agent.config import config_problems, effective_config, lenient_config, parse_assignments, typed_config
 from gate.agent.errors import PackageError
-from gate.agent.package import PackageManifest, parse_manifest
+from gate.agent.loader import parse_manifest
+from gate.agent.package import PackageManifest
 
 HEAD = "apiVersion: nodegate.io/v1alpha1\nkind: Package\nname: demo-pkg\nversion: 1.0.0\n"
 KEYS = """config:

@@ -17,7 +17,7 @@ from gate.cli.errors import CliError
 from gate.cli.main import parser
 from gate.controller.pods import config_map, stage_pod
 from gate.controller.settings import OperatorSettings
-from gate.lifecycle.machine import PodRequest, Step
+from gate.lifecycle.node import PodRequest, Step
 from tests.agent.packaging import configmap
 
 BASE_ENV = {"NODEGATE_STAGE": "apply", "NODEGATE_PACKAGE": "p", "NODEGATE_VERSION": "1.0.0", "NODEGATE_GATE": "g"}

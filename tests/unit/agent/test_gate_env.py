@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from gate.agent.config import config_problems
 from gate.agent.errors import PackageError
 from gate.agent.gate_env import check_gate_env
-from gate.agent.package import ENV_NAME_PATTERN, parse_manifest
+from gate.agent.loader import parse_manifest
+from gate.agent.package import ENV_NAME_PATTERN
 from gate.api.environment import NEVER_PASSED_NAMES, NEVER_PASSED_PREFIXES, never_passed
 
 HEAD = "apiVersion: nodegate.io/v1alpha1\nkind: Package\nname: demo-pkg\nversion: 1.0.0\n"

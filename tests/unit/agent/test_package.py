@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gate.agent.errors import PackageError
-from gate.agent.package import load_package, parse_manifest
+from gate.agent.loader import load_package, parse_manifest
 
 GOOD = """
 apiVersion: nodegate.io/v1alpha1

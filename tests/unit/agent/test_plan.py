@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from gate.agent.history import History, with_step_done
-from gate.agent.package import PackageManifest, parse_manifest
+from gate.agent.loader import parse_manifest
+from gate.agent.package import PackageManifest
 from gate.agent.plan import HOST_PATH, Places, StageRequest, plan_stage
 
 HOST = Places(root="/", package_dir="/var/lib/nodegate/g/p/package/2.0.0", config_dir="/cfg", state_dir="/data")

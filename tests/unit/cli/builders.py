@@ -92,7 +92,7 @@ def stage_pod(gate_name: str, node_name: str, steps: list[tuple[str | None, str]
     from gate.controller.pods import container_name
     from gate.controller.pods import stage_pod as render
     from gate.controller.settings import OperatorSettings
-    from gate.lifecycle.machine import PodRequest, Step
+    from gate.lifecycle.node import PodRequest, Step
 
     model = NodeGate.model_validate(gate(gate_name, packages=packages))
     request = PodRequest(name=f"ng-{kind}-{node_name}-{attempt}", kind=kind,  # type: ignore[arg-type]

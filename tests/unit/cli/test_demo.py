@@ -11,17 +11,8 @@ import pytest
 
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
-from gate.cli.demo import (
-    DEMO_LABEL,
-    FAILING_POOL,
-    POOL_LABEL,
-    Evidence,
-    PodLedger,
-    failing_node,
-    manifest,
-    pool_sizes,
-    summary_lines,
-)
+from gate.cli.demo_evidence import Evidence, PodLedger, summary_lines
+from gate.cli.demo_settings import DEMO_LABEL, FAILING_POOL, POOL_LABEL, failing_node, manifest, pool_sizes
 from gate.cli.errors import CliError
 from gate.rollout import NodeSnapshot, simulate
 
@@ -135,7 +126,8 @@ def test_inside_the_demo_ctrl_c_is_heard_even_when_inherited_ignored_and_sigterm
 
 
 def test_a_command_the_demo_runs_that_met_ctrl_c_stops_the_demo_rather_than_failing_it() -> None:
-    from gate.cli.demo import DemoError, Narrator, _run_command
+    from gate.cli.demo import Narrator, _run_command
+    from gate.cli.demo_settings import DemoError
 
     say = Narrator(quick=True)
     with pytest.raises(KeyboardInterrupt):

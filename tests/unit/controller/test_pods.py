@@ -28,7 +28,7 @@ from gate.controller.pods import (
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
 from gate.lifecycle.images import PodImage
-from gate.lifecycle.machine import PodRequest, Step
+from gate.lifecycle.node import PodRequest, Step
 from gate.lifecycle.prepull import Candidate, RoundImages
 
 SETTINGS = OperatorSettings(namespace="ng-system", agent_image="example.com/nodegate:9.9.9")

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
-from gate.lifecycle.machine import NodeView, StagePod, decide
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import NodeView, StagePod
 from tests.unit.lifecycle.test_machine import PKG, ctx, gate, node, started
 
 GATES = [

@@ -11,7 +11,8 @@ from gate.api.state import NodeGateState
 from gate.controller.patches import node_patch
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, hold_asked_by, progress_of
 from gate.lifecycle.handoff import held, release_noticed
-from gate.lifecycle.machine import Decision, NodeContext, decide
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import Decision, NodeContext
 from gate.lifecycle.taint import has_readiness_taint
 from tests.unit.lifecycle.test_machine import PKG, ctx, node, run_until_quiet, started
 

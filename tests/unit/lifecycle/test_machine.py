@@ -12,22 +12,10 @@ from gate.api import keys
 from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.state import Installed, NodeGateState, rollout_hash, spec_hash
 from gate.lifecycle import taint
-from gate.lifecycle.machine import (
-    Decision,
-    NodeContext,
-    NodeView,
-    PodRequest,
-    PodView,
-    RunPhase,
-    StagePod,
-    Step,
-    Timing,
-    config_refused,
-    decide,
-    decide_removal,
-    rerun,
-    start_round,
-)
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import Decision, NodeContext, NodeView, PodRequest, PodView, RunPhase, StagePod, Step, Timing
+from gate.lifecycle.round import config_refused, rerun, start_round
+from gate.lifecycle.uninstall import decide_removal
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PKG = {"version": "1.0.0", "image": "example.com/pkg"}
@@ -439,7 +427,7 @@ def test_a_spec_change_under_a_running_stage_waits_for_it_before_the_new_one() -
 
 
 def test_a_drain_refused_by_a_budget_backs_off_but_never_past_its_timeout() -> None:
-    from gate.lifecycle.machine import drain_retry_after
+    from gate.lifecycle.disruption import drain_retry_after
 
     assert drain_retry_after(100, 600, blocked=False) == 1.0  # pods terminating: look again soon
     waits = [drain_retry_after(t, 600, blocked=True) for t in (0, 8, 40, 100, 400)]

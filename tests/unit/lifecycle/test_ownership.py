@@ -4,7 +4,7 @@ state records under their name, and whose shape is still the one recorded."""
 from __future__ import annotations
 
 from gate.api.state import NodeGateState, PodRecord, load_state
-from gate.lifecycle.machine import StagePod, Step
+from gate.lifecycle.node import StagePod, Step
 from gate.lifecycle.ownership import recognise
 
 STEP = Step("tool", "apply", "1.0.0/abc")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import plan_gate
 from gate.lifecycle.images import PodImage
-from gate.lifecycle.machine import StagePod, Timing, decide
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import StagePod, Timing
 from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,

@@ -1,5 +1,5 @@
 """A write the API server refuses for good during a node's round fails the node with the server's
-message (`gate.lifecycle.machine.write_refused`); the round's cordon is undone while the host is as
+message (`gate.lifecycle.round.write_refused`); the round's cordon is undone while the host is as
 the round found it, so the node leaves the budget instead of waiting cordoned for ever."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from gate.api import keys
 from gate.api.nodegate import Interrupt
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import NodeUpdate, progress_of
-from gate.lifecycle.machine import Decision, EventRequest, NodeView, Step, decide, write_refused
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import Decision, EventRequest, NodeView, Step
 from gate.lifecycle.outcomes import (
     Refusal,
     after_refusal,
@@ -21,6 +22,7 @@ from gate.lifecycle.outcomes import (
     refused_update,
     unrecordable,
 )
+from gate.lifecycle.round import write_refused
 from tests.unit.lifecycle.test_machine import PKG, ctx, gate, node, one, started
 
 REFUSAL = 'admission webhook "deny.example.com" denied the request: no ConfigMaps today'

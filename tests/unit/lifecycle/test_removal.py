@@ -9,8 +9,9 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import Installed, NodeGateState, spec_hash
-from gate.lifecycle.machine import StagePod, decide_removal
+from gate.lifecycle.node import StagePod
 from gate.lifecycle.removal import plan_removal, removal_hash
+from gate.lifecycle.uninstall import decide_removal
 from tests.unit.lifecycle.test_fleet import fleet_node
 from tests.unit.lifecycle.test_machine import NOW, PKG, ctx, gate
 

@@ -9,7 +9,8 @@ from gate.api.policy import DeploymentPolicy, Health
 from gate.api.state import NodeGateState
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import progress_of
-from gate.lifecycle.machine import NodeContext, StagePod, Timing, decide
+from gate.lifecycle.machine import decide
+from gate.lifecycle.node import NodeContext, StagePod, Timing
 from gate.lifecycle.soak import Reading, health_of, judge, soak_left
 from tests.unit.lifecycle.test_machine import NOW, PKG, gate, node, one, run_until_quiet, started
 

@@ -262,7 +262,7 @@ def test_every_shipped_layer_loads_and_names_real_sources() -> None:
 
 
 def test_the_config_keys_package_yaml_declares_are_the_layers_there_are() -> None:
-    from gate.agent.package import load_package
+    from gate.agent.loader import load_package
 
     keys = load_package(PACKAGE).manifest.config
     assert keys is not None

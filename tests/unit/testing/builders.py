@@ -13,7 +13,7 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.common import Obj
-from gate.testing.invariants import Change, Event, Relist
+from gate.testing.events import Change, Event, Relist
 
 NAMESPACE = "nodegate-system"
 

@@ -7,19 +7,10 @@ from gate.api.facts import FACTS_ANNOTATION, OperatorFacts
 from gate.api.nodegate import NodeGate
 from gate.controller.pods import stage_pod
 from gate.controller.settings import OperatorSettings
-from gate.lifecycle.machine import PodRequest, Step, pod_name
-from gate.testing.invariants import (
-    Blind,
-    Change,
-    InvariantChecker,
-    Relist,
-    Violation,
-    dump_event,
-    load_event,
-    replay,
-    resource_version,
-    slim,
-)
+from gate.lifecycle.node import PodRequest, Step, pod_name
+from gate.testing.events import Blind, Change, Relist, dump_event, load_event, resource_version, slim
+from gate.testing.findings import Violation
+from gate.testing.invariants import InvariantChecker, replay
 from tests.unit.testing.builders import Cluster, state
 
 GATE = "fleet"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.testing.invariants import Blind, Change, Event, Relist
+from gate.testing.events import Blind, Change, Event, Relist
 from gate.testing.watcher import RevisionMerge
 
 

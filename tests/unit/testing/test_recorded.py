@@ -26,7 +26,9 @@ from typing import Any
 
 from gate.api import keys
 from gate.api.common import Obj
-from gate.testing.invariants import Change, Event, InvariantChecker, Relist, Violation, load_event
+from gate.testing.events import Change, Event, Relist, load_event
+from gate.testing.findings import Violation
+from gate.testing.invariants import InvariantChecker
 
 DATA = Path(__file__).parent / "data"
 
