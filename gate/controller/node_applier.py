@@ -1,4 +1,4 @@
-"""The node applier: it sends a node decision (`gate.lifecycle.machine.Decision`), and decides nothing.
+"""The node applier: it sends a node decision (`gate.lifecycle.node.Decision`), and decides nothing.
 
 In this order: one Node write (state annotation, status label, cordon, taint, guarded by the
 resourceVersion it was decided on), the deletion of the stage pods it is done with, the creation of

@@ -9,7 +9,8 @@ A round on a node runs through phases:
 
 `decide` reads the world (the gate, the node, this gate's state on the node, its stage pods, the
 pods on the node) and returns what to do next: a new state and node changes to write in one request,
-stage pods to create or delete, pods to evict, events, and when to look again. The executor performs it.
+stage pods to create or delete, pods to evict, events, and when to look again. The node applier
+(`gate.controller.node_applier`) sends it.
 Everything the next step depends on is either in the state annotation or in an object with a
 deterministic name, so running `decide` again after a crash at any point does the same thing.
 
@@ -35,17 +36,13 @@ from gate.lifecycle.disruption import require_interrupt, run_phases
 from gate.lifecycle.handoff import hold_wanted
 from gate.lifecycle.node import (
     Decision,
-    EventRequest,
     NodeContext,
-    NodeView,
     PodKind,
-    PodRequest,
     Step,
 )
 from gate.lifecycle.round import (
     Round,
     complete_round,
-    config_refused,
     install_order,
     look_again_for,
     note_pull,
@@ -53,7 +50,6 @@ from gate.lifecycle.round import (
     round_work,
     run_steps,
     stuck_reason,
-    write_refused,
 )
 from gate.lifecycle.soaking import decide_soak, enter_soak
 from gate.lifecycle.work import after_stage, constraint_satisfied
@@ -248,17 +244,3 @@ def _hold(r: Round) -> None:
     r.event("node", "Normal", "HeldForHandOff", f"NodeGate {asker} left the node cordoned for the validator "
             "that comes next (spec.leaveCordoned); `kubectl uncordon` releases it for good")
 
-
-# gate.controller.executor still imports these through this module; its rewrite (one writer per
-# reconcile) points it at gate.lifecycle.node and gate.lifecycle.round, and this list then goes.
-__all__ = [
-    "Decision",
-    "EventRequest",
-    "NodeContext",
-    "NodeView",
-    "PodRequest",
-    "Step",
-    "config_refused",
-    "decide",
-    "write_refused",
-]

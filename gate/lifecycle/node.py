@@ -54,7 +54,7 @@ class Step:
 
 @dataclass(frozen=True)
 class StagePod:
-    """A stage pod as the decider needs it (the executor builds this from the pod)."""
+    """A stage pod as the decider needs it (the controller builds this from the pod)."""
 
     name: str
     kind: PodKind

@@ -170,8 +170,8 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
     Level-triggered: `plan` is what is left, recomputed from the state after each `record`. A pod
     that ended is read step by step: each step it completed that is the next one planned is
     recorded (all of them in this one decision, so the node's state is written once per pod), a
-    failed step counts an attempt of that step, and the pod is deleted. The executor writes the node
-    before it deletes or creates pods, so a crash in between only means the next look does the same
+    failed step counts an attempt of that step, and the pod is deleted. The node applier writes the
+    node before it deletes or creates pods, so a crash in between only means the next look does the same
     again. The next pod starts with the first step left; while any stage pod of the gate still runs
     on the node, nothing new starts (two stages never change one host at once).
     """
