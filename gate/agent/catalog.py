@@ -198,6 +198,9 @@ def catalog_inputs(packages_dir: Path) -> dict[str, dict[str, Any]]:
             key: _rule(rule, "required") for key, rule in manifest.config.keys.items()}
         out[manifest.name] = {"version": manifest.version, "config": config,
                               "env": {name: _rule(rule) for name, rule in manifest.gate_env.items()}}
+        serving = manifest.serving()
+        if serving:  # the steps the operator stages on a serving node, by list (docs/concepts.md)
+            out[manifest.name]["serving"] = dict(serving)
     return out
 
 
@@ -208,7 +211,8 @@ def render_inputs_module(packages_dir: Path) -> str:
         '"""The catalog\'s declared input per package: generated from packages/*/package.yaml by `nodegate package\n'
         'catalog` (do not edit; a test fails when it is stale).\n\n'
         "Admission holds a bound catalog package's config keys and env against these, for the catalog's version\n"
-        '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml.\n"""\n\n'
+        '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml. `serving`\n'
+        'lists the steps staged on a serving node, by list, for the packages that have any.\n"""\n\n'
         "from typing import Any, Final\n\n"
         f"CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (\n{body}\n)\n"
     )

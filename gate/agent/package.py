@@ -109,15 +109,11 @@ def _check_env_names(env: dict[str, Any]) -> dict[str, Any]:
 STEP_SCHEMA_EXTRA: Final[JsonDict] = {"oneOf": [{"required": ["script"]}, {"required": ["command"]}]}
 
 
-class Step(PackageModel):
-    """One command of a stage: a script shipped in the package, or an inline shell command."""
+class Command(PackageModel):
+    """What runs: a script shipped in the package, or an inline shell command (a step, or a step's undo)."""
 
     model_config = ConfigDict(json_schema_extra=STEP_SCHEMA_EXTRA)
 
-    name: str = Field(
-        pattern=STEP_NAME_PATTERN,
-        description="Unique within its stage; names the step in logs, summaries and the idempotence record.",
-    )
     script: str | None = Field(
         default=None,
         max_length=1024,
@@ -158,13 +154,6 @@ class Step(PackageModel):
         max_length=256,
         description="Exit codes that count as success.",
     )
-    idempotent: bool = Field(
-        default=False,
-        description=(
-            "Skip the step when it already succeeded on this node for the same package version and gate "
-            "generation (for expensive steps such as rebuilding an initramfs). Not allowed in checks."
-        ),
-    )
     timeout: Duration | None = Field(
         default=None,
         description="Kill the step (and its children) after this long, e.g. 90s or 5m; the step then fails.",
@@ -181,13 +170,55 @@ class Step(PackageModel):
         return _check_env_names(value)
 
     @model_validator(mode="after")
-    def _script_xor_command(self) -> Step:
+    def _script_xor_command(self) -> Command:
         if (self.script is None) == (self.command is None):
             raise ValueError("a step needs exactly one of script and command")
         return self
 
     def timeout_seconds(self) -> float | None:
         return None if self.timeout is None else parse_duration(self.timeout).total_seconds()
+
+
+class Step(Command):
+    """One command of a stage, by name; a `serving` one runs before the cordon and has an `undo`."""
+
+    name: str = Field(
+        pattern=STEP_NAME_PATTERN,
+        description="Unique within its stage; names the step in logs, summaries and the idempotence record.",
+    )
+    idempotent: bool = Field(
+        default=False,
+        description=(
+            "Skip the step when it already succeeded on this node for the same package version and gate "
+            "generation (for expensive steps such as rebuilding an initramfs). Not allowed in checks."
+        ),
+    )
+    serving: bool = Field(
+        default=False,
+        description=(
+            "Safe on a serving node: its effect waits for the interrupt (a file for the next boot, a downloaded "
+            "package, a built initramfs). The operator stages such steps before it cordons the node, and the "
+            "stage in the window skips them once staged. Only in apply, upgrade and config, only the first steps "
+            "of the list (none but serving steps before one), and only with an undo."
+        ),
+    )
+    undo: Command | None = Field(
+        default=None,
+        description=(
+            "A serving step's undo: returns the host to what it was before the step ran (the undos of later "
+            "steps ran first), from whatever the step left, a half run included. It runs when a staged node is "
+            "not to be interrupted after all (the rollout stopped, was deleted or rolled back)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _undo_with_serving(self) -> Step:
+        if self.serving and self.undo is None:
+            raise ValueError(f"step {self.name!r}: a serving step needs an undo (what takes its effect back "
+                             "when the node is not interrupted after all)")
+        if self.undo is not None and not self.serving:
+            raise ValueError(f"step {self.name!r}: undo is for serving steps only (set serving: true, or drop it)")
+        return self
 
 
 class Stages(PackageModel):
@@ -264,7 +295,36 @@ class Stages(PackageModel):
                     seen.add(step.name)
                     if name == check and step.idempotent:
                         raise ValueError(f"{name}: step {step.name!r}: checks always run, idempotent is not allowed")
+            for name in _lists_of(stage):
+                _check_serving(name, self.steps(name))
         return self
+
+    def serving_steps(self, name: StepList) -> list[Step]:
+        """The steps of a list that may run on a serving node: its first steps, as far as they are serving."""
+        out = []
+        for step in self.steps(name):
+            if not step.serving:
+                break
+            out.append(step)
+        return out
+
+
+# The lists whose steps may be staged on a serving node: those that change the host before its interrupt.
+SERVING_LISTS: Final[tuple[StepList, ...]] = ("apply", "upgrade", "config")
+
+
+def _check_serving(name: StepList, steps: list[Step]) -> None:
+    serving = [step.name for step in steps if step.serving]
+    if serving and name not in SERVING_LISTS:
+        raise ValueError(f"{name}: step {serving[0]!r}: serving steps are for {', '.join(SERVING_LISTS)} only "
+                         "(a check proves the window's work; uninstall runs when the node is drained)")
+    seen_other = None
+    for step in steps:
+        if not step.serving:
+            seen_other = seen_other or step.name
+        elif seen_other is not None:
+            raise ValueError(f"{name}: serving step {step.name!r} comes after {seen_other!r}, which is not serving: "
+                             "serving steps run before the cordon, so they must be the first steps of the list")
 
 
 ConfigType = Literal["string", "int", "bool", "enum"]
@@ -543,6 +603,20 @@ class PackageManifest(PackageModel):
             for step in self.stages.steps(name)
             if step.script is not None
         ]
+
+    def undo_scripts(self) -> list[tuple[str, Step]]:
+        """Every (list name, step) whose undo runs a script."""
+        return [(name, step) for name in SERVING_LISTS for step in self.stages.steps(name)
+                if step.undo is not None and step.undo.script is not None]
+
+    def serving(self) -> dict[StepList, list[str]]:
+        """The serving steps by list, for the lists that have any (the catalog's `serving`)."""
+        out: dict[StepList, list[str]] = {}
+        for name in SERVING_LISTS:
+            names = [step.name for step in self.stages.serving_steps(name)]
+            if names:
+                out[name] = names
+        return out
 
     def runs_on_host(self) -> bool:
         """Whether any step runs chrooted into the host (the overlay alone needs no chroot)."""
