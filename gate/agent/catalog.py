@@ -201,6 +201,7 @@ def catalog_inputs(packages_dir: Path) -> dict[str, dict[str, Any]]:
         serving = manifest.serving()
         if serving:  # the steps the operator stages on a serving node, by list (docs/concepts.md)
             out[manifest.name]["serving"] = dict(serving)
+            out[manifest.name]["servingOnly"] = manifest.serving_only()
     return out
 
 
@@ -212,7 +213,8 @@ def render_inputs_module(packages_dir: Path) -> str:
         'catalog` (do not edit; a test fails when it is stale).\n\n'
         "Admission holds a bound catalog package's config keys and env against these, for the catalog's version\n"
         '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml. `serving`\n'
-        'lists the steps staged on a serving node, by list, for the packages that have any.\n"""\n\n'
+        'lists the steps staged on a serving node, by list, for the packages that have any, and `servingOnly`\n'
+        'the lists with nothing but such steps (`gate.lifecycle.serving`).\n"""\n\n'
         "from typing import Any, Final\n\n"
         f"CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (\n{body}\n)\n"
     )

@@ -618,6 +618,14 @@ class PackageManifest(PackageModel):
                 out[name] = names
         return out
 
+    def serving_only(self) -> list[StepList]:
+        """The lists whose every step is a serving step (no overlay to lay down in the window either): staged,
+        their stage in the window only checks."""
+        if self.root is not None:
+            return []
+        return [name for name in SERVING_LISTS if self.stages.steps(name)
+                and all(step.serving for step in self.stages.steps(name))]
+
     def runs_on_host(self) -> bool:
         """Whether any step runs chrooted into the host (the overlay alone needs no chroot)."""
         return any(
