@@ -356,8 +356,19 @@ def run_stage(
         message=(_failure_message(failed, outcome, settings.timeout if termination.timed_out else None) if failed
                  else _success_message(results)),
         duration_seconds=time.monotonic() - started,
+        boot_id=_boot_id() if request.part == "serving" else None,
     )
     return StageResult(summary=summary, steps=results, log_path=log_path)
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the kernel's, the same in every namespace of the node
+
+
+def _boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _success_message(results: list[StepResult]) -> str:

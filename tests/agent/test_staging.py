@@ -60,6 +60,7 @@ def test_serving_steps_stage_then_the_window_skips_them_and_an_undo_puts_the_hos
     staged = agent.run("apply", pkg, "--part", "serving")
     assert staged.code == 0, staged.summary
     assert staged.summary["message"] == "2 steps passed"
+    assert staged.summary["bootId"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert (agent.root / "etc/next-boot").read_text() == "new\n"
     assert (agent.root / "etc/builds").read_text() == "built\n"
     assert not (agent.root / "etc/window-ran").exists()
@@ -85,6 +86,7 @@ def test_serving_steps_stage_then_the_window_skips_them_and_an_undo_puts_the_hos
     window = agent.run("apply", pkg)
     assert window.code == 0, window.summary
     assert window.summary["message"] == "2 steps passed, 2 skipped (already done)"
+    assert "bootId" not in window.summary
     assert (agent.root / "etc/window-part").read_text() == "\n"  # NODEGATE_PART only for serving steps
     assert (agent.root / "etc/builds").read_text() == "built\nbuilt\n"
     record = history(agent.root)
