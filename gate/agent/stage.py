@@ -356,19 +356,25 @@ def run_stage(
         message=(_failure_message(failed, outcome, settings.timeout if termination.timed_out else None) if failed
                  else _success_message(results)),
         duration_seconds=time.monotonic() - started,
-        boot_id=_boot_id() if request.part == "serving" else None,
+        boot_id=_boot_id(settings.root) if request.part == "serving" else None,
     )
     return StageResult(summary=summary, steps=results, log_path=log_path)
 
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the kernel's, the same in every namespace of the node
+BOOT_ID = "proc/sys/kernel/random/boot_id"
 
 
-def _boot_id() -> str | None:
-    try:
-        return BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
+def _boot_id(root: Path) -> str | None:
+    """The host's boot ID as the kubelet reports it: read through the host root first (a node that
+    gives its /proc a boot ID of its own, as the dev cluster's real nodes do), else the kernel's."""
+    for path in (root / BOOT_ID, Path("/") / BOOT_ID):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
 
 
 def _success_message(results: list[StepResult]) -> str:

@@ -60,7 +60,8 @@ def test_serving_steps_stage_then_the_window_skips_them_and_an_undo_puts_the_hos
     staged = agent.run("apply", pkg, "--part", "serving")
     assert staged.code == 0, staged.summary
     assert staged.summary["message"] == "2 steps passed"
-    assert staged.summary["bootId"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    # The host's boot ID, read through its root (the test root's own, as a dev real node gives its /proc one).
+    assert staged.summary["bootId"] == (agent.root / "proc/sys/kernel/random/boot_id").read_text().strip()
     assert (agent.root / "etc/next-boot").read_text() == "new\n"
     assert (agent.root / "etc/builds").read_text() == "built\n"
     assert not (agent.root / "etc/window-ran").exists()
