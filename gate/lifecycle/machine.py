@@ -109,7 +109,10 @@ def _sweep(r: Round) -> None:
     s = r.state
     now = _PHASE_ORDER.index(s.phase)
     for pod in r.ctx.stage_pods.values():
-        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(_KIND_PHASE[pod.kind]) < now):
+        phase = _KIND_PHASE.get(pod.kind)
+        if phase is None:
+            continue  # a staging pod is the fleet's to delete (`gate.lifecycle.staging`)
+        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(phase) < now):
             r.decision.delete_pods.append(pod.name)
 
 

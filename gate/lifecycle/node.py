@@ -31,7 +31,8 @@ from gate.lifecycle.soak import Reading
 RunPhase = Literal["pending", "running", "succeeded", "failed"]
 
 
-PodKind = Literal["stages", "interrupt", "post-interrupt", "removal"]
+# staging and unstage: a round's serving steps before its cordon, and their undo (`gate.lifecycle.staging`).
+PodKind = Literal["stages", "interrupt", "post-interrupt", "removal", "staging", "unstage"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class PodRequest:
     round: int = 0
     attempt: int = 0
     interrupt: Interrupt | None = None  # the interrupt pod's
+    part: Literal["whole", "serving", "undo"] = "whole"  # what of each stage the agent runs (`agent run --part`)
 
 
 @dataclass(frozen=True)
