@@ -56,8 +56,9 @@ from typing import Literal
 
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
+from gate.lifecycle.fleet import GatePlan
 from gate.lifecycle.node import Decision, Step
-from gate.lifecycle.prepull import needs_cordon
+from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon
 from gate.lifecycle.round import Round, install_order, round_work, stage_fingerprint, stuck_reason
 from gate.lifecycle.serving import ServingCatalog
 
@@ -218,6 +219,30 @@ def candidates(gate: NodeGate, picked: Mapping[str, NodeGateState], ahead: Itera
     return tuple(out)
 
 
+def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateState | None], *,
+                 catalog: ServingCatalog, ahead: int) -> GateStaging:
+    """A gate's part of the fleet-wide plan, from its plan (`gate.lifecycle.fleet.plan_gate`): its
+    candidates (picked nodes waiting for their staging, then the next `ahead` of its line, as prepull's
+    `candidates` reads the line), the nodes whose round passed its cordon, whether it keeps what is staged
+    (paused) and whether it is being deleted. `states`: each node's state as recorded; the plan's updates
+    (picks just made) take precedence."""
+
+    def state_of(node: str) -> NodeGateState:
+        update = gplan.updates.get(node)
+        if update is not None and update.state is not None:
+            return update.state
+        return states.get(node) or NodeGateState()
+
+    picked_names = {*gplan.active, *(n for n, u in gplan.updates.items()
+                                     if u.state is not None and u.state.status == "in-progress")}
+    picked = {n: state_of(n) for n in picked_names}
+    line = [] if gplan.rollout is None else [
+        (node, state_of(node)) for node, wait in gplan.rollout.waits.items() if wait.reason in AHEAD_REASONS]
+    taken = frozenset(n for n, s in picked.items() if s.phase != "idle")
+    return GateStaging(candidates(gate, picked, line, catalog=catalog, limit_ahead=ahead), taken_over=taken,
+                       keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
+
+
 def plan_stagings(by_gate: Mapping[str, GateStaging], pods: Sequence[StagingPod], limit: int) -> StagingPlan:
     """Which staging and undo pods to create and delete, over every gate. `by_gate`: the gates whose plan
     is known (a gate not planned yet keeps its pods, which count against the bound); `pods`: every
@@ -276,6 +301,7 @@ __all__ = [
     "await_staging",
     "candidates",
     "gate_may_go",
+    "gate_staging",
     "plan_stagings",
     "serving_only",
     "staging_pod_name",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
 from gate.api.state import Installed, NodeGateState
+from gate.lifecycle.fleet import plan_gate
 from gate.lifecycle.machine import decide
 from gate.lifecycle.node import Decision, NodeContext, NodeView, StagePod, Timing
 from gate.lifecycle.round import stage_fingerprint
@@ -22,11 +23,13 @@ from gate.lifecycle.staging import (
     StagingPod,
     candidates,
     gate_may_go,
+    gate_staging,
     plan_stagings,
     staging_pod_name,
     staging_steps,
     undo_pod_name,
 )
+from tests.unit.lifecycle.test_fleet import fleet_node
 from tests.unit.lifecycle.test_machine import NOW, PKG, _apply_node, gate, node, ran, started
 
 REBOOT_PKG = {**PKG, "interrupt": {"type": "reboot"}}
@@ -180,6 +183,28 @@ def test_candidates_are_the_picked_nodes_waiting_then_the_next_in_line_and_none_
     assert [c.node for c in candidates(paused, picked, line, catalog=CATALOG, limit_ahead=2)] == ["p1"]
     failed = [("w0", NodeGateState(status="failed")), *line[1:]]
     assert [c.node for c in candidates(g, {}, failed, catalog=CATALOG, limit_ahead=1)] == ["w1"]
+
+
+def test_a_gates_part_comes_from_its_plan_picks_first_then_its_line_and_a_round_past_its_cordon_owns_its_staging(
+) -> None:
+    g = gate({"k": REBOOT_PKG}, interruptionBudget={"count": 2})
+    fresh = [fleet_node(f"n{i}") for i in range(8)]
+    gplan = plan_gate(g, None, fresh, gates=[g], now=NOW)
+    part = gate_staging(g, gplan, {}, catalog=CATALOG, ahead=2)
+    picked = [c.node for c in part.candidates if c.picked]
+    assert picked and sorted(picked) == sorted(gplan.active)
+    line = [n for n, w in gplan.rollout.waits.items() if w.reason == "queued"]  # type: ignore[union-attr]
+    assert [c.node for c in part.candidates if not c.picked] == line[:2]
+    assert not part.keep and not part.deleting and part.taken_over == frozenset()
+    # The picked node's round passed its cordon: it owns what was staged; the others wait their batch.
+    past = started(g).model_copy(update={"phase": "drain"})
+    running = [fleet_node("n0", state=past), *fresh[1:]]
+    part = gate_staging(g, plan_gate(g, None, running, gates=[g], now=NOW), {"n0": past}, catalog=CATALOG, ahead=2)
+    assert part.taken_over == {"n0"} and [c.picked for c in part.candidates] == [False, False]
+    paused = gate({"k": REBOOT_PKG}, interruptionBudget={"count": 2}, paused=True)
+    kept = gate_staging(paused, plan_gate(paused, None, running, gates=[paused], now=NOW), {"n0": past},
+                        catalog=CATALOG, ahead=2)
+    assert kept.keep and kept.candidates == ()
 
 
 STEPS = staging_steps(gate({"k": REBOOT_PKG}), NodeGateState(), CATALOG)
