@@ -44,6 +44,10 @@ def _run(real: RealCluster, gate: NodeGate, node: str, kind: str, part: str) -> 
     pod = stage_pod(gate, node, PodRequest(name, kind, steps, part=part), settings,  # type: ignore[arg-type]
                     images=images)
     pod["metadata"].pop("ownerReferences", None)  # no NodeGate object owns it here
+    account = pod["spec"]["serviceAccountName"]  # the chart's, in its namespace; here made in `default`
+    real.kubectl.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "ServiceAccount",
+                                       "metadata": {"name": account, "namespace": "default"},
+                                       "automountServiceAccountToken": False}))
     real.kubectl.apply(yaml.safe_dump(pod))
 
     def phase() -> str:
