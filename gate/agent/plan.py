@@ -172,19 +172,23 @@ def plan_stage(
             elif (not serving_only and step.serving
                   and is_staged(history, list_name, step.name, request.version, request.generation)):
                 skip = f"staged while the node served, for version {request.version} at generation {request.generation}"
-            plan.append(
-                Invocation(
-                    list_name=list_name,
-                    step=step,
-                    argv=step_argv(list_name, step, places, request),
-                    env=step_environment(manifest, step, gate_env,
-                                         agent_variables(request, list_name, step, places, facts)),
-                    chroot=step.on_host,
-                    cwd=places.package_dir,
-                    skip_reason=skip,
-                )
-            )
+            plan.append(_invocation(manifest, request, list_name, step, gate_env, places, facts, skip=skip))
     return plan
+
+
+def _invocation(manifest: PackageManifest, request: StageRequest, list_name: StepList, step: Step,
+                gate_env: Mapping[str, str], places: Places, facts: OperatorFacts | None, *,
+                skip: str | None = None, undo: bool = False) -> Invocation:
+    return Invocation(
+        list_name=list_name,
+        step=step,
+        argv=step_argv(list_name, step, places, request),
+        env=step_environment(manifest, step, gate_env, agent_variables(request, list_name, step, places, facts)),
+        chroot=step.on_host,
+        cwd=places.package_dir,
+        skip_reason=skip,
+        undo=undo,
+    )
 
 
 def _plan_undo(
@@ -205,16 +209,5 @@ def _plan_undo(
                 continue
             undo = Step(name=step.name, **step.undo.model_dump())
             places = host_places if undo.on_host else agent_places
-            plan.append(
-                Invocation(
-                    list_name=list_name,
-                    step=undo,
-                    argv=step_argv(list_name, undo, places, request),
-                    env=step_environment(manifest, undo, gate_env,
-                                         agent_variables(request, list_name, undo, places, facts)),
-                    chroot=undo.on_host,
-                    cwd=places.package_dir,
-                    undo=True,
-                )
-            )
+            plan.append(_invocation(manifest, request, list_name, undo, gate_env, places, facts, undo=True))
     return plan

@@ -58,7 +58,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
 from gate.lifecycle.node import Decision, Step
-from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon
+from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon, picked_nodes, planned_state
 from gate.lifecycle.round import Round, install_order, round_work, stage_fingerprint, stuck_reason
 from gate.lifecycle.serving import ServingCatalog
 
@@ -227,17 +227,10 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
     (paused) and whether it is being deleted. `states`: each node's state as recorded; the plan's updates
     (picks just made) take precedence."""
 
-    def state_of(node: str) -> NodeGateState:
-        update = gplan.updates.get(node)
-        if update is not None and update.state is not None:
-            return update.state
-        return states.get(node) or NodeGateState()
-
-    picked_names = {*gplan.active, *(n for n, u in gplan.updates.items()
-                                     if u.state is not None and u.state.status == "in-progress")}
-    picked = {n: state_of(n) for n in picked_names}
-    line = [] if gplan.rollout is None else [
-        (node, state_of(node)) for node, wait in gplan.rollout.waits.items() if wait.reason in AHEAD_REASONS]
+    picked = {n: planned_state(gplan, states, n) for n in picked_nodes(gplan)}
+    line = [] if gplan.rollout is None else [(node, planned_state(gplan, states, node))
+                                             for node, wait in gplan.rollout.waits.items()
+                                             if wait.reason in AHEAD_REASONS]
     taken = frozenset(n for n, s in picked.items() if s.phase != "idle")
     return GateStaging(candidates(gate, picked, line, catalog=catalog, limit_ahead=ahead), taken_over=taken,
                        keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
