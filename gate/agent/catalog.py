@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from gate.agent.loader import Package, example_entries, load_package
-from gate.agent.package import EXAMPLE_GATE, STAGES, ConfigKey, Stage, Step, ValueRule
+from gate.agent.package import EXAMPLE_GATE, STAGES, Stage, Step
+from gate.agent.values import ConfigKey, ValueRule
 
 TIER_NAMES: Final = {"realnode": "real nodes, by the operator", "chroot": "`nodegate package test` (chroot)",
                      "unit": "unit tests"}
