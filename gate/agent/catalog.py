@@ -81,7 +81,8 @@ def interrupts(entry: Entry) -> list[str]:
 
 
 def _step(step: Step) -> str:
-    return f"`{step.name}`"
+    # A serving step is staged while the node serves, before its cordon (docs/concepts.md#stage-while-serving).
+    return f"`{step.name}` (serving)" if step.serving else f"`{step.name}`"
 
 
 def _stage_rows(package: Package) -> list[str]:
