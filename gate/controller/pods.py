@@ -219,6 +219,33 @@ def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[
     }
 
 
+def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], settings: OperatorSettings,
+                facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
+    """A staging pod (`gate.lifecycle.staging`): the round's serving steps on the serving node, before
+    its cordon (`agent run --part serving`). Owned by no gate: the pod is the record of what was staged,
+    and a foreground deletion of the gate would take it before its undo ran."""
+    pod = stage_pod(gate, node, PodRequest(name, "staging", steps, part="serving"), settings, facts, images)
+    del pod["metadata"]["ownerReferences"]
+    return pod
+
+
+def unstage_pod(staging: Obj, name: str) -> Obj:
+    """The undo of a staging pod: the same pod (the staged version's images, config and facts, whatever
+    the gate's spec says now) with `--part undo` and kind `unstage`, under `name`. `staging` is the pod as
+    the API server returns it (its whole spec), not a slimmed copy of a cache."""
+    meta = staging["metadata"]
+    spec = json.loads(json.dumps(staging["spec"]))
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        args = container.get("args") or []
+        if "--part" in args:
+            args[args.index("--part") + 1] = "undo"
+    labels = {**(meta.get("labels") or {}), keys.STAGE_KIND_LABEL: "unstage"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": meta.get("namespace"), "labels": labels,
+                         "annotations": dict(meta.get("annotations") or {})},
+            "spec": spec}
+
+
 def request_packages(request: PodRequest) -> list[str]:
     """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
     return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))

@@ -23,7 +23,9 @@ Decisions:
   and undo pods run at once over every gate, picked nodes first.
 * **A staging pod is the record.** Its name is its (gate, node, steps): picking the node does not change
   it, so the pod staged ahead is the one the round reads. While it exists, what it staged is known; it
-  goes only when the round took the work over (the round passed its cordon) or the undo ran.
+  goes only when the round took the work over (the round passed its cordon) or the undo ran. So no gate
+  owns it (a foreground deletion of the gate would take it first), and its undo pod runs what it ran,
+  the staged version's payload, with `--part undo` (`gate.controller.pods.staging_pod`, `unstage_pod`).
 * **The cordon waits for a succeeded staging** (`await_staging`, in the round before the cordon). A
   staging that fails fails the node before any cordon, reason StagingFailed; its undo then runs.
 * **A running staging pod is never cut.** It ends; then its undo runs when its node is no longer a

@@ -24,6 +24,8 @@ from gate.controller.pods import (
     stage_pod_ended,
     stage_pod_fields,
     stage_pod_view,
+    staging_pod,
+    unstage_pod,
 )
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
@@ -396,3 +398,18 @@ def test_a_staging_pod_runs_the_serving_part_and_its_view_carries_the_boot_its_a
     assert stage_pod_view(_seen("Succeeded", [], [_terminated("config-tuned", 0, summary)])).boot_id == ""
     pod["status"]["containerStatuses"] = [_terminated("apply-tuned", 1, summary)]
     assert stage_pod_view(pod).boot_id == ""
+
+
+def test_a_staging_pod_is_owned_by_no_gate_and_its_undo_runs_what_it_ran_with_part_undo() -> None:
+    steps = (Step("tuned", "apply", "fp", version="1.2.0"),)
+    pod = staging_pod(gate(), "n", "ng-staging-x", steps, SETTINGS)
+    assert "ownerReferences" not in pod["metadata"]
+    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == "staging"
+    undo = unstage_pod(pod, "ng-unstage-x")
+    assert undo["metadata"]["name"] == "ng-unstage-x" and undo["metadata"]["labels"][keys.STAGE_KIND_LABEL] == "unstage"
+    agent = undo["spec"]["containers"][-1]
+    assert agent["args"][agent["args"].index("--part") + 1] == "undo"
+    # The staged version's payload and the node, whatever the gate says by then; the staging pod untouched.
+    assert undo["spec"]["initContainers"] == pod["spec"]["initContainers"]
+    assert undo["spec"]["nodeName"] == "n" and undo["metadata"]["annotations"] == pod["metadata"]["annotations"]
+    assert pod["spec"]["containers"][-1]["args"][agent["args"].index("--part") + 1] == "serving"
