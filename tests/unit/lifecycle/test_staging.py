@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
@@ -291,3 +291,75 @@ def test_the_bound_holds_and_one_pod_per_node(existing: list[tuple[int, str, boo
     nodes = [c.node for c in plan.create] + [p.node for p in plan.undo]
     assert len(nodes) == len(set(nodes))
     assert not {c.node for c in plan.create} & {p.node for p in pods}
+
+
+# -- the fleet and its rounds together: a small rollout driven the way the operator would ---------
+
+@settings(max_examples=12, deadline=None)
+@given(st.sets(st.integers(0, 4)), st.integers(1, 3), st.integers(1, 2))
+def test_a_staged_rollout_cordons_only_staged_nodes_holds_its_bounds_and_counts_reboots_of_their_own(
+        reboots_on_their_own: set[int], limit: int, budget: int) -> None:
+    """Five nodes, a package whose whole apply stages, budget `budget`, at most `limit` staging pods
+    at once. Each look: the fleet plan picks, the staging plan creates pods (which end one look later,
+    on the node's boot then), and each picked node's round decides. Nodes of `reboots_on_their_own`
+    reboot by themselves once staged. Throughout: never more than `limit` staging pods running, never
+    more than `budget` nodes in a round, no cordon before a succeeded staging; in the end every node
+    is complete, and a node that rebooted on its own was neither cordoned nor rebooted by the round."""
+    g = gate({"k": REBOOT_PKG}, interruptionBudget={"count": budget})
+    names = [f"n{i}" for i in range(5)]
+    views = {n: node(name=n, labels={"pool": "a"}, boot_id=f"{n}-boot-0") for n in names}
+    states: dict[str, NodeGateState] = {}
+    round_pods: dict[str, dict[str, StagePod]] = {n: {} for n in names}
+    staging: dict[str, tuple[StagingPod, StagePod]] = {}  # by pod name
+    interrupted: set[str] = set()
+    cordoned: set[str] = set()
+    for _ in range(200):
+        # The kubelet: staging pods created at the last look end now, on the node's boot of now.
+        for name, (pod, view) in list(staging.items()):
+            if not pod.ended:
+                ended = replace(view, phase="succeeded", done=len(view.steps), boot_id=views[pod.node].boot_id)
+                staging[name] = (replace(pod, phase="succeeded"), ended)
+                if int(pod.node[1:]) in reboots_on_their_own:
+                    views[pod.node] = replace(views[pod.node], boot_id=views[pod.node].boot_id + "-own")
+        gplan = plan_gate(g, None, [fleet_node(n, state=states.get(n), **{
+            k: v for k, v in views[n].__dict__.items() if k in ("boot_id", "unschedulable", "annotations")})
+            for n in names], gates=[g], now=NOW)
+        for n, update in gplan.updates.items():
+            if update.state is not None:
+                states[n] = update.state
+        part = gate_staging(g, gplan, dict(states), catalog=CATALOG, ahead=2)
+        pods = [p for p, _ in staging.values()]
+        splan = plan_stagings({"g": part}, pods, limit)
+        running = sum(1 for p in pods if not p.ended)
+        assert running + len(splan.create) + len(splan.undo) <= max(limit, running)
+        assert splan.undo == [] and splan.undo_failed == []  # nothing stops, pauses or changes here
+        for name in splan.delete:
+            staging.pop(name, None)
+        for cand in splan.create:
+            staging[cand.pod] = (StagingPod(cand.pod, "g", cand.node, "staging", "running"),
+                                 StagePod(cand.pod, "staging", "running", cand.steps))
+        in_round = [n for n in names if n in states and states[n].status == "in-progress"]
+        assert len(in_round) <= budget
+        for n in in_round:
+            s = states[n]
+            name = staging_pod_name("g", n, staging_steps(g, s, CATALOG))
+            view = staging[name][1] if name in staging else None
+            d = look(g, s, n=views[n], staging=view, stage_pods=round_pods[n])
+            if d.node.unschedulable:
+                assert view is not None and view.phase == "succeeded", f"{n} cordoned before its staging"
+                cordoned.add(n)
+            states[n] = d.state or s
+            views[n] = _apply_node(views[n], d)
+            for pod_name in d.delete_pods:
+                round_pods[n].pop(pod_name, None)
+            for req in d.create_pods:
+                round_pods[n][req.name] = ran(req)
+                if req.interrupt is not None:
+                    interrupted.add(n)
+                    views[n] = replace(views[n], boot_id=views[n].boot_id + "'")
+        if all(n in states and states[n].status == "complete" for n in names):
+            break
+    assert all(states[n].status == "complete" for n in names), {n: s.status for n, s in states.items()}
+    own = {f"n{i}" for i in reboots_on_their_own}
+    assert not own & (cordoned | interrupted)
+    assert set(names) - own <= cordoned & interrupted
