@@ -343,10 +343,10 @@ def test_a_staged_rollout_cordons_only_staged_nodes_holds_its_bounds_and_counts_
         for n in in_round:
             s = states[n]
             name = staging_pod_name("g", n, staging_steps(g, s, CATALOG))
-            view = staging[name][1] if name in staging else None
-            d = look(g, s, n=views[n], staging=view, stage_pods=round_pods[n])
+            seen = staging[name][1] if name in staging else None
+            d = look(g, s, n=views[n], staging=seen, stage_pods=round_pods[n])
             if d.node.unschedulable:
-                assert view is not None and view.phase == "succeeded", f"{n} cordoned before its staging"
+                assert seen is not None and seen.phase == "succeeded", f"{n} cordoned before its staging"
                 cordoned.add(n)
             states[n] = d.state or s
             views[n] = _apply_node(views[n], d)
