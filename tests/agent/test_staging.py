@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,8 +47,8 @@ SCRIPTS = {
 }
 
 
-def history(root: Path) -> dict[str, object]:
-    data: dict[str, object] = json.loads((root / STATE / "history.json").read_text())
+def history(root: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((root / STATE / "history.json").read_text())
     return data
 
 
