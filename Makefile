@@ -55,7 +55,7 @@ realnode: binaries realnode-deps
 TEST_WORKERS ?= 3
 
 test: lint binaries realnode-deps
-	$(PY) -m pytest tests -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest tests -q --durations=15 -n $(TEST_WORKERS)
 
 # Not part of `make test` or CI: the integration core once per Kubernetes release of versions.toml's
 # [matrix] (each control plane built once per machine, several CPU-minutes each), then a table of
