@@ -1,4 +1,4 @@
-"""Shared fixtures. The integration tier runs against one real control plane per test session."""
+"""Shared fixtures. The integration tier runs against one real control plane per test session (per xdist worker)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return unit_of(nodeid)
 
     config.option.loadscopereorder = False  # keep the units in the order the workers collected them
-    return TierScheduling(config, log)  # type: ignore[arg-type]
+    return TierScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
