@@ -8,6 +8,9 @@ even before its watch event. A gate whose candidates are not known yet (not plan
 replica leads) keeps its pods: a restart never deletes pods it has not decided about. Its pods go
 with the gate (owner references), and a deleted or disabled gate hands in no candidates.
 
+A node that reports every image of its round in `status.images` gets no prepull pod, and its round
+does not wait for one (`gate.lifecycle.prepull`).
+
 A prepull pod the API server refuses for good (admission, a quota) holds nothing back: said in a
 Warning Event on the gate, and the node's round goes on as without prepull (its stage pods pull).
 
@@ -29,6 +32,7 @@ from gate.controller.metrics import OperatorMetrics
 from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
+from gate.controller.views import node_image_names
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
 from gate.kube.errors import ApiError, Conflict
@@ -38,6 +42,7 @@ from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,
     PrepullPod,
+    RoundImages,
     awaits_images,
     plan_prepulls,
     prepull_counts,
@@ -79,7 +84,13 @@ class Prepuller:
         if self.enabled and (gate.name in self.by_gate or any(p.gate == gate.name for p, _ in self._pods())):
             await self.sync(gate, [])
 
+    def _on_node(self, node: str, images: RoundImages) -> bool:
+        """The node reports every image of the round already (`RoundImages.on_node`): no prepull pod."""
+        obj = self.world.nodes.get(node)
+        return obj is not None and images.on_node(node_image_names(obj))
+
     async def sync(self, gate: NodeGate, found: list[Candidate]) -> None:
+        found = [c for c in found if not self._on_node(c.node, c.images)]
         async with self.lock:
             self.by_gate[gate.name] = found
             self.gates[gate.name] = gate
@@ -163,7 +174,7 @@ class Prepuller:
         if not self.enabled or not awaits_images(gate, state):
             return False, None
         images = round_images(gate, state, self.settings.agent_image, resolve=self.settings.resolve_digests)
-        if images is None:
+        if images is None or self._on_node(node, images):
             return False, None
         name = Candidate(gate.name, node, images, picked=True).pod
         if name in self.refused:

@@ -18,6 +18,8 @@ import pytest
 from gate.api import keys
 from gate.api.common import Obj
 from gate.controller.pods import prepull_owner
+from gate.controller.settings import OperatorSettings
+from gate.devcluster.services import running_agent_image
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS, KubeClient
@@ -144,3 +146,25 @@ async def _failures(sc: Scenario) -> float | None:
             if line.startswith('nodegate_prepull_failures_total{') and f'gate="{sc.name}"' in line:
                 return float(line.rsplit(" ", 1)[1])
     return None
+
+
+async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scenario, watched: Watched,
+                                                                  kube: KubeClient) -> None:
+    """`status.images` naming every image of the round, by the reference its containers pull: no prepull pod,
+    and its cordon waits for none; a node without them still gets its pod first."""
+    warm, cold = await scenario.add_nodes(2)
+    watched.gate = scenario.name
+    pinned = {**DRAIN, "image": "registry.example.com/pkg@sha256:" + "e" * 64}
+    # Paused while the node reports its images: the operator's cache keeps the images of the repositories
+    # its gates name, so the node's update is read once the gate exists.
+    await scenario.apply_gate({"svc-pkg": pinned}, interruptionBudget={"count": 1}, paused=True)
+    agent = running_agent_image(scenario.cluster) or OperatorSettings().agent_image
+    images = [{"names": [pinned["image"], "registry.example.com/pkg:1.0.0"], "sizeBytes": 1},
+              {"names": [agent], "sizeBytes": 1}]
+    await kube.patch(NODES, warm, {"status": {"images": images}}, subresource="status")
+    await scenario.patch_gate({"spec": {"paused": False}})
+    await scenario.wait_ready(timeout=120)
+
+    assert warm in watched.cordoned and warm not in watched.pods_of, watched.pods_of
+    assert cold in watched.cordoned and watched.succeeded[cold] < watched.cordoned[cold]
+    assert (await scenario.state(warm))["status"] == "complete"
