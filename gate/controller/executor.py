@@ -30,7 +30,6 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState, PodRecord
 from gate.controller.events import EventRecorder
-from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
 from gate.controller.pods import (
@@ -68,7 +67,6 @@ from gate.lifecycle.machine import (
 )
 from gate.lifecycle.ownership import refusal as pod_refusal
 from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
-from gate.lifecycle.signatures import agent_image
 
 log = logging.getLogger("nodegate.operator")
 
@@ -92,13 +90,12 @@ _RECORD_ATTEMPTS = 4
 
 class Executor:
     def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics,
-                 recorder: EventRecorder, world: World, trust: ImageTrust | None = None) -> None:
+                 recorder: EventRecorder, world: World) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
-        self.trust = trust  # the image signature policy's verdicts: the digests a stage pod may pull
 
     async def apply_gate_plan(self, gate: NodeGate, gate_obj: Obj, plan: ReconcilePlan) -> None:
         """Write what one gate reconcile decided (`gate.lifecycle.reconcile`), the only writes of a gate
@@ -237,45 +234,23 @@ class Executor:
         the node is never left cordoned and drained, waiting for a write that cannot succeed."""
         node = node_obj["metadata"]["name"]
         old_state = (node_obj["metadata"].get("annotations") or {}).get(keys.state_annotation(gate.name))
-        if decision.writes_node or decision.remove_state:
-            update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
-            try:
-                node_obj = await self.write_node_update(gate, node, update, base=node_obj)
-                if decision.node.held_by is not None:
-                    self.metrics.hand_off_holds.labels(decision.node.held_by).inc()
-            except ApiError as exc:
-                if not refused_for_good(exc) or decision.remove_state:
-                    raise  # a removal that cannot be written cannot be recorded as failed either
-                cordon = decision.node.unschedulable is True
-                await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused",
-                                         f"the {'cordon' if cordon else 'write'} of node {node}", exc,
-                                         stage="cordon" if cordon else "")
+        # The write waits for the pod's create and carries its record (`Decision.records_in_write`), and the
+        # ended pods go once it is written; otherwise it comes first.
+        fold = decision.records_in_write
+        written = fold is False
+        if (decision.writes_node or decision.remove_state) and not fold:
+            wrote = await self._write_decision(gate, node_obj, decision, ctx)
+            if wrote is None:
                 return
+            node_obj = wrote[0]
         seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
-        for name in decision.delete_pods:
-            pod = self.world.pods.get(name, self.settings.namespace)
-            body = None
-            if pod is not None:
-                self._stage_metrics(pod)
-                self.world.index.pod_event("DELETED", pod)
-                if stage_pod_ended(pod):
-                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
-                    # (one write, not two), even before the kubelet wrote its terminal phase (the
-                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
-                    # gracefully.
-                    body = {"gracePeriodSeconds": 0}
-            await self.client.delete(PODS, name, self.settings.namespace, body=body)
+        if not fold:
+            await self._delete_pods(decision.delete_pods)
         for request in decision.create_pods:
-            trusted = self.trust.trusted() if self.trust is not None else None
-            images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests,
-                                            trusted=trusted)
-            agent = agent_image(self.settings.agent_image)
-            if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
-                unresolved.append(agent.package)  # NodeGate's own image, judged as a package's
+            images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests)
             if unresolved:
-                # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet,
-                # nor a digest the image signature policy has not let run in this process. The gate
-                # reconcile resolves and judges it (or says why it cannot); this node looks again after it.
+                # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet.
+                # The gate reconcile resolves it (or says why it cannot); this node looks again after it.
                 log.info("Stage pod held until its images are resolved; gate=%s node=%s pod=%s packages=%s",
                          gate.name, node, request.name, ",".join(unresolved))
                 self.world.gate_later(gate.name)
@@ -302,16 +277,33 @@ class Executor:
                 await self._fail_refused(gate, node_obj, seen, "PodRefused", f"the stage pod {request.name}", exc,
                                          request.steps[0])
                 return
+            recorded = False
+            if not written:  # with the record of the pod made; a pod found under its name is judged after it
+                wrote = await self._write_decision(gate, node_obj, decision, ctx, record=created)
+                if wrote is None:
+                    return
+                node_obj, state = wrote
+                seen = replace(seen, state=state, node=node_view(node_obj))
+                written, recorded = True, created is not None
             if created is None:
                 # A pod of this name is there, and the decision did not count it as the operator's.
                 node_obj, seen = await self._found_pod(gate, node_obj, seen, body)
                 continue
-            node_obj, seen = await self._record_pod(gate, node_obj, seen, created)
+            if not recorded:
+                node_obj, seen = await self._record_pod(gate, node_obj, seen, created)
             # Seen at once by the next reconcile of this node, before the watch event arrives.
             self.world.pods.observe(created)
             self.world.index.pod_event("ADDED", created)
             log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node,
                      request.kind, ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps), request.name)
+        if not written:  # its one pod held back (images not resolved yet): the state alone
+            wrote = await self._write_decision(gate, node_obj, decision, ctx)
+            if wrote is None:
+                return
+            node_obj = wrote[0]
+            seen = replace(seen, node=node_view(node_obj))
+        if fold:
+            await self._delete_pods(decision.delete_pods)
         asked = {r.name for r in decision.create_pods}
         for other in self.world.stage_pods_of(gate.name, node, seen.state.pods).foreign:
             if other.pod.name not in asked:  # one asked for was judged by `_found_pod` just now
@@ -343,6 +335,50 @@ class Executor:
         if decision.remove_state or (new_status is not None and old_state is not None
                                      and state_status(old_state) != new_status):
             self.world.gate_later(gate.name)
+
+    async def _write_decision(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext,
+                              record: Obj | None = None) -> tuple[Obj, NodeGateState] | None:
+        """The decision's node write, with the record of the pod `record` when it carries one (the records of
+        pods gone or going from the node dropped): the node written and the state as written. None: refused
+        for good, and the node failed for it."""
+        node = node_obj["metadata"]["name"]
+        state = decision.state
+        if record is not None and state is not None:
+            meta = record["metadata"]
+            going = set(decision.delete_pods)
+            present = (set(self.world.index.pods_of(gate.name, node)) - going) | {meta["name"]}
+            kept = {name: r for name, r in state.pods.items() if name in present}
+            state = state.model_copy(update={"pods": {**kept, meta["name"]: PodRecord(
+                uid=meta["uid"], shape=shape_digest(record))}})
+        update = NodeUpdate(state=state, change=decision.node, remove_state=decision.remove_state)
+        try:
+            written = await self.write_node_update(gate, node, update, base=node_obj)
+            if decision.node.held_by is not None:
+                self.metrics.hand_off_holds.labels(decision.node.held_by).inc()
+            return written, state or ctx.state
+        except ApiError as exc:
+            if not refused_for_good(exc) or decision.remove_state:
+                raise  # a removal that cannot be written cannot be recorded as failed either
+            cordon = decision.node.unschedulable is True
+            await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused",
+                                     f"the {'cordon' if cordon else 'write'} of node {node}", exc,
+                                     stage="cordon" if cordon else "")
+            return None
+
+    async def _delete_pods(self, names: Iterable[str]) -> None:
+        for name in names:
+            pod = self.world.pods.get(name, self.settings.namespace)
+            body = None
+            if pod is not None:
+                self._stage_metrics(pod)
+                self.world.index.pod_event("DELETED", pod)
+                if stage_pod_ended(pod):
+                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
+                    # (one write, not two), even before the kubelet wrote its terminal phase (the
+                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
+                    # gracefully.
+                    body = {"gracePeriodSeconds": 0}
+            await self.client.delete(PODS, name, self.settings.namespace, body=body)
 
     async def _record_pod(self, gate: NodeGate, node_obj: Obj, seen: NodeContext, pod: Obj) -> tuple[Obj, NodeContext]:
         """Record a stage pod as the operator's (`gate.lifecycle.ownership`): its uid and the digest of what it

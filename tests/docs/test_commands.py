@@ -7,8 +7,7 @@ import pytest
 from gate.cli.main import parser
 from tests.docs.conftest import DOCS, REPO, shell_commands
 
-ALL = [*DOCS, REPO / "docs" / "packages.md", REPO / "docs" / "admission.md", REPO / "docs" / "realnodes.md",
-       REPO / "docs" / "supply-chain.md"]
+ALL = [*DOCS, REPO / "docs" / "packages.md", REPO / "docs" / "admission.md", REPO / "docs" / "realnodes.md"]
 
 
 def _nodegate_commands() -> list[tuple[str, list[str]]]:

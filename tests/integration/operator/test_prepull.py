@@ -9,6 +9,7 @@ etcd revision (resourceVersion), so "before" is the API server's order, not wall
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class Watched:
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> revision first seen unschedulable
     created: dict[str, int] = field(default_factory=dict)  # node -> revision its first prepull pod was seen at
     picked: dict[str, int] = field(default_factory=dict)  # node -> revision first seen in-progress for `gate`
+    rounds: dict[str, list[str]] = field(default_factory=dict)  # node -> its states for `gate`, from its pick on
     gate: str = ""
 
     def on_pod(self, kind: str, pod: Obj) -> None:
@@ -68,6 +70,9 @@ class Watched:
         labels = node["metadata"].get("labels") or {}
         if self.gate and labels.get(keys.status_label(self.gate)) == "in-progress":
             self.picked.setdefault(name, rv)
+        state = (node["metadata"].get("annotations") or {}).get(keys.state_annotation(self.gate)) if self.gate else None
+        if name in self.picked and state is not None and self.rounds.setdefault(name, [""])[-1] != state:
+            self.rounds[name].append(state)
 
 
 @pytest.fixture
@@ -168,3 +173,9 @@ async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scen
     assert warm in watched.cordoned and warm not in watched.pods_of, watched.pods_of
     assert cold in watched.cordoned and watched.succeeded[cold] < watched.cordoned[cold]
     assert (await scenario.state(warm))["status"] == "complete"
+    # Its round in 6 node writes: the pick, the cordon, then each stage pod recorded in the write of its step
+    # (`Decision.records_in_write`: the stages, the service interrupt, the checks), the uncordon.
+    phases = [json.loads(s).get("phase", "") for s in watched.rounds[warm][1:]]
+    assert len(phases) == 6 and phases[2:5] == ["stages", "interrupt", "post-interrupt"], phases
+    for text in watched.rounds[warm][3:6]:
+        assert len(json.loads(text)["pods"]) == 1, text  # the pod of that step, the one before dropped
