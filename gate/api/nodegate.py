@@ -414,6 +414,20 @@ class CompartmentStatus(Model):
         "batch's roll-back.")
 
 
+class ImageVerification(Model):
+    """What the operator's image signature policy decided for a record's digest (`gate.lifecycle.signatures`)."""
+
+    policy: str = Field(max_length=80, description="Fingerprint of the signature policy it was judged under: a "
+                        "changed policy judges the digest again.")
+    reason: str = Field(max_length=40, description="Verified, NotCovered (no rule covers the repository and the "
+                        "policy allows it), or why it failed: NoRule, SignatureMissing, SignatureInvalid, "
+                        "UntrustedKey (recorded in warn mode, where it runs anyway).")
+    mode: str = Field(default="enforce", max_length=10, description="The policy's mode then: enforce or warn.")
+    rule: str | None = Field(default=None, max_length=253, description="The policy rule that judged it.")
+    key: str | None = Field(default=None, max_length=253, description="The key whose signature verified it.")
+    verified_at: str | None = Field(default=None, description="When the operator judged it (RFC 3339).")
+
+
 class ImageRecord(Model):
     """A package image resolved to the digest its stage pods pull (`gate.lifecycle.images`)."""
 
@@ -429,6 +443,12 @@ class ImageRecord(Model):
         "<repository>@<digest>, so a tag pushed again later cannot change what this rollout runs.",
     )
     resolved_at: str | None = Field(default=None, description="When the operator read the digest (RFC 3339).")
+    verified: ImageVerification | None = Field(
+        default=None,
+        description="With an image signature policy (`--image-signatures`): what it decided for this digest. "
+        "Shown, not trusted: a stage pod pulls a digest only when the operator itself judged it under the current "
+        "policy (docs/supply-chain.md).",
+    )
 
 
 class NodeGateStatus(Model):
@@ -446,6 +466,9 @@ class NodeGateStatus(Model):
         "Paused: no uninstall starts until the gate is unpaused); Disabled while `nodegate disable` holds it "
         "(annotation nodegate.io/disabled=true); ImagesResolved while the operator resolves package images to "
         "digests (False, reason ResolveFailed: nothing of the gate starts, the message names the image); "
+        "ImagesVerified with an image signature policy (False, reason SignatureMissing, SignatureInvalid, "
+        "UntrustedKey or NoRule: nothing of the gate starts, the message names the package, image, digest and "
+        "rule; True with that reason in warn mode, where the image runs anyway); "
         "DrainBlocked while a PodDisruptionBudget holds a drain (it names the node, the pod and the budget); "
         "ImagePullFailing while the kubelet cannot pull a stage pod's image (it names the node, the image and "
         "the kubelet's message, before the pull grace fails the node).",

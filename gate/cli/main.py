@@ -88,10 +88,16 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     suites = [s.strip() for s in args.real_node_os.split(",") if s.strip()]
     real = RealNodeSpec(args.real_nodes, _labels(args.label), suites=suites) if args.real_nodes else None
     endpoints = _labels(args.prometheus_endpoint, "--prometheus-endpoint")
+    signatures = _signature_policy(args.image_signatures) if args.image_signatures else None
     cluster.up(NodeSpec(args.nodes, _labels(args.label)), job_seconds=args.job_seconds, progress=_err,
                real_nodes=real)
     if args.prometheus_endpoint:
         services.set_prometheus_endpoints(cluster, endpoints)
+    if signatures is not None:
+        services.set_image_signatures(cluster, signatures)
+        if "operator" in cluster.processes() and cluster.processes()["operator"].alive():
+            _err("Restarting the operator with the image signature policy")
+            cluster.stop_process("operator")
     if args.cert_manager:
         from gate.devcluster import certmanager
 
@@ -99,6 +105,18 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     services.start(cluster, webhook=not args.no_webhook, operator=not args.no_operator, progress=_err)
     print(cluster.kubeconfig)
     return 0
+
+
+def _signature_policy(path: str) -> str:
+    """The text of an image signature policy file, checked as the operator reads it, before anything starts."""
+    from gate.api.signatures import load_policy
+
+    try:
+        text = Path(path).read_text()
+        load_policy(text, source=path)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--image-signatures {path}: {exc}") from None
+    return text
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
@@ -207,6 +225,11 @@ def parser() -> argparse.ArgumentParser:
                     help="a Prometheus endpoint a DeploymentPolicy's health.prometheus.endpoint may name "
                          "(repeatable; replaces the cluster's endpoints; as the chart's "
                          "operator.health.prometheus.endpoints)")
+    up.add_argument("--image-signatures", metavar="FILE",
+                    help="the operator's image signature policy (YAML: mode, unmatched, rules; as the chart's "
+                         "operator.imageSignatures): every package image is verified before any node is cordoned "
+                         "for it, and resolved to a digest in a registry (docs/supply-chain.md); kept for the "
+                         "cluster's later starts")
     up.add_argument("--no-webhook", action="store_true", help="do not start the admission webhook")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.add_argument("--cert-manager", action="store_true",

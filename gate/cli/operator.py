@@ -53,6 +53,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"nodegate operator: --lease-seconds, --renew-seconds, --renew-deadline: {exc}", file=sys.stderr)
         return 2
+    if settings.image_signatures:
+        from gate.controller.imagetrust import read_policy
+
+        try:
+            read_policy(settings.image_signatures)
+        except ValueError as exc:  # refused now, not an operator that verifies nothing
+            print(f"nodegate operator: --image-signatures: {exc}", file=sys.stderr)
+            return 2
+        if not settings.resolve_digests:
+            print("nodegate operator: --image-signatures needs --resolve-digests true: a signature is judged for "
+                  "a digest, and a tag pulled as a tag could name other content than the one judged", file=sys.stderr)
+            return 2
     setup_logging(settings.log_level, settings.log_format)
     # The caches hold every Node and stage pod, a few hundred thousand objects at 5,000 nodes, and they
     # live until the next version replaces them. The cyclic collector's default pace (a young collection

@@ -1,4 +1,4 @@
-"""`nodegate package build` and `nodegate package catalog`: a package's image, and the catalog page.
+"""`nodegate package build`, `verify` and `catalog`: a package's image, its signatures, and the catalog page.
 
 `build` builds the image of one package directory the way `nodegate dev images` builds those of
 packages/ (buildah, the local bases, the inputs digest; gate.devcluster.images), after the package
@@ -50,6 +50,61 @@ def cmd_package_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_package_verify(args: argparse.Namespace) -> int:
+    """What the operator would decide about IMAGE's signatures, and why; exit 0 only when it would run."""
+    import asyncio
+
+    from gate.api.cosign import referrers_tag
+    from gate.api.signatures import FORMAT_NAMES, Verdict, load_policy, policy_for_keys
+    from gate.controller.registry import RegistryError, resolve_digest
+    from gate.controller.signatures import Lookup, SignatureVerifier, repository_of
+
+    if bool(args.key) == bool(args.policy):
+        raise CliError("give the keys to trust (--key FILE, repeatable) or the cluster's policy (--policy FILE)")
+    target = repository_of(args.image)
+    if isinstance(target, str):
+        raise CliError(target)
+    repository = f"{target.registry}/{target.repository}"
+    try:
+        if args.policy:
+            policy = load_policy(Path(args.policy).read_text(), source=args.policy)
+        else:
+            policy = policy_for_keys({k: Path(k).read_text() for k in args.key}, repository)
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+    async def decide() -> tuple[str, Verdict, Lookup]:
+        digest = args.image.partition("@")[2] or await resolve_digest(args.image, timeout=args.timeout)
+        verdict, found = await SignatureVerifier(policy, timeout=args.timeout).explain(args.image, digest)
+        return digest, verdict, found
+
+    try:
+        digest, verdict, found = asyncio.run(decide())
+    except RegistryError as exc:
+        raise CliError(str(exc)) from None
+    rule = policy.rule_for(repository)
+    kinds: dict[str, int] = {}
+    for evidence in found.evidence:
+        kinds[evidence.format] = kinds.get(evidence.format, 0) + 1
+    seen = "; ".join(f"{n} {FORMAT_NAMES[f]}" for f, n in kinds.items()) or "no signature"
+    where = ("the registry answers the OCI referrers API" if found.referrers_api else
+             f"the registry has no OCI referrers API: its fallback tag {referrers_tag(digest)} was read")
+    if verdict.ok:
+        decision = "runs"
+    elif policy.mode == "warn":
+        decision = "runs, with a warning (mode: warn)"
+    else:
+        decision = "is held before any node is cordoned (mode: enforce)"
+    print(f"image:    {args.image}")
+    print(f"digest:   {digest}")
+    print(f"rule:     {rule.name + ' (keys: ' + ', '.join(k.name for k in rule.keys) + ')' if rule else 'none'}")
+    print(f"found:    {seen} ({where})")
+    print(f"verdict:  {verdict.reason}" + (f" by key {verdict.key}" if verdict.key else ""))
+    print(f"why:      {verdict.message}")
+    print(f"operator: the image {decision}")
+    return 0 if verdict.ok else 1
+
+
 def cmd_package_catalog(args: argparse.Namespace) -> int:
     from gate.agent.catalog import render_catalog, render_inputs_module
     from gate.agent.errors import PackageError
@@ -78,13 +133,22 @@ def cmd_package_catalog(args: argparse.Namespace) -> int:
 
 
 def register(package_sub: Any) -> None:
-    """Add `build` and `catalog` to the `nodegate package` group (created by gate.cli.agent)."""
+    """Add `build`, `verify` and `catalog` to the `nodegate package` group (created by gate.cli.agent)."""
     build = package_sub.add_parser("build", help="build a package's image (as `dev images` does); --push it")
     build.add_argument("directory", metavar="DIR")
     build.add_argument("--push", action="store_true",
                        help="push it to the dev cluster's registry and print NAME=REFERENCE by digest")
     build.add_argument("--state-dir", help="the dev cluster's state directory (for --push; default: `nodegate dev`'s)")
     build.set_defaults(func=cmd_package_build)
+
+    verify = package_sub.add_parser(
+        "verify", help="what the operator would decide about an image's cosign signatures, and why (exit 0: it runs)")
+    verify.add_argument("image", metavar="IMAGE", help="repository:tag (resolved to its digest) or repository@digest")
+    verify.add_argument("--key", action="append", default=[], metavar="FILE",
+                        help="a public key to trust (cosign.pub: ECDSA P-256 or Ed25519 PEM); repeatable")
+    verify.add_argument("--policy", metavar="FILE", help="the cluster's signature policy (operator.imageSignatures)")
+    verify.add_argument("--timeout", type=float, default=10.0, help="seconds per registry request (default 10)")
+    verify.set_defaults(func=cmd_package_verify)
 
     catalog = package_sub.add_parser("catalog", help="write docs/catalog.md from the packages' own files")
     catalog.add_argument("--packages", default=PACKAGES, metavar="DIR",

@@ -210,6 +210,8 @@ def gate_report(gate: NodeGate, policies: Mapping[str, Obj], fleet: Sequence[Fle
         for cond in gate.status.conditions:
             if cond.type == "Degraded" and cond.status == "True" and cond.message:
                 notes.append(f"degraded: {cond.message}")
+            if cond.type == "ImagesVerified" and cond.status == "True" and cond.reason != "Verified":
+                notes.append(f"image signatures ({cond.reason}): {cond.message}")  # warn mode: runs anyway
     if not rollout.window_open and policy is not None and policy.spec.windows:
         notes.append("outside every maintenance window: new nodes start only inside one")
 

@@ -30,6 +30,7 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState, PodRecord
 from gate.controller.events import EventRecorder
+from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.patches import node_patch
 from gate.controller.pods import (
@@ -67,6 +68,7 @@ from gate.lifecycle.machine import (
 )
 from gate.lifecycle.ownership import refusal as pod_refusal
 from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
+from gate.lifecycle.signatures import agent_image
 
 log = logging.getLogger("nodegate.operator")
 
@@ -90,12 +92,13 @@ _RECORD_ATTEMPTS = 4
 
 class Executor:
     def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics,
-                 recorder: EventRecorder, world: World) -> None:
+                 recorder: EventRecorder, world: World, trust: ImageTrust | None = None) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
         self.recorder = recorder
         self.world = world
+        self.trust = trust  # the image signature policy's verdicts: the digests a stage pod may pull
 
     async def apply_gate_plan(self, gate: NodeGate, gate_obj: Obj, plan: ReconcilePlan) -> None:
         """Write what one gate reconcile decided (`gate.lifecycle.reconcile`), the only writes of a gate
@@ -247,10 +250,16 @@ class Executor:
         if not fold:
             await self._delete_pods(decision.delete_pods)
         for request in decision.create_pods:
-            images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests)
+            trusted = self.trust.trusted() if self.trust is not None else None
+            images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests,
+                                            trusted=trusted)
+            agent = agent_image(self.settings.agent_image)
+            if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
+                unresolved.append(agent.package)  # NodeGate's own image, judged as a package's
             if unresolved:
-                # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet.
-                # The gate reconcile resolves it (or says why it cannot); this node looks again after it.
+                # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet,
+                # nor a digest the image signature policy has not let run in this process. The gate
+                # reconcile resolves and judges it (or says why it cannot); this node looks again after it.
                 log.info("Stage pod held until its images are resolved; gate=%s node=%s pod=%s packages=%s",
                          gate.name, node, request.name, ",".join(unresolved))
                 self.world.gate_later(gate.name)

@@ -28,7 +28,7 @@ from gate.api.policy import DeploymentPolicy
 from gate.controller.endpoints import EndpointBook
 from gate.controller.events import EventRecorder
 from gate.controller.executor import Executor
-from gate.controller.images import ImageResolver, ImagesUnresolved
+from gate.controller.images import ImageResolver, ImagesUnresolved, ImagesUnverified
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.prepull import Prepuller
 from gate.controller.triggers import GateKey, PolicyKey
@@ -38,7 +38,7 @@ from gate.kube.errors import NotFound
 from gate.kube.objects import parse_time
 from gate.lifecycle.fleet import disabled
 from gate.lifecycle.health import condition, policy_status
-from gate.lifecycle.images import merged_records, records_wire, same_records, unresolved_message
+from gate.lifecycle.images import merged_records, records_wire, same_records
 from gate.lifecycle.reconcile import (
     holders,
     plan_disabled,
@@ -49,6 +49,7 @@ from gate.lifecycle.reconcile import (
     same_status,
 )
 from gate.lifecycle.rollback import rollback_targets
+from gate.lifecycle.signatures import failure_message, hold_of
 
 log = logging.getLogger("nodegate.operator")
 
@@ -123,19 +124,22 @@ class GateReconciler:
         back_to = rollback_targets(gate, self.world.revisions.get(gate.name))
         resolved, problems = await self.resolver.resolve(gate, back_to)
         current = gate.status.images if gate.status is not None else []
-        records = merged_records(gate, resolved, back_to)
+        # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
+        records, verdicts, unread = await self.resolver.verify(gate, merged_records(gate, resolved, back_to),
+                                                               back_to)
+        refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
         status: Obj = {}
-        message = unresolved_message(problems) if problems else ""
+        hold = hold_of({**problems, **unread}, refused)
         if not same_records(current, records):
             status["images"] = records_wire(records)
-        if problems:
+        if hold is not None:
             # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
             previous = gate.status.conditions if gate.status is not None else []
             now, generation = datetime.now(UTC), gate.metadata.generation or 0
-            held: dict[str, Literal["True", "False"]] = {"ImagesResolved": "False", "Ready": "False",
+            held: dict[str, Literal["True", "False"]] = {hold.condition: "False", "Ready": "False",
                                                          "Degraded": "True"}
             kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
-            status["conditions"] = [*kept, *(condition(type_, value, "ResolveFailed", message, previous, now,
+            status["conditions"] = [*kept, *(condition(type_, value, hold.reason, hold.message, previous, now,
                                                        generation).to_wire() for type_, value in held.items())]
             status.update({"status": "Degraded", "observedGeneration": generation})
         current_status = obj.get("status") or {}
@@ -144,9 +148,12 @@ class GateReconciler:
                 "resourceVersion": obj["metadata"]["resourceVersion"]}}, subresource="status")
             self.world.gates.observe(patched)
             obj, gate = patched, self.world.gate(gate.name) or gate
-        if problems:
-            await self.recorder.emit(obj, "Warning", "ResolveFailed", message)
-            raise ImagesUnresolved(message)
+        if warned:
+            await self.recorder.emit(obj, "Warning", warned[0].verdict.reason, failure_message(warned, mode="warn"))
+        if hold is not None:
+            await self.recorder.emit(obj, "Warning", hold.reason, hold.message)
+            unverified = hold.condition == "ImagesVerified"
+            raise ImagesUnverified(hold.message) if unverified else ImagesUnresolved(hold.message)
         return gate, obj
 
     def _packages_in_use(self) -> set[str]:

@@ -20,12 +20,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gate.api.nodegate import ImageRecord, NodeGate, Package
+from gate.api.signatures import Verdict
+from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.registry import RegistryError, credentials_for, docker_config, resolve_digest, target_of
 from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
 from gate.kube.errors import ApiError
-from gate.lifecycle.images import to_resolve
+from gate.lifecycle.images import pinned_images, to_resolve
+from gate.lifecycle.signatures import Judged, agent_image, held, recorded_verdict, warned
 
 log = logging.getLogger("nodegate.operator")
 
@@ -35,11 +38,72 @@ class ImagesUnresolved(Exception):
     work queue's, as for a temporary API error), and nothing of those packages starts meanwhile."""
 
 
+class ImagesUnverified(ImagesUnresolved):
+    """A gate's package images failed the image signature policy in enforce mode: held and retried as
+    an image that does not resolve, once the status and an Event say which image and why."""
+
+
 class ImageResolver:
-    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics) -> None:
+    def __init__(self, settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics,
+                 trust: ImageTrust | None = None) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
+        self.trust = trust or ImageTrust(settings, metrics)
+
+    async def verify(self, gate: NodeGate, records: Sequence[ImageRecord], also: Sequence[NodeGate] = (),
+                     ) -> tuple[list[ImageRecord], list[Judged], dict[str, str]]:
+        """With an image signature policy: the records with what it decided for each digest; each image
+        judged (the records', and those pinned by digest in the specs, which have no record); and the
+        packages whose signatures could not be read, with why (held as an image that does not resolve,
+        and retried). The verifier answers from its cache once it has judged a digest under this policy."""
+        policy = self.trust.current()
+        if policy is None:  # none (any more): no record claims a verdict
+            return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], [], {}
+        packages = {name: p for spec in (gate, *also) for name, p in reversed(spec.spec.packages.items())}
+        agent = agent_image(self.settings.agent_image)
+        images = [*records, *pinned_images(gate, also), *([agent] if agent is not None else [])]
+        verdicts = await asyncio.gather(*(self._judge(gate.name, r, packages.get(r.package)) for r in images))
+        judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True) if not isinstance(v, str)]
+        unread = {r.package: v for r, v in zip(images, verdicts, strict=True) if isinstance(v, str)}
+        now = datetime.now(UTC)
+        kept = {(j.record.package, j.record.reference): j for j in judged}
+        out = [recorded_verdict(j, policy, now) if (j := kept.get((r.package, r.reference))) else r for r in records]
+        return out, judged, unread
+
+    def verdicts_of(self, gate: str, judged: Sequence[Judged]) -> tuple[list[Judged], list[Judged]]:
+        """The images that hold the gate (enforce mode) and those that run with a warning (warn mode)."""
+        policy = self.trust.policy
+        if policy is None:
+            return [], []
+        refused, warned_ = held(judged, policy), warned(judged, policy)
+        self.metrics.images_unverified.labels(gate).set(len(refused) + len(warned_))
+        return refused, warned_
+
+    async def _judge(self, gate: str, record: ImageRecord, spec: Package | None) -> Verdict | str:
+        notes: list[str] = []
+        credentials = await self._credentials_of(record.reference, spec, notes)
+        try:
+            verdict = await self.trust.judge(record.reference, record.digest, credentials)
+        except RegistryError as exc:
+            log.warning("Image signatures not read; gate=%s package=%s image=%s digest=%s error=%s", gate,
+                        record.package, record.reference, record.digest, exc)
+            return (f"the signatures of {record.reference} (digest {record.digest}) could not be read: "
+                    f"{exc}{''.join(f'; {n}' for n in notes)}")
+        if not verdict.ok:
+            log.warning("Image not verified; gate=%s package=%s image=%s digest=%s reason=%s rule=%s message=%s%s",
+                        gate, record.package, record.reference, record.digest, verdict.reason, verdict.rule,
+                        verdict.message, "".join(f"; {n}" for n in notes))
+        return verdict
+
+    async def _credentials_of(self, reference: str, spec: Package | None,
+                              notes: list[str]) -> tuple[str, str] | None:
+        """The package's pull credentials for the registry of `reference`, as its stage pods would use them."""
+        secrets = [s.name for s in spec.image_pull_secrets] if spec is not None else []
+        target = target_of(reference)
+        if not secrets or isinstance(target, str):
+            return None
+        return await self._credentials(target.registry, secrets, notes)
 
     async def resolve(self, gate: NodeGate, also: Sequence[NodeGate] = ()) -> tuple[list[ImageRecord], dict[str, str]]:
         """Records of the images resolved now (the gate's, and those of the specs in `also`: where a
@@ -53,12 +117,8 @@ class ImageResolver:
         return records, problems
 
     async def _one(self, gate: str, package: str, reference: str, spec: Package) -> ImageRecord | str:
-        secrets = [s.name for s in spec.image_pull_secrets]
         notes: list[str] = []
-        credentials = None
-        target = target_of(reference)
-        if secrets and not isinstance(target, str):
-            credentials = await self._credentials(target.registry, secrets, notes)
+        credentials = await self._credentials_of(reference, spec, notes)
         try:
             digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
                                           token_hosts=self.settings.token_hosts)

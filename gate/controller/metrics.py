@@ -105,6 +105,14 @@ class OperatorMetrics:
         self.image_resolutions = Counter("nodegate_image_resolutions_total",
                                          "Package image tags resolved to a digest (result: resolved or failed)",
                                          ["result"], registry=r)
+        self.image_verifications = Counter("nodegate_image_verifications_total",
+                                           "Image digests judged by the image signature policy, by result: Verified, "
+                                           "NotCovered, or why one failed (NoRule, SignatureMissing, "
+                                           "SignatureInvalid, UntrustedKey; counted in warn mode too)",
+                                           ["result"], registry=r)
+        self.images_unverified = gauge("nodegate_gate_images_unverified",
+                                       "Package images of the gate that failed the image signature policy (in "
+                                       "enforce mode the gate is held; in warn mode they run anyway)", ["gate"])
         self.prepull_pods = gauge("nodegate_prepull_pods",
                                   "Prepull pods (a node's next images, pulled before its cordon) by state: pulling, "
                                   "pulled, failing (the kubelet cannot pull and keeps trying), failed",

@@ -39,6 +39,7 @@ from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
 from gate.controller.history import HistoryReconciler
 from gate.controller.images import ImageResolver, ImagesUnresolved
+from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.prepull import Prepuller
@@ -68,12 +69,15 @@ class Operator:
                         reboot_timeout=settings.reboot_timeout, poll=settings.poll_seconds,
                         health_poll=settings.health_poll_seconds)
         self.world = World(settings, client)
-        executor = Executor(settings, client, self.metrics, recorder, self.world)
+        # The image signature policy (--image-signatures): read now, so a bad file stops the start.
+        self.image_trust = ImageTrust(settings, self.metrics)
+        executor = Executor(settings, client, self.metrics, recorder, self.world, self.image_trust)
         prepuller = Prepuller(settings, client, self.world, recorder, self.metrics)
         # The Prometheus endpoints the installer configured: the only ones a policy may name.
         self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
         self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
-                                    ImageResolver(settings, client, self.metrics), prepuller, self.endpoints)
+                                    ImageResolver(settings, client, self.metrics, self.image_trust), prepuller,
+                                    self.endpoints)
         self.policies = PolicyReconciler(client, self.world, self.endpoints)
         self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
                                     concurrency=settings.health_queries)
@@ -130,6 +134,7 @@ class Operator:
                     world.queue.add(TaintKey(node["metadata"]["name"]))
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.settings.workers)]
             workers.append(asyncio.create_task(self._resync()))
+            workers.append(asyncio.create_task(self._watch_image_policy()))
             await asyncio.gather(*workers)
         finally:
             self.ready = False
@@ -241,6 +246,17 @@ class Operator:
             # A safety net, not the engine: every change arrives as an event; this catches a lost one.
             for gate in self.world.gates.items():
                 self._queue(triggers.on_gate(gate, None, self.world.nodes.items()))
+
+    async def _watch_image_policy(self) -> None:
+        """A changed image signature policy judges every digest again: every gate is reconciled now
+        (its reconcile judges its images before it plans; node reconciles wait for that)."""
+        while True:
+            await asyncio.sleep(self.settings.poll_seconds)
+            if self.image_trust.changed():
+                log.info("Image signature policy changed, every gate's images are judged again; gates=%d",
+                         len(self.world.gates))
+                for gate in self.world.gates.items():
+                    self._queue(triggers.on_gate(gate, None, self.world.nodes.items()))
 
     async def _worker(self, number: int) -> None:
         queue = self.world.queue

@@ -41,7 +41,8 @@ import binascii
 import hashlib
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -80,6 +81,10 @@ class RegistryError(Exception):
         self.reference = reference
         self.registry = registry
         self.status = status
+
+
+class DigestMismatch(RegistryError):
+    """The registry served bytes that are not the digest they were asked for by."""
 
 
 @dataclass(frozen=True)
@@ -192,12 +197,23 @@ async def resolve_digest(reference: str, credentials: tuple[str, str] | None = N
     target = target_of(reference)
     if isinstance(target, str):
         raise RegistryError(reference, "", target)
+    async with registry_session(reference, target, credentials, timeout=timeout, token_hosts=token_hosts) as reg:
+        return await reg.resolve()
+
+
+@asynccontextmanager
+async def registry_session(reference: str, target: Target, credentials: tuple[str, str] | None = None, *,
+                           timeout: float = 15.0,
+                           token_hosts: Collection[str] = ()) -> AsyncIterator[RegistrySession]:
+    """A session with `target`'s registry for several reads of its repository (the resolution, or a
+    signature lookup: `gate.controller.signatures`), one authorization shared by them. Timeouts and
+    connection failures inside it are raised as a `RegistryError` naming `reference`."""
     limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
     resolver = GuardedResolver()  # the connector does not close a resolver it was given: closed below
     try:
         async with aiohttp.ClientSession(timeout=limits,
                                          connector=aiohttp.TCPConnector(resolver=resolver)) as session:
-            return await _Resolve(session, reference, target, credentials, token_hosts).run()
+            yield RegistrySession(session, reference, target, credentials, token_hosts)
     except TimeoutError as exc:
         raise RegistryError(reference, target.registry, f"no answer within {timeout:g}s") from exc
     except aiohttp.ClientConnectorError as exc:
@@ -214,8 +230,8 @@ MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
 
 
-class _Resolve:
-    """One resolution: the manifest request, and the authentication it asks for on the way."""
+class RegistrySession:
+    """Reads of one repository at its registry, and the authentication they ask for on the way."""
 
     def __init__(self, session: aiohttp.ClientSession, reference: str, target: Target,
                  credentials: tuple[str, str] | None, token_hosts: Collection[str] = ()) -> None:
@@ -225,19 +241,25 @@ class _Resolve:
         self.credentials = credentials
         self.token_hosts = token_hosts
         self.authorization: str | None = None
+        self.requests = 0  # HTTP requests sent (redirect hops and token requests included): the cost figure
 
     def error(self, problem: str, status: int | None = None) -> RegistryError:
         return RegistryError(self.reference, self.target.registry, problem, status)
 
-    async def run(self) -> str:
-        status, headers, _ = await self._manifest("HEAD")
+    def url(self, kind: str, ref: str) -> str:
+        """The API URL of one of the repository's `manifests`, `blobs` or `referrers` (by tag or digest)."""
+        return f"{self.target.scheme}://{self.target.api_host}/v2/{self.target.repository}/{kind}/{ref}"
+
+    async def resolve(self) -> str:
+        """The digest the reference's tag names now."""
+        status, headers, _ = await self.fetch("HEAD", self.target.manifest_url)
         digest = headers.get("Docker-Content-Digest", "")
         if status == 200 and _DIGEST.match(digest):
             return digest
         if status not in (200, 405):
             raise self._refusal(status)
         # No digest in the answer to HEAD (or HEAD refused): the body tells, and is checked against it.
-        status, headers, body = await self._manifest("GET")
+        status, headers, body = await self.fetch("GET", self.target.manifest_url)
         if status != 200:
             raise self._refusal(status)
         named = headers.get("Docker-Content-Digest", "")
@@ -246,6 +268,43 @@ class _Resolve:
         if named and named != computed:
             raise self.error(f"the registry named the manifest {named} but its body is {computed}")
         return computed
+
+    async def manifest(self, ref: str, accept: Collection[str] = MANIFEST_TYPES) -> bytes | None:
+        """The body of the manifest under `ref` (a tag or a digest), or None when there is none (404).
+        By digest, the body must hash to it; by tag, to the `Docker-Content-Digest` the registry names."""
+        status, headers, body = await self.fetch("GET", self.url("manifests", ref), accept)
+        if status == 404:
+            return None
+        if status != 200:
+            raise self._refusal(status)
+        named = ref if _DIGEST.match(ref) else headers.get("Docker-Content-Digest", "")
+        if _DIGEST.match(named) and body_digest(named.partition(":")[0], body) != named:
+            raise self.error(f"the registry served a manifest under {ref} whose body is not {named}")
+        return body
+
+    async def referrers(self, digest: str) -> bytes | None:
+        """The OCI referrers API's index for `digest`, or None when the registry does not offer the API
+        (404, as registries without it answer; a 404 for an unknown digest reads the same)."""
+        status, _, body = await self.fetch("GET", self.url("referrers", digest), (MANIFEST_TYPES[0],))
+        if status in (404, 405):
+            return None
+        if status != 200:
+            raise self._refusal(status)
+        return body
+
+    async def blob(self, digest: str, limit: int = MAX_MANIFEST) -> bytes | None:
+        """The blob `digest` (at most `limit` bytes), checked against its digest; None when missing."""
+        if not _DIGEST.match(digest):
+            raise self.error(f"{digest!r} is not a digest")
+        status, _, body = await self.fetch("GET", self.url("blobs", digest), ("*/*",), limit)
+        if status == 404:
+            return None
+        if status != 200:
+            raise self._refusal(status)
+        if body_digest(digest.partition(":")[0], body) != digest:
+            raise DigestMismatch(self.reference, self.target.registry,
+                                 f"the registry served the blob {digest} with other bytes")
+        return body
 
     def _refusal(self, status: int) -> RegistryError:
         if status == 404:
@@ -256,24 +315,28 @@ class _Resolve:
                               "and let the operator read it (docs/security.md)", status)
         return self.error("unexpected answer", status)
 
-    async def _manifest(self, method: str) -> tuple[int, Mapping[str, str], bytes]:
+    async def fetch(self, method: str, url: str, accept: Collection[str] = MANIFEST_TYPES,
+                    limit: int = MAX_MANIFEST) -> tuple[int, Mapping[str, str], bytes]:
+        """`method url` on the repository's registry, authenticating when it asks (once)."""
         for _ in range(2):  # once, and once more after a 401 told how to authenticate
-            status, headers, body = await self._follow(method, self.target.manifest_url)
+            status, headers, body = await self._follow(method, url, accept, limit)
             if status != 401 or self.authorization is not None:
                 return status, headers, body
             self.authorization = await self._authorize(headers.get("WWW-Authenticate", ""))
         return 401, {}, b""
 
-    async def _follow(self, method: str, url: str) -> tuple[int, Mapping[str, str], bytes]:
+    async def _follow(self, method: str, url: str, accept: Collection[str],
+                      limit: int) -> tuple[int, Mapping[str, str], bytes]:
         """The answer to `method url`, redirects followed by hand: each hop is judged before it is asked
         (`gate.controller.egress`), and the credentials go only to the registry's own host."""
         for _ in range(MAX_REDIRECTS + 1):
             refused = url_refusal(url)
             if refused is not None:
                 raise self.error(f"refused to ask {refused}")
-            headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+            headers = {"Accept": ", ".join(accept)}
             if self.authorization and same_host(url, self.target.manifest_url):
                 headers["Authorization"] = self.authorization
+            self.requests += 1
             async with self.session.request(method, url, headers=headers, allow_redirects=False) as resp:
                 location = resp.headers.get("Location")
                 if resp.status in _REDIRECTS and location:
@@ -284,11 +347,11 @@ class _Resolve:
                     continue
                 body = b""
                 if method == "GET" and resp.status == 200:
-                    if (resp.content_length or 0) > MAX_MANIFEST:
-                        raise self.error(f"the manifest is larger than {MAX_MANIFEST} bytes")
-                    body = await resp.content.read(MAX_MANIFEST + 1)
-                    if len(body) > MAX_MANIFEST:
-                        raise self.error(f"the manifest is larger than {MAX_MANIFEST} bytes")
+                    if (resp.content_length or 0) > limit:
+                        raise self.error(f"the answer to {url} is larger than {limit} bytes")
+                    body = await _read_capped(resp.content, limit + 1)
+                    if len(body) > limit:
+                        raise self.error(f"the answer to {url} is larger than {limit} bytes")
                 return resp.status, resp.headers, body
         raise self.error(f"more than {MAX_REDIRECTS} redirects")
 
@@ -309,6 +372,7 @@ class _Resolve:
         if params.get("service"):
             query["service"] = params["service"]
         headers = {"Authorization": _basic(self.credentials)} if self.credentials else {}
+        self.requests += 1
         # No redirect is followed from the token service: the credentials were sent to it alone.
         async with self.session.get(realm, params=query, headers=headers, allow_redirects=False) as resp:
             if resp.status != 200:
@@ -322,6 +386,19 @@ class _Resolve:
         if not token:
             raise self.error(f"the token service {realm} answered no token")
         return f"Bearer {token}"
+
+
+async def _read_capped(stream: aiohttp.StreamReader, cap: int) -> bytes:
+    """The body, up to `cap` bytes: `read(n)` returns what has arrived so far, not n bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < cap:
+        chunk = await stream.read(cap - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _basic(credentials: tuple[str, str]) -> str:

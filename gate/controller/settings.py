@@ -49,6 +49,11 @@ class OperatorSettings:
     registry_token_hosts: str = field(default="auth.docker.io", metadata={
         "help": "comma-separated hosts, besides a registry's own, that its Bearer token realm may name; the pull "
                 "credentials go to no other (Docker Hub's realm is auth.docker.io; docs/security.md)"})
+    image_signatures: str = field(default="", metadata={
+        "help": "YAML file of the image signature policy (mode, unmatched, rules of repositories and the public keys "
+                "that must have signed them): every package image digest is verified before any node is cordoned "
+                "for it; read at start (a file that does not parse stops the start) and again when it changes; "
+                "empty: no policy, nothing is verified (docs/supply-chain.md)"})
     prometheus_endpoints: str = field(default="", metadata={
         "help": "YAML file of the Prometheus endpoints a DeploymentPolicy may name (name: {url, caFile, "
                 "insecureSkipVerify, bearerTokenFile}); read again when it changes; empty: none, and a policy's "

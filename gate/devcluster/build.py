@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).with_name("versions.toml")
-ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe", "prometheus", "cert-manager")
+ORDER = ("etcd", "kubernetes", "kwok", "helm", "registry", "kstatus-probe", "prometheus", "cert-manager", "cosign")
 # Runs the control plane on another Kubernetes release than the pinned one (`make test-matrix`):
 # `NODEGATE_KUBE_VERSION=v1.33.13`. Unset, CI and `nodegate dev up` use versions.toml's pin.
 KUBE_VERSION_ENV = "NODEGATE_KUBE_VERSION"
@@ -115,6 +115,8 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
     probe = data["kstatus-probe"]
     prom = data["prometheus"]
     certmanager = data["cert-manager"]
+    cosign = data["cosign"]
+    cosign_version_pkg = "sigs.k8s.io/release-utils/version"
     prom_version_pkg = "github.com/prometheus/common/version"
     return {
         "kubernetes": Component(
@@ -185,6 +187,16 @@ def load_components(path: Path = VERSIONS_FILE, environ: Mapping[str, str] = os.
             ldflags=(f"-X {certmanager['module']}/pkg/util.AppVersion={certmanager['version']}",),
             assets=dict(certmanager["assets"]),
             sources=dict(certmanager["sources"]),
+        ),
+        "cosign": Component(
+            "cosign",
+            cosign["module"],
+            cosign["version"],
+            dict(cosign["binaries"]),
+            # `cosign version` reports the release, like the project's own Makefile stamps it.
+            ldflags=(f"-X {cosign_version_pkg}.gitVersion={cosign['version']}",
+                     f"-X {cosign_version_pkg}.gitTreeState=clean",
+                     f"-X {cosign_version_pkg}.buildDate={cosign['build_date']}"),
         ),
     }
 

@@ -21,6 +21,10 @@ version. The manifest digest buildah reports is the image's identity: references
 (`<host>:<port>/nodegate/<name>@sha256:...`), so a node pulls exactly what was built, whatever later
 pushes do to the tag. A push is skipped when the registry already serves that digest under the tag
 (its storage outlives clusters), which is what makes a warm `nodegate dev images` take seconds.
+
+What gets signed: every pushed image, with the machine's dev cosign key (gate.devcluster.cosign), in
+cosign 3's default format, unless that key's signature verifies on it already. The dev cluster's
+signature policy (`cosign.dev_signature_policy`) trusts that key for the registry's `nodegate/**`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 import yaml
 
 import gate
-from gate.devcluster import registry
+from gate.devcluster import cosign, registry
 from gate.devcluster.bases import ensure_bases, from_map
 from gate.devcluster.build import BuildError
 from gate.devcluster.buildah import Buildah, buildah_dir, locked
@@ -253,11 +257,16 @@ def ensure_images(cluster: DevCluster, *, host: str, progress: Progress = print,
     port = registry.start_registry(cluster.procs, progress)
     chosen, base_ids = _prepare(progress, only, source)
     refs = {}
+    here = []  # the same images as this machine reaches them, to sign
     # Build and push under one lock: another process must not remove an image between the two.
     with locked(progress):
         for target in chosen:
             built = _build_one(target, from_map(), base_ids, progress)
-            refs[target.name] = reference(host, port, target.repository, push(built, port, progress))
+            digest = push(built, port, progress)
+            refs[target.name] = reference(host, port, target.repository, digest)
+            here.append(reference("127.0.0.1", port, target.repository, digest))
+    # Signed with the machine's dev key, which the dev cluster's policy trusts (gate.devcluster.cosign).
+    cosign.sign_images(here, progress)
     return refs
 
 

@@ -21,9 +21,11 @@ Decisions:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -139,3 +141,50 @@ def catalog(port: int) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/_catalog", timeout=10) as resp:
         return list(json.load(resp).get("repositories") or [])
 
+
+
+def _call(port: int, path: str, method: str = "GET", body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}" if path.startswith("/") else path,
+                                     data=body, method=method, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return int(resp.status), dict(resp.headers), resp.read()
+
+
+def put_blob(port: int, repository: str, data: bytes) -> str:
+    """Upload `data` as a blob of `repository` (a monolithic upload: POST, then PUT with the digest);
+    return its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    _, headers, _ = _call(port, f"/v2/{repository}/blobs/uploads/", "POST", b"")
+    location = urllib.parse.urljoin(f"http://127.0.0.1:{port}", headers["Location"])
+    separator = "&" if "?" in location else "?"
+    _call(port, f"{location}{separator}digest={digest}", "PUT", data, {"Content-Type": "application/octet-stream"})
+    return digest
+
+
+def put_manifest(port: int, repository: str, reference: str, body: bytes,
+                 media_type: str = MANIFEST_TYPES[0]) -> str:
+    """Put a manifest under `reference` (a tag or its digest); return the digest the registry names."""
+    _, headers, _ = _call(port, f"/v2/{repository}/manifests/{reference}", "PUT", body, {"Content-Type": media_type})
+    return str(headers["Docker-Content-Digest"])
+
+
+def get_manifest(port: int, repository: str, reference: str) -> bytes:
+    """The body of the manifest under `reference` (a tag or a digest)."""
+    return _call(port, f"/v2/{repository}/manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)})[2]
+
+
+def get_blob(port: int, repository: str, digest: str) -> bytes:
+    return _call(port, f"/v2/{repository}/blobs/{digest}")[2]
+
+
+def push_small_image(port: int, repository: str, tag: str, content: str) -> str:
+    """A tiny image (an OCI manifest over a config blob holding `content`, no layers) under `tag`; return
+    its manifest digest. For tests that need images a registry serves, without building any."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"content": content}},
+                         "rootfs": {"type": "layers", "diff_ids": []}}, sort_keys=True).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST_TYPES[0],
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": put_blob(port, repository, config), "size": len(config)},
+                           "layers": []}).encode()
+    return put_manifest(port, repository, tag, manifest)

@@ -130,6 +130,29 @@ def set_prometheus_endpoints(cluster: DevCluster, urls: Mapping[str, str]) -> Pa
     return path
 
 
+def image_signatures_file(cluster: DevCluster) -> Path:
+    """The dev operator's image signature policy (`gate.controller.imagetrust`), as the chart's ConfigMap
+    holds it in a cluster; the operator runs without one while this file does not exist."""
+    return cluster.dir / "image-signatures.yaml"
+
+
+def set_image_signatures(cluster: DevCluster, text: str | None) -> Path:
+    """Make `text` (a policy's YAML, checked as the operator reads it) the dev cluster's image signature
+    policy; None removes it. A running operator started with a policy reads the file again when it
+    changes; one started without needs a restart to take one (`nodegate dev up --image-signatures`)."""
+    from gate.api.signatures import load_policy
+
+    path = image_signatures_file(cluster)
+    if text is None:
+        path.unlink(missing_ok=True)
+        return path
+    load_policy(text, source=str(path))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # whole or not at all: the operator may read it at any moment
+    return path
+
+
 def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "operator",
                    extra: list[str] | None = None, env: dict[str, str] | None = None,
                    wait_leader: bool = True) -> int:
@@ -155,6 +178,10 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
     endpoints = prometheus_endpoints_file(cluster)
     if not endpoints.exists():
         set_prometheus_endpoints(cluster, {})
+    signatures = image_signatures_file(cluster)
+    if signatures.exists():
+        # Judged for a digest: with a policy, resolution is on (the images must be in a registry then).
+        extra = ["--image-signatures", str(signatures), "--resolve-digests", "true", *(extra or [])]
     cluster.register(name, operator_argv(kubeconfig, port, name, extra, endpoints), env)
     wait_ready(cluster, name, port, want="leader" if wait_leader else None)
     return port

@@ -35,9 +35,9 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gate.api.digests import DIGEST
 from gate.api.nodegate import ImageRecord, NodeGate, Package
@@ -87,6 +87,19 @@ def _tagged(gate: NodeGate, also: Sequence[NodeGate]) -> dict[tuple[str, str], P
     return out
 
 
+def pinned_images(gate: NodeGate, also: Sequence[NodeGate] = ()) -> list[ImageRecord]:
+    """The images pinned by digest in the gate's spec and the specs in `also`, as records of their
+    repository and digest: never stored (the spec says what runs), but judged by an image signature
+    policy like the resolved ones (`gate.lifecycle.signatures`)."""
+    out: dict[tuple[str, str], ImageRecord] = {}
+    for spec_of in (gate, *also):
+        for name, package in spec_of.spec.packages.items():
+            if "@" in package.image:
+                reference, _, digest = package.image.partition("@")
+                out.setdefault((name, package.image), ImageRecord(package=name, reference=reference, digest=digest))
+    return [out[key] for key in sorted(out)]
+
+
 def to_resolve(gate: NodeGate, also: Sequence[NodeGate] = ()) -> dict[tuple[str, str], Package]:
     """(package, tagged reference) -> the package, for each image with no record of that very reference:
     the gate's packages, and those of the specs in `also` (where a failed batch goes back to,
@@ -106,16 +119,24 @@ def merged_records(gate: NodeGate, resolved: Iterable[ImageRecord], also: Sequen
     return out
 
 
-def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tuple[dict[str, PodImage], list[str]]:
+def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool,
+               trusted: Container[tuple[str, str]] | None = None) -> tuple[dict[str, PodImage], list[str]]:
     """The image of each of `packages` as its stage pods pull it, and the packages that cannot be
-    pulled yet (a tagged image without a record of its reference, while resolution is on)."""
+    pulled yet (a tagged image without a record of its reference, while resolution is on). With an
+    image signature policy, `trusted` holds the (reference, digest) pairs the operator judged runnable
+    under it (`gate.lifecycle.signatures.trusted_digests`): a record of any other digest is not used."""
     records = recorded(gate)
+    if trusted is not None:
+        records = {key: r for key, r in records.items() if (r.reference, r.digest) in trusted}
     images: dict[str, PodImage] = {}
     missing: list[str] = []
     for name in packages:
         package = gate.spec.packages[name]
         ref = tagged_reference(package)
         if ref is None:
+            if trusted is not None and tuple(package.image.partition("@")[::2]) not in trusted:
+                missing.append(name)  # pinned, and not judged runnable under the image signature policy
+                continue
             images[name] = PodImage(image_reference(package.image, package.version), "IfNotPresent")
         elif not resolve:
             images[name] = PodImage(ref, "Always")
@@ -127,13 +148,14 @@ def pod_images(gate: NodeGate, packages: Iterable[str], *, resolve: bool) -> tup
 
 
 def same_records(current: Iterable[ImageRecord], wanted: Iterable[ImageRecord]) -> bool:
-    def key(records: Iterable[ImageRecord]) -> list[tuple[str, str, str]]:
-        return sorted((r.package, r.reference, r.digest) for r in records)
+    def key(records: Iterable[ImageRecord]) -> list[tuple[str, str, str, str]]:
+        return sorted((r.package, r.reference, r.digest, r.verified.model_dump_json() if r.verified else "")
+                      for r in records)
 
     return key(current) == key(wanted)
 
 
-def records_wire(records: Iterable[ImageRecord]) -> list[dict[str, str]]:
+def records_wire(records: Iterable[ImageRecord]) -> list[dict[str, Any]]:
     return [r.to_wire() for r in records]
 
 

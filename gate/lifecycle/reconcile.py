@@ -59,6 +59,7 @@ from gate.lifecycle.images import records_wire
 from gate.lifecycle.node import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
+from gate.lifecycle.signatures import verified_condition
 from gate.lifecycle.taint import lifts, readiness_clear
 from gate.rollout.history import Revision
 
@@ -287,7 +288,9 @@ def with_images(gate: NodeGate, status: Obj, *, resolve_digests: bool, now: date
     if pinned:
         message += f", {pinned} pinned by digest in the spec"
     resolved = condition("ImagesResolved", "True", "Resolved", message, previous, now, gate.metadata.generation or 0)
-    status["conditions"] = [*status.get("conditions", []), resolved.to_wire()]
+    verified = verified_condition(records, previous, now, gate.metadata.generation or 0)
+    status["conditions"] = [*status.get("conditions", []), resolved.to_wire(),
+                            *([verified.to_wire()] if verified is not None else [])]
     return status
 
 

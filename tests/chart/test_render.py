@@ -26,6 +26,7 @@ from gate.admission.rules.images import ImagePolicy, image_violations, prefix_pr
 from gate.admission.settings import WebhookSettings
 from gate.admission.settings import from_args as webhook_settings_from
 from gate.api.common import Obj
+from gate.api.signatures import load_policy
 from gate.cli.manifests import helm_path, stale
 from gate.controller import rbac
 from gate.controller.endpoints import parse_endpoints
@@ -139,6 +140,11 @@ def test_values_yaml_is_valid_against_its_schema_and_every_key_is_documented() -
     ({"certManager": {"issuerRef": {"kind": "Vault"}}}, "kind"),
     ({"image": {"digest": "latest"}}, "digest"),
     ({"operator": {"replicas": 0}}, "replicas"),
+    ({"operator": {"imageSignatures": {"mode": "audit"}}}, "/operator/imageSignatures/mode"),
+    ({"operator": {"imageSignatures": {"unmatched": "refuse"}, "images": {"resolveDigests": False}}},
+     "operator.imageSignatures needs operator.images.resolveDigests: true"),
+    ({"operator": {"imageSignatures": {"rules": [{"name": "r", "repositories": ["a/b"], "keys": []}]}}},
+     "/operator/imageSignatures/rules/0/keys"),
     ({"webhook": {"imagePolicy": {"allowedRepositories": ["acme"]}}}, "/webhook/imagePolicy/allowedRepositories/0"),
     ({"webhook": {"imagePolicy": {"requireDigest": "yes"}}}, "/webhook/imagePolicy/requireDigest"),
     ({"webhook": {"imagePolicy": {"packages": {"tuned": ["acme/tuned"]}}}}, "/webhook/imagePolicy/packages/tuned/0"),
@@ -618,7 +624,7 @@ def test_alerts_cover_the_issues_and_use_metrics_the_code_exports() -> None:
     rule = find(rendered(EVERYTHING), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"NodeGateRolloutStopped", "NodeGateNodeFailed", "NodeGateDrainBlocked", "NodeGateWebhookErrors",
-            "NodeGateWebhookLatencyHigh"} <= set(alerts)
+            "NodeGateWebhookLatencyHigh", "NodeGateImageNotVerified"} <= set(alerts)
     exported = exported_metrics()
     for name, alert in alerts.items():
         if name == "NodeGateWebhookDown":  # Prometheus's own `up` of the webhook's scrape job
@@ -740,6 +746,47 @@ def test_prometheus_endpoints_reach_the_operator_as_a_file_and_mounted_secrets()
     # None configured: no file, no mounts, and the operator asks no Prometheus at all.
     default = find(rendered({}), "Deployment", "nodegate-operator")["spec"]["template"]["spec"]
     assert "NODEGATE_PROMETHEUS_ENDPOINTS" not in env_of(default["containers"][0]) and "volumes" not in default
+
+
+
+def _public_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1()).public_key()
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def test_image_signatures_reach_the_operator_as_a_policy_file_it_loads_and_alert_by_mode() -> None:
+    pem = _public_pem()
+    policy_values: Obj = {"mode": "warn", "rules": [
+        {"name": "team", "repositories": ["registry.example.com/team/*"], "keys": [{"name": "team-2026", "pem": pem}]}]}
+    objs = rendered({**EVERYTHING, "operator": {"imageSignatures": policy_values}})
+    config = find(objs, "ConfigMap", "nodegate-operator-image-signatures")
+    policy = load_policy(config["data"]["policy.yaml"], source="chart")  # as the operator reads it
+    assert policy.mode == "warn" and policy.unmatched == "allow"
+    rule = policy.rule_for("registry.example.com/team/tool")
+    assert rule is not None and rule.name == "team" and [k.name for k in rule.keys] == ["team-2026"]
+    pod = find(objs, "Deployment", "nodegate-operator")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    path = env_of(container)["NODEGATE_IMAGE_SIGNATURES"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "image-signatures"]
+    assert path == f"{mount['mountPath']}/policy.yaml" and mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == "image-signatures"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    alerts = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert alerts["NodeGateImageNotVerified"]["labels"]["severity"] == "warning"  # warn mode: runs anyway
+    enforcing = {**EVERYTHING, "operator": {"imageSignatures": {**policy_values, "mode": "enforce"}}}
+    alerts = {r["alert"]: r for g in find(rendered(enforcing), "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert alerts["NodeGateImageNotVerified"]["labels"]["severity"] == "critical"  # a held gate
+    # unmatched: refuse alone is a policy too (every image needs a rule)
+    refusing = find(rendered({"operator": {"imageSignatures": {"unmatched": "refuse"}}}), "ConfigMap",
+                    "nodegate-operator-image-signatures")
+    assert load_policy(refusing["data"]["policy.yaml"], source="chart").unmatched == "refuse"
+    # The defaults verify nothing: no policy file, no mount, no setting.
+    default = find(rendered({}), "Deployment", "nodegate-operator")["spec"]["template"]["spec"]
+    assert "NODEGATE_IMAGE_SIGNATURES" not in env_of(default["containers"][0]) and "volumes" not in default
+    assert not [o for o in rendered({}) if o["kind"] == "ConfigMap" and "image-signatures" in o["metadata"]["name"]]
 
 
 # -- generated files ------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import pytest
 from gate.cli.main import parser
 from tests.docs.conftest import DOCS, REPO, shell_commands
 
-ALL = [*DOCS, REPO / "docs" / "packages.md", REPO / "docs" / "admission.md", REPO / "docs" / "realnodes.md"]
+ALL = [*DOCS, REPO / "docs" / "packages.md", REPO / "docs" / "admission.md", REPO / "docs" / "realnodes.md",
+       REPO / "docs" / "supply-chain.md"]
 
 
 def _nodegate_commands() -> list[tuple[str, list[str]]]:

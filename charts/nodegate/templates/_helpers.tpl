@@ -229,3 +229,12 @@ own checks refuse too: gate/controller/egress.py).
     cidr: ::/0
     except: ["fe80::/10", "fd00:ec2::254/128"]
 {{- end -}}
+
+{{/*
+"true" when the operator gets an image signature policy (operator.imageSignatures): some rule, or
+unmatched: refuse. With neither, no image would ever be judged, and no policy is rendered.
+*/}}
+{{- define "nodegate.imageSignaturesOn" -}}
+{{- $p := .Values.operator.imageSignatures -}}
+{{- if or $p.rules (eq $p.unmatched "refuse") -}}true{{- end -}}
+{{- end -}}

@@ -48,26 +48,37 @@ def _request(url: str, method: str, body: bytes = b"", headers: dict[str, str] |
     return urllib.request.urlopen(req, timeout=10)
 
 
-def push(port: int, repository: str, tag: str, content: str) -> str:
-    """Push a config blob holding `content` and a manifest naming it under `tag`; return the manifest's digest."""
-    base = f"http://127.0.0.1:{port}/v2/{repository}"
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"content": content}},
-                         "rootfs": {"type": "layers", "diff_ids": []}}, sort_keys=True).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    with _request(f"{base}/blobs/uploads/", "POST") as started:
+def upload_blob(port: int, repository: str, data: bytes) -> str:
+    """Upload a blob to the repository (a monolithic upload); return its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with _request(f"http://127.0.0.1:{port}/v2/{repository}/blobs/uploads/", "POST") as started:
         location = urllib.parse.urljoin(f"http://127.0.0.1:{port}", started.headers["Location"])
     separator = "&" if "?" in location else "?"
-    with _request(f"{location}{separator}digest={config_digest}", "PUT", config,
+    with _request(f"{location}{separator}digest={digest}", "PUT", data,
                   {"Content-Type": "application/octet-stream"}) as done:
         assert done.status == 201
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config)},
-                           "layers": []}).encode()
-    with _request(f"{base}/manifests/{tag}", "PUT", manifest, {"Content-Type": OCI_MANIFEST}) as put:
+    return digest
+
+
+def put_manifest(port: int, repository: str, tag: str, manifest: bytes) -> str:
+    """Put an OCI manifest under `tag`; return its digest (checked against the bytes sent)."""
+    with _request(f"http://127.0.0.1:{port}/v2/{repository}/manifests/{tag}", "PUT", manifest,
+                  {"Content-Type": OCI_MANIFEST}) as put:
         assert put.status == 201
         digest = str(put.headers["Docker-Content-Digest"])
     assert digest == "sha256:" + hashlib.sha256(manifest).hexdigest()
     return digest
+
+
+def push(port: int, repository: str, tag: str, content: str) -> str:
+    """Push a config blob holding `content` and a manifest naming it under `tag`; return the manifest's digest."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"content": content}},
+                         "rootfs": {"type": "layers", "diff_ids": []}}, sort_keys=True).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                           "config": {"mediaType": OCI_CONFIG, "digest": upload_blob(port, repository, config),
+                                      "size": len(config)},
+                           "layers": []}).encode()
+    return put_manifest(port, repository, tag, manifest)
 
 
 @dataclass
@@ -126,6 +137,17 @@ def images_of(gate: Obj) -> dict[str, Obj]:
     return {r["package"]: r for r in (gate.get("status") or {}).get("images") or []}
 
 
+async def rolled_out(scenario: Scenario, package: str, digest: str, *, complete: int) -> None:
+    """Wait until the gate's current generation records `digest` for `package` and counts `complete` nodes."""
+    async def reached() -> bool:
+        g = await scenario.gate()
+        return (images_of(g).get(package, {}).get("digest") == digest
+                and (g.get("status") or {}).get("nodes", {}).get("complete") == complete
+                and g["status"].get("observedGeneration") == g["metadata"]["generation"])
+
+    await wait_for(reached, what=f"{package} at {digest} on {complete} node(s)")
+
+
 async def test_a_rollout_pulls_one_digest_on_every_node_though_the_tag_moves_and_a_new_version_resolves_again(
         resolving_operator: int, registry_port: int, scenario: Scenario, pulls: Pulls) -> None:
     repo = f"nodegate-test/{scenario.name}"
@@ -158,13 +180,7 @@ async def test_a_rollout_pulls_one_digest_on_every_node_though_the_tag_moves_and
     second = push(registry_port, repo, "1.1.0", "second version")
     await scenario.apply_gate({"pkg": {"version": "1.1.0", "image": image}}, interruptionBudget={"count": 1})
 
-    async def upgraded() -> bool:
-        g = await scenario.gate()
-        return (images_of(g).get("pkg", {}).get("digest") == second
-                and (g.get("status") or {}).get("nodes", {}).get("complete") == 3
-                and g["status"].get("observedGeneration") == g["metadata"]["generation"])
-
-    await wait_for(upgraded, what="version 1.1.0 resolved and rolled out")
+    await rolled_out(scenario, "pkg", second, complete=3)
     gate = await scenario.wait_ready()
     assert images_of(gate)["pkg"]["reference"] == f"{image}:1.1.0"
     upgrades = [p for p in pulls.of(scenario.name) if "1.1.0" in p["versions"]]

@@ -186,3 +186,27 @@ def test_dev_up_configures_prometheus_endpoints_as_the_chart_does(tmp_path: Path
     assert {n: e.url for n, e in endpoints.items()} == {"main": "http://127.0.0.1:9090", "gpu": "https://prom.gpu:9090"}
     argv = operator_argv(tmp_path / "kc", 1, "op", endpoints=path)
     assert argv[argv.index("--prometheus-endpoints") + 1] == str(path)
+
+
+def test_dev_up_takes_an_image_signature_policy_checked_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`nodegate dev up --image-signatures FILE`: a file the operator could not use is refused, naming the
+    field, before any process starts; a good one is kept in the cluster's state, and the operator is
+    started with it and with digest resolution on (`gate.devcluster.services.start_operator`)."""
+    from gate.devcluster.cluster import DevCluster
+    from gate.devcluster.services import image_signatures_file, set_image_signatures
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: audit\n")
+    assert main(["dev", "up", "--state-dir", str(tmp_path / "state"), "--image-signatures", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--image-signatures {bad}" in err and "mode" in err
+    assert not (tmp_path / "state").exists(), "nothing started, nothing written"
+    cluster = DevCluster(tmp_path)
+    with pytest.raises(ValueError, match="mode"):
+        set_image_signatures(cluster, "mode: audit\n")
+    assert not image_signatures_file(cluster).exists()
+    path = set_image_signatures(cluster, "mode: warn\nunmatched: refuse\n")
+    assert path == image_signatures_file(cluster) and "unmatched: refuse" in path.read_text()
+    set_image_signatures(cluster, None)
+    assert not path.exists()

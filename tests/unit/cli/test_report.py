@@ -198,3 +198,24 @@ def test_failure_message_reads_the_agents_summary_and_leaves_anything_else_alone
     assert failure_message("{truncated") == "{truncated"
     long = "\n".join(f"line {i}" for i in range(100))
     assert failure_message(agent_summary("s", 1, long)) == "step s exited 1: line 99"
+
+
+def test_image_signatures_that_hold_or_only_warn_are_shown() -> None:
+    """`nodegate status` shows a gate held by the image signature policy (its Degraded message names the
+    package, image, digest and rule) and, in warn mode, the failure it lets run."""
+    held_message = (f"package pkg: image r.example/pkg:1.0.0 (digest sha256:{'1' * 64}, rule team): "
+                    "SignatureMissing. No node of this gate is cordoned and no stage pod starts until its images "
+                    "verify")
+    held = {"observedGeneration": 1, "status": "Degraded", "conditions": [
+        {"type": "ImagesVerified", "status": "False", "reason": "SignatureMissing", "message": held_message},
+        {"type": "Degraded", "status": "True", "reason": "SignatureMissing", "message": held_message}]}
+    report = _one(Snapshot([gate(status=held)], {}, [node("n1")]))
+    assert f"degraded: {held_message}" in report.notes and report.summary == "Degraded"
+    warn = {"observedGeneration": 1, "status": "Ready", "conditions": [
+        {"type": "ImagesVerified", "status": "True", "reason": "SignatureMissing",
+         "message": "warn mode: package pkg: image r.example/pkg:1.0.0 ... The images run anyway"}]}
+    report = _one(Snapshot([gate(status=warn)], {}, [node("n1")]))
+    assert any(n.startswith("image signatures (SignatureMissing): warn mode: package pkg") for n in report.notes)
+    verified = {"observedGeneration": 1, "status": "Ready", "conditions": [
+        {"type": "ImagesVerified", "status": "True", "reason": "Verified", "message": "1 package image(s) verified"}]}
+    assert not any("image signatures" in n for n in _one(Snapshot([gate(status=verified)], {}, [node("n1")])).notes)
