@@ -348,14 +348,15 @@ class Executor:
     async def _write_decision(self, gate: NodeGate, node_obj: Obj, decision: Decision, ctx: NodeContext,
                               record: Obj | None = None) -> tuple[Obj, NodeGateState] | None:
         """The decision's node write, with the record of the pod `record` when it carries one (the records of
-        pods gone or going from the node dropped): the node written and the state as written. None: refused
-        for good, and the node failed for it."""
+        pods gone from the node dropped): the node written and the state as written. None: refused for good,
+        and the node failed for it."""
         node = node_obj["metadata"]["name"]
         state = decision.state
         if record is not None and state is not None:
+            # The ended pods this decision deletes keep their records until they are gone (deleted after this
+            # write): a pod without one would read as not the operator's meanwhile. The next record drops them.
             meta = record["metadata"]
-            going = set(decision.delete_pods)
-            present = (set(self.world.index.pods_of(gate.name, node)) - going) | {meta["name"]}
+            present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
             kept = {name: r for name, r in state.pods.items() if name in present}
             state = state.model_copy(update={"pods": {**kept, meta["name"]: PodRecord(
                 uid=meta["uid"], shape=shape_digest(record))}})

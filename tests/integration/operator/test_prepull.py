@@ -23,7 +23,7 @@ from gate.controller.settings import OperatorSettings
 from gate.devcluster.services import running_agent_image
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
-from gate.kube.client import NODES, PODS, KubeClient
+from gate.kube.client import EVENTS, NODES, PODS, KubeClient
 from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
 from tests.integration.operator.test_safety import _PULL_ERROR
 
@@ -177,5 +177,9 @@ async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scen
     # (`Decision.records_in_write`: the stages, the service interrupt, the checks), the uncordon.
     phases = [json.loads(s).get("phase", "") for s in watched.rounds[warm][1:]]
     assert len(phases) == 6 and phases[2:5] == ["stages", "interrupt", "post-interrupt"], phases
-    for text in watched.rounds[warm][3:6]:
-        assert len(json.loads(text)["pods"]) == 1, text  # the pod of that step, the one before dropped
+    for before, text in zip(watched.rounds[warm][2:5], watched.rounds[warm][3:6], strict=True):
+        new = set(json.loads(text)["pods"]) - set(json.loads(before).get("pods") or {})
+        assert len(new) == 1, text  # the pod of that step, recorded in its write
+    # Every pod of the round read as the operator's all along: none was ever without its record.
+    events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
+    assert not [e for e in events if e.get("reason") == "PodNotOurs"], events
