@@ -381,7 +381,7 @@ class Executor:
             body = None
             if pod is not None:
                 self._stage_metrics(pod)
-                self.world.index.pod_event("DELETED", pod)
+                self.world.index.deleted(pod)
                 if stage_pod_ended(pod):
                     # Nothing runs in it any more: gone at once, without the kubelet's confirmation
                     # (one write, not two), even before the kubelet wrote its terminal phase (the
