@@ -369,6 +369,12 @@ class Executor:
         except ApiError as exc:
             if not refused_for_good(exc) or decision.remove_state:
                 raise  # a removal that cannot be written cannot be recorded as failed either
+            if record is not None:
+                # Made a moment ago for a step whose state cannot be written: it goes before it runs, as it
+                # would never have been made had the write come first.
+                with contextlib.suppress(ApiError):
+                    await self.client.delete(PODS, record["metadata"]["name"], self.settings.namespace,
+                                             body={"gracePeriodSeconds": 0})
             cordon = decision.node.unschedulable is True
             await self._fail_refused(gate, node_obj, ctx, "NodeWriteRefused",
                                      f"the {'cordon' if cordon else 'write'} of node {node}", exc,
