@@ -50,6 +50,7 @@ class World:
         self.settings = settings
         self.gates = WatchCache(client, NODEGATES)
         self.policies = WatchCache(client, POLICIES)
+        self._repositories: tuple[tuple[str, ...], frozenset[str]] | None = None  # (gate versions, repositories)
         self.nodes = WatchCache(client, NODES, transform=lambda node: node_fields(node, self.image_repositories()))
         selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
@@ -81,12 +82,17 @@ class World:
         """The repositories of the images a round pulls (the agent's, every gate's packages'): the names of
         a node's images the node cache keeps (`node_fields`), for the prepuller to see which nodes have a
         round's images already. A node cached before its gate existed learns them at its next write."""
+        gates = self.gates.items()
+        seen = tuple(g["metadata"].get("resourceVersion", "") for g in gates)
+        if self._repositories is not None and self._repositories[0] == seen:
+            return self._repositories[1]  # asked at every node event: the gates seldom change
         repos = {repository(self.settings.agent_image)}
-        for gate in self.gates.items():
+        for gate in gates:
             for package in ((gate.get("spec") or {}).get("packages") or {}).values():
                 if isinstance(package, dict) and isinstance(package.get("image"), str):
                     repos.add(repository(package["image"]))
-        return frozenset(repos)
+        self._repositories = (seen, frozenset(repos))
+        return self._repositories[1]
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
