@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -45,16 +46,36 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gate.controller.settings import OperatorSettings
 from gate.devcluster.cluster import DevCluster, NodeSpec
-from gate.devcluster.services import install_crds, start_operator
+from gate.devcluster.services import install_crds, running_agent_image, start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
 
+# Pinned by digest, as a resolved rollout's stage pods pull them (`gate.lifecycle.images`): a node that
+# reports one in `status.images` has it, whatever tags point where.
 PACKAGES = {
-    name: {"version": "1.0.0", "image": f"registry.example.com/{name}",
+    name: {"version": "1.0.0",
+           "image": f"registry.example.com/{name}@sha256:{hashlib.sha256(name.encode()).hexdigest()}",
            "interrupt": {"type": "service", "services": [name]}}
     for name in ("kernel-tuning", "gpu-driver-cfg", "security-agent")
 }
+
+
+async def report_images(client: KubeClient, agent_image: str) -> None:
+    """Every node reports the round's images (the packages' and the agent's) in `status.images`, as a
+    kubelet does for the images it holds: a fleet whose images were pulled before (an earlier rollout,
+    a node image that bakes them in). The operator then starts no prepull pod for them."""
+    names = [p["image"] for p in PACKAGES.values()] + [agent_image]
+    images = [{"names": [n], "sizeBytes": 50_000_000} for n in names]
+    nodes, _ = await client.list(NODES)
+    sem = asyncio.Semaphore(16)
+
+    async def one(name: str) -> None:
+        async with sem:
+            await client.patch(NODES, name, {"status": {"images": images}}, subresource="status")
+
+    await asyncio.gather(*(one(n["metadata"]["name"]) for n in nodes))
 
 
 def proc_stats(pid: int) -> tuple[float, int]:
@@ -227,6 +248,10 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             spec = {"deploymentPolicy": "bench-fleet"}
         else:
             spec = {"interruptionBudget": {"percent": 100}}
+        if not args.cold_nodes:  # once the operator knows the packages' repositories (the gates above name them)
+            await report_images(client, running_agent_image(cluster) or OperatorSettings().agent_image)
+        if not args.cold_nodes:  # once the operator knows the packages' repositories (the gates above name them)
+            await report_images(client, running_agent_image(cluster) or OperatorSettings().agent_image)
         watch = DisruptionWatch(client, "pool")
         await watch.cache.start()
         cpu0, _ = proc_stats(pid)
@@ -260,7 +285,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         return {
             "soak": soak,
             "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
-            "event_loop": args.event_loop,
+            "event_loop": args.event_loop, "cold_nodes": args.cold_nodes,
             "stage_seconds": args.stage_seconds,
             "baseline_one_node_s": round(baseline, 2),
             "makespan_s": round(makespan, 2),
@@ -306,6 +331,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--soak", type=float, default=30.0,
                         help="seconds of soak for the rollouts that measure what a soak adds (0: none)")
+    parser.add_argument("--cold-nodes", action="store_true",
+                        help="nodes report no images (by default each reports the round's, as a node that pulled "
+                             "them before does, and gets no prepull pod)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 

@@ -14,6 +14,7 @@ The writes of the taint reconcile (a readiness taint lifted, a hand-off release)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, replace
@@ -78,33 +79,18 @@ class NodeApplier(Writer):
         that cannot succeed."""
         node = node_obj["metadata"]["name"]
         out = Applied(node_obj, ctx)
-        if decision.writes_node or decision.remove_state:
-            update = NodeUpdate(state=decision.state, change=decision.node, remove_state=decision.remove_state)
-            try:
-                written = await self.write_node_update(gate, node, update, base=node_obj)
-                if decision.node.held_by is not None:
-                    self.metrics.hand_off_holds.labels(decision.node.held_by).inc()
-            except ApiError as exc:
-                if not refused_for_good(exc) or decision.remove_state:
-                    raise  # a removal that cannot be written cannot be recorded as failed either
-                out.refusal = node_write_refusal(decision, node, exc.message)
+        # The write waits for the pod's create and carries its record (`Decision.records_in_write`), and the
+        # ended pods go once it is written; otherwise it comes first.
+        fold = decision.records_in_write and not any(r.name in held for r in decision.create_pods)
+        written = not fold
+        if (decision.writes_node or decision.remove_state) and not fold:
+            if not await self._write_decision(gate, node_obj, decision, out):
                 return out
-            node_obj, out.in_round = written.obj, written.in_round(update)
+            node_obj = out.node_obj
         seen = replace(ctx, state=decision.state or ctx.state, node=node_view(node_obj))
-        out.node_obj, out.seen = node_obj, seen
-        for name in decision.delete_pods:
-            pod = self.world.pods.get(name, self.settings.namespace)
-            body = None
-            if pod is not None:
-                self._stage_metrics(pod)
-                self.world.index.pod_event("DELETED", pod)
-                if stage_pod_ended(pod):
-                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
-                    # (one write, not two), even before the kubelet wrote its terminal phase (the
-                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
-                    # gracefully.
-                    body = {"gracePeriodSeconds": 0}
-            await self.client.delete(PODS, name, self.settings.namespace, body=body)
+        if not fold:
+            out.node_obj, out.seen = node_obj, seen
+            await self._delete_pods(decision.delete_pods)
         for request in decision.create_pods:
             if request.name in held:
                 continue
@@ -128,17 +114,25 @@ class NodeApplier(Writer):
                     raise
                 out.refusal = Refusal("PodRefused", f"the stage pod {request.name}", exc.message, request.steps[0])
                 return out
+            recorded = False
+            if not written:  # with the record of the pod made; a pod found under its name is judged after it
+                if not await self._write_decision(gate, node_obj, decision, out, record=created):
+                    return out
+                node_obj, seen, written, recorded = out.node_obj, out.seen, True, created is not None
             if created is None:
                 # A pod of this name is there, and the decision did not count it as the operator's.
                 node_obj, seen = await self._found_pod(gate, node_obj, seen, body, out)
             else:
-                node_obj, seen = await self._record_pod(gate, node_obj, seen, created, out)
+                if not recorded:
+                    node_obj, seen = await self._record_pod(gate, node_obj, seen, created, out)
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
                 self.world.pods.observe(created)
                 self.world.index.pod_event("ADDED", created)
                 log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node, request.kind,
                          ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps), request.name)
             out.node_obj, out.seen = node_obj, seen
+        if fold:  # written by now: its one pod was not held (`fold`), and each way out of the loop returned
+            await self._delete_pods(decision.delete_pods)
         asked = {r.name for r in decision.create_pods}
         for other in self.world.stage_pods_of(gate.name, node, seen.state.pods).foreign:
             if other.pod.name not in asked:  # one asked for was judged by `_found_pod` just now
@@ -148,6 +142,56 @@ class NodeApplier(Writer):
         except _EvictionRefused as refused:
             out.refusal = Refusal("EvictionRefused", f"the eviction of pod {refused.pod}", refused.error.message)
         return out
+
+    async def _write_decision(self, gate: NodeGate, node_obj: Obj, decision: Decision, out: Applied,
+                              record: Obj | None = None) -> bool:
+        """The decision's node write, with the record of the pod `record` when it carries one (the records of
+        pods gone from the node dropped); `out` holds the node written and its context. False: refused for
+        good (`out.refusal`), and a pod made for it deleted."""
+        node = node_obj["metadata"]["name"]
+        state = decision.state
+        if record is not None and state is not None:
+            # The ended pods this decision deletes keep their records until they are gone (deleted after this
+            # write): a pod without one would read as not the operator's meanwhile. The next record drops them.
+            meta = record["metadata"]
+            present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
+            kept = {name: r for name, r in state.pods.items() if name in present}
+            state = state.model_copy(update={"pods": {**kept, meta["name"]: PodRecord(
+                uid=meta["uid"], shape=shape_digest(record))}})
+        update = NodeUpdate(state=state, change=decision.node, remove_state=decision.remove_state)
+        try:
+            written = await self.write_node_update(gate, node, update, base=node_obj)
+            if decision.node.held_by is not None:
+                self.metrics.hand_off_holds.labels(decision.node.held_by).inc()
+        except ApiError as exc:
+            if not refused_for_good(exc) or decision.remove_state:
+                raise  # a removal that cannot be written cannot be recorded as failed either
+            if record is not None:
+                # Made a moment ago for a step whose state cannot be written: it goes before it runs, as it
+                # would never have been made had the write come first.
+                with contextlib.suppress(ApiError):
+                    await self.client.delete(PODS, record["metadata"]["name"], self.settings.namespace,
+                                             body={"gracePeriodSeconds": 0})
+            out.refusal = node_write_refusal(decision, node, exc.message)
+            return False
+        out.node_obj, out.in_round = written.obj, written.in_round(update)
+        out.seen = replace(out.seen, state=state or out.seen.state, node=node_view(written.obj))
+        return True
+
+    async def _delete_pods(self, names: Iterable[str]) -> None:
+        for name in names:
+            pod = self.world.pods.get(name, self.settings.namespace)
+            body = None
+            if pod is not None:
+                self._stage_metrics(pod)
+                self.world.index.deleted(pod)
+                if stage_pod_ended(pod):
+                    # Nothing runs in it any more: gone at once, without the kubelet's confirmation
+                    # (one write, not two), even before the kubelet wrote its terminal phase (the
+                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
+                    # gracefully.
+                    body = {"gracePeriodSeconds": 0}
+            await self.client.delete(PODS, name, self.settings.namespace, body=body)
 
     async def write_drain_blocked(self, gate: NodeGate, node_obj: Obj, update: NodeUpdate) -> bool:
         """The record that says which budget blocks the drain (`gate.lifecycle.outcomes.drain_blocked`);

@@ -10,6 +10,9 @@ not known yet (not planned since this replica leads) keeps its pods: a restart n
 has not decided about. Its pods go with the gate (owner references), and a deleted or disabled gate
 hands in no candidates.
 
+A node that reports every image of its round in `status.images` gets no prepull pod, and its round
+does not wait for one (`gate.lifecycle.prepull`).
+
 A prepull pod the API server refuses for good (admission, a quota) holds nothing back: said in a
 Warning Event on the gate, and the node's round goes on as without prepull (its stage pods pull).
 
@@ -31,6 +34,7 @@ from gate.controller.metrics import OperatorMetrics
 from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
+from gate.controller.views import node_image_names
 from gate.controller.world import World
 from gate.kube.errors import ApiError
 from gate.kube.objects import pod_ended
@@ -39,6 +43,7 @@ from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,
     PrepullPod,
+    RoundImages,
     awaits_images,
     plan_prepulls,
     prepull_counts,
@@ -87,10 +92,15 @@ class Prepuller:
         no candidates, `plan`)."""
         return self.enabled and (gate.name in self.by_gate or any(p.gate == gate.name for p, _ in self._pods()))
 
+    def _on_node(self, node: str, images: RoundImages) -> bool:
+        """The node reports every image of the round already (`RoundImages.on_node`): no prepull pod."""
+        obj = self.world.nodes.get(node)
+        return obj is not None and images.on_node(node_image_names(obj))
+
     def plan(self, gate: NodeGate, found: list[Candidate]) -> PrepullWrites:
         """The gate's latest candidates taken in, what to write of every gate's prepull pods (no I/O).
         Called under `lock`, which the caller holds until the writes are sent and `refused` is told."""
-        self.by_gate[gate.name] = found
+        self.by_gate[gate.name] = [c for c in found if not self._on_node(c.node, c.images)]
         self.gates[gate.name] = gate
         pods = self._pods()
         plan = plan_prepulls(self.by_gate, [p for p, _ in pods], self.settings.prepull_concurrency)
@@ -159,7 +169,7 @@ class Prepuller:
         if not self.enabled or not awaits_images(gate, state):
             return False, None
         images = round_images(gate, state, self.settings.agent_image, resolve=self.settings.resolve_digests)
-        if images is None:
+        if images is None or self._on_node(node, images):
             return False, None
         name = Candidate(gate.name, node, images, picked=True).pod
         if name in self.refused:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from gate.api import keys
@@ -14,28 +14,42 @@ from gate.kube.objects import node_ready, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import FleetNode
 from gate.lifecycle.node import NodeView, PodView
+from gate.lifecycle.prepull import repository
 
 _SIGNAL_FIELDS = frozenset({"type", "status", "reason", "message", "lastTransitionTime"})
 
 
-def node_fields(node: Obj) -> Obj:
+def node_fields(node: Obj, repositories: Collection[str] = ()) -> Obj:
     """A Node as the operator's cache keeps it: what `node_view`, `fleet_node`, the node patches and
     Events read (metadata less managedFields, the spec, the Ready condition and NodeGate's own whole,
     the other conditions without their heartbeat, which a soak reads as health signals, the boot ID),
     and nothing of the rest of the status: images, capacity and addresses are most of a Node's size,
     and no part of the operator reads them: 5,000 kwok Nodes take 2.6 times less memory kept so
     (`bench.rollout.footprint`), real ones, with their image lists, more (`gate.kube.cache.WatchCache`'s
-    transform)."""
+    transform). Of the node's images only the names in `repositories` are kept (the agent's and the
+    gates' packages', `World.image_repositories`): what the prepuller asks of a node
+    (`node_image_names`) is whether it has a round's images already."""
     meta = slim(node).get("metadata") or {}
     status = node.get("status") or {}
     kept = [c if c.get("type") == "Ready" or str(c.get("type", "")).startswith(keys.CONDITION_PREFIX)
             else {k: v for k, v in c.items() if k in _SIGNAL_FIELDS}
             for c in status.get("conditions") or []]
+    slim_status: Obj = {"conditions": kept, "nodeInfo": {"bootID": (status.get("nodeInfo") or {}).get("bootID", "")}}
+    if repositories:
+        names = [n for image in status.get("images") or [] for n in image.get("names") or []
+                 if repository(n) in repositories]
+        if names:
+            slim_status["images"] = [{"names": names}]
     return {
         "apiVersion": node.get("apiVersion", "v1"), "kind": node.get("kind", "Node"), "metadata": meta,
-        "spec": node.get("spec") or {},
-        "status": {"conditions": kept, "nodeInfo": {"bootID": (status.get("nodeInfo") or {}).get("bootID", "")}},
+        "spec": node.get("spec") or {}, "status": slim_status,
     }
+
+
+def node_image_names(node: Obj) -> frozenset[str]:
+    """Every reference the node reports an image of its under (`status.images`)."""
+    images = (node.get("status") or {}).get("images") or []
+    return frozenset(n for image in images for n in image.get("names") or [])
 
 
 def node_view(node: Obj) -> NodeView:

@@ -31,6 +31,7 @@ from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, PODS, POLICIES, KubeClient
 from gate.lifecycle.fleet import FleetNode, Replan, disabled, replan
 from gate.lifecycle.ownership import Recognised, recognise
+from gate.lifecycle.prepull import repository
 from gate.rollout.history import Revision
 
 log = logging.getLogger("nodegate.operator")
@@ -49,7 +50,8 @@ class World:
         self.settings = settings
         self.gates = WatchCache(client, NODEGATES)
         self.policies = WatchCache(client, POLICIES)
-        self.nodes = WatchCache(client, NODES, transform=node_fields)
+        self._repositories: tuple[tuple[str, ...], frozenset[str]] | None = None  # (gate versions, repositories)
+        self.nodes = WatchCache(client, NODES, transform=lambda node: node_fields(node, self.image_repositories()))
         selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
                                transform=stage_pod_fields)
@@ -75,6 +77,22 @@ class World:
         self.trust_epoch = 0
         self.reported: set[tuple[str, str, str]] = set()  # (gate, node, record digest) reported not ours
         self.pods_reported: set[tuple[str, str, str]] = set()  # (gate, pod uid, shape) reported not ours
+
+    def image_repositories(self) -> frozenset[str]:
+        """The repositories of the images a round pulls (the agent's, every gate's packages'): the names of
+        a node's images the node cache keeps (`node_fields`), for the prepuller to see which nodes have a
+        round's images already. A node cached before its gate existed learns them at its next write."""
+        gates = self.gates.items()
+        seen = tuple(g["metadata"].get("resourceVersion", "") for g in gates)
+        if self._repositories is not None and self._repositories[0] == seen:
+            return self._repositories[1]  # asked at every node event: the gates seldom change
+        repos = {repository(self.settings.agent_image)}
+        for gate in gates:
+            for package in ((gate.get("spec") or {}).get("packages") or {}).values():
+                if isinstance(package, dict) and isinstance(package.get("image"), str):
+                    repos.add(repository(package["image"]))
+        self._repositories = (seen, frozenset(repos))
+        return self._repositories[1]
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:

@@ -196,6 +196,19 @@ class Decision:
     def writes_node(self) -> bool:
         return self.state is not None or not self.node.empty()
 
+    @property
+    def records_in_write(self) -> bool:
+        """The node write may follow the create of the decision's one stage pod and carry that pod's record
+        (`gate.lifecycle.ownership`): one write where there were two. Only a write of the state alone: a
+        cordon, a taint or a label must be on the node before any pod of the round runs. Never for a reboot's
+        pod: its write records the boot ID the reboot is judged by, which must be there before it can happen.
+        A crash between the create and the write leaves the pod unrecorded and the ended pods of the step
+        before undeleted: the next look decides the same again, and its create adopts the pod it finds."""
+        if self.state is None or self.remove_state or not self.node.empty() or len(self.create_pods) != 1:
+            return False
+        pod = self.create_pods[0]
+        return not (pod.kind == "interrupt" and pod.interrupt is not None and pod.interrupt.type == "reboot")
+
 
 @dataclass(frozen=True)
 class NodeContext:

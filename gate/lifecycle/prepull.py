@@ -32,6 +32,14 @@ Decisions:
 * **Pods go when no candidate needs them**: the round cordoned (it is past the images), the node left
   the line, the images changed. A succeeded pod is kept while its node is a candidate: it is what the
   round reads before its cordon.
+* **No pod for images the node has.** A node reports the images it holds in `status.images` (the
+  kubelet lists each under every reference it knows it by: `repository@sha256:...` and its tags). A
+  candidate whose every image the node reports under the very reference its container names, none
+  of them pulled `Always` (a tag with resolution off, or `:latest`), needs no prepull pod: the kubelet
+  would start each container of it without a pull, and so will the round's stage pods. It costs a
+  pod's create, its status updates and its delete per node, for nothing. The kubelet reports at most
+  50 images (its `nodeStatusMaxImages`), the largest first: an image missing from the list may still
+  be on the node, and is pulled ahead as before.
 * **A failed pull fails the node before any cordon.** A pod whose container waits in a pull error
   fails the picked node's round once `image_pull_grace` has passed since the pod was created (as a
   stage pod's pull does), with reason ImagePullFailed and the kubelet's message naming the image;
@@ -43,13 +51,13 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
-from gate.lifecycle.images import PodImage, pod_images
+from gate.lifecycle.images import PodImage, PullPolicy, pod_images
 from gate.lifecycle.interrupts import merge
 from gate.lifecycle.node import PULL_ERRORS, StagePod
 from gate.lifecycle.round import round_work
@@ -68,6 +76,28 @@ class RoundImages:
     @property
     def key(self) -> str:
         return "\0".join([*(f"{n}={i.image}" for n, i in sorted(self.packages.items())), self.agent])
+
+    def on_node(self, present: Collection[str]) -> bool:
+        """Every image is on the node, as its `status.images` names (`present`) say, and none is pulled
+        `Always`: the round's containers start without a pull, and a prepull pod would pull nothing."""
+        wanted = [(i.image, i.pull_policy) for i in self.packages.values()]
+        wanted.append((self.agent, default_pull_policy(self.agent)))
+        return all(policy != "Always" and image in present for image, policy in wanted)
+
+
+def repository(reference: str) -> str:
+    """An image reference without its tag or digest (a colon before the last slash is a port)."""
+    name = reference.partition("@")[0]
+    colon = name.rfind(":")
+    return name[:colon] if colon > name.rfind("/") else name
+
+
+def default_pull_policy(reference: str) -> PullPolicy:
+    """The kubelet's pull policy for a container that states none: `Always` for `:latest` or no tag."""
+    if "@" in reference:
+        return "IfNotPresent"
+    tag = reference.rpartition("/")[2].partition(":")[2]
+    return "IfNotPresent" if tag and tag != "latest" else "Always"
 
 
 @dataclass(frozen=True)
@@ -244,5 +274,5 @@ def plan_prepulls(by_gate: Mapping[str, Sequence[Candidate]], pods: Sequence[Pre
 
 
 __all__ = ["AHEAD_REASONS", "Candidate", "Lookahead", "PrepullPlan", "PrepullPod", "RoundImages",
-           "awaits_images", "candidates", "needs_cordon", "picked_nodes", "plan_prepulls", "planned_state",
-           "prepull_pod_name", "round_images"]
+           "awaits_images", "candidates", "default_pull_policy", "needs_cordon", "picked_nodes", "plan_prepulls",
+           "planned_state", "prepull_pod_name", "repository", "round_images"]

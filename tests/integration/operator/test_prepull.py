@@ -9,6 +9,7 @@ etcd revision (resourceVersion), so "before" is the API server's order, not wall
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,9 +19,11 @@ import pytest
 from gate.api import keys
 from gate.api.common import Obj
 from gate.controller.pods import prepull_owner
+from gate.controller.settings import OperatorSettings
+from gate.devcluster.services import running_agent_image
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
-from gate.kube.client import NODES, PODS, KubeClient
+from gate.kube.client import EVENTS, NODES, PODS, KubeClient
 from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
 from tests.integration.operator.test_safety import _PULL_ERROR
 
@@ -40,6 +43,7 @@ class Watched:
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> revision first seen unschedulable
     created: dict[str, int] = field(default_factory=dict)  # node -> revision its first prepull pod was seen at
     picked: dict[str, int] = field(default_factory=dict)  # node -> revision first seen in-progress for `gate`
+    rounds: dict[str, list[str]] = field(default_factory=dict)  # node -> its states for `gate`, from its pick on
     gate: str = ""
 
     def on_pod(self, kind: str, pod: Obj) -> None:
@@ -66,6 +70,9 @@ class Watched:
         labels = node["metadata"].get("labels") or {}
         if self.gate and labels.get(keys.status_label(self.gate)) == "in-progress":
             self.picked.setdefault(name, rv)
+        state = (node["metadata"].get("annotations") or {}).get(keys.state_annotation(self.gate)) if self.gate else None
+        if name in self.picked and state is not None and self.rounds.setdefault(name, [""])[-1] != state:
+            self.rounds[name].append(state)
 
 
 @pytest.fixture
@@ -144,3 +151,35 @@ async def _failures(sc: Scenario) -> float | None:
             if line.startswith('nodegate_prepull_failures_total{') and f'gate="{sc.name}"' in line:
                 return float(line.rsplit(" ", 1)[1])
     return None
+
+
+async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scenario, watched: Watched,
+                                                                  kube: KubeClient) -> None:
+    """`status.images` naming every image of the round, by the reference its containers pull: no prepull pod,
+    and its cordon waits for none; a node without them still gets its pod first."""
+    warm, cold = await scenario.add_nodes(2)
+    watched.gate = scenario.name
+    pinned = {**DRAIN, "image": "registry.example.com/pkg@sha256:" + "e" * 64}
+    # Paused while the node reports its images: the operator's cache keeps the images of the repositories
+    # its gates name, so the node's update is read once the gate exists.
+    await scenario.apply_gate({"svc-pkg": pinned}, interruptionBudget={"count": 1}, paused=True)
+    agent = running_agent_image(scenario.cluster) or OperatorSettings().agent_image
+    images = [{"names": [pinned["image"], "registry.example.com/pkg:1.0.0"], "sizeBytes": 1},
+              {"names": [agent], "sizeBytes": 1}]
+    await kube.patch(NODES, warm, {"status": {"images": images}}, subresource="status")
+    await scenario.patch_gate({"spec": {"paused": False}})
+    await scenario.wait_ready(timeout=120)
+
+    assert warm in watched.cordoned and warm not in watched.pods_of, watched.pods_of
+    assert cold in watched.cordoned and watched.succeeded[cold] < watched.cordoned[cold]
+    assert (await scenario.state(warm))["status"] == "complete"
+    # Its round in 6 node writes: the pick, the cordon, then each stage pod recorded in the write of its step
+    # (`Decision.records_in_write`: the stages, the service interrupt, the checks), the uncordon.
+    phases = [json.loads(s).get("phase", "") for s in watched.rounds[warm][1:]]
+    assert len(phases) == 6 and phases[2:5] == ["stages", "interrupt", "post-interrupt"], phases
+    for before, text in zip(watched.rounds[warm][2:5], watched.rounds[warm][3:6], strict=True):
+        new = set(json.loads(text)["pods"]) - set(json.loads(before).get("pods") or {})
+        assert len(new) == 1, text  # the pod of that step, recorded in its write
+    # Every pod of the round read as the operator's all along: none was ever without its record.
+    events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
+    assert not [e for e in events if e.get("reason") == "PodNotOurs"], events

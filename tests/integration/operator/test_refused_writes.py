@@ -172,3 +172,29 @@ async def test_a_refused_pick_fails_that_node_and_holds_back_none_of_the_others(
         await _not_cordoned(scenario, refused)
         gate = await _budget_free(scenario)
         assert gate["status"]["nodes"]["failed"] == 1 and gate["status"]["nodes"]["complete"] == 2
+
+
+async def test_a_refused_step_write_deletes_the_pod_made_for_it_and_fails_the_node_uncordoned(
+        scenario: Scenario) -> None:
+    # The write of the stages step waits for its pod and carries the pod's record (Decision.records_in_write):
+    # refused, the pod made a moment before goes, and the node fails as for any refused write.
+    (refused,) = await scenario.add_nodes(1)
+    message = f"{scenario.name}: no record of an apply pod on {refused}"
+    expression = (f"object.metadata.name != '{refused}' || !has(object.metadata.annotations) || "
+                  "!object.metadata.annotations.exists(k, object.metadata.annotations[k].contains('ng-apply-'))")
+    probe = _node_probe(refused, {"metadata": {"annotations": {"example.com/probe": "ng-apply-probe"}}})
+    async with refusing(scenario.kube, scenario.name, resource="nodes", operations=["UPDATE"], expression=expression,
+                        message=message, selector={"test": scenario.name}, probe=probe):
+        await scenario.apply_gate({"tuned": _pkg()}, interruptionBudget={"count": 1})
+        failure = await _failure(scenario, refused)
+        assert failure["reason"] == "NodeWriteRefused" and message in failure["message"], failure
+        assert f"the write of node {refused}" in failure["message"], failure
+        await _not_cordoned(scenario, refused)
+
+        async def pod_gone() -> bool:
+            selector = f"{keys.STAGE_GATE_LABEL}={scenario.name}"
+            items, _ = await scenario.kube.list(PODS, NAMESPACE, label_selector=selector)
+            return not [p for p in items if p["spec"].get("nodeName") == refused]
+
+        await wait_for(pod_gone, what=f"no stage pod left on {refused}")
+        await _budget_free(scenario)

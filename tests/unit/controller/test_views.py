@@ -8,7 +8,7 @@ from typing import Any
 from gate.api import keys
 from gate.api.state import NodeGateState
 from gate.controller.patches import node_patch
-from gate.controller.views import fleet_node, node_fields, node_view
+from gate.controller.views import fleet_node, node_fields, node_image_names, node_view
 from gate.lifecycle.fleet import NodeUpdate
 
 
@@ -60,6 +60,19 @@ def test_the_operator_reads_the_same_node_from_the_kept_fields() -> None:
     assert set(node_view(kept).conditions) == {keys.failed_condition("other")}
     assert kept["status"]["nodeInfo"] == {"bootID": "b-1"}
     assert "managedFields" not in kept["metadata"]
+
+
+def test_the_kept_fields_hold_the_images_of_the_repositories_asked_for() -> None:
+    """The prepuller reads a node's images of the repositories a round pulls from (`World.image_repositories`)."""
+    node = _real_node()
+    node["status"]["images"].append({"names": ["registry.example.com/img-3@sha256:" + "c" * 64,
+                                               "registry.example.com/img-3:2"], "sizeBytes": 9})
+    kept = node_fields(copy.deepcopy(node), frozenset({"registry.example.com/img-3"}))
+    assert node_image_names(kept) == {"registry.example.com/img-3:1", "registry.example.com/img-3:2",
+                                      "registry.example.com/img-3@sha256:" + "c" * 64}
+    assert node_image_names(kept) <= node_image_names(node)
+    assert node_view(kept) == node_view(node)
+    assert "images" not in node_fields(copy.deepcopy(node), frozenset({"elsewhere.example/x"}))["status"]
 
 
 def test_a_node_patch_from_the_kept_fields_is_the_same() -> None:

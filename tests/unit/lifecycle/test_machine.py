@@ -140,6 +140,27 @@ def test_an_interrupt_round_cordons_drains_interrupts_checks_and_uncordons() -> 
     assert not view.unschedulable and keys.CORDONED_BY not in view.annotations
 
 
+def test_a_pod_is_recorded_in_its_steps_node_write_but_a_reboots() -> None:
+    """`Decision.records_in_write`: the write of a step's state waits for its one pod and carries its record,
+    except where the node must change first (the cordon) or the state must be there before the pod can act
+    (the boot ID a reboot is judged by)."""
+    for interrupt, folded in (({"type": "service", "services": ["tuned"]}, ["tuned:apply", "-:interrupt",
+                                                                            "tuned:post-interrupt"]),
+                              ({"type": "reboot"}, ["tuned:apply", "tuned:post-interrupt"])):
+        g = gate({"tuned": {**PKG, "interrupt": interrupt}})
+        decisions: list[Decision] = []
+
+        def seen(c: NodeContext, into: list[Decision] = decisions) -> Decision:
+            into.append(decide(c))
+            return into[-1]
+
+        state, created, _ = run_until_quiet(g, started(g), decider=seen)
+        assert state.status == "complete" and len(created) == 3
+        assert [f"{s.package or '-'}:{s.stage}" for d in decisions if d.records_in_write
+                for s in d.create_pods[0].steps] == folded
+        assert not any(d.records_in_write for d in decisions if d.node.unschedulable is not None)
+
+
 def test_a_drain_round_cordons_drains_runs_stages_checks_and_uncordons_with_no_interrupt_job() -> None:
     g = gate({"k": {**PKG, "interrupt": {"type": "drain"}}})
     web = PodView("web", "web-0", {}, "Running")

@@ -20,9 +20,11 @@ from gate.lifecycle.prepull import (
     PrepullPod,
     RoundImages,
     candidates,
+    default_pull_policy,
     needs_cordon,
     plan_prepulls,
     prepull_counts,
+    repository,
     round_images,
 )
 from gate.lifecycle.reconcile import plan_reconcile
@@ -57,6 +59,24 @@ def test_round_images_are_the_packages_with_work_and_the_agent_pinned_by_digest(
     assert images is not None and images.agent == AGENT
     assert images.packages["pinned"] == PodImage("example.com/p@sha256:" + "b" * 64, "IfNotPresent")
     assert set(images.packages) == {"k", "pinned"}
+
+
+def test_a_node_that_reports_every_image_by_its_reference_needs_no_prepull() -> None:
+    pinned = "example.com/p@sha256:" + "b" * 64
+    images = RoundImages({"p": PodImage(pinned, "IfNotPresent")}, AGENT)
+    assert images.on_node({pinned, AGENT, "example.com/other:1"})
+    assert not images.on_node({pinned})  # the agent's image is not there
+    assert not images.on_node({"example.com/p:1.0.0", AGENT})  # a tag says nothing of the digest
+    # A tag pulled Always (resolution off) is asked of the registry again by every container: pulled ahead.
+    assert not IMAGES.on_node({"example.com/pkg:1.0.0", AGENT})
+    tagged_agent = RoundImages({"p": PodImage(pinned, "IfNotPresent")}, "ghcr.io/nodegate/nodegate:0.9.0")
+    assert tagged_agent.on_node({pinned, "ghcr.io/nodegate/nodegate:0.9.0"})
+    latest_agent = RoundImages({"p": PodImage(pinned, "IfNotPresent")}, "ghcr.io/nodegate/nodegate:latest")
+    assert not latest_agent.on_node({pinned, "ghcr.io/nodegate/nodegate:latest"})
+    assert [default_pull_policy(r) for r in ("a/b:1", "a/b", "a/b:latest", "host:5000/b", pinned)] == [
+        "IfNotPresent", "Always", "Always", "Always", "IfNotPresent"]
+    assert [repository(r) for r in ("host:5000/team/b:1", "host:5000/team/b", pinned)] == [
+        "host:5000/team/b", "host:5000/team/b", "example.com/p"]
 
 
 def test_the_pod_name_follows_the_images_not_the_pick() -> None:
