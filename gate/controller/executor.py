@@ -68,7 +68,7 @@ from gate.lifecycle.machine import (
 )
 from gate.lifecycle.ownership import refusal as pod_refusal
 from gate.lifecycle.reconcile import GateMetrics, ReconcilePlan
-from gate.lifecycle.signatures import agent_image
+from gate.lifecycle.signatures import AGENT, agent_image
 
 log = logging.getLogger("nodegate.operator")
 
@@ -270,8 +270,8 @@ class Executor:
             images, unresolved = pod_images(gate, request_packages(request), resolve=self.settings.resolve_digests,
                                             trusted=trusted)
             agent = agent_image(self.settings.agent_image)
-            if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
-                unresolved.append(agent.package)  # NodeGate's own image, judged as a package's
+            if trusted is not None and (agent is None or (agent.reference, agent.digest) not in trusted):
+                unresolved.append(AGENT)  # NodeGate's own image, pinned and judged as a package's
             if unresolved:
                 # Fail closed: no stage pod pulls a tag that the rollout has not resolved to a digest yet,
                 # nor a digest the image signature policy has not let run in this process. The gate

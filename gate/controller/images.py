@@ -28,7 +28,7 @@ from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
 from gate.kube.errors import ApiError
 from gate.lifecycle.images import pinned_images, to_resolve
-from gate.lifecycle.signatures import Judged, agent_image, held, recorded_verdict, warned
+from gate.lifecycle.signatures import AGENT, Judged, agent_image, held, recorded_verdict, warned
 
 log = logging.getLogger("nodegate.operator")
 
@@ -50,6 +50,7 @@ class ImageResolver:
         self.client = client
         self.metrics = metrics
         self.trust = trust or ImageTrust(settings, metrics)
+        self._agent_lock = asyncio.Lock()  # the agent's tag is resolved once, not by every gate at once
 
     async def verify(self, gate: NodeGate, records: Sequence[ImageRecord], also: Sequence[NodeGate] = (),
                      ) -> tuple[list[ImageRecord], list[Judged], dict[str, str]]:
@@ -61,15 +62,44 @@ class ImageResolver:
         if policy is None:  # none (any more): no record claims a verdict
             return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], [], {}
         packages = {name: p for spec in (gate, *also) for name, p in reversed(spec.spec.packages.items())}
-        agent = agent_image(self.settings.agent_image)
-        images = [*records, *pinned_images(gate, also), *([agent] if agent is not None else [])]
+        agent = await self._agent(gate.name)
+        images = [*records, *pinned_images(gate, also), *([agent] if isinstance(agent, ImageRecord) else [])]
         verdicts = await asyncio.gather(*(self._judge(gate.name, r, packages.get(r.package)) for r in images))
         judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True) if not isinstance(v, str)]
         unread = {r.package: v for r, v in zip(images, verdicts, strict=True) if isinstance(v, str)}
+        if isinstance(agent, str):
+            unread[AGENT] = agent
         now = datetime.now(UTC)
         kept = {(j.record.package, j.record.reference): j for j in judged}
         out = [recorded_verdict(j, policy, now) if (j := kept.get((r.package, r.reference))) else r for r in records]
         return out, judged, unread
+
+    async def _agent(self, gate: str) -> ImageRecord | str:
+        """NodeGate's own agent image as a record to judge, or why its tag could not be resolved (the gate is
+        then held as for a package image that does not resolve, and retried). A tagged agent image (the
+        chart's default, `image.tag`) is resolved once per process, the first time a policy needs it, and
+        pinned: every stage and prepull pod made from then on names the digest that was judged, so the
+        tag cannot name other content at a later pull (docs/supply-chain.md)."""
+        async with self._agent_lock:
+            image = self.settings.agent_image
+            pinned = agent_image(image)
+            if pinned is not None:
+                return pinned
+            try:
+                digest = await resolve_digest(image, None, timeout=self.settings.resolve_timeout,
+                                              token_hosts=self.settings.token_hosts)
+            except RegistryError as exc:
+                self.metrics.image_resolutions.labels("failed").inc()
+                log.warning("Agent image not resolved, every gate waits; gate=%s image=%s error=%s", gate, image, exc)
+                return (f"NodeGate's agent image {image} (in every stage pod) could not be resolved to a digest, so "
+                        f"its signature cannot be verified: {exc}")
+            self.metrics.image_resolutions.labels("resolved").inc()
+            self.settings.pin_agent_image(f"{image.rpartition(':')[0]}@{digest}")
+            log.info("Pinned the agent image by digest, stage pods pull it so; image=%s digest=%s pinned=%s", image,
+                     digest, self.settings.agent_image)
+            record = agent_image(self.settings.agent_image)
+            assert record is not None
+            return record
 
     def verdicts_of(self, gate: str, judged: Sequence[Judged]) -> tuple[list[Judged], list[Judged]]:
         """The images that hold the gate (enforce mode) and those that run with a warning (warn mode)."""

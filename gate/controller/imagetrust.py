@@ -67,9 +67,8 @@ class ImageTrust:
             self._stamp = _stamp(self.path)
             self._use(read_policy(str(self.path)))
             if agent_image(settings.agent_image) is None:
-                log.warning("The agent image is a tag, so its signature is not verified: pin it by digest (the "
-                            "chart's image.digest) to have it judged like a package's; agent_image=%s",
-                            settings.agent_image)
+                log.info("The agent image is a tag: it is resolved to a digest, judged like a package's and "
+                         "pulled by that digest once a gate needs it; agent_image=%s", settings.agent_image)
 
     def _use(self, policy: SignaturePolicy) -> None:
         self.policy = policy

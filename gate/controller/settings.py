@@ -86,6 +86,12 @@ class OperatorSettings:
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
 
+    def pin_agent_image(self, pinned: str) -> None:
+        """The agent image by digest, once the operator resolved its tag under an image signature policy
+        (`gate.controller.images`): the one setting changed after start, once per process, so that every
+        stage and prepull pod made from then on pulls the digest that was verified, not the tag."""
+        object.__setattr__(self, "agent_image", pinned)
+
     @property
     def token_hosts(self) -> tuple[str, ...]:
         return tuple(h.strip().lower() for h in self.registry_token_hosts.split(",") if h.strip())

@@ -103,16 +103,23 @@ def signers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Signer, Signer]:
 
 
 @pytest.fixture(scope="module")
-def verifying_operator(cluster: DevCluster, operator: int, registry_port: int,
-                       signers: tuple[Signer, Signer]) -> Iterator[int]:
-    """The session's operator as `nodegate dev up --image-signatures FILE` starts it, trusting the first
-    key for the test's repositories; put back without a policy afterwards."""
-    cluster.stop_process("operator")
-    set_image_signatures(cluster, policy_text(registry_port, {"trusted": signers[0].public_pem}))
-    # NodeGate's own agent image, pinned by digest as the chart pins it, is judged like a package's.
+def agent_digest(registry_port: int, signers: tuple[Signer, Signer]) -> str:
+    """NodeGate's own agent image, signed with the trusted key, under the tag `dev`."""
     agent = push(registry_port, AGENT_REPOSITORY, "dev", "the agent")
     signers[0].sign(registry_port, AGENT_REPOSITORY, agent)
-    env = {AGENT_IMAGE_ENV: f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}@{agent}"}
+    return agent
+
+
+@pytest.fixture(scope="module")
+def verifying_operator(cluster: DevCluster, operator: int, registry_port: int, signers: tuple[Signer, Signer],
+                       agent_digest: str) -> Iterator[int]:
+    """The session's operator as `nodegate dev up --image-signatures FILE` starts it, trusting the first
+    key for the test's repositories; put back without a policy afterwards. Its agent image is named by
+    tag, as the chart's default names it: the operator resolves it to a digest, judges it like a
+    package's, and pins it (test_enforce_...)."""
+    cluster.stop_process("operator")
+    set_image_signatures(cluster, policy_text(registry_port, {"trusted": signers[0].public_pem}))
+    env = {AGENT_IMAGE_ENV: f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}:dev"}
     try:
         yield start_operator(cluster, lambda m: None, extra=[*OPERATOR_FLAGS, "--resolve-timeout", "5"], env=env)
     finally:
@@ -167,8 +174,8 @@ async def nothing_started(scenario: Scenario, pulls: Pulls, nodes: list[str]) ->
 
 
 async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_signed_one(
-        verifying_operator: int, registry_port: int, signers: tuple[Signer, Signer], scenario: Scenario,
-        pulls: Pulls, kube: KubeClient) -> None:
+        verifying_operator: int, registry_port: int, signers: tuple[Signer, Signer], agent_digest: str,
+        scenario: Scenario, pulls: Pulls, kube: KubeClient) -> None:
     repo = f"nodegate-sig/{scenario.name}"
     image = f"127.0.0.1:{registry_port}/{repo}"
     unsigned = push(registry_port, repo, "1.0.0", "unsigned")
@@ -209,6 +216,10 @@ async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_si
     await held_again(verifying_operator)
     await nothing_started(scenario, pulls, scenario.nodes)
 
+    # The agent's tag was resolved and pinned when the first gate was judged: pushed again now, unsigned,
+    # it changes nothing that runs (the stage pods below pull the pinned, verified digest).
+    agent_tag = push(registry_port, AGENT_REPOSITORY, "dev", f"the agent, pushed again by {scenario.name}")
+
     # Signed with the trusted key: the rollout runs, by that digest, and says it verified.
     await scenario.apply_gate({"pkg": {"version": "2.0.0", "image": image}}, interruptionBudget={"count": 1})
 
@@ -222,6 +233,10 @@ async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_si
     record = images_of(gate)["pkg"]
     assert record["digest"] == signed and record["verified"]["key"] == "trusted"
     assert {p["payloads"]["pkg"] for p in pulls.of(scenario.name)} == {(f"{image}@{signed}", "IfNotPresent")}
+    # NodeGate's own agent image: by the digest its tag named when it was judged, not by the tag.
+    assert agent_tag != agent_digest
+    assert set().union(*(p["agents"] for p in pulls.of(scenario.name))) == {
+        f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}@{agent_digest}"}
 
 
 async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_remaining_nodes(
