@@ -87,7 +87,8 @@ class ImageResolver:
                 return pinned
             try:
                 digest = await resolve_digest(image, None, timeout=self.settings.resolve_timeout,
-                                              token_hosts=self.settings.token_hosts)
+                                              token_hosts=self.settings.token_hosts,
+                                              plain_http=self.settings.plain_http_registries)
             except RegistryError as exc:
                 self.metrics.image_resolutions.labels("failed").inc()
                 log.warning("Agent image not resolved, every gate waits; gate=%s image=%s error=%s", gate, image, exc)
@@ -151,7 +152,8 @@ class ImageResolver:
         credentials = await self._credentials_of(reference, spec, notes)
         try:
             digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
-                                          token_hosts=self.settings.token_hosts)
+                                          token_hosts=self.settings.token_hosts,
+                                          plain_http=self.settings.plain_http_registries)
         except RegistryError as exc:
             self.metrics.image_resolutions.labels("failed").inc()
             log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate, package, reference, exc)

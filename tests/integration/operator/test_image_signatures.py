@@ -27,10 +27,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.cosign import SIGNATURE_ANNOTATION, SIMPLESIGNING_TYPE, signature_tag
+from gate.api.nodegate import NodeGate
+from gate.controller.images import ImageResolver
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.settings import OperatorSettings
 from gate.devcluster import cosign, registry
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import AGENT_IMAGE_ENV, set_image_signatures, start_operator
 from gate.kube.client import EVENTS, KubeClient
+from gate.lifecycle.signatures import AGENT
+from tests.conftest import unique
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, wait_for
 from tests.integration.operator.test_image_digests import (
     OCI_CONFIG,
@@ -283,3 +289,28 @@ async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_
     finally:
         set_image_signatures(cluster, policy_text(registry_port, trusted))
 
+
+
+async def test_a_tagged_agent_image_that_does_not_resolve_holds_then_is_pinned_once_it_does(
+        registry_port: int, signers: tuple[Signer, Signer], kube: KubeClient, tmp_path: Path) -> None:
+    """The operator's resolver in this process, against the real registry: NodeGate's agent image by a
+    tag the registry does not have yet is a problem of package (agent), naming the image, and nothing
+    is pinned; once the tag exists (signed), it is judged and the settings name it by digest."""
+    policy = tmp_path / "policy.json"
+    policy.write_text(policy_text(registry_port, {"trusted": signers[0].public_pem}))
+    repository = f"nodegate-sig/agent-{unique('tag')}"
+    tagged = f"127.0.0.1:{registry_port}/{repository}:dev"
+    settings = OperatorSettings(agent_image=tagged, image_signatures=str(policy), resolve_timeout=5)
+    resolver = ImageResolver(settings, kube, OperatorMetrics())
+    gate = NodeGate.model_validate({"metadata": {"name": "agent-tag"}, "spec": {"packages": {"pkg": {
+        "version": "1.0.0", "image": f"127.0.0.1:{registry_port}/nodegate-sig/pkg"}}}})
+
+    _, judged, unread = await resolver.verify(gate, [])
+    assert judged == [] and settings.agent_image == tagged
+    assert unread[AGENT].startswith(f"NodeGate's agent image {tagged} (in every stage pod) could not be resolved")
+
+    digest = push(registry_port, repository, "dev", "an agent pushed late")
+    signers[0].sign(registry_port, repository, digest)
+    _, judged, unread = await resolver.verify(gate, [])
+    assert unread == {} and settings.agent_image == f"127.0.0.1:{registry_port}/{repository}@{digest}"
+    assert [(j.record.package, j.record.digest, j.verdict.reason) for j in judged] == [(AGENT, digest, "Verified")]
