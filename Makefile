@@ -1,4 +1,5 @@
-# NodeGate: one entry point. `make demo` runs the live demo, `make test` runs every test.
+# NodeGate: one entry point. `make demo` runs the live demo, `make test` runs every test, `make check`
+# is the fast loop (static checks and the unit tests, under 3 minutes; no control plane).
 # Both work on a fresh machine with Python 3.11 and Go; the control plane binaries are built once
 # per machine into ~/.cache/nodegate (see gate/devcluster/versions.toml).
 
@@ -7,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: all demo test test-matrix check unit integration realnode realnode-deps binaries crds generate manifests chart clean-venv
+.PHONY: all demo test test-matrix check lint unit integration realnode realnode-deps binaries crds generate manifests chart clean-venv
 
 all: test
 
@@ -24,10 +25,12 @@ binaries: $(STAMP)
 demo: binaries
 	$(VENV)/bin/nodegate demo
 
-check: $(STAMP)
+lint: $(STAMP)
 	$(VENV)/bin/ruff check gate tests bench
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+
+check: lint unit
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
@@ -43,8 +46,16 @@ realnode-deps:
 realnode: binaries realnode-deps
 	$(PY) -m pytest tests/realnode -q
 
-test: check binaries realnode-deps
-	$(PY) -m pytest tests -q --durations=15
+# Every tier, side by side: the tests wait on control planes and nodes far more than they use the two
+# cores, so TEST_WORKERS pytest-xdist workers run them at once, each worker with control planes of its
+# own (tests/conftest.py says what one worker runs whole, and in which order the work goes out).
+# One run, one summary and one exit status: a failure in any tier fails it, and so does a run in which
+# no test ran (pytest's 5). TEST_WORKERS=0 runs everything in one process, in order, as before.
+# docs/development.md has each tier's time, serial and side by side.
+TEST_WORKERS ?= 3
+
+test: lint binaries realnode-deps
+	$(PY) -m pytest tests -q --durations=15 -n $(TEST_WORKERS)
 
 # Not part of `make test` or CI: the integration core once per Kubernetes release of versions.toml's
 # [matrix] (each control plane built once per machine, several CPU-minutes each), then a table of

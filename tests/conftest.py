@@ -1,4 +1,4 @@
-"""Shared fixtures. The integration tier runs against one real control plane per test session."""
+"""Shared fixtures. The integration tier runs against one real control plane per test session (per xdist worker)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,51 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# `make test` runs the suite in pytest-xdist workers (`-n`): the tests wait on control planes and nodes
+# far more than they use the CPU. A session fixture is one per worker, so every worker that runs a test
+# of the shared control plane starts its own (`cluster` below; a few seconds on a warm cache), and a
+# test may run in any worker: tests isolate themselves by name, never by what ran before them. What one
+# worker must run whole, in order, is a tier with a control plane of its own (chaos, realnode: their
+# fixtures build it once for the directory); every other file is a unit of its own. Units go out in
+# TIER_ORDER, the longest tier first (the real-node tier starts at once), and the pure files fill the
+# end. Without `-n` nothing changes.
+#
+# The units are the scheduler's scopes, not `xdist_group` marks: `--dist loadgroup` carries a group by
+# rewriting each test's node id, which pytest 9.2 no longer lets it do (pytest-dev/pytest-xdist#1386:
+# the groups are silently ignored).
+WHOLE_TIERS = ("realnode", "chaos")
+TIER_ORDER = ("realnode", "chaos", "chart", "integration", "security", "docs", "agent", "unit")
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work one xdist worker runs whole: a tier with a control plane of its own, or a file."""
+    tier = _tier(nodeid)
+    return tier if tier in WHOLE_TIERS else nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the units in the order the workers collected them
+    return TierScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # only the order the work goes out in; one process runs in order
+        rank = {tier: i for i, tier in enumerate(TIER_ORDER)}
+        items.sort(key=lambda item: rank.get(_tier(item.nodeid), len(TIER_ORDER)))
+
+
 def unique(prefix: str) -> str:
     """A DNS-safe name no other test uses: tests isolate themselves by name, not by cluster."""
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
@@ -37,7 +82,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     from gate.api.crd import write_crds
     from gate.devcluster.cluster import DevCluster, NodeSpec
 
-    state = Path(os.environ.get("NODEGATE_TEST_CLUSTER_DIR") or tmp_path_factory.mktemp("devcluster"))
+    kept = os.environ.get("NODEGATE_TEST_CLUSTER_DIR")
+    # one state directory per xdist worker (gw0, gw1, ...): each worker runs a control plane of its own
+    state = Path(kept) / os.environ.get("PYTEST_XDIST_WORKER", "") if kept else tmp_path_factory.mktemp("devcluster")
     dev = DevCluster(state)
     dev.up(NodeSpec(10, {"nodegate.dev/pool": "test"}), job_seconds=0.5, progress=lambda m: None)
     crds = write_crds(tmp_path_factory.mktemp("crds"))

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from gate.agent.loader import Package, example_entries, load_package
-from gate.agent.package import EXAMPLE_GATE, STAGES, ConfigKey, Stage, Step, ValueRule
+from gate.agent.package import EXAMPLE_GATE, STAGES, Stage, Step
+from gate.agent.values import ConfigKey, ValueRule
 
 TIER_NAMES: Final = {"realnode": "real nodes, by the operator", "chroot": "`nodegate package test` (chroot)",
                      "unit": "unit tests"}
@@ -80,7 +81,8 @@ def interrupts(entry: Entry) -> list[str]:
 
 
 def _step(step: Step) -> str:
-    return f"`{step.name}`"
+    # A serving step is staged while the node serves, before its cordon (docs/concepts.md#stage-while-serving).
+    return f"`{step.name}` (serving)" if step.serving else f"`{step.name}`"
 
 
 def _stage_rows(package: Package) -> list[str]:
@@ -198,6 +200,10 @@ def catalog_inputs(packages_dir: Path) -> dict[str, dict[str, Any]]:
             key: _rule(rule, "required") for key, rule in manifest.config.keys.items()}
         out[manifest.name] = {"version": manifest.version, "config": config,
                               "env": {name: _rule(rule) for name, rule in manifest.gate_env.items()}}
+        serving = manifest.serving()
+        if serving:  # the steps the operator stages on a serving node, by list (docs/concepts.md)
+            out[manifest.name]["serving"] = dict(serving)
+            out[manifest.name]["servingOnly"] = manifest.serving_only()
     return out
 
 
@@ -208,7 +214,9 @@ def render_inputs_module(packages_dir: Path) -> str:
         '"""The catalog\'s declared input per package: generated from packages/*/package.yaml by `nodegate package\n'
         'catalog` (do not edit; a test fails when it is stale).\n\n'
         "Admission holds a bound catalog package's config keys and env against these, for the catalog's version\n"
-        '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml.\n"""\n\n'
+        '(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml. `serving`\n'
+        'lists the steps staged on a serving node, by list, for the packages that have any, and `servingOnly`\n'
+        'the lists with nothing but such steps (`gate.lifecycle.serving`).\n"""\n\n'
         "from typing import Any, Final\n\n"
         f"CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (\n{body}\n)\n"
     )

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gate.agent.errors import ConfigMismatch, PackageError
-from gate.agent.package import ConfigSpec, PackageManifest, parse_config_value, render_config_value
+from gate.agent.package import PackageManifest
+from gate.agent.values import ConfigSpec, parse_config_value, render_config_value
 from gate.api.digests import config_digest
 
 ConfigValue = str | int | bool

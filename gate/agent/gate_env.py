@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gate.agent.package import PackageManifest, parse_config_value, render_config_value
+from gate.agent.package import PackageManifest
+from gate.agent.values import parse_config_value, render_config_value
 from gate.api.environment import never_passed_reason
 
 

@@ -37,6 +37,15 @@ class StepRecord(Record):
     finished_at: str
 
 
+class StagedRecord(Record):
+    """A serving step staged on the node (`serving: true`): recorded before it starts, so that its undo
+    also covers a half run, and marked done once it succeeded."""
+
+    version: str
+    generation: int
+    done: bool = False
+
+
 class StageRun(Record):
     stage: str
     version: str
@@ -61,6 +70,8 @@ class History(Record):
     previous: str | None = Field(default=None, description="Version installed before `installed`.")
     steps: dict[str, StepRecord] = Field(default_factory=dict, description="Finished steps by stage/step.")
     overlay: list[OverlayFile] = Field(default_factory=list)
+    staged: dict[str, StagedRecord] = Field(
+        default_factory=dict, description="Serving steps staged and not yet taken over by their stage, by stage/step.")
     runs: list[StageRun] = Field(default_factory=list, description=f"The last {MAX_RUNS} stage runs, oldest first.")
 
 
@@ -80,6 +91,24 @@ def with_step_done(history: History, stage: str, step: str, version: str, genera
     return history.model_copy(update={"steps": steps})
 
 
+def is_staged(history: History, stage: str, step: str, version: str, generation: int) -> bool:
+    """Whether a serving step was staged here, to its end, for this package version and gate generation."""
+    record = history.staged.get(step_key(stage, step))
+    return record is not None and record.done and record.version == version and record.generation == generation
+
+
+def with_staged(history: History, stage: str, step: str, version: str, generation: int, done: bool) -> History:
+    staged = dict(history.staged)
+    staged[step_key(stage, step)] = StagedRecord(version=version, generation=generation, done=done)
+    return history.model_copy(update={"staged": staged})
+
+
+def without_staged(history: History, keys: list[str] | None = None) -> History:
+    """The history without the staged records `keys` (every one when None)."""
+    staged = {} if keys is None else {k: v for k, v in history.staged.items() if k not in keys}
+    return history.model_copy(update={"staged": staged})
+
+
 def with_overlay(history: History, files: list[OverlayFile]) -> History:
     return history.model_copy(update={"overlay": list(files)})
 
@@ -92,17 +121,22 @@ def with_stage_result(
     ok: bool,
     failed_step: str | None,
     at: str,
+    part: str = "whole",
 ) -> History:
-    """Record a finished stage; a successful apply, upgrade or uninstall moves the installed version."""
-    runs = [*history.runs, StageRun(stage=stage, version=version, generation=generation, ok=ok,
+    """Record a finished stage; a successful apply, upgrade or uninstall moves the installed version (its
+    serving part, staged before the cordon, or the undo of that moves nothing)."""
+    shown = stage if part == "whole" else f"{stage}:{part}"
+    runs = [*history.runs, StageRun(stage=shown, version=version, generation=generation, ok=ok,
                                     failed_step=failed_step, at=at)][-MAX_RUNS:]
     update: dict[str, object] = {"runs": runs}
-    if ok and stage in ("apply", "upgrade") and history.installed != version:
+    if part != "whole":
+        pass
+    elif ok and stage in ("apply", "upgrade") and history.installed != version:
         update |= {"installed": version, "previous": history.installed}
     elif ok and stage == "uninstall":
         # A later apply of the same version must run every step again: forget them.
         update |= {"installed": None, "previous": history.installed or history.previous, "steps": {},
-                   "overlay": []}
+                   "overlay": [], "staged": {}}
     return history.model_copy(update=update)
 
 

@@ -114,6 +114,16 @@ class PackageLayout:
         return self.host_state_dir / "node"
 
     @property
+    def host_staged_dir(self) -> PurePosixPath:
+        """What serving steps keep for their undo (NODEGATE_STAGED_DIR): made empty when a staging starts
+        afresh, removed once the stage took the staged work over or the undo ran."""
+        return self.host_state_dir / "staged"
+
+    @property
+    def staged_dir(self) -> Path:
+        return self.outside(self.host_staged_dir)
+
+    @property
     def host_log_dir(self) -> PurePosixPath:
         return LOG_BASE / self.gate / self.package
 

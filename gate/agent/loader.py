@@ -106,6 +106,10 @@ def file_problems(manifest: PackageManifest, directory: Path) -> list[str]:
         assert step.script is not None
         problems += _executable_problems(
             directory, step.script, f"{MANIFEST}: stages.{list_name} step {step.name!r}: script {step.script}")
+    for list_name, step in manifest.undo_scripts():
+        assert step.undo is not None and step.undo.script is not None
+        problems += _executable_problems(directory, step.undo.script, f"{MANIFEST}: stages.{list_name} step "
+                                         f"{step.name!r}: undo.script {step.undo.script}")
     if manifest.explain is not None:
         problems += _executable_problems(directory, manifest.explain.script, f"{MANIFEST}: explain.script")
     if manifest.root is not None:

@@ -11,16 +11,14 @@ lint`, not silently run the step in the wrong place.
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
+from gate.agent.values import ConfigSpec, EnvDeclaration, PackageModel
 from gate.api.common import Duration, parse_duration
 from gate.api.environment import RESERVED_PREFIX, never_passed_reason
 from gate.api.nodegate import PACKAGE_NAME_PATTERN
@@ -80,12 +78,6 @@ EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=128)]
 Env = dict[EnvName, Annotated[str, Field(max_length=32768)]]
 
 
-class PackageModel(BaseModel):
-    """Base of the package.yaml models: camelCase in YAML, snake_case in Python, no unknown fields."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
 def _check_relative(path: str, what: str) -> str:
     pure = PurePosixPath(path)
     if not path or pure.is_absolute() or ".." in pure.parts:
@@ -109,15 +101,11 @@ def _check_env_names(env: dict[str, Any]) -> dict[str, Any]:
 STEP_SCHEMA_EXTRA: Final[JsonDict] = {"oneOf": [{"required": ["script"]}, {"required": ["command"]}]}
 
 
-class Step(PackageModel):
-    """One command of a stage: a script shipped in the package, or an inline shell command."""
+class Command(PackageModel):
+    """What runs: a script shipped in the package, or an inline shell command (a step, or a step's undo)."""
 
     model_config = ConfigDict(json_schema_extra=STEP_SCHEMA_EXTRA)
 
-    name: str = Field(
-        pattern=STEP_NAME_PATTERN,
-        description="Unique within its stage; names the step in logs, summaries and the idempotence record.",
-    )
     script: str | None = Field(
         default=None,
         max_length=1024,
@@ -158,13 +146,6 @@ class Step(PackageModel):
         max_length=256,
         description="Exit codes that count as success.",
     )
-    idempotent: bool = Field(
-        default=False,
-        description=(
-            "Skip the step when it already succeeded on this node for the same package version and gate "
-            "generation (for expensive steps such as rebuilding an initramfs). Not allowed in checks."
-        ),
-    )
     timeout: Duration | None = Field(
         default=None,
         description="Kill the step (and its children) after this long, e.g. 90s or 5m; the step then fails.",
@@ -181,13 +162,55 @@ class Step(PackageModel):
         return _check_env_names(value)
 
     @model_validator(mode="after")
-    def _script_xor_command(self) -> Step:
+    def _script_xor_command(self) -> Command:
         if (self.script is None) == (self.command is None):
             raise ValueError("a step needs exactly one of script and command")
         return self
 
     def timeout_seconds(self) -> float | None:
         return None if self.timeout is None else parse_duration(self.timeout).total_seconds()
+
+
+class Step(Command):
+    """One command of a stage, by name; a `serving` one runs before the cordon and has an `undo`."""
+
+    name: str = Field(
+        pattern=STEP_NAME_PATTERN,
+        description="Unique within its stage; names the step in logs, summaries and the idempotence record.",
+    )
+    idempotent: bool = Field(
+        default=False,
+        description=(
+            "Skip the step when it already succeeded on this node for the same package version and gate "
+            "generation (for expensive steps such as rebuilding an initramfs). Not allowed in checks."
+        ),
+    )
+    serving: bool = Field(
+        default=False,
+        description=(
+            "Safe on a serving node: its effect waits for the interrupt (a file for the next boot, a downloaded "
+            "package, a built initramfs). The operator stages such steps before it cordons the node, and the "
+            "stage in the window skips them once staged. Only in apply, upgrade and config, only the first steps "
+            "of the list (none but serving steps before one), and only with an undo."
+        ),
+    )
+    undo: Command | None = Field(
+        default=None,
+        description=(
+            "A serving step's undo: returns the host to what it was before the step ran (the undos of later "
+            "steps ran first), from whatever the step left, a half run included. It runs when a staged node is "
+            "not to be interrupted after all (the rollout stopped, was deleted or rolled back)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _undo_with_serving(self) -> Step:
+        if self.serving and self.undo is None:
+            raise ValueError(f"step {self.name!r}: a serving step needs an undo (what takes its effect back "
+                             "when the node is not interrupted after all)")
+        if self.undo is not None and not self.serving:
+            raise ValueError(f"step {self.name!r}: undo is for serving steps only (set serving: true, or drop it)")
+        return self
 
 
 class Stages(PackageModel):
@@ -264,167 +287,36 @@ class Stages(PackageModel):
                     seen.add(step.name)
                     if name == check and step.idempotent:
                         raise ValueError(f"{name}: step {step.name!r}: checks always run, idempotent is not allowed")
+            for name in _lists_of(stage):
+                _check_serving(name, self.steps(name))
         return self
 
-
-ConfigType = Literal["string", "int", "bool", "enum"]
-# A ConfigMap key, or a glob over them (* and ?) for families of keys such as service_<unit>.conf.
-CONFIG_KEY_PATTERN: Final = r"^[-._a-zA-Z0-9*?]{1,253}$"
-BOOL_WORDS: Final[dict[str, bool]] = {"true": True, "false": False}
-
-
-def is_glob(name: str) -> bool:
-    return "*" in name or "?" in name
-
-
-def parse_config_value(key: ValueRule, text: str) -> str | int | bool:
-    """A config (or env) value read as its declared type; ValueError says why it is not one."""
-    if key.type == "string":
-        if key.pattern is not None and re.fullmatch(key.pattern, text, re.DOTALL) is None:
-            raise ValueError(f"does not match the pattern {key.pattern!r}")
-        return text
-    word = text.strip()
-    if key.type == "int":
-        if re.fullmatch(r"[-+]?[0-9]+", word) is None:
-            raise ValueError(f"{word!r} is not an integer")
-        number = int(word)
-        if key.minimum is not None and number < key.minimum:
-            raise ValueError(f"{number} is below the minimum {key.minimum}")
-        if key.maximum is not None and number > key.maximum:
-            raise ValueError(f"{number} is above the maximum {key.maximum}")
-        return number
-    if key.type == "bool":
-        if word.lower() not in BOOL_WORDS:
-            raise ValueError(f"{word!r} is not true or false")
-        return BOOL_WORDS[word.lower()]
-    assert key.enum is not None, "an enum key carries its values (checked when loaded)"
-    if word not in key.enum:
-        raise ValueError(f"{word!r} is not one of {', '.join(key.enum)}")
-    return word
+    def serving_steps(self, name: StepList) -> list[Step]:
+        """The steps of a list that may run on a serving node: its first steps, as far as they are serving."""
+        out = []
+        for step in self.steps(name):
+            if not step.serving:
+                break
+            out.append(step)
+        return out
 
 
-DEFAULT_TYPE_OF: Final[dict[str, str]] = {"string": "str", "enum": "str", "int": "int", "bool": "bool"}
+# The lists whose steps may be staged on a serving node: those that change the host before its interrupt.
+SERVING_LISTS: Final[tuple[StepList, ...]] = ("apply", "upgrade", "config")
 
 
-def _value_type(value: str | int | bool) -> str:
-    # bool is a subclass of int: name it first.
-    return "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "str"
-
-
-def render_config_value(value: str | int | bool) -> str:
-    """How a typed value is written for the scripts: true/false, digits, the enum word."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-class ValueRule(PackageModel):
-    """What a value may be: its type and, by type, its values, bounds or pattern (config keys, env names)."""
-
-    type: ConfigType = Field(
-        default="string",
-        description=(
-            "string: the value as given (usually a file's content); int: an integer; bool: true or false; "
-            "enum: one of `enum`."
-        ),
-    )
-    description: str = Field(default="", max_length=4096, description="What it does, for people and the catalog.")
-    enum: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
-        default=None, min_length=1, max_length=256, description="The allowed values of an enum."
-    )
-    minimum: int | None = Field(default=None, description="int: the smallest allowed value.")
-    maximum: int | None = Field(default=None, description="int: the largest allowed value.")
-    pattern: str | None = Field(
-        default=None, max_length=1024,
-        description="string: a regular expression (Python syntax) the whole value must match.",
-    )
-
-    @model_validator(mode="after")
-    def _rule_consistent(self) -> ValueRule:
-        if (self.type == "enum") != (self.enum is not None):
-            raise ValueError("enum lists the values of an enum key, and only of one" if self.enum is not None
-                             else "a key of type enum needs its values in enum")
-        if self.type != "int" and (self.minimum is not None or self.maximum is not None):
-            raise ValueError(f"minimum and maximum are for int keys, not {self.type}")
-        if self.type != "string" and self.pattern is not None:
-            raise ValueError(f"pattern is for string keys, not {self.type}")
-        if self.pattern is not None:
-            try:
-                re.compile(self.pattern)
-            except re.error as exc:
-                raise ValueError(f"pattern is not a regular expression: {exc}") from None
-        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
-            raise ValueError(f"minimum {self.minimum} is above maximum {self.maximum}")
-        return self
-
-
-class ConfigKey(ValueRule):
-    """One config key a package accepts: its type, whether it is needed, its default."""
-
-    required: bool = Field(default=False, description="The gate must give this key (it then has no default).")
-    default: str | int | bool | None = Field(
-        default=None,
-        description="The value used when the gate does not give the key; written to the config directory like one.",
-    )
-
-    @model_validator(mode="after")
-    def _default_consistent(self) -> ConfigKey:
-        if self.required and self.default is not None:
-            raise ValueError("a required key has no default (the gate must give it)")
-        if self.default is not None:
-            if _value_type(self.default) != DEFAULT_TYPE_OF[self.type]:
-                raise ValueError(f"default {self.default!r} is not of type {self.type}"
-                                 + (" (quote it)" if self.type in ("string", "enum") else ""))
-            try:
-                parse_config_value(self, render_config_value(self.default))
-            except ValueError as exc:
-                raise ValueError(f"default: {exc}") from None
-        return self
-
-    def default_text(self) -> str | None:
-        return None if self.default is None else render_config_value(self.default)
-
-
-class EnvDeclaration(ValueRule):
-    """One environment variable a gate may set for the package's steps, and what its value may be.
-
-    A string needs a pattern: an env value is one line for a script to use, never a file, and the
-    pattern says which characters the script is ready for (a value that reaches a sourced file or a
-    command line must not carry quotes, `$`, backticks or newlines)."""
-
-    @model_validator(mode="after")
-    def _string_has_pattern(self) -> EnvDeclaration:
-        if self.type == "string" and self.pattern is None:
-            raise ValueError("an env value of type string needs a pattern (the characters the package's scripts "
-                             "are ready for), or another type: int, bool or enum")
-        return self
-
-
-class ConfigSpec(PackageModel):
-    """The config keys a package accepts; the agent refuses every key it does not declare."""
-
-    keys: dict[Annotated[str, Field(pattern=CONFIG_KEY_PATTERN)], ConfigKey] = Field(
-        default_factory=dict,
-        max_length=256,
-        description=(
-            "Key name (a ConfigMap key, or a glob with * and ? for a family such as service_*.conf) -> "
-            "declaration. A glob key cannot be required or have a default."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _globs_plain(self) -> ConfigSpec:
-        for name, key in self.keys.items():
-            if is_glob(name) and (key.required or key.default is not None):
-                raise ValueError(f"keys.{name}: a glob key can be neither required nor have a default")
-        return self
-
-    def declaration(self, name: str) -> ConfigKey | None:
-        """The declaration a given key falls under: its own name first, then the first glob matching it."""
-        if name in self.keys and not is_glob(name):
-            return self.keys[name]
-        return next((key for pattern, key in self.keys.items() if is_glob(pattern)
-                     and fnmatch.fnmatchcase(name, pattern)), None)
+def _check_serving(name: StepList, steps: list[Step]) -> None:
+    serving = [step.name for step in steps if step.serving]
+    if serving and name not in SERVING_LISTS:
+        raise ValueError(f"{name}: step {serving[0]!r}: serving steps are for {', '.join(SERVING_LISTS)} only "
+                         "(a check proves the window's work; uninstall runs when the node is drained)")
+    seen_other = None
+    for step in steps:
+        if not step.serving:
+            seen_other = seen_other or step.name
+        elif seen_other is not None:
+            raise ValueError(f"{name}: serving step {step.name!r} comes after {seen_other!r}, which is not serving: "
+                             "serving steps run before the cordon, so they must be the first steps of the list")
 
 
 class ExplainEntry(PackageModel):
@@ -543,6 +435,28 @@ class PackageManifest(PackageModel):
             for step in self.stages.steps(name)
             if step.script is not None
         ]
+
+    def undo_scripts(self) -> list[tuple[str, Step]]:
+        """Every (list name, step) whose undo runs a script."""
+        return [(name, step) for name in SERVING_LISTS for step in self.stages.steps(name)
+                if step.undo is not None and step.undo.script is not None]
+
+    def serving(self) -> dict[StepList, list[str]]:
+        """The serving steps by list, for the lists that have any (the catalog's `serving`)."""
+        out: dict[StepList, list[str]] = {}
+        for name in SERVING_LISTS:
+            names = [step.name for step in self.stages.serving_steps(name)]
+            if names:
+                out[name] = names
+        return out
+
+    def serving_only(self) -> list[StepList]:
+        """The lists whose every step is a serving step (no overlay to lay down in the window either): staged,
+        their stage in the window only checks."""
+        if self.root is not None:
+            return []
+        return [name for name in SERVING_LISTS if self.stages.steps(name)
+                and all(step.serving for step in self.stages.steps(name))]
 
     def runs_on_host(self) -> bool:
         """Whether any step runs chrooted into the host (the overlay alone needs no chroot)."""

@@ -10,14 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Final
+from typing import Final, Literal
 
 from gate.agent.facts import step_variables
-from gate.agent.history import History, is_done
-from gate.agent.package import CHECK_OF, STEPS_OF, PackageManifest, Stage, Step, StepList
+from gate.agent.history import History, is_done, is_staged, step_key
+from gate.agent.package import CHECK_OF, SERVING_LISTS, STEPS_OF, PackageManifest, Stage, Step, StepList
 from gate.api.facts import OperatorFacts
 
 HOST_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Which part of a stage a run is: the whole stage (in the window, skipping what was staged), its
+# serving steps alone (staged on a serving node, before the cordon), or the undo of what was staged.
+Part = Literal["whole", "serving", "undo"]
+PARTS: Final[tuple[Part, ...]] = ("whole", "serving", "undo")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Places:
     config_dir: str
     state_dir: str
     facts_dir: str = ""
+    staged_dir: str = ""  # NODEGATE_STAGED_DIR: what serving steps keep for their undo
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class StageRequest:
     version: str
     generation: int
     previous_version: str | None = None  # resolved: only set for upgrade
+    part: Part = "whole"
 
 
 @dataclass(frozen=True)
@@ -52,14 +59,19 @@ class Invocation:
     chroot: bool
     cwd: str
     skip_reason: str | None = None
+    undo: bool = False  # the step's undo runs (`step` is built from it)
 
     @property
     def is_check(self) -> bool:
         return self.list_name.endswith("-check")
 
     @property
+    def key(self) -> str:
+        return step_key(self.list_name, self.step.name)
+
+    @property
     def label(self) -> str:
-        return f"{self.list_name}/{self.step.name}"
+        return f"{self.key}:undo" if self.undo else self.key
 
 
 def step_environment(
@@ -102,6 +114,9 @@ def agent_variables(request: StageRequest, list_name: StepList, step: Step, plac
     }
     if request.previous_version is not None:
         out["NODEGATE_PREVIOUS_VERSION"] = request.previous_version
+    if request.part != "whole" or step.serving:
+        out["NODEGATE_PART"] = request.part
+        out["NODEGATE_STAGED_DIR"] = places.staged_dir
     if facts is not None:
         out.update(step_variables(facts, places.facts_dir))
     return out
@@ -141,23 +156,58 @@ def plan_stage(
     """The stage's steps then its checks, in package.yaml order, with idempotent repeats marked skipped.
 
     `facts`: the node's (`gate.agent.facts`), written to each Places' `facts_dir` before the steps run."""
+    if request.part == "undo":
+        return _plan_undo(manifest, request, history, gate_env, host_places, agent_places, facts)
     plan = []
+    serving_only = request.part == "serving"
     for list_name in lists_of(request.stage):
-        for step in manifest.stages.steps(list_name):
+        if serving_only and list_name not in SERVING_LISTS:
+            continue  # a stage's check proves the window's work: it runs there
+        steps = manifest.stages.serving_steps(list_name) if serving_only else manifest.stages.steps(list_name)
+        for step in steps:
             places = host_places if step.on_host else agent_places
             skip = None
             if step.idempotent and is_done(history, list_name, step.name, request.version, request.generation):
                 skip = f"already done for version {request.version} at generation {request.generation}"
-            plan.append(
-                Invocation(
-                    list_name=list_name,
-                    step=step,
-                    argv=step_argv(list_name, step, places, request),
-                    env=step_environment(manifest, step, gate_env,
-                                         agent_variables(request, list_name, step, places, facts)),
-                    chroot=step.on_host,
-                    cwd=places.package_dir,
-                    skip_reason=skip,
-                )
-            )
+            elif (not serving_only and step.serving
+                  and is_staged(history, list_name, step.name, request.version, request.generation)):
+                skip = f"staged while the node served, for version {request.version} at generation {request.generation}"
+            plan.append(_invocation(manifest, request, list_name, step, gate_env, places, facts, skip=skip))
+    return plan
+
+
+def _invocation(manifest: PackageManifest, request: StageRequest, list_name: StepList, step: Step,
+                gate_env: Mapping[str, str], places: Places, facts: OperatorFacts | None, *,
+                skip: str | None = None, undo: bool = False) -> Invocation:
+    return Invocation(
+        list_name=list_name,
+        step=step,
+        argv=step_argv(list_name, step, places, request),
+        env=step_environment(manifest, step, gate_env, agent_variables(request, list_name, step, places, facts)),
+        chroot=step.on_host,
+        cwd=places.package_dir,
+        skip_reason=skip,
+        undo=undo,
+    )
+
+
+def _plan_undo(
+    manifest: PackageManifest,
+    request: StageRequest,
+    history: History,
+    gate_env: Mapping[str, str],
+    host_places: Places,
+    agent_places: Places,
+    facts: OperatorFacts | None,
+) -> list[Invocation]:
+    """The undos of the staged serving steps, the last staged first (each undo may count on the undos of
+    the steps after it having run). A step staged only half (recorded, not done) is undone too."""
+    plan = []
+    for list_name in reversed(SERVING_LISTS):
+        for step in reversed(manifest.stages.serving_steps(list_name)):
+            if step_key(list_name, step.name) not in history.staged or step.undo is None:
+                continue
+            undo = Step(name=step.name, **step.undo.model_dump())
+            places = host_places if undo.on_host else agent_places
+            plan.append(_invocation(manifest, request, list_name, undo, gate_env, places, facts, undo=True))
     return plan

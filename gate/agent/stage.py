@@ -36,10 +36,13 @@ from gate.agent.history import (
     upgrade_versions,
     with_overlay,
     with_stage_result,
+    with_staged,
     with_step_done,
+    without_staged,
 )
 from gate.agent.host import PackageLayout, check_root
 from gate.agent.loader import Package, load_package
+from gate.agent.package import STEPS_OF
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
 from gate.agent.process import Outcome, Termination, run_command
 from gate.agent.summary import Summary, tail
@@ -205,6 +208,7 @@ def _places(layout: PackageLayout, version: str) -> tuple[Places, Places]:
         config_dir=str(layout.host_config_dir),
         state_dir=str(layout.host_data_dir),
         facts_dir=str(layout.host_facts_dir),
+        staged_dir=str(layout.host_staged_dir),
     )
     agent = Places(
         root=str(layout.root),
@@ -212,6 +216,7 @@ def _places(layout: PackageLayout, version: str) -> tuple[Places, Places]:
         config_dir=str(layout.config_dir),
         state_dir=str(layout.data_dir),
         facts_dir=str(layout.facts_dir),
+        staged_dir=str(layout.staged_dir),
     )
     return host, agent
 
@@ -230,6 +235,8 @@ def _step_ok(invocation: Invocation, outcome: Outcome) -> bool:
 
 def _run_overlay(run: _Run, request: StageRequest) -> None:
     layout = run.layout
+    if request.part != "whole":
+        return  # the overlay takes effect as it lands: it waits for the window
     if request.stage in ("apply", "upgrade"):
         manifest_root = load_package(layout.package_dir(request.version)).overlay_dir()
         sources, digests = overlay.sources_with_digests(manifest_root)
@@ -311,12 +318,25 @@ def run_stage(
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
+            if request.part == "serving" and not run.history.staged:
+                shutil.rmtree(layout.staged_dir, ignore_errors=True)  # a staging that starts afresh
+            if request.part != "whole" or run.history.staged:
+                layout.staged_dir.mkdir(parents=True, exist_ok=True)
             results, failed, outcome = _run_steps(run, package, gate_env, request, facts, termination)
             if termination.timed_out:
                 log.line(f"The stage's timeout of {settings.timeout:g}s passed: the running step was stopped.")
             ok = failed is None
-            run.save(with_stage_result(run.history, request.stage, request.version, request.generation,
-                                       ok, failed.label if failed else None, run.stamp()))
+            history = with_stage_result(run.history, request.stage, request.version, request.generation,
+                                        ok, failed.label if failed else None, run.stamp(), request.part)
+            if ok and request.part == "whole":
+                # The stage took its own list's staged work over.
+                own = STEPS_OF[request.stage]
+                history = without_staged(history, [k for k in history.staged if k.split("/")[0] == own])
+            elif ok and request.part == "undo":
+                history = without_staged(history)
+            if ok and request.part != "serving" and not history.staged:
+                shutil.rmtree(layout.staged_dir, ignore_errors=True)
+            run.save(history)
             if ok and request.stage in ("uninstall", "post-uninstall"):
                 _forget_package(layout)  # the check after an uninstall's interrupt left its payload again
             else:
@@ -336,8 +356,25 @@ def run_stage(
         message=(_failure_message(failed, outcome, settings.timeout if termination.timed_out else None) if failed
                  else _success_message(results)),
         duration_seconds=time.monotonic() - started,
+        boot_id=_boot_id(settings.root) if request.part == "serving" else None,
     )
     return StageResult(summary=summary, steps=results, log_path=log_path)
+
+
+BOOT_ID = "proc/sys/kernel/random/boot_id"
+
+
+def _boot_id(root: Path) -> str | None:
+    """The host's boot ID as the kubelet reports it: read through the host root first (a node that
+    gives its /proc a boot ID of its own, as the dev cluster's real nodes do), else the kernel's."""
+    for path in (root / BOOT_ID, Path("/") / BOOT_ID):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
 
 
 def _success_message(results: list[StepResult]) -> str:
@@ -400,6 +437,10 @@ def _run_steps(
             return results, invocation, outcome
         where = "on the host" if invocation.chroot else "in the agent container"
         run.log.line(f"Running step {invocation.label} {where}.")
+        if request.part == "serving":
+            # Recorded before it starts: a half run is undone too.
+            run.save(with_staged(run.history, invocation.list_name, invocation.step.name,
+                                 request.version, request.generation, done=False))
         started = time.monotonic()
         outcome = run_command(
             invocation.argv,
@@ -416,7 +457,12 @@ def _run_steps(
             results.append(StepResult(invocation.label, "failed", outcome.exit_code, seconds))
             return results, invocation, outcome
         results.append(StepResult(invocation.label, "ok", outcome.exit_code, seconds))
-        if invocation.step.idempotent and not invocation.is_check:
+        if request.part == "serving":
+            run.save(with_staged(run.history, invocation.list_name, invocation.step.name,
+                                 request.version, request.generation, done=True))
+        elif request.part == "undo":
+            run.save(without_staged(run.history, [invocation.key]))
+        if invocation.step.idempotent and not invocation.is_check and request.part == "whole":
             run.save(with_step_done(run.history, invocation.list_name, invocation.step.name,
                                     request.version, request.generation, run.stamp()))
     return results, None, None

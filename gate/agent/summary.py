@@ -30,13 +30,18 @@ class Summary:
     message: str = ""
     duration_seconds: float = 0.0
     interrupt: str | None = None  # set for `agent interrupt`: the interrupt type that ran
+    # Set for a staging (`--part serving`): the node's boot ID when it ended, so that the operator knows
+    # a reboot since (`gate.lifecycle.staging`: a staged node that reboots on its own).
+    boot_id: str | None = None
 
     def to_wire(self) -> dict[str, object]:
-        names = {"failed_step": "failedStep", "exit_code": "exitCode", "duration_seconds": "durationSeconds"}
+        names = {"failed_step": "failedStep", "exit_code": "exitCode", "duration_seconds": "durationSeconds",
+                 "boot_id": "bootId"}
         out = {names.get(k, k): v for k, v in asdict(self).items()}
         out["durationSeconds"] = round(self.duration_seconds, 3)
-        if self.interrupt is None:
-            del out["interrupt"]
+        for optional in ("interrupt", "bootId"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 

@@ -90,6 +90,8 @@ class NodeGateState(Model):
     phase_since: str | None = Field(default=None, description="When the current phase began (RFC 3339).")
     boot_id: str | None = Field(default=None, description="The node's bootID when last seen by the operator.")
     cordoned: bool = Field(default=False, description="NodeGate cordoned the node in this round.")
+    own_reboot: str | None = Field(default=None, description="The boot ID of a reboot the node made on its own "
+                                   "after its staged steps, counted as this round's interrupt (no cordon).")
     interrupt: Interrupt | None = Field(default=None, description="Merged interrupt this round needs.")
     interrupted: list[str] = Field(default_factory=list, description="Packages that asked for the interrupt.")
     installed: dict[str, Installed] = Field(default_factory=dict, description="What each package left on the node.")

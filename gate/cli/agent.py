@@ -50,7 +50,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
     """`agent run` flags over environment, validated; CliError names everything missing at once."""
     from gate.agent.errors import AgentError
     from gate.agent.facts import load_operator_facts
-    from gate.agent.plan import StageRequest
+    from gate.agent.plan import PARTS, StageRequest
     from gate.agent.stage import StageSettings
     from gate.api.digests import DIGEST
 
@@ -65,6 +65,9 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         raise CliError(f"agent run needs {', '.join(missing)} (or their NODEGATE_* variables)")
     if stage not in STAGE_CHOICES:
         raise CliError(f"--stage {stage!r} is not one of {', '.join(STAGE_CHOICES)}")
+    part = _pick(getattr(args, "part", None), environ, "NODEGATE_PART") or "whole"
+    if part not in PARTS:
+        raise CliError(f"--part {part!r} is not one of {', '.join(PARTS)}")
     try:
         generation = int(generation_text or 0)
     except ValueError:
@@ -92,6 +95,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         version=version,
         generation=generation,
         previous_version=_pick(args.previous_version, environ, "NODEGATE_PREVIOUS_VERSION"),
+        part=part,  # checked against PARTS above
     )
     return StageSettings(
         request=request,
@@ -254,6 +258,10 @@ def register(subparsers: Any) -> None:
 
     run = agent_sub.add_parser("run", parents=[summary], help="run one stage of a package, then its check")
     run.add_argument("--stage", choices=STAGE_CHOICES, help="the stage (env NODEGATE_STAGE)")
+    run.add_argument("--part", choices=("whole", "serving", "undo"),
+                     help="whole (the default): the stage, skipping serving steps staged for this version and "
+                     "generation; serving: the stage's serving steps alone, on a serving node, before the cordon; "
+                     "undo: the undos of what was staged, the last first (env NODEGATE_PART)")
     run.add_argument("--package", help="package name (env NODEGATE_PACKAGE)")
     run.add_argument("--version", help="package version (env NODEGATE_VERSION)")
     run.add_argument("--gate", help="the NodeGate the package belongs to (env NODEGATE_GATE)")

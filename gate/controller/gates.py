@@ -2,13 +2,15 @@
 
 `GateReconciler.reconcile(GateKey)` is thin: it reads the caches (`gate.controller.world`), as
 controller-runtime's reconcilers read their manager's cache; resolves the images of the gate's
-packages (`gate.controller.images`: I/O, so here); asks the pure core for one plan of everything the
-reconcile writes (`gate.lifecycle.reconcile`: `plan_reconcile` for an enabled gate, which plans the
-rollout with `gate.lifecycle.fleet.plan_gate`; `plan_removal_reconcile` once it is deleted and nodes
-still hold its record; `plan_disabled`; `plan_problem` when its DeploymentPolicy is missing or
-invalid); and hands that plan to `Executor.apply_gate_plan`, the one place that writes it. What stays
-here are the steps around a plan: adding the finalizer, recording resolved images before any plan
-(no round starts before its images are pinned), and releasing a deleted gate once no node holds it.
+packages (`gate.controller.images`: I/O, so here); asks the pure core for the plans of everything the
+reconcile writes, and hands each to `GateApplier`, which sends it (the rule, one writer per
+reconcile, is stated in `gate.controller.executor`): the finalizer (`plan_finalizer`), the image
+records (`gate.lifecycle.images.plan_images`, before any other plan: no round starts before its
+images are pinned), the gate (`gate.lifecycle.reconcile`: `plan_reconcile` for an enabled gate, which
+plans the rollout with `gate.lifecycle.fleet.plan_gate`; `plan_removal_reconcile` once it is deleted
+and nodes still hold its record; `plan_release` once none does; `plan_disabled`; `plan_problem` when
+its DeploymentPolicy is missing or invalid) and the prepull pods (`gate.controller.prepull`). It
+returns when to look again (`gate.controller.result.Result`).
 `PolicyReconciler.reconcile(PolicyKey)` writes a DeploymentPolicy's own status.
 """
 
@@ -17,31 +19,36 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import UTC, datetime
-from typing import Literal
 
 from pydantic import ValidationError
 
-from gate.api import keys
 from gate.api.common import Condition, Obj
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.controller.endpoints import EndpointBook
-from gate.controller.events import EventRecorder
-from gate.controller.executor import Executor
+from gate.controller.gate_applier import GateApplier
 from gate.controller.images import ImageResolver, ImagesUnresolved, ImagesUnverified
 from gate.controller.metrics import OperatorMetrics
+from gate.controller.nodes import fail_refused
 from gate.controller.prepull import Prepuller
-from gate.controller.triggers import GateKey, PolicyKey
+from gate.controller.result import DONE, Result, look, merged
+from gate.controller.triggers import GateKey, NodeKey, PolicyKey
+from gate.controller.views import node_view
 from gate.controller.world import World
-from gate.kube.client import NODEGATES, POLICIES, KubeClient
-from gate.kube.errors import NotFound
+from gate.kube.client import POLICIES, KubeClient
+from gate.kube.errors import ApiError, NotFound
 from gate.kube.objects import parse_time
-from gate.lifecycle.fleet import disabled
-from gate.lifecycle.health import condition, policy_status
-from gate.lifecycle.images import merged_records, records_wire, same_records
+from gate.lifecycle.fleet import NodeUpdate, disabled
+from gate.lifecycle.health import policy_status
+from gate.lifecycle.images import merged_records, plan_images
+from gate.lifecycle.node import NodeContext
+from gate.lifecycle.outcomes import Refusal, refused_update
+from gate.lifecycle.prepull import Candidate
 from gate.lifecycle.reconcile import (
+    ReconcilePlan,
     holders,
     plan_disabled,
+    plan_finalizer,
     plan_problem,
     plan_reconcile,
     plan_release,
@@ -49,25 +56,22 @@ from gate.lifecycle.reconcile import (
     same_status,
 )
 from gate.lifecycle.rollback import rollback_targets
-from gate.lifecycle.signatures import failure_message, hold_of
+from gate.lifecycle.signatures import hold_of, warnings
 
 log = logging.getLogger("nodegate.operator")
 
 
 class GateReconciler:
-    def __init__(self, client: KubeClient, metrics: OperatorMetrics, recorder: EventRecorder, world: World,
-                 executor: Executor, resolver: ImageResolver, prepuller: Prepuller | None = None,
-                 endpoints: EndpointBook | None = None) -> None:
-        self.client = client
+    def __init__(self, metrics: OperatorMetrics, world: World, applier: GateApplier, resolver: ImageResolver,
+                 prepuller: Prepuller | None = None, endpoints: EndpointBook | None = None) -> None:
         self.endpoints = endpoints or EndpointBook()
         self.metrics = metrics
-        self.recorder = recorder
         self.world = world
-        self.executor = executor
+        self.applier = applier
         self.resolver = resolver
         self.prepuller = prepuller
 
-    async def reconcile(self, key: GateKey) -> None:
+    async def reconcile(self, key: GateKey) -> Result:
         name = key.gate
         gate = self.world.gate(name)
         obj = self.world.gates.get(name)
@@ -77,29 +81,26 @@ class GateReconciler:
             if self.metrics.forget_gate(name):
                 log.info("Removed the metric series of a deleted gate; gate=%s", name)
             self.world.forget_gate(name)
-            return
+            return DONE
         if gate is None:
-            return
-        if self.prepuller is not None and (gate.metadata.deletion_timestamp or disabled(gate)):
-            await self.prepuller.forget(gate)
+            return DONE
+        result = DONE
+        if self.prepuller is not None and (gate.metadata.deletion_timestamp or disabled(gate)) and \
+                self.prepuller.forgets(gate):
+            result = await self._prepull(self.prepuller, gate, [])
         if gate.metadata.deletion_timestamp:
             # An uninstall runs the package's image too; one that cannot resolve holds only its own pods.
             with contextlib.suppress(ImagesUnresolved):
                 gate, obj = await self._resolve_images(gate, obj)
-            await self._finalize(gate, obj)
-            return
-        if keys.FINALIZER not in gate.metadata.finalizers:
-            patched = await self.client.patch(NODEGATES, name, {"metadata": {
-                "finalizers": [*gate.metadata.finalizers, keys.FINALIZER],
-                "resourceVersion": gate.metadata.resource_version}})
-            self.world.gates.observe(patched)
-            return  # the watch brings the new version back to us
+            return result | await self._finalize(gate, obj)
+        finalizer = plan_finalizer(gate)
+        if finalizer is not None:
+            return result | await self._apply(gate, obj, finalizer)  # the watch brings the new version back
         if disabled(gate):
-            await self._disabled(gate, obj)
-            return
+            return result | await self._disabled(gate, obj)
         found, policy = await self._policy_of(gate, obj)
         if not found:
-            return
+            return result
         # Before any plan: no round starts on any node before its packages' images are pinned by digest.
         gate, obj = await self._resolve_images(gate, obj)
         fleet = self.world.fleet()
@@ -110,50 +111,75 @@ class GateReconciler:
                               packages_in_use=self._packages_in_use(), reported=self.world.reported,
                               prepull=self.prepuller.lookahead if self.prepuller is not None else None,
                               revisions=self.world.revisions.get(name))
-        await self.executor.apply_gate_plan(gate, obj, plan)
+        result |= await self._apply(gate, obj, plan)
         if self.prepuller is not None and plan.prepull is not None:  # after the picks are written
-            await self.prepuller.sync(gate, plan.prepull)
+            result |= await self._prepull(self.prepuller, gate, plan.prepull)
+        return result
+
+    async def _apply(self, gate: NodeGate, obj: Obj, plan: ReconcilePlan) -> Result:
+        """Send a plan (`GateApplier`): its node writes; for each refused for good, what follows
+        (`gate.lifecycle.outcomes.refused_update`), written before anything after them; then the rest.
+        Returns when to look again: the gate at `recheck_after`, its nodes in `node_keys` and those
+        written with a round in progress now."""
+        writes = await self.applier.write_node_updates(gate, plan.updates)
+        result = DONE
+        for node, (update, exc) in writes.refused.items():
+            result |= await self._refused(gate, node, update, exc)
+        if writes.error is not None:
+            raise writes.error  # a lost race: nothing after it is written; the gate is retried
+        if plan.releasable is not None:
+            self.world.removal_release[gate.name] = plan.releasable
+        await self.applier.apply_gate_plan(gate, obj, plan)
+        if plan.recheck_after is not None:
+            result |= look(GateKey(gate.name), plan.recheck_after + 0.5)
+        return merged((result, *(look(NodeKey(gate.name, n)) for n in (*plan.node_keys, *writes.in_round))))
+
+    async def _refused(self, gate: NodeGate, node: str, update: NodeUpdate, exc: ApiError) -> Result:
+        obj = self.world.nodes.get(node)
+        if obj is None:
+            return DONE
+        followed = refused_update(gate.name, node, update, exc.message)
+        if not isinstance(followed, Refusal):
+            log.warning("Node write refused; gate=%s node=%s error=%s", gate.name, node, exc)
+            await self.applier.emit(obj, [followed])
+            return DONE
+        assert update.state is not None  # a Refusal is a round's write
+        ctx = NodeContext(gate=gate, node=node_view(obj), state=update.state,
+                          stage_pods=self.world.stage_pods_of(gate.name, node, update.state.pods).ours, pods=None,
+                          now=datetime.now(UTC))
+        return await fail_refused(self.applier, gate, obj, ctx, followed)
+
+    async def _prepull(self, prepuller: Prepuller, gate: NodeGate, found: list[Candidate]) -> Result:
+        """The prepull pods of every gate, planned with this gate's candidates and sent, under one lock."""
+        async with prepuller.lock:
+            refused = await self.applier.apply_prepull(prepuller.plan(gate, found))
+            said, looks = prepuller.refused_now(refused)
+            await self.applier.apply_prepull(said)
+            prepuller.measure()
+        return merged(look(k) for k in looks)
 
     async def _resolve_images(self, gate: NodeGate, obj: Obj) -> tuple[NodeGate, Obj]:
-        """Resolve the images of the gate's packages that have no record of their image:version yet
-        (`gate.lifecycle.images`), and record them in the status, before anything is planned. Returns the
-        gate and its object as they are after that write. Raises `ImagesUnresolved` (the reconcile is
-        retried with backoff) once the status and an Event say which image failed and why."""
+        """Resolve the images of the gate's packages that have no record of their image:version yet, judge
+        their digests under the image signature policy (`gate.lifecycle.signatures`), and write what
+        `gate.lifecycle.images.plan_images` makes of it, before anything is planned. Returns the gate and its
+        object as they are after that write. Raises `ImagesUnresolved` or `ImagesUnverified` (the reconcile
+        is retried with backoff) once the status and an Event say which image holds the gate and why."""
         if not self.resolver.settings.resolve_digests:
             return gate, obj
         back_to = rollback_targets(gate, self.world.revisions.get(gate.name))
         resolved, problems = await self.resolver.resolve(gate, back_to)
-        current = gate.status.images if gate.status is not None else []
         # With an image signature policy, each digest is judged too (gate.lifecycle.signatures).
         records, verdicts, unread = await self.resolver.verify(gate, merged_records(gate, resolved, back_to),
                                                                back_to)
         refused, warned = self.resolver.verdicts_of(gate.name, verdicts)
-        status: Obj = {}
-        hold = hold_of({**problems, **unread}, refused)
-        if not same_records(current, records):
-            status["images"] = records_wire(records)
-        if hold is not None:
-            # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
-            previous = gate.status.conditions if gate.status is not None else []
-            now, generation = datetime.now(UTC), gate.metadata.generation or 0
-            held: dict[str, Literal["True", "False"]] = {hold.condition: "False", "Ready": "False",
-                                                         "Degraded": "True"}
-            kept = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") not in held]
-            status["conditions"] = [*kept, *(condition(type_, value, hold.reason, hold.message, previous, now,
-                                                       generation).to_wire() for type_, value in held.items())]
-            status.update({"status": "Degraded", "observedGeneration": generation})
-        current_status = obj.get("status") or {}
-        if status and not same_status(current_status, {**current_status, **status}):
-            patched = await self.client.patch(NODEGATES, gate.name, {"status": status, "metadata": {
-                "resourceVersion": obj["metadata"]["resourceVersion"]}}, subresource="status")
-            self.world.gates.observe(patched)
+        plan = plan_images(gate, obj.get("status") or {}, records, hold_of({**problems, **unread}, refused),
+                           datetime.now(UTC), warnings(warned))
+        patched = await self.applier.apply_images(gate, obj, plan)
+        if patched is not None:
             obj, gate = patched, self.world.gate(gate.name) or gate
-        if warned:
-            await self.recorder.emit(obj, "Warning", warned[0].verdict.reason, failure_message(warned, mode="warn"))
-        if hold is not None:
-            await self.recorder.emit(obj, "Warning", hold.reason, hold.message)
-            unverified = hold.condition == "ImagesVerified"
-            raise ImagesUnverified(hold.message) if unverified else ImagesUnresolved(hold.message)
+        if plan.held is not None:
+            unverified = plan.held.condition == "ImagesVerified"
+            raise ImagesUnverified(plan.held.message) if unverified else ImagesUnresolved(plan.held.message)
         return gate, obj
 
     def _packages_in_use(self) -> set[str]:
@@ -193,11 +219,11 @@ class GateReconciler:
         return True, policy
 
     async def _gate_problem(self, obj: Obj, gate: NodeGate, reason: str, message: str) -> None:
-        await self.executor.apply_gate_plan(gate, obj, plan_problem(gate, status=obj.get("status") or {},
-                                                                    reason=reason, message=message,
-                                                                    now=datetime.now(UTC)))
+        # A problem plan writes the status and an Event only: nothing to look at again but what a person fixes.
+        await self._apply(gate, obj, plan_problem(gate, status=obj.get("status") or {}, reason=reason,
+                                                  message=message, now=datetime.now(UTC)))
 
-    async def _finalize(self, gate: NodeGate, obj: Obj) -> None:
+    async def _finalize(self, gate: NodeGate, obj: Obj) -> Result:
         """Deleting a gate: uninstall what can be, uncordon, remove every node key, then let go."""
         fleet = self.world.fleet()
         holding = holders(gate, fleet)
@@ -205,18 +231,17 @@ class GateReconciler:
             # Removal is a rollout too (gate.lifecycle.removal): the planner picks who uninstalls now.
             found, policy = await self._policy_of(gate, obj, endpoints=False)
             if not found:
-                return
+                return DONE
             plan = plan_removal_reconcile(gate, policy, fleet, status=obj.get("status") or {},
                                           holders=holding, now=datetime.now(UTC),
                                           resolve_digests=self.resolver.settings.resolve_digests)
-            await self.executor.apply_gate_plan(gate, obj, plan)
-            return  # node reconciles uninstall and remove their keys; their events bring us back
-        await self.executor.apply_gate_plan(gate, obj, plan_release(gate, fleet, self.world.all_gates()))
+            return await self._apply(gate, obj, plan)  # node reconciles uninstall and remove their keys
+        return await self._apply(gate, obj, plan_release(gate, fleet, self.world.all_gates()))
 
-    async def _disabled(self, gate: NodeGate, obj: Obj) -> None:
+    async def _disabled(self, gate: NodeGate, obj: Obj) -> Result:
         plan = plan_disabled(gate, self.world.fleet(), status=obj.get("status") or {}, gates=self.world.all_gates(),
                              now=datetime.now(UTC))
-        await self.executor.apply_gate_plan(gate, obj, plan)
+        return await self._apply(gate, obj, plan)
 
 
 class PolicyReconciler:

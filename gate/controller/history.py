@@ -25,6 +25,7 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import rollout_hash
 from gate.controller.pods import GATE_NAME_ANNOTATION, owner_reference
+from gate.controller.result import DONE, Result, replan
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import HistoryKey
 from gate.controller.world import World
@@ -81,16 +82,16 @@ class HistoryReconciler:
         self.recorded: dict[str, tuple[str, str]] = {}  # gate -> (uid, rollout hash) recorded last
         self.reported: set[str] = set()  # foreign revisions already logged (by name and resourceVersion)
 
-    async def reconcile(self, key: HistoryKey) -> None:
+    async def reconcile(self, key: HistoryKey) -> Result:
         gate = self.world.gate(key.gate)
         signer = self.world.signer
         if gate is None or gate.metadata.deletion_timestamp or signer is None or not gate.metadata.uid:
             self.recorded.pop(key.gate, None)
             self.world.revisions.pop(key.gate, None)
-            return
+            return DONE
         uid, spec_hash = gate.metadata.uid, rollout_hash(gate)
         if self.recorded.get(gate.name) == (uid, spec_hash):
-            return
+            return DONE
         ns = self.settings.namespace
         objs, _ = await self.client.list(CONTROLLER_REVISIONS, ns, label_selector=history_selector(gate.name))
         own, foreign = self._own(gate, objs)
@@ -112,7 +113,7 @@ class HistoryReconciler:
                      gate.name, name, self.settings.revision_history_limit)
         self.recorded[gate.name] = (uid, spec_hash)
         self.world.revisions[gate.name] = kept_history(gate, own, step)
-        self.world.gate_later(gate.name)  # a roll-back may wait for the history (`gate.lifecycle.rollback`)
+        return replan([gate.name])  # a roll-back may wait for the history (`gate.lifecycle.rollback`)
 
     def _own(self, gate: NodeGate, objs: list[Obj]) -> tuple[list[Revision], dict[str, Obj]]:
         """The gate's revisions the operator signed, and every other object under its label, by name."""

@@ -27,8 +27,8 @@ from gate.controller.registry import RegistryError, credentials_for, docker_conf
 from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
 from gate.kube.errors import ApiError
-from gate.lifecycle.images import pinned_images, to_resolve
-from gate.lifecycle.signatures import AGENT, Judged, agent_image, held, recorded_verdict, warned
+from gate.lifecycle.images import AGENT, pinned_images, to_resolve
+from gate.lifecycle.signatures import Judged, agent_image, held, recorded_verdict, warned
 
 log = logging.getLogger("nodegate.operator")
 
@@ -86,15 +86,11 @@ class ImageResolver:
             if pinned is not None:
                 return pinned
             try:
-                digest = await resolve_digest(image, None, timeout=self.settings.resolve_timeout,
-                                              token_hosts=self.settings.token_hosts,
-                                              plain_http=self.settings.plain_http_registries)
+                digest = await self._digest(image, None)
             except RegistryError as exc:
-                self.metrics.image_resolutions.labels("failed").inc()
                 log.warning("Agent image not resolved, every gate waits; gate=%s image=%s error=%s", gate, image, exc)
                 return (f"NodeGate's agent image {image} (in every stage pod) could not be resolved to a digest, so "
                         f"its signature cannot be verified: {exc}")
-            self.metrics.image_resolutions.labels("resolved").inc()
             self.settings.pin_agent_image(f"{image.rpartition(':')[0]}@{digest}")
             log.info("Pinned the agent image by digest, stage pods pull it so; image=%s digest=%s pinned=%s", image,
                      digest, self.settings.agent_image)
@@ -151,17 +147,25 @@ class ImageResolver:
         notes: list[str] = []
         credentials = await self._credentials_of(reference, spec, notes)
         try:
-            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
-                                          token_hosts=self.settings.token_hosts,
-                                          plain_http=self.settings.plain_http_registries)
+            digest = await self._digest(reference, credentials)
         except RegistryError as exc:
-            self.metrics.image_resolutions.labels("failed").inc()
             log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate, package, reference, exc)
             return f"{exc}{''.join(f'; {n}' for n in notes)}"
-        self.metrics.image_resolutions.labels("resolved").inc()
         log.info("Resolved image; gate=%s package=%s image=%s digest=%s", gate, package, reference, digest)
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return ImageRecord(package=package, reference=reference, digest=digest, resolved_at=now)
+
+    async def _digest(self, reference: str, credentials: tuple[str, str] | None) -> str:
+        """The digest the tag names now, counted; RegistryError when it cannot be resolved."""
+        try:
+            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
+                                          token_hosts=self.settings.token_hosts,
+                                          plain_http=self.settings.plain_http_registries)
+        except RegistryError:
+            self.metrics.image_resolutions.labels("failed").inc()
+            raise
+        self.metrics.image_resolutions.labels("resolved").inc()
+        return digest
 
     async def _credentials(self, registry: str, secrets: list[str], notes: list[str]) -> tuple[str, str] | None:
         namespace = self.settings.namespace

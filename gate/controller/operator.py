@@ -12,8 +12,9 @@
   - `NodeKey`, `JoinKey` and `TaintKey`: `gate.controller.nodes` (one step of a node's state machine;
     the readiness taint of a node that just joined, or that no gate holds back any longer);
   - `HistoryKey`: `gate.controller.history` (the gate's spec as its newest ControllerRevision).
-  Each reads only the caches, decides with the pure core, and the executor (`gate.controller.executor`)
-  performs the decision. Every Node write carries the resourceVersion it was decided on, so a
+  Each reads only the caches, decides with the pure core, has an applier (`gate.controller.executor`)
+  send the decision, and returns when to look again (`gate.controller.result`), which `_look_again`
+  turns into the queue's calls. Every Node write carries the resourceVersion it was decided on, so a
   decision made on a stale copy is refused by the API server (409) and simply decided again.
 * Health and metrics (`gate.controller.health`).
 """
@@ -34,16 +35,18 @@ from gate.controller import signing, triggers
 from gate.controller.clients import OperatorClients
 from gate.controller.endpoints import EndpointBook
 from gate.controller.events import EventRecorder
-from gate.controller.executor import Executor
+from gate.controller.gate_applier import GateApplier
 from gate.controller.gates import GateReconciler, PolicyReconciler
 from gate.controller.health import Health
 from gate.controller.history import HistoryReconciler
 from gate.controller.images import ImageResolver, ImagesUnresolved
 from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
+from gate.controller.node_applier import NodeApplier
 from gate.controller.nodes import JoinReconciler, NodeReconciler, TaintReconciler
 from gate.controller.prepull import Prepuller
 from gate.controller.queue import WorkQueue
+from gate.controller.result import DONE, Result
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
 from gate.controller.triggers import GateKey, HistoryKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
@@ -71,20 +74,21 @@ class Operator:
         self.world = World(settings, client)
         # The image signature policy (--image-signatures): read now, so a bad file stops the start.
         self.image_trust = ImageTrust(settings, self.metrics)
-        executor = Executor(settings, client, self.metrics, recorder, self.world, self.image_trust)
-        prepuller = Prepuller(settings, client, self.world, recorder, self.metrics)
+        gate_applier = GateApplier(settings, client, self.metrics, recorder, self.world)
+        node_applier = NodeApplier(settings, client, self.metrics, recorder, self.world)
+        prepuller = Prepuller(settings, self.world, self.metrics)
         # The Prometheus endpoints the installer configured: the only ones a policy may name.
         self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
-        self.gates = GateReconciler(client, self.metrics, recorder, self.world, executor,
+        self.gates = GateReconciler(self.metrics, self.world, gate_applier,
                                     ImageResolver(settings, client, self.metrics, self.image_trust), prepuller,
                                     self.endpoints)
         self.policies = PolicyReconciler(client, self.world, self.endpoints)
         self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
                                     concurrency=settings.health_queries)
-        self.nodes = NodeReconciler(settings, client, timing, self.world, executor, self.signals,
-                                   prepuller)
-        self.joins = JoinReconciler(self.world, executor)
-        self.taints = TaintReconciler(self.world, executor)
+        self.nodes = NodeReconciler(settings, client, timing, self.world, node_applier, self.signals,
+                                   prepuller, self.image_trust)
+        self.joins = JoinReconciler(self.world, node_applier)
+        self.taints = TaintReconciler(self.world, node_applier)
         self.history = HistoryReconciler(settings, client, self.world)
         self.ready = False
         self.elector = LeaderElector(clients.lease, settings.lease_name, settings.namespace, settings.identity,
@@ -264,21 +268,23 @@ class Operator:
             key = await queue.get()
             started = time.monotonic()
             try:
+                result = DONE
                 match key:
                     case GateKey(gate):
-                        await self.gates.reconcile(key)
+                        result = await self.gates.reconcile(key)
                         self.world.gate_cost[gate] = time.monotonic() - started
                     case PolicyKey():
                         await self.policies.reconcile(key)
                     case JoinKey():
-                        await self.joins.reconcile(key)
+                        result = await self.joins.reconcile(key)
                     case TaintKey():
-                        await self.taints.reconcile(key)
+                        result = await self.taints.reconcile(key)
                     case NodeKey():
-                        await self.nodes.reconcile(key)
+                        result = await self.nodes.reconcile(key)
                     case HistoryKey():
-                        await self.history.reconcile(key)
+                        result = await self.history.reconcile(key)
                 queue.forget(key)
+                self._look_again(result)
             except asyncio.CancelledError:
                 raise
             except (ApiError, ConnectionFailed, ImagesUnresolved) as exc:
@@ -295,6 +301,15 @@ class Operator:
                 queue.done(key)
                 self.metrics.reconcile_duration.labels(key.kind).observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(queue))
+
+    def _look_again(self, result: Result) -> None:
+        """The one place a reconcile's `Result` becomes the queue's calls (controller-runtime's
+        reconcileHandler): each key after its delay (a key being processed now is queued again once
+        its worker is done), each gate debounced."""
+        for key, after in result.looks.items():
+            self.world.queue.add_after(key, after)
+        for gate in sorted(result.replan):
+            self.world.gate_later(gate)
 
     # -- event handlers: map changes to keys ------------------------------------------------------
 

@@ -49,7 +49,7 @@ from gate.controller.podshape import SHAPE_FIELD, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
-from gate.lifecycle.images import PodImage, pod_images
+from gate.lifecycle.images import PodImage, pod_images, request_packages
 from gate.lifecycle.node import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
 
@@ -64,7 +64,7 @@ NODE_NAME_ANNOTATION = f"{keys.GROUP}/node-name"
 STEPS_ANNOTATION = f"{keys.GROUP}/steps"
 ROUND_ANNOTATION = f"{keys.GROUP}/round"
 ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
-POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal")
+POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal", "staging", "unstage")
 # NodeGate's image keeps its virtualenv at /opt/nodegate (Dockerfile). -I: isolated mode (no PYTHON*
 # variable, no user site, not the current directory on sys.path); -u and -B stand in for the image's
 # PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE, which isolated mode ignores like the rest.
@@ -169,7 +169,7 @@ def _tolerations(gate: NodeGate) -> list[Obj]:
     ]
 
 
-def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
+def _package_step(gate: NodeGate, node: str, step: Step, image: str, part: str = "whole") -> Obj:
     """The agent container of one package stage, reading the payload, config and facts its package's
     volumes hold."""
     assert step.package is not None
@@ -189,6 +189,8 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str) -> Obj:
         {"name": "NODEGATE_STAGE", "value": step.stage},
         {"name": "NODEGATE_NODE", "value": node},
     ]
+    if part != "whole":  # a staging pod's serving steps, or their undo (gate.lifecycle.staging)
+        args += ["--part", part]
     if step.previous_version:
         args += ["--previous-version", step.previous_version]
         env.append({"name": "NODEGATE_PREVIOUS_VERSION", "value": step.previous_version})
@@ -217,9 +219,31 @@ def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[
     }
 
 
-def request_packages(request: PodRequest) -> list[str]:
-    """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
-    return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
+def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], settings: OperatorSettings,
+                facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
+    """A staging pod (`gate.lifecycle.staging`): the round's serving steps on the serving node, before
+    its cordon (`agent run --part serving`). Owned by no gate: the pod is the record of what was staged,
+    and a foreground deletion of the gate would take it before its undo ran."""
+    pod = stage_pod(gate, node, PodRequest(name, "staging", steps, part="serving"), settings, facts, images)
+    del pod["metadata"]["ownerReferences"]
+    return pod
+
+
+def unstage_pod(staging: Obj, name: str) -> Obj:
+    """The undo of a staging pod: the same pod (the staged version's images, config and facts, whatever
+    the gate's spec says now) with `--part undo` and kind `unstage`, under `name`. `staging` is the pod as
+    the API server returns it (its whole spec), not a slimmed copy of a cache."""
+    meta = staging["metadata"]
+    spec = json.loads(json.dumps(staging["spec"]))
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        args = container.get("args") or []
+        if "--part" in args:
+            args[args.index("--part") + 1] = "undo"
+    labels = {**(meta.get("labels") or {}), keys.STAGE_KIND_LABEL: "unstage"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": meta.get("namespace"), "labels": labels,
+                         "annotations": dict(meta.get("annotations") or {})},
+            "spec": spec}
 
 
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
@@ -282,7 +306,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                     seconds = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
                     grace = max(grace or 0, seconds)
             stages[step.package].append(step.stage)
-            containers.append(_package_step(gate, node, step, settings.agent_image))
+            containers.append(_package_step(gate, node, step, settings.agent_image, request.part))
             deadline += _seconds(pkg.timeout)
         volumes.append({"name": "facts", "downwardAPI": {"items": [
             {"path": FACTS_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{FACTS_ANNOTATION}']"}},
@@ -480,6 +504,11 @@ def stage_pod_view(pod: Obj) -> StagePod:
             if not message:
                 message = f"container {cs.get('name')} exited with code {term.get('exitCode')}"
             break
+    kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
+    boot_id = ""
+    if kind == "staging" and statuses and not failed:  # its summary says the boot it ended on
+        last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
+        boot_id = _summary_boot_id(last)
     pod_phase = status.get("phase")
     phase: RunPhase
     if pod_phase == "Succeeded" or (steps and done == len(steps)):
@@ -492,12 +521,21 @@ def stage_pod_view(pod: Obj) -> StagePod:
         phase = "running"
     else:
         phase = "pending"
-    kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
     return StagePod(
         name=meta.get("name", ""), kind=kind if kind in POD_KINDS else "stages", phase=phase, steps=steps,
         done=done, message=message[:2000], waiting_reason=waiting_reason,
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
-        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)),
+        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)), boot_id=boot_id,
     )
+
+
+def _summary_boot_id(message: str) -> str:
+    """The `bootId` of an agent's JSON summary (a termination message), empty when it has none."""
+    try:
+        wire = json.loads(message)
+    except ValueError:
+        return ""
+    value = wire.get("bootId") if isinstance(wire, dict) else None
+    return value if isinstance(value, str) else ""

@@ -1,12 +1,14 @@
-"""Prepull pods: the I/O around `gate.lifecycle.prepull`, which decides.
+"""Prepull pods: the memory around `gate.lifecycle.prepull`, which decides; the gate applier writes.
 
-Each gate's plan (`gate.lifecycle.reconcile.ReconcilePlan.prepull`) hands its candidates in (`sync`);
+Each gate's plan (`gate.lifecycle.reconcile.ReconcilePlan.prepull`) hands its candidates in (`plan`);
 the prepuller keeps the latest of every gate, and under one lock (the bound is fleet-wide, and gates
-are planned concurrently) reads every prepull pod from the cache, asks `plan_prepulls` what to create
-and delete, and does it. A pod it creates is taken into the cache at once, so the next sync counts it
-even before its watch event. A gate whose candidates are not known yet (not planned since this
-replica leads) keeps its pods: a restart never deletes pods it has not decided about. Its pods go
-with the gate (owner references), and a deleted or disabled gate hands in no candidates.
+are planned concurrently; the gate reconcile holds it until the writes are sent) reads every prepull
+pod from the cache, asks `plan_prepulls` what to create and delete, and returns that as `PrepullWrites`
+for `gate.controller.gate_applier.GateApplier.apply_prepull`. A pod it creates is taken into the
+cache at once, so the next plan counts it even before its watch event. A gate whose candidates are
+not known yet (not planned since this replica leads) keeps its pods: a restart never deletes pods it
+has not decided about. Its pods go with the gate (owner references), and a deleted or disabled gate
+hands in no candidates.
 
 A prepull pod the API server refuses for good (admission, a quota) holds nothing back: said in a
 Warning Event on the gate, and the node's round goes on as without prepull (its stage pods pull).
@@ -20,20 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
-from gate.controller.events import EventRecorder
-from gate.controller.executor import refused_for_good
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
 from gate.controller.world import World
-from gate.kube.client import PODS, KubeClient
-from gate.kube.errors import ApiError, Conflict
+from gate.kube.errors import ApiError
 from gate.kube.objects import pod_ended
-from gate.lifecycle.node import PULL_ERRORS, StagePod
+from gate.lifecycle.node import PULL_ERRORS, EventRequest, StagePod
 from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,
@@ -47,14 +48,21 @@ from gate.lifecycle.prepull import (
 log = logging.getLogger("nodegate.operator")
 
 
+@dataclass
+class PrepullWrites:
+    """What the gate applier writes of the prepull pods: the pods to delete, those to create (with their
+    manifests), then the Events, each on the gate it names."""
+
+    delete: list[str] = field(default_factory=list)
+    create: list[tuple[Candidate, Obj]] = field(default_factory=list)
+    events: list[tuple[str, EventRequest]] = field(default_factory=list)
+
+
 class Prepuller:
-    def __init__(self, settings: OperatorSettings, client: KubeClient, world: World, recorder: EventRecorder,
-                 metrics: OperatorMetrics | None = None) -> None:
+    def __init__(self, settings: OperatorSettings, world: World, metrics: OperatorMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or OperatorMetrics()
-        self.client = client
         self.world = world
-        self.recorder = recorder
         self.by_gate: dict[str, list[Candidate]] = {}
         self.gates: dict[str, NodeGate] = {}
         self.reported: set[str] = set()  # prepull pods whose failing pull was said in an Event
@@ -74,57 +82,44 @@ class Prepuller:
             return None
         return Lookahead(self.settings.prepull_ahead, self.settings.agent_image)
 
-    async def forget(self, gate: NodeGate) -> None:
-        """The gate plans nothing (deleted, disabled): none of its prepull pods is needed."""
-        if self.enabled and (gate.name in self.by_gate or any(p.gate == gate.name for p, _ in self._pods())):
-            await self.sync(gate, [])
+    def forgets(self, gate: NodeGate) -> bool:
+        """The gate plans nothing (deleted, disabled): whether it has prepull pods to let go (planned with
+        no candidates, `plan`)."""
+        return self.enabled and (gate.name in self.by_gate or any(p.gate == gate.name for p, _ in self._pods()))
 
-    async def sync(self, gate: NodeGate, found: list[Candidate]) -> None:
-        async with self.lock:
-            self.by_gate[gate.name] = found
-            self.gates[gate.name] = gate
-            pods = self._pods()
-            plan = plan_prepulls(self.by_gate, [p for p, _ in pods], self.settings.prepull_concurrency)
-            for name in plan.delete:  # a pod already gone is fine (missing_ok)
-                await self.client.delete(PODS, name, self.settings.namespace)
-            for cand in plan.create:
-                owner = self.gates.get(cand.gate)
-                if owner is None:
-                    continue
-                if cand.pod in self.refused:
-                    continue
-                try:
-                    created = await self.client.create(PODS, prepull_pod(owner, cand, self.settings),
-                                                       self.settings.namespace)
-                except Conflict as exc:
-                    if exc.already_exists:  # a name is its (gate, node, images): that very pod
-                        continue
-                    raise
-                except ApiError as exc:
-                    if not refused_for_good(exc):
-                        raise
-                    await self._refused(owner, cand, exc)
-                    continue
-                self.world.pods.observe(created)
-                log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
-                         cand.picked)
-            self.reported &= {p.name for p, _ in pods}
-            self.refused &= {c.pod for cands in self.by_gate.values() for c in cands}
-            await self._report(gate, pods)
-            self._measure(self._pods())
+    def plan(self, gate: NodeGate, found: list[Candidate]) -> PrepullWrites:
+        """The gate's latest candidates taken in, what to write of every gate's prepull pods (no I/O).
+        Called under `lock`, which the caller holds until the writes are sent and `refused` is told."""
+        self.by_gate[gate.name] = found
+        self.gates[gate.name] = gate
+        pods = self._pods()
+        plan = plan_prepulls(self.by_gate, [p for p, _ in pods], self.settings.prepull_concurrency)
+        create = []
+        for cand in plan.create:
+            owner = self.gates.get(cand.gate)
+            if owner is not None and cand.pod not in self.refused:
+                create.append((cand, prepull_pod(owner, cand, self.settings)))
+        self.reported &= {p.name for p, _ in pods}
+        self.refused &= {c.pod for cands in self.by_gate.values() for c in cands}
+        return PrepullWrites(delete=list(plan.delete), create=create, events=self._report(gate, pods))
 
-    async def _refused(self, gate: NodeGate, cand: Candidate, exc: ApiError) -> None:
-        """A prepull pod the API server will not admit: said once, and its round is not held back by it
-        (a stage pod refused alike fails the node, uncordoned, as before)."""
-        self.refused.add(cand.pod)
-        log.warning("Prepull pod refused; gate=%s node=%s pod=%s error=%s", gate.name, cand.node, cand.pod, exc)
-        obj = self.world.gates.get(gate.name)
-        if obj is not None:
-            await self.recorder.emit(obj, "Warning", "PrepullRefused",
-                                     f"NodeGate {gate.name}: the API server refused the prepull pod of node "
-                                     f"{cand.node} ({exc}); its round pulls its images itself, after the cordon")
-        if cand.picked:
-            self.world.queue.add(NodeKey(gate.name, cand.node))
+    def refused_now(self, refused: list[tuple[Candidate, ApiError]]) -> tuple[PrepullWrites, list[NodeKey]]:
+        """Prepull pods the API server will not admit: said once, and their rounds are not held back by them
+        (a stage pod refused alike fails the node, uncordoned, as before). Returns the Events, and the
+        picked nodes whose reconcile looks again now (they await no prepull pod any longer)."""
+        events, looks = [], []
+        for cand, exc in refused:
+            self.refused.add(cand.pod)
+            log.warning("Prepull pod refused; gate=%s node=%s pod=%s error=%s", cand.gate, cand.node, cand.pod, exc)
+            events.append((cand.gate, EventRequest(
+                "gate", "Warning", "PrepullRefused", f"NodeGate {cand.gate}: the API server refused the prepull pod "
+                f"of node {cand.node} ({exc}); its round pulls its images itself, after the cordon")))
+            if cand.picked:
+                looks.append(NodeKey(cand.gate, cand.node))
+        return PrepullWrites(events=events), looks
+
+    def measure(self) -> None:
+        self._measure(self._pods())
 
     def _measure(self, pods: list[tuple[PrepullPod, StagePod]]) -> None:
         known = [g for g in self.by_gate if self.world.gates.get(g) is not None]
@@ -143,20 +138,21 @@ class Prepuller:
                                    deleting=bool(meta.get("deletionTimestamp"))), stage_pod_view(pod)))
         return out
 
-    async def _report(self, gate: NodeGate, pods: list[tuple[PrepullPod, StagePod]]) -> None:
-        obj = self.world.gates.get(gate.name)
-        if obj is None:
-            return
+    def _report(self, gate: NodeGate, pods: list[tuple[PrepullPod, StagePod]]) -> list[tuple[str, EventRequest]]:
+        events: list[tuple[str, EventRequest]] = []
+        if self.world.gates.get(gate.name) is None:
+            return events
         for pod, view in pods:
             if pod.gate != gate.name or view.waiting_reason not in PULL_ERRORS or pod.name in self.reported:
                 continue
             self.reported.add(pod.name)
             self.metrics.prepull_failures.labels(gate.name).inc()
             node = next((c.node for c in self.by_gate.get(gate.name, []) if c.pod == pod.name), "?")
-            await self.recorder.emit(obj, "Warning", "PrepullFailing",
-                                     f"NodeGate {gate.name}: the images of node {node}'s next round cannot be "
-                                     f"pulled ahead ({view.waiting_reason}: {view.message}); the node fails, "
-                                     "uncordoned, when its turn comes if they still cannot")
+            events.append((gate.name, EventRequest(
+                "gate", "Warning", "PrepullFailing", f"NodeGate {gate.name}: the images of node {node}'s next round "
+                f"cannot be pulled ahead ({view.waiting_reason}: {view.message}); the node fails, uncordoned, when "
+                "its turn comes if they still cannot")))
+        return events
 
     def pod_for(self, gate: NodeGate, state: NodeGateState, node: str) -> tuple[bool, StagePod | None]:
         """For the node reconcile: whether the round waits for its images, and its prepull pod."""

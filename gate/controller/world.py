@@ -2,8 +2,8 @@
 work queue they add keys to.
 
 controller-runtime's reconcilers share a manager's cache and client, and read through them; this is
-that cache side for NodeGate's reconcilers (`gate.controller.gates`, `gate.controller.nodes`) and the
-executor. It parses each object once per resourceVersion (a gate, a node's fleet view), so that a
+that cache side for NodeGate's reconcilers (`gate.controller.gates`, `gate.controller.nodes`) and their
+appliers. It parses each object once per resourceVersion (a gate, a node's fleet view), so that a
 5,000-node plan does not parse 5,000 nodes again on every look.
 """
 

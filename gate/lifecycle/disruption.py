@@ -61,7 +61,8 @@ def run_phases(r: Round, required: Interrupt, paused: bool, stages: Callable[[],
             return outcome
         if needs_interrupt:
             s.boot_id = r.ctx.node.boot_id
-            r.set_phase("interrupt")
+            # A node that rebooted on its own after its staging had its interrupt (`gate.lifecycle.staging`).
+            r.set_phase("post-interrupt" if s.own_reboot else "interrupt")
         else:
             r.set_phase("finish")
     if s.phase == "interrupt":

@@ -37,6 +37,7 @@ webhook was not serving); `usedBy` lists the gates that name it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -143,3 +144,13 @@ def policy_status(generation: int, used_by: Sequence[str], problem: str | None,
 
 __all__ = ["KSTATUS_TYPES", "RECONCILING", "STALLED", "Verdict", "condition", "policy_status", "rollout_verdict",
            "timestamp", "with_verdict"]
+
+
+def same_status(current: Obj, new: Obj) -> bool:
+    """Two status objects that differ at most in their conditions' lastTransitionTimes."""
+
+    def strip(status: Obj) -> str:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+        return json.dumps({**status, "conditions": conds}, sort_keys=True)
+
+    return strip(current) == strip(new)

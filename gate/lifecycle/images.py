@@ -26,6 +26,10 @@ Decisions:
   against the package's image binding. The pod's repository is always the spec's (`by_digest`), so a
   record can at most choose another manifest of the bound repository; one that fails the check is
   treated as missing, and resolved again.
+* **What resolving writes is planned here** (`plan_images`): the records for the status, and while
+  an image fails, the conditions that say so (ImagesResolved False, Ready False, Degraded True) and
+  the Warning Event; `held` then says why no round may start, and the gate reconcile stops there
+  (retried with backoff). The gate applier writes the plan and decides nothing.
 * **Pull policy is explicit.** By digest, `IfNotPresent`: the content cannot differ, so a node that
   has it need not ask the registry again. With resolution turned off (`--resolve-digests=false`,
   for clusters whose operator cannot reach the registry) a tag is pulled with `Always`, so each node
@@ -36,12 +40,16 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
+from gate.api.common import Obj
 from gate.api.digests import DIGEST
 from gate.api.nodegate import ImageRecord, NodeGate, Package
 from gate.api.versions import image_reference
+from gate.lifecycle.health import condition, same_status
+from gate.lifecycle.node import EventRequest, PodRequest
 
 PullPolicy = Literal["IfNotPresent", "Always"]
 
@@ -163,3 +171,76 @@ def unresolved_message(problems: Mapping[str, str]) -> str:
     """The ImagesResolved=False message: each package's reference and why it could not be resolved."""
     return "; ".join(f"package {name}: {why}" for name, why in sorted(problems.items())) + (
         ". No stage pod of these packages starts on any node until their images resolve (retried with backoff)")
+
+
+AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
+
+
+def request_packages(request: PodRequest) -> list[str]:
+    """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
+    return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
+
+
+def held_requests(gate: NodeGate, requests: Iterable[PodRequest], *, resolve: bool,
+                  trusted: Container[tuple[str, str]] | None = None,
+                  agent: ImageRecord | None = None) -> dict[str, list[str]]:
+    """The stage pods of a node's decision held until their images may be pulled (fail closed: no stage
+    pod pulls a tag the rollout has not pinned, nor, with an image signature policy, a digest it has
+    not judged runnable, `trusted`; NodeGate's own image, `agent`, is judged as a package's, and with a
+    policy an agent image not pinned by digest yet, None, holds every pod: the gate reconcile pins it): pod name
+    -> the packages it waits for. The gate reconcile resolves and judges them, or says why it cannot;
+    the node looks again after it."""
+    held = {}
+    for request in requests:
+        unresolved = pod_images(gate, request_packages(request), resolve=resolve, trusted=trusted)[1]
+        if trusted is not None and (agent is None or (agent.reference, agent.digest) not in trusted):
+            unresolved.append(AGENT)
+        if unresolved:
+            held[request.name] = unresolved
+    return held
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a gate's images hold it before any plan (`gate.lifecycle.signatures.hold_of`): the condition
+    set False, its reason and message."""
+
+    condition: str  # ImagesResolved or ImagesVerified
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ImagesPlan:
+    """What resolving (and judging) a gate's images writes, before any other plan of the gate: `status`,
+    the merge patch of its status (the records, and while the images hold the gate the conditions that
+    say so; None: as it is), then `events` on the gate. `held`: the images hold the gate, no round may
+    start, and the reconcile stops after these writes, retried with backoff."""
+
+    status: Obj | None = None
+    events: list[EventRequest] = field(default_factory=list)
+    held: Hold | None = None
+
+
+def plan_images(gate: NodeGate, status: Obj, records: Sequence[ImageRecord], hold: Hold | None, now: datetime,
+                warnings: Sequence[EventRequest] = ()) -> ImagesPlan:
+    """The gate's image `records` (resolved, merged and judged) for its status, and while `hold` holds
+    the gate: its condition False, Ready False and Degraded True, each with its message, the status
+    Degraded, and a Warning Event; `warnings` (images that fail the signature policy in warn mode) are
+    said before it."""
+    current = gate.status.images if gate.status is not None else []
+    patch: Obj = {}
+    if not same_records(current, records):
+        patch["images"] = records_wire(records)
+    if hold is not None:
+        # Ready no longer (the spec's packages cannot start), Degraded, and the condition that says why.
+        previous = gate.status.conditions if gate.status is not None else []
+        generation = gate.metadata.generation or 0
+        held: dict[str, Literal["True", "False"]] = {hold.condition: "False", "Ready": "False", "Degraded": "True"}
+        kept = [c for c in status.get("conditions") or [] if c.get("type") not in held]
+        patch["conditions"] = [*kept, *(condition(type_, value, hold.reason, hold.message, previous, now,
+                                                  generation).to_wire() for type_, value in held.items())]
+        patch.update({"status": "Degraded", "observedGeneration": generation})
+    write = bool(patch) and not same_status(status, {**status, **patch})
+    events = [*warnings, *([EventRequest("gate", "Warning", hold.reason, hold.message)] if hold else [])]
+    return ImagesPlan(status=patch if write else None, events=events, held=hold)

@@ -9,13 +9,14 @@ A round on a node runs through phases:
 
 `decide` reads the world (the gate, the node, this gate's state on the node, its stage pods, the
 pods on the node) and returns what to do next: a new state and node changes to write in one request,
-stage pods to create or delete, pods to evict, events, and when to look again. The executor performs it.
+stage pods to create or delete, pods to evict, events, and when to look again. The node applier
+(`gate.controller.node_applier`) sends it.
 Everything the next step depends on is either in the state annotation or in an object with a
 deterministic name, so running `decide` again after a crash at any point does the same thing.
 
 This module holds the install round: which stages each package runs and in what order, the wait for
-the round's images before the cordon, and the finish (the readiness taint, the hand-off hold, a
-roll-back's end). The rooms around it:
+the round's images and for its staging (`gate.lifecycle.staging`) before the cordon, and the finish
+(the readiness taint, the hand-off hold, a roll-back's end). The rooms around it:
 
 * `gate.lifecycle.node`: the types the machine reads and returns (`NodeContext`, `Decision`, ...);
 * `gate.lifecycle.round`: a round's start and end, and its steps run in stage pods (`run_steps`);
@@ -28,34 +29,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gate.api.nodegate import Package
-from gate.api.state import Phase, Stage, config_hash, rollout_hash, spec_hash
+from gate.api.state import Phase, rollout_hash
 from gate.lifecycle import taint
 from gate.lifecycle.disruption import require_interrupt, run_phases
 from gate.lifecycle.handoff import hold_wanted
 from gate.lifecycle.node import (
     Decision,
-    EventRequest,
     NodeContext,
-    NodeView,
     PodKind,
-    PodRequest,
     Step,
 )
 from gate.lifecycle.round import (
     Round,
     complete_round,
-    config_refused,
     install_order,
     look_again_for,
     note_pull,
     pending_work,
     round_work,
     run_steps,
+    stage_fingerprint,
     stuck_reason,
-    write_refused,
 )
 from gate.lifecycle.soaking import decide_soak, enter_soak
+from gate.lifecycle.staging import await_staging, staging_steps
 from gate.lifecycle.work import after_stage, constraint_satisfied
 
 
@@ -79,6 +76,12 @@ def decide(ctx: NodeContext) -> Decision:
         outcome = _await_images(r)
         if outcome is not None:
             return outcome
+    if s.phase == "idle" and needs_interrupt and ctx.serving is not None:
+        steps = staging_steps(ctx.gate, s, ctx.serving)
+        if steps:
+            outcome = await_staging(r, steps, ctx.serving, required.type)
+            if outcome is not None:
+                return outcome
     outcome = run_phases(r, required, paused, lambda: _stages(r, paused))
     if outcome is not None:
         return outcome
@@ -102,7 +105,10 @@ def _sweep(r: Round) -> None:
     s = r.state
     now = _PHASE_ORDER.index(s.phase)
     for pod in r.ctx.stage_pods.values():
-        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(_KIND_PHASE[pod.kind]) < now):
+        phase = _KIND_PHASE.get(pod.kind)
+        if phase is None:
+            continue  # a staging pod is the fleet's to delete (`gate.lifecycle.staging`)
+        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(phase) < now):
             r.decision.delete_pods.append(pod.name)
 
 
@@ -181,12 +187,6 @@ def _stages(r: Round, paused: bool) -> Decision | None:
     return None
 
 
-def stage_fingerprint(package: Package, stage: Stage) -> str:
-    if stage == "config":
-        return config_hash(package)
-    return f"{package.version}/{spec_hash(package)}"
-
-
 def _finish(r: Round) -> None:
     ctx, s = r.ctx, r.state
     if s.rollback is not None and not s.rollback.done:
@@ -248,17 +248,3 @@ def _hold(r: Round) -> None:
     r.event("node", "Normal", "HeldForHandOff", f"NodeGate {asker} left the node cordoned for the validator "
             "that comes next (spec.leaveCordoned); `kubectl uncordon` releases it for good")
 
-
-# gate.controller.executor still imports these through this module; its rewrite (one writer per
-# reconcile) points it at gate.lifecycle.node and gate.lifecycle.round, and this list then goes.
-__all__ = [
-    "Decision",
-    "EventRequest",
-    "NodeContext",
-    "NodeView",
-    "PodRequest",
-    "Step",
-    "config_refused",
-    "decide",
-    "write_refused",
-]

@@ -25,12 +25,14 @@ from gate.api.nodegate import Interrupt, NodeGate
 from gate.api.policy import Health
 from gate.api.state import NodeGateState, Stage
 from gate.lifecycle.condition import NodeCondition
+from gate.lifecycle.serving import ServingCatalog
 from gate.lifecycle.soak import Reading
 
 RunPhase = Literal["pending", "running", "succeeded", "failed"]
 
 
-PodKind = Literal["stages", "interrupt", "post-interrupt", "removal"]
+# staging and unstage: a round's serving steps before its cordon, and their undo (`gate.lifecycle.staging`).
+PodKind = Literal["stages", "interrupt", "post-interrupt", "removal", "staging", "unstage"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Step:
 
 @dataclass(frozen=True)
 class StagePod:
-    """A stage pod as the decider needs it (the executor builds this from the pod)."""
+    """A stage pod as the decider needs it (the controller builds this from the pod)."""
 
     name: str
     kind: PodKind
@@ -68,6 +70,8 @@ class StagePod:
     round: int = 0
     attempt: int = 0  # of its first step
     deadline: float | None = None  # its activeDeadlineSeconds
+    # A staging pod's: the node's bootID when its agent ended (its summary), to know a reboot since.
+    boot_id: str = ""
     uid: str = ""  # its metadata.uid and the digest of what it runs: whether it is the operator's
     shape: str = ""  # (`gate.lifecycle.ownership`; the decider only ever sees pods that are)
 
@@ -149,6 +153,7 @@ class PodRequest:
     round: int = 0
     attempt: int = 0
     interrupt: Interrupt | None = None  # the interrupt pod's
+    part: Literal["whole", "serving", "undo"] = "whole"  # what of each stage the agent runs (`agent run --part`)
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,10 @@ class NodeContext:
     # for them first. `prepull_pod` is the node's prepull pod for this round, None while there is none.
     prepull: bool = False
     prepull_pod: StagePod | None = None
+    # Stage while serving (`gate.lifecycle.staging`): which packages have serving steps (None: the
+    # operator stages nothing), and the node's staging pod for its round, None while there is none.
+    serving: ServingCatalog | None = None
+    staging_pod: StagePod | None = None
 
 
 _POD_LABELS: Mapping[str, str] = {"post-interrupt": "post", "post-uninstall": "post"}

@@ -9,7 +9,7 @@ runs what the operator built:
 * **Recorded**: its uid is the one the operator recorded under its name in the node's state
   (`NodeGateState.pods`), which the operator signs (`gate.api.records`): nobody else can put a uid
   there. The uid is recorded in a write of its own right after the create returns it
-  (`gate.controller.executor`), since a create cannot carry the uid it is about to get.
+  (`gate.controller.node_applier`), since a create cannot carry the uid it is about to get.
 * **Unchanged**: the digest of its shape (images, commands, environment, mounts, host namespaces, its
   `nodegate.io/` labels and annotations: `gate.controller.podshape`) is still the one recorded. An
   image patched on the live pod, or a steps annotation rewritten, and it is no longer counted.
@@ -18,7 +18,7 @@ Anything else carrying a stage pod's labels is `foreign`: never shown to the dec
 pod did not exist), reported once (`PodNotOurs`). One case is not foreign for long: a crash (or a lost
 race on the node's write) between the create and the record leaves a pod under the name the operator
 is about to use, unrecorded. The decider, not seeing it, asks for that pod again; the create answers
-409, and the executor adopts the pod found there only when it runs exactly what the operator builds
+409, and the node applier adopts the pod found there only when it runs exactly what the operator builds
 now (`gate.controller.podshape.shape_differences`), recording its uid as for a pod it just created.
 Running what the operator would run, on the node it would run it on, such a pod is the operator's in
 all but its creator. What the rule cannot tell is a status written about a pod that is the

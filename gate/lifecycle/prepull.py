@@ -163,6 +163,21 @@ def awaits_images(gate: NodeGate, state: NodeGateState) -> bool:
     return state.status == "in-progress" and state.phase == "idle" and needs_cordon(gate, state)
 
 
+def planned_state(gplan: GatePlan, states: Mapping[str, NodeGateState | None], node: str) -> NodeGateState:
+    """A node's state for the gate as its plan leaves it: the plan's update (a pick just made) over the
+    state as recorded (`states`; None or missing: none yet)."""
+    update = gplan.updates.get(node)
+    if update is not None and update.state is not None:
+        return update.state
+    return states.get(node) or NodeGateState()
+
+
+def picked_nodes(gplan: GatePlan) -> list[str]:
+    """The gate's nodes in a round once its plan is written: those in progress and those it picks now."""
+    return sorted({*gplan.active, *(n for n, u in gplan.updates.items()
+                                    if u.state is not None and u.state.status == "in-progress")})
+
+
 def candidates(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateState | None], *, ahead: int,
                agent_image: str, resolve: bool) -> list[Candidate]:
     """The gate's candidates, from its plan: its picked nodes that wait for their images, then the
@@ -170,14 +185,10 @@ def candidates(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateSta
     yet); the plan's updates (picks just made) take precedence."""
 
     def state_of(node: str) -> NodeGateState:
-        update = gplan.updates.get(node)
-        if update is not None and update.state is not None:
-            return update.state
-        return states.get(node) or NodeGateState()
+        return planned_state(gplan, states, node)
 
     out: list[Candidate] = []
-    picked = sorted({*gplan.active, *(n for n, u in gplan.updates.items()
-                                      if u.state is not None and u.state.status == "in-progress")})
+    picked = picked_nodes(gplan)
     for node in picked:
         state = state_of(node)
         if state.rollback is not None and not state.rollback.done:
@@ -233,4 +244,5 @@ def plan_prepulls(by_gate: Mapping[str, Sequence[Candidate]], pods: Sequence[Pre
 
 
 __all__ = ["AHEAD_REASONS", "Candidate", "Lookahead", "PrepullPlan", "PrepullPod", "RoundImages",
-           "awaits_images", "candidates", "needs_cordon", "plan_prepulls", "prepull_pod_name", "round_images"]
+           "awaits_images", "candidates", "needs_cordon", "picked_nodes", "plan_prepulls", "planned_state",
+           "prepull_pod_name", "round_images"]

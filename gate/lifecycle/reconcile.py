@@ -1,9 +1,11 @@
 """Everything one gate reconcile writes, decided at once: `ReconcilePlan` (pure: no I/O).
 
-The gate reconcile reads the caches, resolves the packages' images (I/O, in the controller), and then
-asks one function here what to write; `gate.controller.executor.Executor.apply_gate_plan` writes it,
-and nothing else in the gate reconcile does. Four paths, one plan each:
+The gate reconcile reads the caches, resolves the packages' images (I/O, in the controller; what that
+writes is planned by `gate.lifecycle.images.plan_images`), and then asks one function here what to
+write; `gate.controller.gate_applier.GateApplier` writes it (the rule: `gate.controller.executor`).
+One plan per path:
 
+* `plan_finalizer`: a gate without the operator's finalizer gets it, and nothing else yet.
 * `plan_reconcile`: an enabled gate with a usable policy. The rollout (`gate.lifecycle.fleet.plan_gate`)
   decides the node updates, blocked conditions, status and Events; this adds what follows from them.
 * `plan_removal_reconcile`: a deleted gate whose nodes still hold its record (`gate.lifecycle.removal`).
@@ -12,7 +14,7 @@ and nothing else in the gate reconcile does. Four paths, one plan each:
 * `plan_disabled`: a disabled gate (only readiness taints let go, and its status says Disabled).
 * `plan_problem`: a gate whose DeploymentPolicy is missing or cannot be used (Degraded and Stalled).
 
-Decisions made here, rather than in the controller or the executor:
+Decisions made here, rather than in the controller or the applier:
 
 * **Failure conditions follow the state the plan leaves on each node** (`failure_conditions`): the state
   of the node's update when the plan writes one, none when it removes the record, else the node's. So a
@@ -29,19 +31,18 @@ Decisions made here, rather than in the controller or the executor:
 * **A record not written by the operator is reported once** per (gate, node, record) (`refused_reports`):
   `reported` is what was reported before.
 
-The order the executor writes in is what makes a crash between two writes harmless: node writes
+The order the applier writes in is what makes a crash between two writes harmless: node writes
 first (the status never counts progress ahead of the nodes it counts), then the node conditions, the
 status, the removal of the requests acted on (only once the status says what they did), Events,
-metrics, and when to look again.
+metrics. When to look again (`recheck_after`, `node_keys`) the reconcile returns.
 
 To add a decision: give `ReconcilePlan` a field with a harmless default (an empty list, None), fill
 it in the plan function that decides it (with a unit test on that function), and write it in
-`apply_gate_plan`, at the place in the order where a crash right after it is harmless.
+`GateApplier.apply_gate_plan`, at the place in the order where a crash right after it is harmless.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,6 +56,7 @@ from gate.api.state import NodeGateState, StateParseError
 from gate.lifecycle.condition import NodeCondition, failure_condition
 from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, selects
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, previous_conditions
+from gate.lifecycle.health import same_status as same_status
 from gate.lifecycle.images import records_wire
 from gate.lifecycle.node import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
@@ -123,7 +125,7 @@ class RefusedReport:
 
 @dataclass
 class ReconcilePlan:
-    """What one gate reconcile writes, in the order the executor writes it."""
+    """What one gate reconcile writes, in the order the applier writes it."""
 
     gate: str
     updates: dict[str, NodeUpdate] = field(default_factory=dict)  # node writes (record, label, cordon, taint)
@@ -143,6 +145,17 @@ class ReconcilePlan:
     # A deleted gate that is done with every node: remove its finalizer, last of the writes (so a write
     # that fails above it keeps the gate, retried, until every node is clean).
     release: bool = False
+    # A gate first seen: add the finalizer, alone (guarded by its resourceVersion); the watch brings the
+    # new version back, and that one is planned.
+    add_finalizer: bool = False
+
+
+def plan_finalizer(gate: NodeGate) -> ReconcilePlan | None:
+    """The finalizer, added to a gate that lacks it before anything else is planned (its deletion then
+    waits for its nodes to be clean); None: it has it."""
+    if keys.FINALIZER in gate.metadata.finalizers:
+        return None
+    return ReconcilePlan(gate=gate.name, add_finalizer=True)
 
 
 def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *, status: Obj,
@@ -316,16 +329,6 @@ def failure_conditions(gate: str, fleet: Iterable[FleetNode],
 def status_patch(current: Obj, wanted: Obj) -> Obj | None:
     """`wanted`, unless it says what `current` says (lastTransitionTimes aside): None, nothing to write."""
     return None if same_status(current, wanted) else wanted
-
-
-def same_status(current: Obj, new: Obj) -> bool:
-    """Two status objects that differ at most in their conditions' lastTransitionTimes."""
-
-    def strip(status: Obj) -> str:
-        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
-        return json.dumps({**status, "conditions": conds}, sort_keys=True)
-
-    return strip(current) == strip(new)
 
 
 def gate_metrics(status: Obj) -> GateMetrics:

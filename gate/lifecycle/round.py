@@ -23,8 +23,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
-from gate.api.nodegate import NodeGate
-from gate.api.state import Failure, NodeGateState, Phase, failure_message, rollout_hash
+from gate.api.nodegate import NodeGate, Package
+from gate.api.state import Failure, NodeGateState, Phase, Stage, config_hash, failure_message, rollout_hash, spec_hash
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.node import (
     PULL_ERRORS,
@@ -95,6 +95,12 @@ class Round:
         return pod_name(self.gate.name, self.ctx.node.name, self.state.round, kind, first, attempt)
 
 
+def stage_fingerprint(package: Package, stage: Stage) -> str:
+    if stage == "config":
+        return config_hash(package)
+    return f"{package.version}/{spec_hash(package)}"
+
+
 def install_order(gate: NodeGate) -> list[str]:
     """The gate's packages, each after those it depends on (a removal goes the other way)."""
     return topological_order({n: set(p.depends_on) for n, p in gate.spec.packages.items()})
@@ -141,6 +147,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
     s.soak_until = None
     s.health_unreadable = None
     s.boot_id = s.boot_id or boot_id
+    s.own_reboot = None
     s.rollback = None  # a forward round; a roll-back's pick sets it again (`gate.lifecycle.rollback`)
     return s
 
@@ -170,8 +177,8 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
     Level-triggered: `plan` is what is left, recomputed from the state after each `record`. A pod
     that ended is read step by step: each step it completed that is the next one planned is
     recorded (all of them in this one decision, so the node's state is written once per pod), a
-    failed step counts an attempt of that step, and the pod is deleted. The executor writes the node
-    before it deletes or creates pods, so a crash in between only means the next look does the same
+    failed step counts an attempt of that step, and the pod is deleted. The node applier writes the
+    node before it deletes or creates pods, so a crash in between only means the next look does the same
     again. The next pod starts with the first step left; while any stage pod of the gate still runs
     on the node, nothing new starts (two stages never change one host at once).
     """
@@ -338,6 +345,7 @@ def end_round(r: Round, phase: Phase, *, soak_until: str | None) -> None:
     s.interrupted = []
     s.post_checked = []
     s.drain_blocked_by = None
+    s.own_reboot = None
     s.boot_id = ctx.node.boot_id
     r.changed = True
     _uncordon(r)

@@ -41,10 +41,11 @@ from gate.api.common import Condition
 from gate.api.nodegate import ImageRecord, ImageVerification
 from gate.api.signatures import SignaturePolicy, Verdict
 from gate.lifecycle.health import condition
-from gate.lifecycle.images import unresolved_message
+from gate.lifecycle.images import AGENT as AGENT  # re-exported: where the agent's record is made
+from gate.lifecycle.images import Hold, unresolved_message
+from gate.lifecycle.node import EventRequest
 
 CONDITION = "ImagesVerified"
-AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
 PASSED = ("Verified", "NotCovered")  # the reasons of a verdict that is ok
 
 
@@ -98,15 +99,6 @@ def _about(judged: Judged) -> str:
     return f"{head}: {verdict.message}" if verdict.message else head
 
 
-@dataclass(frozen=True)
-class Hold:
-    """Why a gate's images hold it before any plan: the condition set False, its reason and message."""
-
-    condition: str  # ImagesResolved or ImagesVerified
-    reason: str
-    message: str
-
-
 def hold_of(problems: Mapping[str, str], refused: Sequence[Judged]) -> Hold | None:
     """What holds the gate: images that do not resolve (or whose signatures cannot be read) first,
     then images the policy refuses (enforce mode); None when nothing does."""
@@ -115,6 +107,13 @@ def hold_of(problems: Mapping[str, str], refused: Sequence[Judged]) -> Hold | No
     if refused:
         return Hold(CONDITION, refused[0].verdict.reason, failure_message(refused, mode="enforce"))
     return None
+
+
+def warnings(warned: Sequence[Judged]) -> list[EventRequest]:
+    """The Warning Event on the gate for images that fail the policy in warn mode (they run anyway)."""
+    if not warned:
+        return []
+    return [EventRequest("gate", "Warning", warned[0].verdict.reason, failure_message(warned, mode="warn"))]
 
 
 def verified_condition(records: Sequence[ImageRecord], previous: Sequence[Condition], now: datetime,

@@ -53,7 +53,10 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
    twice on the host. So is a running pod deleted by hand and created again. One more case is legal:
    the package went elsewhere on N in between (a step of it at another version, or its uninstall,
    succeeded in a pod created after P1 and before P2): a roll-back took the change away, and a
-   rollout resumed afterwards makes it again.
+   rollout resumed afterwards makes it again. Staging and unstage pods (kinds `staging`, `unstage`:
+   a round's serving steps run before its cordon, and their undo) hold no steps of a stage here: the
+   agent records on the host what it staged, the stage in the window skips it, and staging again after
+   an undo is the same work made again.
 6. `left-cordoned` / `left-tainted` (after convergence, `check_converged`): no node is unschedulable
    with `cordoned-by`; no node carries the readiness taint unless a readinessTaint gate selecting it
    is not complete there. A hold for hand-off has no `cordoned-by`: it outlives rounds and
@@ -93,6 +96,8 @@ from gate.rollout import CompartmentSpec, PolicyMismatch, assign_compartment, co
 from gate.testing.events import Blind, Change, Event, Relist, load_event, resource_version
 from gate.testing.facts import GateFacts, NodeFacts, PodFacts, StepFacts, outcome
 from gate.testing.findings import Coverage, Peak, Violation, ViolationKind
+
+STAGING_KINDS = frozenset({"staging", "unstage"})  # pods outside invariant 5 (gate.lifecycle.staging)
 
 
 class InvariantChecker:
@@ -461,7 +466,7 @@ class InvariantChecker:
     def _judge_duplicates(self) -> None:
         groups: dict[tuple[str | None, ...], list[tuple[PodFacts, int, StepFacts]]] = defaultdict(list)
         for pod in self.pods.values():
-            if pod.gate and pod.node:
+            if pod.gate and pod.node and pod.kind not in STAGING_KINDS:
                 for i, step in enumerate(pod.steps):
                     groups[pod.key(step)].append((pod, i, step))
         moved = self._package_moves()
@@ -492,7 +497,7 @@ class InvariantChecker:
         """(gate, node, package) -> the steps of it that succeeded: their pods' creation bounds, version, stage."""
         out: dict[tuple[str | None, str | None, str], list[tuple[int, int, str | None, str]]] = defaultdict(list)
         for pod in self.pods.values():
-            for step in pod.steps:
+            for step in pod.steps if pod.kind not in STAGING_KINDS else ():
                 if step.package is not None and step.container in pod.succeeded:
                     out[(pod.gate, pod.node, step.package)].append(
                         (pod.created_lo, pod.created_hi, step.version, step.stage))

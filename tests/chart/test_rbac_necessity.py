@@ -145,8 +145,8 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "deploymentpolicies", "watch"): lambda i: _watch(op(i), POLICIES),
     ("operator-cluster", "nodes", "list"): lambda i: op(i).list(NODES),
     ("operator-cluster", "nodes", "watch"): lambda i: _watch(op(i), NODES),
-    # GateReconciler.reconcile (finalizer), _write_status; Executor.write_node_update,
-    # write_failure_condition, _evict; NodeReconciler._pods_on
+    # GateApplier (finalizer, status); Writer.write_node_update, write_condition; NodeApplier._evict;
+    # NodeReconciler._pods_on
     ("operator-cluster", "nodegates", "patch"): lambda i: _absent_ok(
         op(i).patch(NODEGATES, MISSING, {"metadata": {"finalizers": [], "resourceVersion": "1"}})),
     ("operator-cluster", "nodegates/status", "patch"): lambda i: _absent_ok(
@@ -165,7 +165,7 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-cluster", "pods/eviction", "create"): lambda i: _absent_ok(op(i).create(
         PODS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": MISSING, "namespace": "default"}},
         "default", subresource_of=MISSING, subresource="eviction")),
-    # stage pods and their config, the Lease (Executor.execute, _ensure; gate.kube.lease)
+    # stage pods and their config, the Lease (NodeApplier.execute, _ensure; gate.kube.lease)
     ("operator-namespace", "pods", "create"): lambda i: op(i).create(PODS, _stage_pod(i.namespace), dry_run=True),
     ("operator-namespace", "pods", "delete"): lambda i: _absent_ok(
         op(i).delete(PODS, MISSING, i.namespace, missing_ok=False)),

@@ -13,6 +13,8 @@ tier is skipped with the reason in one line; it never passes without running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.kube.client import NODES, KubeClient
 from tests.conftest import Kubectl, unique
 
 REAL_NODES = 2
@@ -136,6 +139,33 @@ class RealCluster:
         out = self.kubectl.run("get", "node", node, "-o", "jsonpath={.status.nodeInfo.bootID}").stdout
         return out.strip()
 
+    def node_ready(self, node: str) -> bool:
+        proc = self.kubectl.run("get", "node", node, "-o", "json", check=False)
+        if proc.returncode != 0:
+            return False
+        conditions = json.loads(proc.stdout).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    @contextlib.contextmanager
+    def node_away(self, node: str, timeout: float = 180.0) -> Iterator[None]:
+        """`node` leaves the cluster and joins it again, as a machine does after `kubectl delete node` and
+        a restart of its kubelet. Inside the block its Node object is gone; on leaving the block its kubelet
+        is killed, the node's boot script starts it again (its unit's Restart=always), and the new kubelet
+        registers a new Node, which goes through admission as any joining machine's does.
+
+        A join that costs one kubelet start: the node keeps its boot, its root and the images its
+        containerd pulled (a node of its own, `dev.add_real_nodes`, boots and pulls every image anew).
+        What the API held on the old Node (labels and annotations set after registration) is gone; the
+        kubelet's own labels come back with it."""
+        from gate.devcluster import faults
+
+        self.kubectl.run("delete", "node", node)
+        try:
+            yield
+        finally:
+            faults.kill_kubelet(self.dev.dir, node)
+            self.wait(f"{node} registered again and Ready", lambda: self.node_ready(node), timeout)
+
     def wait(self, what: str, ready: Callable[[], bool], timeout: float = 300.0, every: float = 1.0) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
@@ -171,6 +201,15 @@ def real_pool_gate(name: str, packages: dict[str, Any]) -> str:
     })
 
 
+async def first_version_of(kube: KubeClient, name: str, since: str, timeout: float) -> dict[str, Any]:
+    """The Node `name` as it was created (its ADDED event on a watch that began before it joined)."""
+    async with asyncio.timeout(timeout):
+        async for kind, obj in kube.watch(NODES, resource_version=since, field_selector=f"metadata.name={name}"):
+            if kind == "ADDED":
+                return obj
+    raise AssertionError(f"no ADDED event for {name}")
+
+
 def _skip_reason() -> str | None:
     from gate.devcluster import realnode
 
@@ -189,7 +228,9 @@ def _progress(log: Path) -> Callable[[str], None]:
     return progress
 
 
-@pytest.fixture(scope="session")
+# Stopped once this directory is done, as the chaos tier's: the worker that ran the tier goes on with
+# other files, and two idle kubelets and their control plane would only take CPU from them.
+@pytest.fixture(scope="package")
 def real_nodes() -> Iterator[RealCluster]:
     """The control plane, its real nodes and the images in its registry; no NodeGate processes."""
     if reason := _skip_reason():
@@ -219,7 +260,7 @@ def real_nodes() -> Iterator[RealCluster]:
             shutil.rmtree(state, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real(real_nodes: RealCluster) -> RealCluster:
     """The real nodes with NodeGate's webhook and operator as processes of this machine (the agent in
     stage pods is the real image, pulled by the nodes)."""

@@ -14,7 +14,6 @@ import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -22,10 +21,10 @@ import yaml
 from gate.api import keys
 from gate.devcluster.build import binary_paths
 from gate.devcluster.cluster import RealNodeSpec
-from gate.kube.client import NODES, KubeClient
+from gate.kube.client import NODES
 from gate.testing.watcher import InvariantWatcher
 from tests.conftest import REPO
-from tests.realnode.conftest import POOL_LABEL, RealCluster
+from tests.realnode.conftest import POOL_LABEL, RealCluster, first_version_of
 
 # The first test of the tier builds what is missing (node root, images): minutes from a cold cache.
 pytestmark = pytest.mark.timeout(1800)
@@ -84,15 +83,6 @@ def readiness_gate(name: str, image: str) -> str:
                  "packages": {"sysctl-tuning": {"version": "1.0.0", "image": image, "interrupt": {"type": "none"},
                                                 "uninstall": {"enabled": True}}}},
     })
-
-
-async def first_version_of(kube: KubeClient, name: str, since: str, timeout: float) -> dict[str, Any]:
-    """The Node `name` as it was created (its ADDED event on a watch that began before it joined)."""
-    async with asyncio.timeout(timeout):
-        async for kind, obj in kube.watch(NODES, resource_version=since, field_selector=f"metadata.name={name}"):
-            if kind == "ADDED":
-                return obj
-    raise AssertionError(f"no ADDED event for {name}")
 
 
 async def test_the_chart_runs_on_real_nodes_and_its_pods_release_a_joining_node(

@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import yaml
 
 from gate.api.keys import READINESS_TAINT_KEY
+from gate.devcluster.cluster import DevCluster
 from gate.kube.client import NODEGATES, NODES, KubeClient
+from tests.chart.outofcluster import session_operator_paused
 from tests.conftest import Kubectl, unique
 from tests.integration.conftest import TAINT, Webhook, cluster_role_for, plain_node, readiness_holder
 
@@ -29,13 +31,30 @@ OTHER = {"key": "example.com/dedicated", "value": "gpu", "effect": "NoSchedule"}
 OPERATOR = "system:serviceaccount:nodegate-system:nodegate-operator"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_session_operator(cluster: DevCluster) -> Iterator[None]:
+    """The session's operator, when another file of this process started it, stopped for this module and
+    started again after it. The writes here are about admission; the operator's readiness-taint backstop
+    puts the taint back on a node that joined after a readinessTaint gate (`taint_reason`: "joined
+    without it"), and would race the read that follows the operator identity's write."""
+    with session_operator_paused(cluster):
+        yield
+
+
 @pytest.fixture
-async def node_admin(kube: KubeClient, webhook: Webhook) -> AsyncIterator[str]:
+async def node_admin(kube: KubeClient, kubectl: Kubectl, webhook: Webhook) -> AsyncIterator[str]:
     """A ClusterRole with every write on Nodes, bound to a fresh user and to the operator's ServiceAccount."""
     name, user = unique("node-admin"), unique("trudy")
     async with cluster_role_for(kube, name, user, [{"apiGroups": [""], "resources": ["nodes", "nodes/status"],
                                                     "verbs": ["get", "list", "patch", "update", "create",
                                                               "delete"]}]):
+        # The API server's RBAC informers take a moment to see a new binding (longer on a busy machine):
+        # until both identities may get nodes, a refusal would come from RBAC, not from the webhook.
+        deadline = time.monotonic() + 60  # a hang guard
+        for who in (user, OPERATOR):
+            while kubectl.run("auth", "can-i", "get", "nodes", as_user=who, check=False).stdout.strip() != "yes":
+                assert time.monotonic() < deadline, f"{who} still may not get nodes"
+                await asyncio.sleep(0.2)
         yield user
 
 

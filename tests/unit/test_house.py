@@ -7,9 +7,9 @@ from pathlib import Path
 GATE = Path(__file__).resolve().parents[2] / "gate"
 MAX_LINES = 600
 
-# Temporary: gate/controller/executor.py is being rewritten (issue 36, one writer per reconcile); the
-# rewrite brings it under the limit and removes this entry.
-OVER_LIMIT_FOR_NOW = {"controller/executor.py"}
+# Modules allowed over the limit while a rewrite is under way: none (controller/executor.py was split
+# into its appliers, issue 36).
+OVER_LIMIT_FOR_NOW: frozenset[str] = frozenset()
 
 
 def lines_of(path: Path) -> int:

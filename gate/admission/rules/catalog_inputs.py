@@ -2,7 +2,9 @@
 catalog` (do not edit; a test fails when it is stale).
 
 Admission holds a bound catalog package's config keys and env against these, for the catalog's version
-(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml.
+(`gate.admission.rules.inputs`); the agent holds every package against its own package.yaml. `serving`
+lists the steps staged on a serving node, by list, for the packages that have any, and `servingOnly`
+the lists with nothing but such steps (`gate.lifecycle.serving`).
 """
 
 from typing import Any, Final
@@ -25,6 +27,9 @@ CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (
                     'version': '1.0.0'},
      'grub-cmdline': {'config': None,
                       'env': {'KERNEL_ARGS': {'pattern': '[-A-Za-z0-9_.,:;=/+@ ]{0,4096}'}},
+                      'serving': {'apply': ['write-drop-in', 'update-grub'],
+                                  'upgrade': ['write-drop-in', 'update-grub']},
+                      'servingOnly': ['apply', 'upgrade'],
                       'version': '1.0.0'},
      'kdump': {'config': {'crashkernel': {'pattern': '\\s*[0-9A-Za-z:,@-]+\\s*'}, 'kdump.conf': {}},
                'env': {},
@@ -43,6 +48,9 @@ CATALOG_INPUTS: Final[dict[str, dict[str, Any]]] = (
              'version': '1.0.0'},
      'module-blocklist': {'config': None,
                           'env': {'MODULES': {'pattern': '[A-Za-z0-9_ -]{0,4096}'}},
+                          'serving': {'apply': ['write-blocklist', 'update-initramfs'],
+                                      'upgrade': ['write-blocklist', 'update-initramfs']},
+                          'servingOnly': ['apply', 'upgrade'],
                           'version': '1.0.0'},
      'node-setup': {'config': {'hold': {'type': 'bool'},
                                'kernel': {'pattern': '\\s*[0-9][A-Za-z0-9._+~-]*\\s*',

@@ -22,7 +22,7 @@ from typing import Any
 from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
 from gate.admission.rules.images import ImagePolicy
 from gate.admission.rules.review import Violation
-from gate.agent.package import ConfigSpec, EnvDeclaration, parse_config_value
+from gate.agent.values import ConfigSpec, EnvDeclaration, parse_config_value
 from gate.api.environment import never_passed
 
 

@@ -35,7 +35,7 @@ from gate.devcluster import cosign, registry
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import AGENT_IMAGE_ENV, set_image_signatures, start_operator
 from gate.kube.client import EVENTS, KubeClient
-from gate.lifecycle.signatures import AGENT
+from gate.lifecycle.images import AGENT
 from tests.conftest import unique
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, wait_for
 from tests.integration.operator.test_image_digests import (

@@ -78,6 +78,17 @@ def test_a_valid_manifest_gets_the_documented_defaults() -> None:
          "stages.apply[0].acceptedExitCodes[0]"),
         (manifest(stages="apply:\n  - {name: Bad Name, command: 'true'}\n"), "stages.apply[0].name"),
         (manifest(stages="reboot:\n  - {name: a, command: 'true'}\n"), "stages.reboot: unknown field"),
+        (manifest(stages="apply:\n  - {name: a, command: 'true', serving: true}\n"),
+         "step 'a': a serving step needs an undo"),
+        (manifest(stages="apply:\n  - {name: a, command: 'true', undo: {command: 'true'}}\n"),
+         "step 'a': undo is for serving steps only"),
+        (manifest(stages="apply:\n  - {name: a, command: 'true'}\n"
+                         "  - {name: b, command: 'true', serving: true, undo: {command: 'true'}}\n"),
+         "apply: serving step 'b' comes after 'a', which is not serving"),
+        (manifest(stages="uninstall:\n  - {name: a, command: 'true', serving: true, undo: {command: 'true'}}\n"),
+         "uninstall: step 'a': serving steps are for apply, upgrade, config only"),
+        (manifest(stages="apply:\n  - {name: a, command: 'true', serving: true, undo: {name: u, command: 'true'}}\n"),
+         "stages.apply[0].undo.name: unknown field"),
         ("just a string", "expected a mapping"),
         ("name: [unclosed", "not valid YAML at line 1"),
     ],
@@ -86,6 +97,20 @@ def test_a_bad_manifest_is_refused_naming_the_field(text: str, expected: str) ->
     with pytest.raises(PackageError, match=r"package\.yaml") as caught:
         parse_manifest(text)
     assert expected in str(caught.value)
+
+
+def test_serving_steps_are_the_first_of_their_list_and_the_catalog_reads_them() -> None:
+    parsed = parse_manifest(manifest(stages="""
+        apply:
+          - {name: write, command: 'true', serving: true, undo: {script: scripts/unwrite.sh}}
+          - {name: build, command: 'true', serving: true, undo: {command: 'true'}}
+          - {name: restart, command: 'true'}
+        config:
+          - {name: render, command: 'true'}
+    """))
+    assert [s.name for s in parsed.stages.serving_steps("apply")] == ["write", "build"]
+    assert parsed.serving() == {"apply": ["write", "build"]}
+    assert [(name, s.name) for name, s in parsed.undo_scripts()] == [("apply", "write")]
 
 
 def write_package(directory: Path, text: str, scripts: dict[str, str | None]) -> Path:

@@ -24,6 +24,8 @@ from gate.controller.pods import (
     stage_pod_ended,
     stage_pod_fields,
     stage_pod_view,
+    staging_pod,
+    unstage_pod,
 )
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
@@ -370,3 +372,44 @@ def test_a_prepull_pod_pulls_each_image_and_changes_nothing_on_the_host() -> Non
     assert on_prepull_pod("ADDED", pod) is None
     ended = {**pod, "status": {"phase": "Succeeded"}}
     assert on_prepull_pod("MODIFIED", ended) == ("g", "n1")
+
+
+def test_a_staging_pod_runs_the_serving_part_and_its_view_carries_the_boot_its_agent_ended_on() -> None:
+    staging = PodRequest(name="ng-staging-x", kind="staging", part="serving",
+                         steps=(Step("tuned", "apply", "fp", version="1.2.0"),))
+    pod = stage_pod(gate(), "n", staging, SETTINGS)
+    agent = pod["spec"]["containers"][-1]
+    assert agent["args"][agent["args"].index("--part") + 1] == "serving"
+    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == "staging"
+    undo = stage_pod(gate(), "n", PodRequest(name="ng-unstage-x", kind="unstage", part="undo",
+                                             steps=staging.steps), SETTINGS)
+    undo_args = undo["spec"]["containers"][-1]["args"]
+    assert undo_args[undo_args.index("--part") + 1] == "undo"
+    # The window's pods run the whole stage: no --part.
+    assert "--part" not in stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)["spec"]["containers"][-1][
+        "args"]
+    pod["metadata"]["creationTimestamp"] = "2026-11-30T10:00:00Z"
+    summary = json.dumps({"ok": True, "bootId": "boot-7"})
+    pod["status"] = {"phase": "Succeeded", "initContainerStatuses": [_terminated("payload-tuned", 0)],
+                     "containerStatuses": [_terminated("apply-tuned", 0, summary)]}
+    view = stage_pod_view(pod)
+    assert (view.kind, view.phase, view.boot_id) == ("staging", "succeeded", "boot-7")
+    # A stage pod's summary is not read for it, and a staging that failed says no boot.
+    assert stage_pod_view(_seen("Succeeded", [], [_terminated("config-tuned", 0, summary)])).boot_id == ""
+    pod["status"]["containerStatuses"] = [_terminated("apply-tuned", 1, summary)]
+    assert stage_pod_view(pod).boot_id == ""
+
+
+def test_a_staging_pod_is_owned_by_no_gate_and_its_undo_runs_what_it_ran_with_part_undo() -> None:
+    steps = (Step("tuned", "apply", "fp", version="1.2.0"),)
+    pod = staging_pod(gate(), "n", "ng-staging-x", steps, SETTINGS)
+    assert "ownerReferences" not in pod["metadata"]
+    assert pod["metadata"]["labels"][keys.STAGE_KIND_LABEL] == "staging"
+    undo = unstage_pod(pod, "ng-unstage-x")
+    assert undo["metadata"]["name"] == "ng-unstage-x" and undo["metadata"]["labels"][keys.STAGE_KIND_LABEL] == "unstage"
+    agent = undo["spec"]["containers"][-1]
+    assert agent["args"][agent["args"].index("--part") + 1] == "undo"
+    # The staged version's payload and the node, whatever the gate says by then; the staging pod untouched.
+    assert undo["spec"]["initContainers"] == pod["spec"]["initContainers"]
+    assert undo["spec"]["nodeName"] == "n" and undo["metadata"]["annotations"] == pod["metadata"]["annotations"]
+    assert pod["spec"]["containers"][-1]["args"][agent["args"].index("--part") + 1] == "serving"

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from gate.api.nodegate import ImageRecord, NodeGate
-from gate.lifecycle.images import by_digest, merged_records, pod_images, tagged_reference, to_resolve
+from gate.lifecycle.images import (
+    AGENT,
+    by_digest,
+    held_requests,
+    merged_records,
+    plan_images,
+    pod_images,
+    tagged_reference,
+    to_resolve,
+)
+from gate.lifecycle.node import EventRequest, PodRequest, Step
+from gate.lifecycle.signatures import hold_of
 
 D1 = "sha256:" + "1" * 64
 D2 = "sha256:" + "2" * 64
 PINNED = "registry.example.com/pinned@sha256:" + "3" * 64
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def gate(packages: dict[str, Any], images: list[dict[str, str]] | None = None) -> NodeGate:
@@ -108,3 +121,41 @@ def test_a_status_record_is_used_only_with_a_digest_and_only_for_the_specs_own_r
     assert pod_images(elsewhere, ["a"], resolve=True) == ({}, ["a"])
     good = gate(packages, [record("a", ref, D1)])
     assert pod_images(good, ["a"], resolve=True)[0]["a"].image == f"registry.example.com/team/a@{D1}"
+
+
+def test_what_resolving_writes_is_planned_records_conditions_event_and_the_hold() -> None:
+    """`plan_images`: new records are written alone; a hold (`gate.lifecycle.signatures.hold_of`) also writes
+    its condition False, Ready False and Degraded True with its message, and a Warning Event after those of
+    warn mode; a status that already says it all is not written again."""
+    packages = {"a": {"version": "1.0.0", "image": "h/a"}, "b": {"version": "1.0.0", "image": "h/b"}}
+    g = gate(packages)
+    fresh = [ImageRecord(package="a", reference="h/a:1.0.0", digest=D1)]
+    ok = plan_images(g, {}, fresh, None, NOW)
+    assert ok.status == {"images": [record("a", "h/a:1.0.0", D1)]} and ok.events == [] and ok.held is None
+    hold = hold_of({"b": "h/b:1.0.0: manifest unknown"}, [])
+    warned = EventRequest("gate", "Warning", "SignatureMissing", "warn mode: image h/a")
+    bad = plan_images(g, {}, fresh, hold, NOW, [warned])
+    assert bad.held is not None and "package b: h/b:1.0.0: manifest unknown" in bad.held.message
+    assert bad.status is not None and bad.status["status"] == "Degraded"
+    assert {(c["type"], c["status"], c["reason"]) for c in bad.status["conditions"]} == {
+        ("ImagesResolved", "False", "ResolveFailed"), ("Ready", "False", "ResolveFailed"),
+        ("Degraded", "True", "ResolveFailed")}
+    assert [(e.target, e.type, e.reason) for e in bad.events] == [
+        ("gate", "Warning", "SignatureMissing"), ("gate", "Warning", "ResolveFailed")]
+    written = gate(packages, [record("a", "h/a:1.0.0", D1)])
+    again = plan_images(written, bad.status, fresh, hold, NOW)
+    assert again.status is None and again.held == hold, "said already: not written, still held"
+
+
+def test_a_stage_pod_whose_images_are_not_pinned_is_held() -> None:
+    g = gate({"a": {"version": "1.0.0", "image": "h/a"}, "p": {"version": "1.0.0", "image": PINNED}})
+    pods = [PodRequest("s-a", "stages", (Step("a", "apply"),)), PodRequest("s-p", "stages", (Step("p", "apply"),))]
+    assert held_requests(g, pods, resolve=True) == {"s-a": ["a"]}
+    assert held_requests(g, pods, resolve=False) == {}
+    # With a signature policy, NodeGate's own agent image is judged too: by a digest not judged runnable,
+    # or by a tag the operator has not pinned yet (None), every pod waits for it.
+    trusted = {(PINNED.partition("@")[0], PINNED.partition("@")[2])}
+    agent = ImageRecord(package=AGENT, reference="h/nodegate", digest=D1)
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted, agent=agent) == {"s-p": [AGENT]}
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted, agent=None) == {"s-p": [AGENT]}
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted | {("h/nodegate", D1)}, agent=agent) == {}

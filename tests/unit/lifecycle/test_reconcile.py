@@ -16,6 +16,7 @@ from gate.lifecycle.reconcile import (
     failure_conditions,
     holders,
     plan_disabled,
+    plan_finalizer,
     plan_problem,
     plan_reconcile,
     plan_release,
@@ -260,3 +261,11 @@ def test_a_removal_plan_looks_at_every_holder_and_keeps_the_images() -> None:
     assert plan.releasable is not None
     assert plan.status is not None and "ImagesResolved" in {c["type"] for c in plan.status["conditions"]}
     assert plan.metrics is not None and plan.metrics.wait is None and plan.metrics.forget is None
+
+
+def test_the_finalizer_is_a_plan_of_its_own_until_the_gate_has_it() -> None:
+    g = gate({"k": PKG})
+    plan = plan_finalizer(g.model_copy(update={"metadata": g.metadata.model_copy(update={"finalizers": []})}))
+    assert plan is not None and plan.add_finalizer and not plan.updates and plan.status is None
+    held = g.metadata.model_copy(update={"finalizers": [keys.FINALIZER]})
+    assert plan_finalizer(g.model_copy(update={"metadata": held})) is None

@@ -11,9 +11,17 @@ import pytest
 from gate.api import keys
 from gate.api.nodegate import Interrupt
 from gate.api.state import NodeGateState
-from gate.lifecycle.fleet import progress_of
+from gate.lifecycle.fleet import NodeUpdate, progress_of
 from gate.lifecycle.machine import decide
-from gate.lifecycle.node import Decision, NodeView, Step
+from gate.lifecycle.node import Decision, EventRequest, NodeView, Step
+from gate.lifecycle.outcomes import (
+    Refusal,
+    after_refusal,
+    drain_blocked,
+    node_write_refusal,
+    refused_update,
+    unrecordable,
+)
 from gate.lifecycle.round import write_refused
 from tests.unit.lifecycle.test_machine import PKG, ctx, gate, node, one, started
 
@@ -100,3 +108,33 @@ def test_a_host_that_ran_a_step_of_the_round_stays_cordoned() -> None:
     # a pod of the round still in sight (its steps recorded in this very decision) counts too
     seen = ctx(gate(REBOOTING), state, n=cordoned_by_gate(), stage_pods=one(request))
     assert write_refused(seen, "PodRefused", "the stage pod z", "denied").node.unschedulable is None
+
+
+def test_what_an_applier_met_becomes_the_next_plan() -> None:
+    """`gate.lifecycle.outcomes`: a refused cordon fails the node in the cordon stage; a gate plan's refused
+    start of a round fails it in `start`, and a refused label write is only said in an Event; a failure whose
+    own write is refused is said in its Events and its condition; a blocking budget is recorded once."""
+    g = gate(REBOOTING)
+    state = started(g)
+    cordon = Decision(state=state)
+    cordon.node.unschedulable = True
+    refusal = node_write_refusal(cordon, "n1", REFUSAL)
+    assert (refusal.reason, refusal.stage, refusal.what) == ("NodeWriteRefused", "cordon", "the cordon of node n1")
+    failed = after_refusal(ctx(g, state), refusal)
+    assert failed.state is not None and failed.state.failure is not None
+    assert failed.state.failure.stage == "cordon" and REFUSAL in failed.state.failure.message
+
+    start = refused_update("g", "n1", NodeUpdate(state=state), REFUSAL)
+    assert isinstance(start, Refusal) and start.stage == "start" and start.what == "the start of a round of node n1"
+    label = refused_update("g", "n1", NodeUpdate(remove_state=True), REFUSAL)
+    assert isinstance(label, EventRequest) and label.reason == "NodeWriteRefused" and REFUSAL in label.message
+
+    said = unrecordable("g", failed, "denied again")
+    assert said.write_condition and said.condition is not None and said.condition.reason == "NodeWriteRefused"
+    assert said.events and all(e.reason == "NodeWriteRefused" and "denied again" in e.message for e in said.events)
+    assert {e.target for e in said.events} == {"node", "gate"}
+
+    update = drain_blocked(state, "pod ns/p: budget pdb")
+    assert update is not None and update.state is not None and update.state.drain_blocked_by == "pod ns/p: budget pdb"
+    assert [e.reason for e in update.events] == ["DrainBlocked"]
+    assert drain_blocked(update.state, "pod ns/p: budget pdb") is None, "once per blocking budget"

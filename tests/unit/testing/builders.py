@@ -113,9 +113,10 @@ class Cluster:
 
     def pod(self, name: str, *, gate: str, node: str, stages: tuple[str, ...] = ("apply",), package: str = "pkg",
             version: str = "1.0.0", generation: int = 1, interrupt: str | None = None, round_: int = 1,
-            steps: list[tuple[str, str]] | None = None, emit: bool = True) -> Obj:
+            steps: list[tuple[str, str]] | None = None, emit: bool = True, kind: str | None = None) -> Obj:
         """A stage pod as the operator renders it: `steps` (package, stage) one after another, by
-        default `stages` of `package`; with `interrupt`, the interrupt pod of that type instead."""
+        default `stages` of `package`; with `interrupt`, the interrupt pod of that type instead; `kind`
+        overrides its kind label (a staging pod's `staging`)."""
         rv = self.next_rv()
         labels = {keys.MANAGED_BY_LABEL: keys.MANAGER}
         containers: list[Obj] = []
@@ -137,6 +138,8 @@ class Cluster:
                     "agent", "run", "--stage", stage, "--package", pkg, "--version", version, "--gate", gate,
                     "--generation", str(generation)]})
                 wire.append([pkg, stage, f"{version}/h", f"{stage}-{pkg}"])
+        if kind is not None:
+            labels[keys.STAGE_KIND_LABEL] = kind
         obj: Obj = {"metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{next(self._uids)}",
                                  "resourceVersion": str(rv), "labels": labels,
                                  "annotations": {"nodegate.io/gate-name": gate, "nodegate.io/node-name": node,

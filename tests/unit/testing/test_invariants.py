@@ -131,6 +131,38 @@ def test_two_nodes_in_progress_under_a_budget_of_one_is_over_the_ceiling() -> No
     assert "compartment __default__: 2 nodes disrupted at once, ceiling 1" in v.message
 
 
+def test_staged_nodes_and_a_reboot_of_their_own_counted_as_the_interrupt_stay_under_the_budget() -> None:
+    """Stage while serving (gate.lifecycle.staging): both nodes staged ahead while serving; n0's round is
+    the usual one, n1 rebooted on its own after its staging, so its round (picked after n0's, within the
+    budget of 1) is neither cordoned nor rebooted: its window's apply (the staged steps skipped) and its
+    check after the interrupt run on the serving node. Nothing is over the ceiling, and a staging's apply
+    followed by the window's apply is no duplicate stage."""
+    c = Cluster()
+    c.gate(GATE, budget={"count": 1})
+    for n in ("n0", "n1"):
+        c.node(n)
+        c.pod(f"{n}-staging", gate=GATE, node=n, kind="staging")
+        c.end_pod(f"{n}-staging")
+    legal_round(c, "n0")
+    c.delete_pod("n0-staging")  # its round passed its cordon: the round owns what was staged
+    c.update("n1", state={GATE: state("in-progress", batch=2, round=1, phase="idle")})
+    c.update("n1", state={GATE: state("in-progress", batch=2, round=1, phase="stages", ownReboot="boot-2")})
+    c.pod("n1-apply", gate=GATE, node="n1")
+    c.end_pod("n1-apply")
+    c.delete_pod("n1-staging")
+    c.pod("n1-post", gate=GATE, node="n1", stages=("post-interrupt",))
+    c.end_pod("n1-post")
+    c.update("n1", state={GATE: state("complete", round=1, installed={"pkg": {"version": "1.0.0"}})})
+    c.delete_pod("n1-apply")
+    c.delete_pod("n1-post")
+    checker = InvariantChecker().feed_all(c.events)
+    assert checker.finish() == [] and checker.check_converged() == []
+    assert checker.coverage.peaks[(GATE, "__default__")].disrupted == 1
+    # The same window's apply twice, without a failure between, is still a duplicate.
+    c.pod("n1-apply-again", gate=GATE, node="n1")
+    assert kinds(judge(c)) == ["duplicate-stage"]
+
+
 def test_a_roll_back_round_is_judged_against_the_ceiling_like_any_round() -> None:
     c = Cluster()
     c.gate(GATE, budget={"count": 1})
