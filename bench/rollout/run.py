@@ -2,6 +2,8 @@
 
     python -m bench.rollout.run --nodes 1000                  # issue 5: 3 compartments, budget 10%
     python -m bench.rollout.run --nodes 100 --budget 100 --compartments 1   # issue 4: operator overhead
+    python -m bench.rollout.run --nodes 1000 --soak 0 --registry-images     # issue 34: beside ...
+    python -m bench.rollout.run --nodes 1000 --soak 0 --image-signatures    # ... an enforcing policy
 
 One NodeGate with three packages and a service interrupt; every step of a stage pod runs for
 `--stage-seconds` on its simulated node. A node runs three stage pods one after another: the three
@@ -25,6 +27,11 @@ seven stage times. Figures printed:
   nodes' soak before the next starts), and with one batch per compartment (a soaking node frees its
   slot, so nodes flow through the budget and only the last soak is waited for). Each makespan is
   printed with what it adds to the rollout without soak, and the most nodes in a round at once.
+
+* with `--registry-images`, the packages' images (and NodeGate's agent image, by tag) are small
+  images in the dev registry, and the operator resolves them to digests; `--image-signatures` adds
+  an enforcing signature policy (the dev key, `gate.devcluster.cosign`, which signed them all), and
+  prints the verifier's registry lookups and requests (issue 34's cost). kwok nodes pull nothing.
 
 Nothing here asserts on time: it prints figures.
 """
@@ -76,6 +83,46 @@ async def report_images(client: KubeClient, agent_image: str) -> None:
             await client.patch(NODES, name, {"status": {"images": images}}, subresource="status")
 
     await asyncio.gather(*(one(n["metadata"]["name"]) for n in nodes))
+
+
+AGENT_REPOSITORY = "nodegate/bench-agent"  # not nodegate/nodegate: the registry storage is shared
+
+
+def use_registry_images(cluster: DevCluster, *, sign: bool) -> dict[str, str]:
+    """Push a small image per package (and the agent's, under a tag) to the cluster's registry, point
+    `PACKAGES` at them, and with `sign` sign them with the dev key and make the enforcing dev policy the
+    operator's; the operator's environment (its agent image)."""
+    from gate.devcluster import cosign, registry
+    from gate.devcluster.services import AGENT_IMAGE_ENV, set_image_signatures
+
+    port = registry.start_registry(cluster.procs, lambda m: print(m, flush=True))
+    host = f"127.0.0.1:{port}"
+    pushed = []
+    for name, package in PACKAGES.items():
+        digest = registry.push_small_image(port, f"nodegate/{name}", "1.0.0", f"bench {name}")
+        package["image"] = f"{host}/nodegate/{name}"
+        pushed.append(f"{host}/nodegate/{name}@{digest}")
+    agent = registry.push_small_image(port, AGENT_REPOSITORY, "bench", "bench agent")
+    pushed.append(f"{host}/{AGENT_REPOSITORY}@{agent}")
+    if sign:
+        public_key = cosign.sign_images(pushed, lambda m: print(m, flush=True))
+        if public_key is None:
+            raise SystemExit("--image-signatures needs cosign: python -m gate.devcluster.build builds it")
+        set_image_signatures(cluster, cosign.dev_signature_policy([host], public_key.read_text()))
+    return {AGENT_IMAGE_ENV: f"{host}/{AGENT_REPOSITORY}:bench"}
+
+
+def signature_costs(lines: list[str]) -> dict[str, float]:
+    """The operator's signature lookups and their HTTP requests so far, and the verdicts by result."""
+    out: dict[str, float] = {}
+    for line in lines:
+        for name in ("nodegate_image_signature_lookups_total", "nodegate_image_signature_requests_total"):
+            if line.startswith(f"{name} "):
+                out[name.removeprefix("nodegate_image_signature_")] = float(line.split()[1])
+        if line.startswith("nodegate_image_verifications_total{"):
+            labels, value = sample(line)
+            out[f"verdicts_{labels['result']}"] = value
+    return out
 
 
 def proc_stats(pid: int) -> tuple[float, int]:
@@ -267,6 +314,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         rec1 = reconciles(metrics1)
         writes1 = await server_writes(client)
         await watch.cache.stop()
+        signatures = {"whole_run": signature_costs(metrics1),
+                      "fleet_rollout": {k: v - signature_costs(metrics0).get(k, 0.0)
+                                        for k, v in signature_costs(metrics1).items()}}
         gate = await client.get(NODEGATES, "bench-fleet")
         comps = {c["name"]: c for c in gate["status"]["compartments"]}
         per_pool = {}
@@ -283,6 +333,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             ceiling = max(p["ceiling"] for p in per_pool.values())
             soak = await soak_rollouts(client, args, pools, ceiling, makespan)
         return {
+            "images": "registry, signed, enforce" if args.image_signatures else
+                      "registry, no policy" if args.registry_images else "registry.example.com (not resolved)",
+            "signatures": signatures if args.image_signatures else None,
             "soak": soak,
             "nodes": args.nodes, "compartments": args.compartments, "budget_percent": args.budget,
             "event_loop": args.event_loop, "cold_nodes": args.cold_nodes,
@@ -334,8 +387,13 @@ def main() -> None:
     parser.add_argument("--cold-nodes", action="store_true",
                         help="nodes report no images (by default each reports the round's, as a node that pulled "
                              "them before does, and gets no prepull pod)")
+    parser.add_argument("--registry-images", action="store_true",
+                        help="package and agent images in the dev registry, resolved to digests by the operator")
+    parser.add_argument("--image-signatures", action="store_true",
+                        help="--registry-images, signed with the dev key, under an enforcing signature policy")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    args.registry_images = args.registry_images or args.image_signatures
 
     state = Path(tempfile.mkdtemp(prefix="nodegate-bench-"))
     cluster = DevCluster(state)
@@ -354,9 +412,11 @@ def main() -> None:
                                                    prefix=f"{pool}-"), timeout=600))
         print(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f}s", flush=True)
         asyncio.run(install_crds(cluster))
-        port = start_operator(cluster, lambda m: print(m, flush=True),
+        env = use_registry_images(cluster, sign=args.image_signatures) if args.registry_images else {}
+        resolve = ["--resolve-digests", "true"] if args.registry_images else []
+        port = start_operator(cluster, lambda m: print(m, flush=True), env=env,
                               extra=["--workers", str(args.workers), "--poll-seconds", "1",
-                                     "--event-loop", args.event_loop])
+                                     "--event-loop", args.event_loop, *resolve])
         pid = cluster.processes()["operator"].pid
         result = asyncio.run(measure(cluster, args, pid, port))
         plane = {n: proc_stats(p.pid)[1] for n, p in cluster.processes().items() if n != "operator"}

@@ -12,8 +12,9 @@ a refusal names the rule it broke. The rules:
   answers from `registry-1.docker.io` with a realm on `auth.docker.io`). Only there do the pull
   credentials go.
 * **Plain HTTP only on the loopback** (`RULE_PLAIN_HTTP`): a redirect or a realm may be `http://`
-  only when its host is this machine (as Docker and containerd treat registries); everything else
-  is HTTPS.
+  only when its host is this machine (as Docker and containerd treat registries), or a registry the
+  installer lists as plain HTTP (`registry_plain_http`, as the nodes' containerd is configured for
+  it; no credentials go there: `gate.controller.registry`); everything else is HTTPS.
 * **No link-local address** (`RULE_LINK_LOCAL`: 169.254.0.0/16, fe80::/10) and **no metadata
   service** (`RULE_METADATA`: the addresses and names clouds serve instance credentials on), judged
   on the literal host of a URL and, through `GuardedResolver`, on every address a name resolves to
@@ -81,14 +82,16 @@ def loopback_host(host: str) -> bool:
         return False
 
 
-def url_refusal(url: str) -> str | None:
-    """Why the operator may not send a request to `url`: its scheme or its host."""
+def url_refusal(url: str, plain_http: Collection[str] = ()) -> str | None:
+    """Why the operator may not send a request to `url`: its scheme or its host. `plain_http`: the
+    registries (`host:port` as an image names them) the installer lists as plain HTTP."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.scheme not in ("http", "https") or not host:
         return f"{url} is not an http(s) URL with a host"
-    if parts.scheme == "http" and not loopback_host(host):
-        return f"{url} is plain HTTP to {host}, which is not this machine (rule: {RULE_PLAIN_HTTP})"
+    if parts.scheme == "http" and not loopback_host(host) and parts.netloc.lower() not in plain_http:
+        return (f"{url} is plain HTTP to {host}, which is not this machine nor a registry listed as plain HTTP "
+                f"(rule: {RULE_PLAIN_HTTP})")
     return host_refusal(host)
 
 
@@ -119,9 +122,9 @@ def realm_refusal(realm: str, registry_url: str, token_hosts: Collection[str]) -
     return None
 
 
-def redirect_refusal(location: str) -> str | None:
+def redirect_refusal(location: str, plain_http: Collection[str] = ()) -> str | None:
     """Why the client may not follow a redirect to `location` (an absolute URL)."""
-    refused = url_refusal(location)
+    refused = url_refusal(location, plain_http)
     return None if refused is None else f"a redirect to {location} is refused: {refused}"
 
 

@@ -27,7 +27,7 @@ from gate.controller.registry import RegistryError, credentials_for, docker_conf
 from gate.controller.settings import OperatorSettings
 from gate.kube.client import SECRETS, KubeClient
 from gate.kube.errors import ApiError
-from gate.lifecycle.images import pinned_images, to_resolve
+from gate.lifecycle.images import AGENT, pinned_images, to_resolve
 from gate.lifecycle.signatures import Judged, agent_image, held, recorded_verdict, warned
 
 log = logging.getLogger("nodegate.operator")
@@ -50,6 +50,7 @@ class ImageResolver:
         self.client = client
         self.metrics = metrics
         self.trust = trust or ImageTrust(settings, metrics)
+        self._agent_lock = asyncio.Lock()  # the agent's tag is resolved once, not by every gate at once
 
     async def verify(self, gate: NodeGate, records: Sequence[ImageRecord], also: Sequence[NodeGate] = (),
                      ) -> tuple[list[ImageRecord], list[Judged], dict[str, str]]:
@@ -61,15 +62,41 @@ class ImageResolver:
         if policy is None:  # none (any more): no record claims a verdict
             return [r.model_copy(update={"verified": None}) if r.verified else r for r in records], [], {}
         packages = {name: p for spec in (gate, *also) for name, p in reversed(spec.spec.packages.items())}
-        agent = agent_image(self.settings.agent_image)
-        images = [*records, *pinned_images(gate, also), *([agent] if agent is not None else [])]
+        agent = await self._agent(gate.name)
+        images = [*records, *pinned_images(gate, also), *([agent] if isinstance(agent, ImageRecord) else [])]
         verdicts = await asyncio.gather(*(self._judge(gate.name, r, packages.get(r.package)) for r in images))
         judged = [Judged(r, v) for r, v in zip(images, verdicts, strict=True) if not isinstance(v, str)]
         unread = {r.package: v for r, v in zip(images, verdicts, strict=True) if isinstance(v, str)}
+        if isinstance(agent, str):
+            unread[AGENT] = agent
         now = datetime.now(UTC)
         kept = {(j.record.package, j.record.reference): j for j in judged}
         out = [recorded_verdict(j, policy, now) if (j := kept.get((r.package, r.reference))) else r for r in records]
         return out, judged, unread
+
+    async def _agent(self, gate: str) -> ImageRecord | str:
+        """NodeGate's own agent image as a record to judge, or why its tag could not be resolved (the gate is
+        then held as for a package image that does not resolve, and retried). A tagged agent image (the
+        chart's default, `image.tag`) is resolved once per process, the first time a policy needs it, and
+        pinned: every stage and prepull pod made from then on names the digest that was judged, so the
+        tag cannot name other content at a later pull (docs/supply-chain.md)."""
+        async with self._agent_lock:
+            image = self.settings.agent_image
+            pinned = agent_image(image)
+            if pinned is not None:
+                return pinned
+            try:
+                digest = await self._digest(image, None)
+            except RegistryError as exc:
+                log.warning("Agent image not resolved, every gate waits; gate=%s image=%s error=%s", gate, image, exc)
+                return (f"NodeGate's agent image {image} (in every stage pod) could not be resolved to a digest, so "
+                        f"its signature cannot be verified: {exc}")
+            self.settings.pin_agent_image(f"{image.rpartition(':')[0]}@{digest}")
+            log.info("Pinned the agent image by digest, stage pods pull it so; image=%s digest=%s pinned=%s", image,
+                     digest, self.settings.agent_image)
+            record = agent_image(self.settings.agent_image)
+            assert record is not None
+            return record
 
     def verdicts_of(self, gate: str, judged: Sequence[Judged]) -> tuple[list[Judged], list[Judged]]:
         """The images that hold the gate (enforce mode) and those that run with a warning (warn mode)."""
@@ -120,16 +147,25 @@ class ImageResolver:
         notes: list[str] = []
         credentials = await self._credentials_of(reference, spec, notes)
         try:
-            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
-                                          token_hosts=self.settings.token_hosts)
+            digest = await self._digest(reference, credentials)
         except RegistryError as exc:
-            self.metrics.image_resolutions.labels("failed").inc()
             log.warning("Image not resolved; gate=%s package=%s image=%s error=%s", gate, package, reference, exc)
             return f"{exc}{''.join(f'; {n}' for n in notes)}"
-        self.metrics.image_resolutions.labels("resolved").inc()
         log.info("Resolved image; gate=%s package=%s image=%s digest=%s", gate, package, reference, digest)
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return ImageRecord(package=package, reference=reference, digest=digest, resolved_at=now)
+
+    async def _digest(self, reference: str, credentials: tuple[str, str] | None) -> str:
+        """The digest the tag names now, counted; RegistryError when it cannot be resolved."""
+        try:
+            digest = await resolve_digest(reference, credentials, timeout=self.settings.resolve_timeout,
+                                          token_hosts=self.settings.token_hosts,
+                                          plain_http=self.settings.plain_http_registries)
+        except RegistryError:
+            self.metrics.image_resolutions.labels("failed").inc()
+            raise
+        self.metrics.image_resolutions.labels("resolved").inc()
+        return digest
 
     async def _credentials(self, registry: str, secrets: list[str], notes: list[str]) -> tuple[str, str] | None:
         namespace = self.settings.namespace

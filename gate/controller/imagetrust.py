@@ -63,20 +63,22 @@ class ImageTrust:
         self._stamp: tuple[int, int] | None = None
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._trusted: frozenset[tuple[str, str]] | None = None
+        self._counted = (0, 0)
         if self.path is not None:
             self._stamp = _stamp(self.path)
             self._use(read_policy(str(self.path)))
             if agent_image(settings.agent_image) is None:
-                log.warning("The agent image is a tag, so its signature is not verified: pin it by digest (the "
-                            "chart's image.digest) to have it judged like a package's; agent_image=%s",
-                            settings.agent_image)
+                log.info("The agent image is a tag: it is resolved to a digest, judged like a package's and "
+                         "pulled by that digest once a gate needs it; agent_image=%s", settings.agent_image)
 
     def _use(self, policy: SignaturePolicy) -> None:
         self.policy = policy
         self.verifier = SignatureVerifier(policy, timeout=self.settings.resolve_timeout,
-                                          token_hosts=self.settings.token_hosts)
+                                          token_hosts=self.settings.token_hosts,
+                                          plain_http=self.settings.plain_http_registries)
         self._verdicts = {}
         self._trusted = None
+        self._counted = (0, 0)  # the verifier's lookups and requests already counted in the metrics
         log.info("Read the image signature policy; path=%s mode=%s unmatched=%s rules=%s fingerprint=%s", self.path,
                  policy.mode, policy.unmatched, ",".join(r.name for r in policy.rules) or "none",
                  policy.fingerprint())
@@ -119,6 +121,10 @@ class ImageTrust:
         verdict = await verifier.verify(reference, digest, credentials)
         if verifier is not self.verifier:  # the policy changed meanwhile: this verdict is of the old one
             return await self.judge(reference, digest, credentials)
+        lookups, requests = self._counted
+        self.metrics.signature_lookups.inc(verifier.lookups - lookups)
+        self.metrics.signature_requests.inc(verifier.requests - requests)
+        self._counted = (verifier.lookups, verifier.requests)
         key = (reference, digest)
         if self._verdicts.get(key) != verdict:
             self._verdicts[key] = verdict

@@ -110,6 +110,11 @@ class OperatorMetrics:
                                            "NotCovered, or why one failed (NoRule, SignatureMissing, "
                                            "SignatureInvalid, UntrustedKey; counted in warn mode too)",
                                            ["result"], registry=r)
+        self.signature_lookups = Counter("nodegate_image_signature_lookups",
+                                         "Image digests whose signatures were looked up in a registry (verdicts "
+                                         "not answered from the cache by digest and policy)", registry=r)
+        self.signature_requests = Counter("nodegate_image_signature_requests",
+                                          "HTTP requests those signature lookups sent to registries", registry=r)
         self.images_unverified = gauge("nodegate_gate_images_unverified",
                                        "Package images of the gate that failed the image signature policy (in "
                                        "enforce mode the gate is held; in warn mode they run anyway)", ["gate"])

@@ -22,7 +22,10 @@ Decisions:
   `imagePullSecrets` (`kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg`), matched by
   registry host (`credentials_for`).
 * **Plain HTTP only to the loopback** (localhost, 127.0.0.0/8, ::1), as Docker and containerd treat
-  it; every other registry is HTTPS with the system's trust store.
+  it, and to the registries the installer lists as plain HTTP (`plain_http`, the operator's
+  `--registry-plain-http`; what the nodes' containerd is configured to pull over HTTP, such as the
+  dev cluster's registry at its nodes' gateway). No credentials are ever sent to a listed one: the
+  wire is readable. Every other registry is HTTPS with the system's trust store.
 * **Only registries are asked** (`gate.controller.egress`): a Bearer realm must be the registry's own
   host or one the installer lists (`token_hosts`), and is judged before the credentials go there;
   redirects are followed by hand, each hop judged (no plain HTTP off the loopback), and the
@@ -43,7 +46,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urljoin
 
@@ -94,6 +97,7 @@ class Target:
     registry: str  # as the reference names it, qualified (docker.io for Docker Hub)
     repository: str  # path inside the registry
     tag: str
+    plain_http: bool = False  # a registry the installer lists as plain HTTP (`registry_session`)
 
     @property
     def api_host(self) -> str:
@@ -101,7 +105,7 @@ class Target:
 
     @property
     def scheme(self) -> str:
-        return "http" if loopback(self.api_host) else "https"
+        return "http" if self.plain_http or loopback(self.api_host) else "https"
 
     @property
     def manifest_url(self) -> str:
@@ -191,29 +195,35 @@ def body_digest(algorithm: str, body: bytes) -> str:
 
 
 async def resolve_digest(reference: str, credentials: tuple[str, str] | None = None, *,
-                         timeout: float = 15.0, token_hosts: Collection[str] = ()) -> str:
+                         timeout: float = 15.0, token_hosts: Collection[str] = (),
+                         plain_http: Collection[str] = ()) -> str:
     """The manifest digest `reference` (repository:tag) names now at its registry. `token_hosts`: the
     hosts besides the registry's own that a Bearer realm may name (`gate.controller.egress`)."""
     target = target_of(reference)
     if isinstance(target, str):
         raise RegistryError(reference, "", target)
-    async with registry_session(reference, target, credentials, timeout=timeout, token_hosts=token_hosts) as reg:
+    async with registry_session(reference, target, credentials, timeout=timeout, token_hosts=token_hosts,
+                                plain_http=plain_http) as reg:
         return await reg.resolve()
 
 
 @asynccontextmanager
 async def registry_session(reference: str, target: Target, credentials: tuple[str, str] | None = None, *,
-                           timeout: float = 15.0,
-                           token_hosts: Collection[str] = ()) -> AsyncIterator[RegistrySession]:
+                           timeout: float = 15.0, token_hosts: Collection[str] = (),
+                           plain_http: Collection[str] = ()) -> AsyncIterator[RegistrySession]:
     """A session with `target`'s registry for several reads of its repository (the resolution, or a
     signature lookup: `gate.controller.signatures`), one authorization shared by them. Timeouts and
-    connection failures inside it are raised as a `RegistryError` naming `reference`."""
+    connection failures inside it are raised as a `RegistryError` naming `reference`. `plain_http`:
+    the registries (`host:port`) listed as plain HTTP; one of them gets no credentials."""
+    plain = frozenset(h.strip().lower() for h in plain_http if h.strip())
+    if target.registry.lower() in plain:
+        target, credentials = replace(target, plain_http=True), None
     limits = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
     resolver = GuardedResolver()  # the connector does not close a resolver it was given: closed below
     try:
         async with aiohttp.ClientSession(timeout=limits,
                                          connector=aiohttp.TCPConnector(resolver=resolver)) as session:
-            yield RegistrySession(session, reference, target, credentials, token_hosts)
+            yield RegistrySession(session, reference, target, credentials, token_hosts, plain)
     except TimeoutError as exc:
         raise RegistryError(reference, target.registry, f"no answer within {timeout:g}s") from exc
     except aiohttp.ClientConnectorError as exc:
@@ -234,12 +244,14 @@ class RegistrySession:
     """Reads of one repository at its registry, and the authentication they ask for on the way."""
 
     def __init__(self, session: aiohttp.ClientSession, reference: str, target: Target,
-                 credentials: tuple[str, str] | None, token_hosts: Collection[str] = ()) -> None:
+                 credentials: tuple[str, str] | None, token_hosts: Collection[str] = (),
+                 plain_http: Collection[str] = ()) -> None:
         self.session = session
         self.reference = reference
         self.target = target
         self.credentials = credentials
         self.token_hosts = token_hosts
+        self.plain_http = plain_http
         self.authorization: str | None = None
         self.requests = 0  # HTTP requests sent (redirect hops and token requests included): the cost figure
 
@@ -330,7 +342,7 @@ class RegistrySession:
         """The answer to `method url`, redirects followed by hand: each hop is judged before it is asked
         (`gate.controller.egress`), and the credentials go only to the registry's own host."""
         for _ in range(MAX_REDIRECTS + 1):
-            refused = url_refusal(url)
+            refused = url_refusal(url, self.plain_http)
             if refused is not None:
                 raise self.error(f"refused to ask {refused}")
             headers = {"Accept": ", ".join(accept)}
@@ -341,7 +353,7 @@ class RegistrySession:
                 location = resp.headers.get("Location")
                 if resp.status in _REDIRECTS and location:
                     url = urljoin(url, location)
-                    refused = redirect_refusal(url)
+                    refused = redirect_refusal(url, self.plain_http)
                     if refused is not None:
                         raise self.error(refused, resp.status)
                     continue

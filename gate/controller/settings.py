@@ -49,6 +49,10 @@ class OperatorSettings:
     registry_token_hosts: str = field(default="auth.docker.io", metadata={
         "help": "comma-separated hosts, besides a registry's own, that its Bearer token realm may name; the pull "
                 "credentials go to no other (Docker Hub's realm is auth.docker.io; docs/security.md)"})
+    registry_plain_http: str = field(default="", metadata={
+        "help": "comma-separated registries (host:port, as images name them) the operator speaks plain HTTP to, as "
+                "the nodes' containerd is configured to pull from them (the dev cluster's registry at its nodes' "
+                "gateway); no pull credentials are sent to them. Besides these, only the loopback is plain HTTP"})
     image_signatures: str = field(default="", metadata={
         "help": "YAML file of the image signature policy (mode, unmatched, rules of repositories and the public keys "
                 "that must have signed them): every package image digest is verified before any node is cordoned "
@@ -85,6 +89,16 @@ class OperatorSettings:
                 "(the standard library's)"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
+
+    def pin_agent_image(self, pinned: str) -> None:
+        """The agent image by digest, once the operator resolved its tag under an image signature policy
+        (`gate.controller.images`): the one setting changed after start, once per process, so that every
+        stage and prepull pod made from then on pulls the digest that was verified, not the tag."""
+        object.__setattr__(self, "agent_image", pinned)
+
+    @property
+    def plain_http_registries(self) -> tuple[str, ...]:
+        return tuple(h.strip().lower() for h in self.registry_plain_http.split(",") if h.strip())
 
     @property
     def token_hosts(self) -> tuple[str, ...]:

@@ -96,10 +96,12 @@ class Lookup:
 class SignatureVerifier:
     """Finds an image digest's cosign signatures and judges them by the policy, once per digest."""
 
-    def __init__(self, policy: SignaturePolicy, *, timeout: float = 10.0, token_hosts: Collection[str] = ()) -> None:
+    def __init__(self, policy: SignaturePolicy, *, timeout: float = 10.0, token_hosts: Collection[str] = (),
+                 plain_http: Collection[str] = ()) -> None:
         self.policy = policy  # hashed once per assignment (the setter), not per verification
         self.timeout = timeout
         self.token_hosts = tuple(token_hosts)
+        self.plain_http = tuple(plain_http)
         self._cache: OrderedDict[tuple[str, str, str], tuple[Verdict, float | None]] = OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Future[Verdict]] = {}
         self.lookups = 0  # registry lookups made (cache misses that reached a registry): the cost figure
@@ -175,7 +177,7 @@ class SignatureVerifier:
                      credentials: tuple[str, str] | None = None) -> Lookup:
         """Every signature of `digest` the registry holds, in both formats."""
         async with registry_session(reference, target, credentials, timeout=self.timeout,
-                                    token_hosts=self.token_hosts) as reg:
+                                    token_hosts=self.token_hosts, plain_http=self.plain_http) as reg:
             try:
                 legacy, bundled = await asyncio.gather(_simplesigning(reg, digest), _bundles(reg, digest),
                                                        return_exceptions=True)

@@ -283,7 +283,8 @@ def build_package(directory: Path, progress: Progress = print, *, cluster: DevCl
                   host: str | None = None) -> PackageImage:
     """Build one package directory's image exactly as `ensure_images` builds those of packages/ (same
     bases, same inputs digest, so an unchanged package is not built again); with `cluster`, push it
-    to that cluster's registry and return its reference by digest as nodes reach it at `host`."""
+    to that cluster's registry, sign it with the dev key as `ensure_images` does, and return its
+    reference by digest as nodes reach it at `host`."""
     target = package_target(directory)
     if cluster is not None and host is None:
         raise ValueError("pushing needs the host the nodes reach the registry at")
@@ -293,4 +294,6 @@ def build_package(directory: Path, progress: Progress = print, *, cluster: DevCl
         built = _build_one(target, from_map(), base_ids, progress)
         if cluster is None or port is None or host is None:
             return PackageImage(target, built.local)
-        return PackageImage(target, built.local, reference(host, port, target.repository, push(built, port, progress)))
+        digest = push(built, port, progress)
+    cosign.sign_images([reference("127.0.0.1", port, target.repository, digest)], progress)
+    return PackageImage(target, built.local, reference(host, port, target.repository, digest))

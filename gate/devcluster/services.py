@@ -170,6 +170,13 @@ def start_operator(cluster: DevCluster, progress: Progress, *, name: str = "oper
     env = {**python_env(), **(env or {})}
     if AGENT_IMAGE_ENV not in env and cluster.real_nodes_enabled():
         env[AGENT_IMAGE_ENV] = agent_image(cluster, progress)
+    if cluster.real_nodes_enabled() and "NODEGATE_REGISTRY_PLAIN_HTTP" not in env:
+        # The nodes pull from the cluster's registry at their gateway over plain HTTP (their containerd
+        # is configured so); the operator resolves and verifies the same names there.
+        from gate.devcluster.network import gateway_ip
+        from gate.devcluster.registry import start_registry
+
+        env["NODEGATE_REGISTRY_PLAIN_HTTP"] = f"{gateway_ip(cluster.dir)}:{start_registry(cluster.procs, progress)}"
     recorded = _agent_image_file(cluster, name)
     if AGENT_IMAGE_ENV in env:
         recorded.write_text(env[AGENT_IMAGE_ENV])

@@ -173,6 +173,9 @@ def unresolved_message(problems: Mapping[str, str]) -> str:
         ". No stage pod of these packages starts on any node until their images resolve (retried with backoff)")
 
 
+AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
+
+
 def request_packages(request: PodRequest) -> list[str]:
     """The packages whose images a stage pod of `request` pulls, in the order it runs them."""
     return list(dict.fromkeys(s.package for s in request.steps if s.package is not None))
@@ -183,14 +186,15 @@ def held_requests(gate: NodeGate, requests: Iterable[PodRequest], *, resolve: bo
                   agent: ImageRecord | None = None) -> dict[str, list[str]]:
     """The stage pods of a node's decision held until their images may be pulled (fail closed: no stage
     pod pulls a tag the rollout has not pinned, nor, with an image signature policy, a digest it has
-    not judged runnable, `trusted`; NodeGate's own image, `agent`, is judged as a package's): pod name
+    not judged runnable, `trusted`; NodeGate's own image, `agent`, is judged as a package's, and with a
+    policy an agent image not pinned by digest yet, None, holds every pod: the gate reconcile pins it): pod name
     -> the packages it waits for. The gate reconcile resolves and judges them, or says why it cannot;
     the node looks again after it."""
     held = {}
     for request in requests:
         unresolved = pod_images(gate, request_packages(request), resolve=resolve, trusted=trusted)[1]
-        if trusted is not None and agent is not None and (agent.reference, agent.digest) not in trusted:
-            unresolved.append(agent.package)
+        if trusted is not None and (agent is None or (agent.reference, agent.digest) not in trusted):
+            unresolved.append(AGENT)
         if unresolved:
             held[request.name] = unresolved
     return held

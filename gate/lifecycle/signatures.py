@@ -23,10 +23,10 @@ Decisions:
   judged in this process is judged again first. Once a pod is created, its image is part of the shape
   the node's signed record holds (`gate.lifecycle.ownership`): a pod whose image is changed afterwards
   is not the operator's.
-* **NodeGate's own agent image is judged like a package's** (`agent_image`), when it is pinned by
-  digest, as the chart pins it with `image.digest`: its failure holds every gate, and names the
-  package `(agent)`. A tagged agent image is not verified (the operator says so at start): a tag
-  could name other content on the next pull.
+* **NodeGate's own agent image is judged like a package's** (`agent_image`): its failure holds every
+  gate, and names the package `(agent)`. A tagged agent image (the chart's default) is first resolved
+  to a digest and pinned for the operator's process (`gate.controller.images`), so stage pods pull the
+  digest that was judged; until then no stage pod starts.
 * **A changed policy judges everything again.** A verdict is kept with the policy's fingerprint; a
   record judged under another fingerprint counts as not judged.
 """
@@ -41,11 +41,11 @@ from gate.api.common import Condition
 from gate.api.nodegate import ImageRecord, ImageVerification
 from gate.api.signatures import SignaturePolicy, Verdict
 from gate.lifecycle.health import condition
+from gate.lifecycle.images import AGENT as AGENT  # re-exported: where the agent's record is made
 from gate.lifecycle.images import Hold, unresolved_message
 from gate.lifecycle.node import EventRequest
 
 CONDITION = "ImagesVerified"
-AGENT = "(agent)"  # the package name NodeGate's own agent image is judged under: no package can be named so
 PASSED = ("Verified", "NotCovered")  # the reasons of a verdict that is ok
 
 
@@ -141,8 +141,8 @@ def verified_condition(records: Sequence[ImageRecord], previous: Sequence[Condit
 
 def agent_image(image: str) -> ImageRecord | None:
     """NodeGate's agent image (in every stage pod) as a record to judge like a package's, when it is
-    pinned by digest (the chart's `image.digest`); None for a tag, which nothing pins, so nothing can
-    verify (docs/supply-chain.md)."""
+    pinned by digest (the chart's `image.digest`, or the operator's own pin of a tag); None for a tag,
+    which the operator resolves and pins first (docs/supply-chain.md)."""
     if "@" not in image:
         return None
     repository, _, digest = image.partition("@")

@@ -52,10 +52,30 @@ class RealCluster:
     nodes: list[str] = field(default_factory=list)
     progress: Callable[[str], None] = print
 
+    @property
+    def registry(self) -> str:
+        """The cluster's registry as the nodes reach it (`host:port`)."""
+        return self.images["nodegate"].split("/", 1)[0]
+
+    def signature_policy(self) -> str:
+        """The tier's image signature policy: enforce, the machine's dev key (which `ensure_images` signs
+        every image with) for the registry's `nodegate/**`, as the nodes and as this machine reach it."""
+        from gate.devcluster import cosign
+
+        public_key = cosign.dev_public_key(self.progress)
+        if public_key is None:
+            raise AssertionError("cosign is not built, so the tier's images are unsigned and its enforcing policy "
+                                 "would hold them all: `python -m gate.devcluster.build` builds it")
+        port = self.registry.rpartition(":")[2]
+        return cosign.dev_signature_policy([self.registry, f"127.0.0.1:{port}"], public_key)
+
     def start_services(self) -> None:
         from gate.devcluster import services
 
         services.start_webhook(self.dev, self.progress)
+        # The operator enforces the dev cluster's signature policy: every catalog image and NodeGate's own
+        # agent image it runs must carry the dev key's signature (docs/supply-chain.md).
+        services.set_image_signatures(self.dev, self.signature_policy())
         # OPERATOR_ENV; no agent image is given: on a cluster with real nodes the dev operator takes the one built for
         # them from the cluster's registry, as `nodegate dev up --real-nodes` does for a person.
         services.start_operator(self.dev, self.progress, env=dict(OPERATOR_ENV))

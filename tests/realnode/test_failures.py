@@ -53,8 +53,11 @@ def test_an_image_that_cannot_be_pulled_fails_the_node_with_containerds_message(
         real: RealCluster, gate_name: str) -> None:
     node = real.nodes[0]
     registry = real.images["grub-cmdline"].split("/", 1)[0]
+    # Outside nodegate/ (which the tier's signature policy covers) and pinned by a digest nothing has:
+    # the policy lets it run unverified (NotCovered) and resolves nothing, so the node's pull is what fails.
+    missing = f"{registry}/elsewhere/no-such-package@sha256:{'0' * 64}"
     real.kubectl.apply(one_package_gate(gate_name, node, {
-        "version": "1.0.0", "image": f"{registry}/nodegate/no-such-package", "interrupt": {"type": "none"}}))
+        "version": "1.0.0", "image": missing, "interrupt": {"type": "none"}}))
     try:
         # Said at once, before the 20 s pull grace fails the node: the gate's condition, the node's
         # condition and `nodegate status` name the node and the image, in the kubelet's words.

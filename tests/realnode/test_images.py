@@ -131,6 +131,23 @@ def test_references_name_the_gateway_and_the_digest_the_registry_serves_for_the_
         assert by_digest == body
 
 
+async def test_every_pushed_image_is_signed_by_the_dev_key_the_dev_policy_trusts(pushed: Pushed) -> None:
+    """`ensure_images` (what `nodegate dev images` runs) signs what it pushes with the machine's dev key:
+    the operator's verifier, under the dev cluster's policy, finds each digest Verified by that key."""
+    from gate.api.signatures import load_policy
+    from gate.controller.signatures import SignatureVerifier
+    from gate.devcluster import cosign
+
+    public_key = cosign.dev_public_key(_progress)
+    assert public_key is not None, "cosign is not built: python -m gate.devcluster.build builds it"
+    here = f"127.0.0.1:{pushed.port}"
+    verifier = SignatureVerifier(load_policy(cosign.dev_signature_policy([here], public_key)))
+    for name in ONLY:
+        digest = _digest(pushed.refs[name])
+        verdict = await verifier.verify(f"{here}/nodegate/{name}", digest)
+        assert (verdict.reason, verdict.key) == ("Verified", cosign.DEV_KEY_NAME), (name, verdict)
+
+
 def test_the_pushed_package_image_carries_the_package_and_a_cp_for_the_init_container(
         pushed: Pushed, tmp_path: Path) -> None:
     root = _pull_and_unpack(pushed.port, f"nodegate/{PACKAGE}", _digest(pushed.refs[PACKAGE]), tmp_path / "image")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,14 @@ def node_event_reasons(real: RealCluster, node: str) -> list[str]:
     out = real.kubectl.run("get", "events", "-A", "--field-selector", selector,
                            "-o", "jsonpath={.items[*].reason}").stdout
     return out.split()
+
+
+def operator_metric(real: RealCluster, name: str, label: str) -> float:
+    """The sum of the tier's operator's series of `name` whose labels include `label`."""
+    port = real.dev.ports()["operator"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        rows = resp.read().decode().splitlines()
+    return sum(float(row.rpartition(" ")[2]) for row in rows if row.startswith(f"{name}{{") and label in row)
 
 
 def machine_value(key: str) -> str:
@@ -145,11 +154,53 @@ def test_a_net_sysctl_changes_the_nodes_network_namespace_not_the_stage_pods(rea
                                                 "interrupt": {"type": "none"}, "uninstall": {"enabled": True}}}},
     }))
     try:
-        real.wait_complete(gate_name, 300.0)
+        status = real.wait_complete(gate_name, 300.0)
         assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == "8192"
+        # The tier's operator enforces the dev signature policy: it ran the catalog image (pinned by digest
+        # in the spec, so it has no image record) and its own agent image once it verified them.
+        assert status["nodes"]["complete"] == 1
+        assert operator_metric(real, "nodegate_image_verifications_total", 'result="Verified"') >= 2
         real.delete_gate(gate_name, 300.0)
         assert real.node_sh(node, "sysctl -n net.core.somaxconn").stdout.strip() == before
     finally:
         real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")
         for key, value in saved.items():
             set_machine_value(key, value)
+
+
+def test_an_unsigned_image_is_held_under_the_tiers_enforcing_policy_and_no_real_node_is_cordoned(
+        real: RealCluster, gate_name: str) -> None:
+    """The tier's operator enforces the dev signature policy (conftest `signature_policy`): an image
+    pushed to the dev registry under `nodegate/` without the dev key's signature holds its gate before
+    any real node is cordoned, naming the image, its digest and the rule; the signed catalog images of
+    the other tests run."""
+    from gate.devcluster import cosign, registry
+
+    port = int(real.registry.rpartition(":")[2])
+    repository = f"nodegate/unsigned-{gate_name}"
+    digest = registry.push_small_image(port, repository, "1.0.0", f"unsigned, for {gate_name}")
+    image = f"{real.registry}/{repository}"
+    real.kubectl.apply(real_pool_gate(gate_name, {"unsigned": {"version": "1.0.0", "image": image,
+                                                               "interrupt": {"type": "reboot"}}}))
+    try:
+        def verified_condition() -> dict[str, str]:
+            conditions = real.gate_status(gate_name).get("conditions") or []
+            return next((c for c in conditions if c["type"] == "ImagesVerified"), {})
+
+        real.wait("the unsigned image held", lambda: verified_condition().get("status") == "False", 120.0)
+        held = verified_condition()
+        assert held["reason"] == "SignatureMissing", held
+        for part in ("package unsigned", f"{image}:1.0.0", digest, f"rule {cosign.DEV_RULE_NAME}"):
+            assert part in held["message"], held["message"]
+        # Held before anything: no real node cordoned, no stage pod of the gate, its record says why.
+        records = {r["package"]: r for r in real.gate_status(gate_name).get("images") or []}
+        assert records["unsigned"]["digest"] == digest
+        assert records["unsigned"]["verified"]["reason"] == "SignatureMissing"
+        for node in real.nodes:
+            spec = yaml.safe_load(real.kubectl.run("get", "node", node, "-o", "yaml").stdout)["spec"]
+            assert spec.get("unschedulable") is not True, node
+        pods = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-o",
+                                "jsonpath={.items[*].metadata.annotations.nodegate\\.io/gate-name}").stdout.split()
+        assert gate_name not in pods
+    finally:
+        real.kubectl.run("delete", "nodegates.nodegate.io", gate_name, "--ignore-not-found", "--wait=false")

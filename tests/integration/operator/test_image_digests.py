@@ -83,7 +83,8 @@ def push(port: int, repository: str, tag: str, content: str) -> str:
 
 @dataclass
 class Pulls:
-    """Every stage pod created, as created: its node, the version its agent runs and its payload images."""
+    """Every stage pod created, as created: its node, the version its agent runs, its payload images and
+    the images of its other containers (NodeGate's agent)."""
 
     pods: dict[str, Obj] = field(default_factory=dict)
 
@@ -97,8 +98,10 @@ class Pulls:
         payloads = {c["name"].removeprefix("payload-"): (c["image"], c.get("imagePullPolicy"))
                     for c in containers if c["name"].startswith("payload-")}
         versions = {c["args"][c["args"].index("--version") + 1] for c in containers if "--version" in c.get("args", [])}
+        agents = {c["image"] for c in containers if not c["name"].startswith("payload-")}
         self.pods[name] = {"gate": (meta.get("annotations") or {}).get("nodegate.io/gate-name"),
-                           "node": spec.get("nodeName"), "payloads": payloads, "versions": versions}
+                           "node": spec.get("nodeName"), "payloads": payloads, "versions": versions,
+                           "agents": agents}
 
     def of(self, gate: str) -> list[Obj]:
         return [p for p in self.pods.values() if p["gate"] == gate and p["payloads"]]

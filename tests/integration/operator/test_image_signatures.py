@@ -27,10 +27,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.cosign import SIGNATURE_ANNOTATION, SIMPLESIGNING_TYPE, signature_tag
+from gate.api.nodegate import NodeGate
+from gate.controller.images import ImageResolver
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.settings import OperatorSettings
 from gate.devcluster import cosign, registry
 from gate.devcluster.cluster import DevCluster
 from gate.devcluster.services import AGENT_IMAGE_ENV, set_image_signatures, start_operator
 from gate.kube.client import EVENTS, KubeClient
+from gate.lifecycle.images import AGENT
+from tests.conftest import unique
 from tests.integration.operator.conftest import OPERATOR_FLAGS, Scenario, wait_for
 from tests.integration.operator.test_image_digests import (
     OCI_CONFIG,
@@ -103,16 +109,23 @@ def signers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Signer, Signer]:
 
 
 @pytest.fixture(scope="module")
-def verifying_operator(cluster: DevCluster, operator: int, registry_port: int,
-                       signers: tuple[Signer, Signer]) -> Iterator[int]:
-    """The session's operator as `nodegate dev up --image-signatures FILE` starts it, trusting the first
-    key for the test's repositories; put back without a policy afterwards."""
-    cluster.stop_process("operator")
-    set_image_signatures(cluster, policy_text(registry_port, {"trusted": signers[0].public_pem}))
-    # NodeGate's own agent image, pinned by digest as the chart pins it, is judged like a package's.
+def agent_digest(registry_port: int, signers: tuple[Signer, Signer]) -> str:
+    """NodeGate's own agent image, signed with the trusted key, under the tag `dev`."""
     agent = push(registry_port, AGENT_REPOSITORY, "dev", "the agent")
     signers[0].sign(registry_port, AGENT_REPOSITORY, agent)
-    env = {AGENT_IMAGE_ENV: f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}@{agent}"}
+    return agent
+
+
+@pytest.fixture(scope="module")
+def verifying_operator(cluster: DevCluster, operator: int, registry_port: int, signers: tuple[Signer, Signer],
+                       agent_digest: str) -> Iterator[int]:
+    """The session's operator as `nodegate dev up --image-signatures FILE` starts it, trusting the first
+    key for the test's repositories; put back without a policy afterwards. Its agent image is named by
+    tag, as the chart's default names it: the operator resolves it to a digest, judges it like a
+    package's, and pins it (test_enforce_...)."""
+    cluster.stop_process("operator")
+    set_image_signatures(cluster, policy_text(registry_port, {"trusted": signers[0].public_pem}))
+    env = {AGENT_IMAGE_ENV: f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}:dev"}
     try:
         yield start_operator(cluster, lambda m: None, extra=[*OPERATOR_FLAGS, "--resolve-timeout", "5"], env=env)
     finally:
@@ -167,8 +180,8 @@ async def nothing_started(scenario: Scenario, pulls: Pulls, nodes: list[str]) ->
 
 
 async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_signed_one(
-        verifying_operator: int, registry_port: int, signers: tuple[Signer, Signer], scenario: Scenario,
-        pulls: Pulls, kube: KubeClient) -> None:
+        verifying_operator: int, registry_port: int, signers: tuple[Signer, Signer], agent_digest: str,
+        scenario: Scenario, pulls: Pulls, kube: KubeClient) -> None:
     repo = f"nodegate-sig/{scenario.name}"
     image = f"127.0.0.1:{registry_port}/{repo}"
     unsigned = push(registry_port, repo, "1.0.0", "unsigned")
@@ -209,6 +222,10 @@ async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_si
     await held_again(verifying_operator)
     await nothing_started(scenario, pulls, scenario.nodes)
 
+    # The agent's tag was resolved and pinned when the first gate was judged: pushed again now, unsigned,
+    # it changes nothing that runs (the stage pods below pull the pinned, verified digest).
+    agent_tag = push(registry_port, AGENT_REPOSITORY, "dev", f"the agent, pushed again by {scenario.name}")
+
     # Signed with the trusted key: the rollout runs, by that digest, and says it verified.
     await scenario.apply_gate({"pkg": {"version": "2.0.0", "image": image}}, interruptionBudget={"count": 1})
 
@@ -222,6 +239,10 @@ async def test_enforce_holds_an_unsigned_image_before_any_cordon_and_runs_the_si
     record = images_of(gate)["pkg"]
     assert record["digest"] == signed and record["verified"]["key"] == "trusted"
     assert {p["payloads"]["pkg"] for p in pulls.of(scenario.name)} == {(f"{image}@{signed}", "IfNotPresent")}
+    # NodeGate's own agent image: by the digest its tag named when it was judged, not by the tag.
+    assert agent_tag != agent_digest
+    assert set().union(*(p["agents"] for p in pulls.of(scenario.name))) == {
+        f"127.0.0.1:{registry_port}/{AGENT_REPOSITORY}@{agent_digest}"}
 
 
 async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_remaining_nodes(
@@ -268,3 +289,28 @@ async def test_warn_mode_runs_and_warns_and_a_key_removed_mid_rollout_holds_the_
     finally:
         set_image_signatures(cluster, policy_text(registry_port, trusted))
 
+
+
+async def test_a_tagged_agent_image_that_does_not_resolve_holds_then_is_pinned_once_it_does(
+        registry_port: int, signers: tuple[Signer, Signer], kube: KubeClient, tmp_path: Path) -> None:
+    """The operator's resolver in this process, against the real registry: NodeGate's agent image by a
+    tag the registry does not have yet is a problem of package (agent), naming the image, and nothing
+    is pinned; once the tag exists (signed), it is judged and the settings name it by digest."""
+    policy = tmp_path / "policy.json"
+    policy.write_text(policy_text(registry_port, {"trusted": signers[0].public_pem}))
+    repository = f"nodegate-sig/agent-{unique('tag')}"
+    tagged = f"127.0.0.1:{registry_port}/{repository}:dev"
+    settings = OperatorSettings(agent_image=tagged, image_signatures=str(policy), resolve_timeout=5)
+    resolver = ImageResolver(settings, kube, OperatorMetrics())
+    gate = NodeGate.model_validate({"metadata": {"name": "agent-tag"}, "spec": {"packages": {"pkg": {
+        "version": "1.0.0", "image": f"127.0.0.1:{registry_port}/nodegate-sig/pkg"}}}})
+
+    _, judged, unread = await resolver.verify(gate, [])
+    assert judged == [] and settings.agent_image == tagged
+    assert unread[AGENT].startswith(f"NodeGate's agent image {tagged} (in every stage pod) could not be resolved")
+
+    digest = push(registry_port, repository, "dev", "an agent pushed late")
+    signers[0].sign(registry_port, repository, digest)
+    _, judged, unread = await resolver.verify(gate, [])
+    assert unread == {} and settings.agent_image == f"127.0.0.1:{registry_port}/{repository}@{digest}"
+    assert [(j.record.package, j.record.digest, j.verdict.reason) for j in judged] == [(AGENT, digest, "Verified")]

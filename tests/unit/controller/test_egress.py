@@ -127,3 +127,15 @@ async def test_a_name_that_resolves_to_a_metadata_address_is_refused_before_any_
             await session.get("https://innocent.example/v2/", timeout=aiohttp.ClientTimeout(total=5))
     assert isinstance(caught.value.os_error, EgressRefused)
     assert answers.asked.count("innocent.example") == 2
+
+
+def test_plain_http_goes_to_a_listed_registry_exactly_and_the_other_rules_still_hold() -> None:
+    listed = ("10.0.0.5:5000",)
+    assert url_refusal("http://10.0.0.5:5000/v2/team/pkg/manifests/1.0.0", listed) is None
+    for url in ("http://10.0.0.5:5001/v2/", "http://10.0.0.5/v2/", "http://10.0.0.6:5000/v2/"):
+        refused = url_refusal(url, listed)
+        assert refused is not None and RULE_PLAIN_HTTP in refused, url
+    refused = redirect_refusal("http://10.0.0.6:5000/v2/x", listed)
+    assert refused is not None and RULE_PLAIN_HTTP in refused
+    refused = url_refusal("http://169.254.169.254:80/latest", ("169.254.169.254:80",))
+    assert refused is not None and RULE_METADATA in refused

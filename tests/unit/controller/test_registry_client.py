@@ -280,3 +280,15 @@ async def test_a_refusal_reaches_the_gates_condition_naming_the_image_the_packag
         assert elsewhere.hits == ["GET /token -"] and RULE_REALM not in str(problems)
     finally:
         await runner.cleanup()
+
+
+async def test_a_registry_listed_as_plain_http_never_gets_the_pull_credentials(served: Registry) -> None:
+    """Listed as plain HTTP (`--registry-plain-http`), the wire is readable: the credentials stay home,
+    so a registry that wants them refuses, and the request went without them."""
+    served.auth = "basic"
+    with pytest.raises(RegistryError) as raised:
+        await resolve_digest(ref(served), ("robot", "pw"), plain_http=[f"127.0.0.1:{served.port}"])
+    assert raised.value.status == 401
+    assert served.seen == ["HEAD /v2/team/pkg/manifests/1.0.0 -"] * len(served.seen)
+    # Not listed (the loopback is plain HTTP anyway), the same credentials go and the tag resolves.
+    assert await resolve_digest(ref(served), ("robot", "pw")) == DIGEST

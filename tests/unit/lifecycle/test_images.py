@@ -7,6 +7,7 @@ from typing import Any
 
 from gate.api.nodegate import ImageRecord, NodeGate
 from gate.lifecycle.images import (
+    AGENT,
     by_digest,
     held_requests,
     merged_records,
@@ -151,3 +152,10 @@ def test_a_stage_pod_whose_images_are_not_pinned_is_held() -> None:
     pods = [PodRequest("s-a", "stages", (Step("a", "apply"),)), PodRequest("s-p", "stages", (Step("p", "apply"),))]
     assert held_requests(g, pods, resolve=True) == {"s-a": ["a"]}
     assert held_requests(g, pods, resolve=False) == {}
+    # With a signature policy, NodeGate's own agent image is judged too: by a digest not judged runnable,
+    # or by a tag the operator has not pinned yet (None), every pod waits for it.
+    trusted = {(PINNED.partition("@")[0], PINNED.partition("@")[2])}
+    agent = ImageRecord(package=AGENT, reference="h/nodegate", digest=D1)
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted, agent=agent) == {"s-p": [AGENT]}
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted, agent=None) == {"s-p": [AGENT]}
+    assert held_requests(g, pods[1:], resolve=True, trusted=trusted | {("h/nodegate", D1)}, agent=agent) == {}
