@@ -364,6 +364,13 @@ async def test_the_readiness_taint_follows_membership(kube: KubeClient, scenario
     await scenario.patch_gate({"spec": {"readinessTaint": False}})
     await wait_for(lambda: untainted(last), what="the taint gone with readinessTaint off")
     for node in (relabelled, edited, last):
-        events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={node}")
-        notes = [e["note"] for e in events if e["reason"] == "ReadinessTaintRemoved"]
-        assert notes and "no readinessTaint NodeGate selects the node any longer" in notes[-1], (node, notes)
+        notes: list[str] = []
+
+        async def said(node: str = node) -> bool:  # the Event is written after the taint's removal
+            nonlocal notes
+            events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={node}")
+            notes = [e["note"] for e in events if e["reason"] == "ReadinessTaintRemoved"]
+            return bool(notes)
+
+        await wait_for(said, what=f"the ReadinessTaintRemoved Event of {node}")
+        assert "no readinessTaint NodeGate selects the node any longer" in notes[-1], (node, notes)
