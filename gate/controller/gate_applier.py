@@ -1,10 +1,11 @@
 """The gate applier: it sends what a gate reconcile planned, in the plan's order, and decides nothing.
 
-Three plans of the gate reconcile come here (`gate.controller.executor` states the rule): the image
+Four plans of the gate reconcile come here (`gate.controller.executor` states the rule): the image
 records and conditions of `gate.lifecycle.images.plan_images` (`apply_images`, before anything else
 is planned), the `gate.lifecycle.reconcile.ReconcilePlan` (`write_node_updates`, then
-`apply_gate_plan`), and the prepull pods (`apply_prepull`). A node write refused for good is handed
-back (`NodeWrites.refused`) for the reconcile to plan what follows.
+`apply_gate_plan`), the prepull pods (`apply_prepull`) and the staging and undo pods
+(`apply_staging`). A node write refused for good is handed back (`NodeWrites.refused`) for the
+reconcile to plan what follows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.controller.executor import Writer, refused_for_good
 from gate.controller.prepull import PrepullWrites
+from gate.controller.staging import StagingWrites
 from gate.controller.views import node_view
 from gate.kube.client import NODEGATES, PODS
 from gate.kube.errors import ApiError, Conflict
@@ -176,3 +178,27 @@ class GateApplier(Writer):
             if obj is not None:
                 await self.recorder.emit(obj, event.type, event.reason, event.message)
         return refused
+
+    async def apply_staging(self, writes: StagingWrites) -> None:
+        """The staging and undo pods to delete, then those to create (a pod already there under its name is
+        that very pod; one refused for good is said in the log, and asked again at the gate's next plan)."""
+        for name in writes.delete:  # a pod already gone is fine (missing_ok)
+            gone = await self.client.delete(PODS, name, self.settings.namespace)
+            if gone is not None and gone.get("kind") == "Pod":  # its deletionTimestamp, seen by the next plan
+                self.world.pods.observe(gone)
+        for gate, node, body in writes.create:
+            try:
+                created = await self.client.create(PODS, body, self.settings.namespace)
+            except Conflict as exc:
+                if exc.already_exists:
+                    continue
+                raise
+            except ApiError as exc:
+                if not refused_for_good(exc):
+                    raise
+                log.warning("Staging pod refused; gate=%s node=%s pod=%s error=%s", gate, node,
+                            body["metadata"]["name"], exc)
+                continue
+            self.world.pods.observe(created)
+            log.info("Created %s pod; gate=%s node=%s pod=%s", body["metadata"]["labels"][keys.STAGE_KIND_LABEL],
+                     gate, node, body["metadata"]["name"])

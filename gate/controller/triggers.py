@@ -225,6 +225,20 @@ def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
     return None
 
 
+def on_staging_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
+    """The (gate, node) a staging or undo pod event is about (`gate.lifecycle.staging`), when the pod is one
+    and the event matters: it ended, went, or may be stuck. Its steps in between matter to no one."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL) not in ("staging", "unstage"):
+        return None
+    owner = stage_owner(pod)
+    if owner is None:
+        return None
+    if kind == "DELETED" or stage_pod_ended(pod) or pod_may_be_stuck(pod):
+        return owner
+    return None
+
+
 def needs_taint_look(node: Obj) -> bool:
     """The node's taint or hand-off mark may have to go, or its hand-off condition change: the
     readiness taint, a `held-by` mark (released, or its condition not written yet), or the condition."""
@@ -242,5 +256,5 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
     "joined_after", "needs_taint_look",
-    "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
+    "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "on_staging_pod", "pod_may_be_stuck", "stage_owner",
 ]

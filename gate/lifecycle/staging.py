@@ -238,6 +238,14 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
                        keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
 
 
+@dataclass(frozen=True)
+class StagingAhead:
+    """What a gate's plan needs to name its staging candidates; the operator passes none while staging is off."""
+
+    catalog: ServingCatalog
+    ahead: int
+
+
 def plan_stagings(by_gate: Mapping[str, GateStaging], pods: Sequence[StagingPod], limit: int) -> StagingPlan:
     """Which staging and undo pods to create and delete, over every gate. `by_gate`: the gates whose plan
     is known (a gate not planned yet keeps its pods, which count against the bound); `pods`: every
@@ -291,6 +299,7 @@ __all__ = [
     "REBOOT_SATISFIES",
     "Candidate",
     "GateStaging",
+    "StagingAhead",
     "StagingPlan",
     "StagingPod",
     "await_staging",
