@@ -126,7 +126,8 @@ class Operator:
             adopt = await self._load_key()
             await self._start_caches(world.caches)
             for pod in world.pods.items():
-                world.index.pod_event("ADDED", pod)
+                if not triggers.is_staging_pod(pod):
+                    world.index.pod_event("ADDED", pod)
             for pod in world.workloads.items():
                 world.workload_index.pod_event("ADDED", pod)
             await self._sign_records(adopt=adopt)
@@ -359,13 +360,14 @@ class Operator:
             self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
                                   soon=(gate,)))
             return
-        staging = triggers.on_staging_pod(kind, pod)
-        if staging is not None:
-            gate, node = staging
-            # The node's round may wait for it before its cordon; its end (or going) frees a slot of the bound,
-            # and a deleted gate's finalizer waits for the last one to go.
-            self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
-                                  soon=(gate,)))
+        if triggers.is_staging_pod(pod):  # never a round's stage pod: not in the stage pod index
+            staging = triggers.on_staging_pod(kind, pod)
+            if staging is not None:
+                gate, node = staging
+                # The node's round may wait for it before its cordon; its end (or going) frees a slot of the
+                # bound, and a deleted gate's finalizer waits for the last one to go.
+                self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
+                                      soon=(gate,)))
             return
         self.world.index.pod_event(kind, pod)
         owner = triggers.stage_owner(pod)
