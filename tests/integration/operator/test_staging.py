@@ -138,3 +138,6 @@ async def test_staged_before_the_cordon_bounded_and_undone_when_the_compartment_
                     == scenario.name]
 
     await wait_for(swept, timeout=60, what="staging and undo pods deleted")
+
+    # Deleted, the gate goes: nothing staged is left for its finalizer (`gate_may_go`) to wait on.
+    await scenario.delete_gate(timeout=90)
