@@ -152,6 +152,23 @@ class GateApplier(Writer):
 
         await asyncio.gather(*(sync(node, condition) for node, condition in wanted.items()))
 
+    async def _create_pod(self, body: Obj) -> bool | ApiError:
+        """A pod the fleet's plan asks for (prepull, staging, undo): True once created (and taken into the cache),
+        False when one of its name is there already (that very pod: its name says what it runs), or the API
+        server's refusal for good."""
+        try:
+            created = await self.client.create(PODS, body, self.settings.namespace)
+        except Conflict as exc:
+            if exc.already_exists:
+                return False
+            raise
+        except ApiError as exc:
+            if not refused_for_good(exc):
+                raise
+            return exc
+        self.world.pods.observe(created)
+        return True
+
     async def apply_prepull(self, writes: PrepullWrites) -> list[tuple[Candidate, ApiError]]:
         """The prepull pods to delete and to create, then the Events; returns the creates refused for good
         (a pod already there under its name, (gate, node, images), is that very pod)."""
@@ -159,20 +176,12 @@ class GateApplier(Writer):
         for name in writes.delete:  # a pod already gone is fine (missing_ok)
             await self.client.delete(PODS, name, self.settings.namespace)
         for cand, body in writes.create:
-            try:
-                created = await self.client.create(PODS, body, self.settings.namespace)
-            except Conflict as exc:
-                if exc.already_exists:
-                    continue
-                raise
-            except ApiError as exc:
-                if not refused_for_good(exc):
-                    raise
-                refused.append((cand, exc))
-                continue
-            self.world.pods.observe(created)
-            log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
-                     cand.picked)
+            outcome = await self._create_pod(body)
+            if isinstance(outcome, ApiError):
+                refused.append((cand, outcome))
+            elif outcome:
+                log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
+                         cand.picked)
         for gate, event in writes.events:
             obj = self.world.gates.get(gate)
             if obj is not None:
@@ -187,18 +196,9 @@ class GateApplier(Writer):
             # pod that is gone. Until that event, the next plan asks again (missing_ok).
             await self.client.delete(PODS, name, self.settings.namespace)
         for gate, node, body in writes.create:
-            try:
-                created = await self.client.create(PODS, body, self.settings.namespace)
-            except Conflict as exc:
-                if exc.already_exists:
-                    continue
-                raise
-            except ApiError as exc:
-                if not refused_for_good(exc):
-                    raise
-                log.warning("Staging pod refused; gate=%s node=%s pod=%s error=%s", gate, node,
-                            body["metadata"]["name"], exc)
-                continue
-            self.world.pods.observe(created)
-            log.info("Created %s pod; gate=%s node=%s pod=%s", body["metadata"]["labels"][keys.STAGE_KIND_LABEL],
-                     gate, node, body["metadata"]["name"])
+            outcome = await self._create_pod(body)
+            name, kind = body["metadata"]["name"], body["metadata"]["labels"][keys.STAGE_KIND_LABEL]
+            if isinstance(outcome, ApiError):
+                log.warning("Staging pod refused; gate=%s node=%s pod=%s error=%s", gate, node, name, outcome)
+            elif outcome:
+                log.info("Created %s pod; gate=%s node=%s pod=%s", kind, gate, node, name)

@@ -353,25 +353,19 @@ class Operator:
                 self.world.gate_later(gate)
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
-        prepull = triggers.on_prepull_pod(kind, pod)
-        if prepull is not None:
-            gate, node = prepull
-            # Its node's round may be waiting for it, and its end (or going) frees a slot of the bound.
+        fleet = triggers.is_staging_pod(pod)  # never a round's stage pod: not in the stage pod index
+        owner = triggers.on_staging_pod(kind, pod) if fleet else triggers.on_prepull_pod(kind, pod)
+        if owner is not None:
+            gate, node = owner
+            # Its node's round may be waiting for it before its cordon, and its end (or going) frees a slot of the
+            # bound (a deleted gate's finalizer waits for its last staging or undo pod to go).
             self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
                                   soon=(gate,)))
-            return
-        if triggers.is_staging_pod(pod):  # never a round's stage pod: not in the stage pod index
-            staging = triggers.on_staging_pod(kind, pod)
-            if staging is not None:
-                gate, node = staging
-                # The node's round may wait for it before its cordon; its end (or going) frees a slot of the
-                # bound, and a deleted gate's finalizer waits for the last one to go.
-                self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
-                                      soon=(gate,)))
+        if fleet or owner is not None:
             return
         self.world.index.pod_event(kind, pod)
-        owner = triggers.stage_owner(pod)
-        self._queue(triggers.on_pod(kind, pod, in_round=owner is not None and self.world.in_progress(*owner)))
+        stage = triggers.stage_owner(pod)
+        self._queue(triggers.on_pod(kind, pod, in_round=stage is not None and self.world.in_progress(*stage)))
 
 
 __all__ = ["Operator"]
