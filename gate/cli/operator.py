@@ -81,11 +81,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Any) -> int:
+    from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
     from gate.controller.clients import open_clients
     from gate.controller.operator import Operator
+    from gate.lifecycle.serving import ServingCatalog
 
     clients = await open_clients(settings)
-    operator = Operator(settings, clients)
+    # Which packages stage while serving (their serving steps, the catalog's version): the catalog's inputs.
+    operator = Operator(settings, clients, serving=ServingCatalog.from_inputs(CATALOG_INPUTS))
     task = asyncio.create_task(operator.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

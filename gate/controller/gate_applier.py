@@ -1,10 +1,11 @@
 """The gate applier: it sends what a gate reconcile planned, in the plan's order, and decides nothing.
 
-Three plans of the gate reconcile come here (`gate.controller.executor` states the rule): the image
+Four plans of the gate reconcile come here (`gate.controller.executor` states the rule): the image
 records and conditions of `gate.lifecycle.images.plan_images` (`apply_images`, before anything else
 is planned), the `gate.lifecycle.reconcile.ReconcilePlan` (`write_node_updates`, then
-`apply_gate_plan`), and the prepull pods (`apply_prepull`). A node write refused for good is handed
-back (`NodeWrites.refused`) for the reconcile to plan what follows.
+`apply_gate_plan`), the prepull pods (`apply_prepull`) and the staging and undo pods
+(`apply_staging`). A node write refused for good is handed back (`NodeWrites.refused`) for the
+reconcile to plan what follows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.controller.executor import Writer, refused_for_good
 from gate.controller.prepull import PrepullWrites
+from gate.controller.staging import StagingWrites
 from gate.controller.views import node_view
 from gate.kube.client import NODEGATES, PODS
 from gate.kube.errors import ApiError, Conflict
@@ -150,6 +152,23 @@ class GateApplier(Writer):
 
         await asyncio.gather(*(sync(node, condition) for node, condition in wanted.items()))
 
+    async def _create_pod(self, body: Obj) -> bool | ApiError:
+        """A pod the fleet's plan asks for (prepull, staging, undo): True once created (and taken into the cache),
+        False when one of its name is there already (that very pod: its name says what it runs), or the API
+        server's refusal for good."""
+        try:
+            created = await self.client.create(PODS, body, self.settings.namespace)
+        except Conflict as exc:
+            if exc.already_exists:
+                return False
+            raise
+        except ApiError as exc:
+            if not refused_for_good(exc):
+                raise
+            return exc
+        self.world.pods.observe(created)
+        return True
+
     async def apply_prepull(self, writes: PrepullWrites) -> list[tuple[Candidate, ApiError]]:
         """The prepull pods to delete and to create, then the Events; returns the creates refused for good
         (a pod already there under its name, (gate, node, images), is that very pod)."""
@@ -157,22 +176,29 @@ class GateApplier(Writer):
         for name in writes.delete:  # a pod already gone is fine (missing_ok)
             await self.client.delete(PODS, name, self.settings.namespace)
         for cand, body in writes.create:
-            try:
-                created = await self.client.create(PODS, body, self.settings.namespace)
-            except Conflict as exc:
-                if exc.already_exists:
-                    continue
-                raise
-            except ApiError as exc:
-                if not refused_for_good(exc):
-                    raise
-                refused.append((cand, exc))
-                continue
-            self.world.pods.observe(created)
-            log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
-                     cand.picked)
+            outcome = await self._create_pod(body)
+            if isinstance(outcome, ApiError):
+                refused.append((cand, outcome))
+            elif outcome:
+                log.info("Created prepull pod; gate=%s node=%s pod=%s picked=%s", cand.gate, cand.node, cand.pod,
+                         cand.picked)
         for gate, event in writes.events:
             obj = self.world.gates.get(gate)
             if obj is not None:
                 await self.recorder.emit(obj, event.type, event.reason, event.message)
         return refused
+
+    async def apply_staging(self, writes: StagingWrites) -> None:
+        """The staging and undo pods to delete, then those to create (a pod already there under its name is
+        that very pod; one refused for good is said in the log, and asked again at the gate's next plan)."""
+        for name in writes.delete:  # a pod already gone is fine (missing_ok)
+            # Not observed into the cache: the answer may come after the watch's DELETED event and bring back a
+            # pod that is gone. Until that event, the next plan asks again (missing_ok).
+            await self.client.delete(PODS, name, self.settings.namespace)
+        for gate, node, body in writes.create:
+            outcome = await self._create_pod(body)
+            name, kind = body["metadata"]["name"], body["metadata"]["labels"][keys.STAGE_KIND_LABEL]
+            if isinstance(outcome, ApiError):
+                log.warning("Staging pod refused; gate=%s node=%s pod=%s error=%s", gate, node, name, outcome)
+            elif outcome:
+                log.info("Created %s pod; gate=%s node=%s pod=%s", kind, gate, node, name)

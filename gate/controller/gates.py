@@ -9,8 +9,9 @@ records (`gate.lifecycle.images.plan_images`, before any other plan: no round st
 images are pinned), the gate (`gate.lifecycle.reconcile`: `plan_reconcile` for an enabled gate, which
 plans the rollout with `gate.lifecycle.fleet.plan_gate`; `plan_removal_reconcile` once it is deleted
 and nodes still hold its record; `plan_release` once none does; `plan_disabled`; `plan_problem` when
-its DeploymentPolicy is missing or invalid) and the prepull pods (`gate.controller.prepull`). It
-returns when to look again (`gate.controller.result.Result`).
+its DeploymentPolicy is missing or invalid), the prepull pods (`gate.controller.prepull`) and the
+staging and undo pods (`gate.controller.staging`; a deleted gate is let go only once none of them is
+left, `gate.lifecycle.staging.gate_may_go`). It returns when to look again (`gate.controller.result.Result`).
 `PolicyReconciler.reconcile(PolicyKey)` writes a DeploymentPolicy's own status.
 """
 
@@ -32,6 +33,7 @@ from gate.controller.metrics import OperatorMetrics
 from gate.controller.nodes import fail_refused
 from gate.controller.prepull import Prepuller
 from gate.controller.result import DONE, Result, look, merged
+from gate.controller.staging import Stager
 from gate.controller.triggers import GateKey, NodeKey, PolicyKey
 from gate.controller.views import node_view
 from gate.controller.world import World
@@ -57,19 +59,22 @@ from gate.lifecycle.reconcile import (
 )
 from gate.lifecycle.rollback import rollback_targets
 from gate.lifecycle.signatures import hold_of, warnings
+from gate.lifecycle.staging import GateStaging
 
 log = logging.getLogger("nodegate.operator")
 
 
 class GateReconciler:
     def __init__(self, metrics: OperatorMetrics, world: World, applier: GateApplier, resolver: ImageResolver,
-                 prepuller: Prepuller | None = None, endpoints: EndpointBook | None = None) -> None:
+                 prepuller: Prepuller | None = None, endpoints: EndpointBook | None = None,
+                 stager: Stager | None = None) -> None:
         self.endpoints = endpoints or EndpointBook()
         self.metrics = metrics
         self.world = world
         self.applier = applier
         self.resolver = resolver
         self.prepuller = prepuller
+        self.stager = stager
 
     async def reconcile(self, key: GateKey) -> Result:
         name = key.gate
@@ -88,6 +93,10 @@ class GateReconciler:
         if self.prepuller is not None and (gate.metadata.deletion_timestamp or disabled(gate)) and \
                 self.prepuller.forgets(gate):
             result = await self._prepull(self.prepuller, gate, [])
+        if self.stager is not None and (gate.metadata.deletion_timestamp or disabled(gate)) and \
+                (gate.name in self.stager.by_gate or self.stager.holds(gate.name)):
+            # Every staging not taken over is undone (a deleted gate's finalizer waits for it: `_finalize`).
+            await self._stage(self.stager, gate, GateStaging(deleting=bool(gate.metadata.deletion_timestamp)))
         if gate.metadata.deletion_timestamp:
             # An uninstall runs the package's image too; one that cannot resolve holds only its own pods.
             with contextlib.suppress(ImagesUnresolved):
@@ -110,11 +119,19 @@ class GateReconciler:
                               resolve_digests=self.resolver.settings.resolve_digests,
                               packages_in_use=self._packages_in_use(), reported=self.world.reported,
                               prepull=self.prepuller.lookahead if self.prepuller is not None else None,
-                              revisions=self.world.revisions.get(name))
+                              revisions=self.world.revisions.get(name),
+                              staging=self.stager.ahead if self.stager is not None else None)
         result |= await self._apply(gate, obj, plan)
         if self.prepuller is not None and plan.prepull is not None:  # after the picks are written
             result |= await self._prepull(self.prepuller, gate, plan.prepull)
+        if self.stager is not None and plan.staging is not None:
+            await self._stage(self.stager, gate, plan.staging)
         return result
+
+    async def _stage(self, stager: Stager, gate: NodeGate, part: GateStaging) -> None:
+        """The staging and undo pods of every gate, planned with this gate's part and sent, under one lock."""
+        async with stager.lock:
+            await self.applier.apply_staging(await stager.plan(gate, part))
 
     async def _apply(self, gate: NodeGate, obj: Obj, plan: ReconcilePlan) -> Result:
         """Send a plan (`GateApplier`): its node writes; for each refused for good, what follows
@@ -236,6 +253,9 @@ class GateReconciler:
                                           holders=holding, now=datetime.now(UTC),
                                           resolve_digests=self.resolver.settings.resolve_digests)
             return await self._apply(gate, obj, plan)  # node reconciles uninstall and remove their keys
+        if self.stager is not None and self.stager.holds(gate.name):
+            # What was staged on serving nodes is undone first (`gate_may_go`); its pods' events plan the gate.
+            return look(GateKey(gate.name), self.stager.settings.poll_seconds)
         return await self._apply(gate, obj, plan_release(gate, fleet, self.world.all_gates()))
 
     async def _disabled(self, gate: NodeGate, obj: Obj) -> Result:

@@ -124,6 +124,8 @@ class OperatorMetrics:
                                   ["gate", "state"])
         self.prepull_failures = counter("nodegate_prepull_failures_total",
                                         "Prepull pods that could not pull an image (once per pod)", ["gate"])
+        self.stagings = Gauge("nodegate_stagings", "Staging and undo pods over the fleet (stage while serving) by "
+                              "state: staging, staged, failed, undoing, undone, undo-failed", ["state"], registry=r)
         self.queue_depth = Gauge("nodegate_work_queue_depth", "Keys waiting in the work queue", registry=r)
         labels = ["gate", "compartment"]
         self.c_matched = gauge("nodegate_compartment_matched_nodes", "Nodes in the compartment", labels)

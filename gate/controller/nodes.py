@@ -29,6 +29,7 @@ from gate.controller.prepull import Prepuller
 from gate.controller.result import DONE, Result, look, replan
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
+from gate.controller.staging import Stager
 from gate.controller.triggers import JoinKey, NodeKey, TaintKey
 from gate.controller.views import node_view, pod_view
 from gate.controller.world import World
@@ -53,9 +54,11 @@ log = logging.getLogger("nodegate.operator")
 class NodeReconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient, timing: Timing, world: World,
                  applier: NodeApplier, signals: SignalReader | None = None,
-                 prepuller: Prepuller | None = None, trust: ImageTrust | None = None) -> None:
+                 prepuller: Prepuller | None = None, trust: ImageTrust | None = None,
+                 stager: Stager | None = None) -> None:
         self.settings = settings
         self.prepuller = prepuller
+        self.stager = stager
         self.trust = trust  # the image signature policy's verdicts: the digests a stage pod may pull
         self.client = client
         self.timing = timing
@@ -127,13 +130,18 @@ class NodeReconciler:
         # A roll-back's images are the revision's, which the gate's prepull candidates never hold: not awaited.
         if self.prepuller is not None and not removing and target is gate:
             prepull, prepull_pod = self.prepuller.pod_for(gate, state, node_name)
+        serving, staged = None, None
+        # Likewise a roll-back's steps are the revision's: only the gate's own rounds wait for a staging.
+        if self.stager is not None and self.stager.enabled and not removing and target is gate:
+            serving, staged = self.stager.catalog, self.stager.pod_for(gate, state, node_name)
         ctx = NodeContext(gate=target, node=view, state=state,
                           stage_pods=self.world.stage_pods_of(gate_name, node_name, state.pods).ours,
                           pods=pods, now=datetime.now(UTC),
                           readiness_clear=readiness_clear(gate_name, fnode, self.world.all_gates()),
                           hold_asked_by=hold_asked_by(gate, fnode, self.world.all_gates()),
                           timing=self.timing, release=node_name in self.world.removal_release.get(gate_name, ()),
-                          health=health, reading=reading, prepull=prepull, prepull_pod=prepull_pod)
+                          health=health, reading=reading, prepull=prepull, prepull_pod=prepull_pod,
+                          serving=serving, staging_pod=staged)
         decision = decide_removal(ctx) if removing else decide(ctx)
         return await self._apply(target, node_obj, decision, ctx)
 

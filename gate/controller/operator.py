@@ -49,6 +49,7 @@ from gate.controller.queue import WorkQueue
 from gate.controller.result import DONE, Result
 from gate.controller.settings import OperatorSettings
 from gate.controller.signals import SignalReader
+from gate.controller.staging import Stager
 from gate.controller.triggers import GateKey, HistoryKey, JoinKey, NodeKey, PolicyKey, TaintKey, Triggered
 from gate.controller.workloads import gates_protecting
 from gate.controller.world import World
@@ -57,13 +58,14 @@ from gate.kube.client import NODES
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed
 from gate.kube.lease import LeaderElector
 from gate.lifecycle.node import Timing
+from gate.lifecycle.serving import ServingCatalog
 
 log = logging.getLogger("nodegate.operator")
 
 
 class Operator:
     def __init__(self, settings: OperatorSettings, clients: OperatorClients,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, serving: ServingCatalog | None = None) -> None:
         self.settings = settings
         client = self.client = clients.work
         self.metrics = metrics or OperatorMetrics()
@@ -77,16 +79,18 @@ class Operator:
         gate_applier = GateApplier(settings, client, self.metrics, recorder, self.world)
         node_applier = NodeApplier(settings, client, self.metrics, recorder, self.world)
         prepuller = Prepuller(settings, self.world, self.metrics)
+        # Which packages stage while serving: the catalog's, which the command hands in (`gate.cli.operator`).
+        stager = Stager(settings, self.world, client, serving or ServingCatalog(), self.metrics, self.image_trust)
         # The Prometheus endpoints the installer configured: the only ones a policy may name.
         self.endpoints = EndpointBook(settings.prometheus_endpoints or None)
         self.gates = GateReconciler(self.metrics, self.world, gate_applier,
                                     ImageResolver(settings, client, self.metrics, self.image_trust), prepuller,
-                                    self.endpoints)
+                                    self.endpoints, stager)
         self.policies = PolicyReconciler(client, self.world, self.endpoints)
         self.signals = SignalReader(self.endpoints, interval=settings.health_poll_seconds,
                                     concurrency=settings.health_queries)
         self.nodes = NodeReconciler(settings, client, timing, self.world, node_applier, self.signals,
-                                   prepuller, self.image_trust)
+                                   prepuller, self.image_trust, stager)
         self.joins = JoinReconciler(self.world, node_applier)
         self.taints = TaintReconciler(self.world, node_applier)
         self.history = HistoryReconciler(settings, client, self.world)
@@ -122,7 +126,8 @@ class Operator:
             adopt = await self._load_key()
             await self._start_caches(world.caches)
             for pod in world.pods.items():
-                world.index.pod_event("ADDED", pod)
+                if not triggers.is_staging_pod(pod):
+                    world.index.pod_event("ADDED", pod)
             for pod in world.workloads.items():
                 world.workload_index.pod_event("ADDED", pod)
             await self._sign_records(adopt=adopt)
@@ -348,16 +353,19 @@ class Operator:
                 self.world.gate_later(gate)
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
-        prepull = triggers.on_prepull_pod(kind, pod)
-        if prepull is not None:
-            gate, node = prepull
-            # Its node's round may be waiting for it, and its end (or going) frees a slot of the bound.
+        fleet = triggers.is_staging_pod(pod)  # never a round's stage pod: not in the stage pod index
+        owner = triggers.on_staging_pod(kind, pod) if fleet else triggers.on_prepull_pod(kind, pod)
+        if owner is not None:
+            gate, node = owner
+            # Its node's round may be waiting for it before its cordon, and its end (or going) frees a slot of the
+            # bound (a deleted gate's finalizer waits for its last staging or undo pod to go).
             self._queue(Triggered(now=(NodeKey(gate, node),) if self.world.in_progress(gate, node) else (),
                                   soon=(gate,)))
+        if fleet or owner is not None:
             return
         self.world.index.pod_event(kind, pod)
-        owner = triggers.stage_owner(pod)
-        self._queue(triggers.on_pod(kind, pod, in_round=owner is not None and self.world.in_progress(*owner)))
+        stage = triggers.stage_owner(pod)
+        self._queue(triggers.on_pod(kind, pod, in_round=stage is not None and self.world.in_progress(*stage)))
 
 
 __all__ = ["Operator"]

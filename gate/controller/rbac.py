@@ -78,6 +78,8 @@ CLUSTER_RULES: list[Rule] = [
 NAMESPACE_RULES: list[Rule] = [
     Rule([""], ["pods"], ["create", "delete"],
          "run a phase of a round on a node (a pod pinned to it); delete it once its steps are recorded"),
+    Rule([""], ["pods"], ["get"],
+         "read a staging pod whole (the cache keeps pods slimmed) to run its undo with the very spec it staged"),
     Rule([""], ["configmaps"], ["create"],
          "package config mounted into stages (immutable, named by content; garbage-collected with the gate)"),
     Rule([""], ["configmaps"], ["get"],

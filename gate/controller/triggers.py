@@ -225,6 +225,22 @@ def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
     return None
 
 
+def is_staging_pod(pod: Obj) -> bool:
+    """A staging or undo pod (`gate.lifecycle.staging`): the fleet's, not a round's stage pod."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(keys.STAGE_KIND_LABEL) in ("staging", "unstage")
+
+
+def on_staging_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:
+    """The (gate, node) a staging or undo pod event is about, when the event matters: the pod ended, went,
+    or may be stuck. Its steps in between matter to no one."""
+    owner = stage_owner(pod)
+    if owner is None or not is_staging_pod(pod):
+        return None
+    if kind == "DELETED" or stage_pod_ended(pod) or pod_may_be_stuck(pod):
+        return owner
+    return None
+
+
 def needs_taint_look(node: Obj) -> bool:
     """The node's taint or hand-off mark may have to go, or its hand-off condition change: the
     readiness taint, a `held-by` mark (released, or its condition not written yet), or the condition."""
@@ -241,6 +257,6 @@ def joined_after(node: Obj, gate: Obj) -> bool:
 
 __all__ = [
     "GateKey", "GateSeen", "JoinKey", "NodeKey", "PolicyKey", "TaintKey", "Triggered", "WorkKey", "gate_seen",
-    "joined_after", "needs_taint_look",
-    "on_gate", "on_node", "on_pod", "on_policy", "on_prepull_pod", "pod_may_be_stuck", "stage_owner",
+    "is_staging_pod", "joined_after", "needs_taint_look", "on_gate", "on_node", "on_pod", "on_policy",
+    "on_prepull_pod", "on_staging_pod", "pod_may_be_stuck", "stage_owner",
 ]

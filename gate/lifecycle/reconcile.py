@@ -62,6 +62,7 @@ from gate.lifecycle.node import EventRequest
 from gate.lifecycle.prepull import Candidate, Lookahead, candidates
 from gate.lifecycle.removal import plan_removal
 from gate.lifecycle.signatures import verified_condition
+from gate.lifecycle.staging import GateStaging, StagingAhead, gate_staging
 from gate.lifecycle.taint import lifts, readiness_clear
 from gate.rollout.history import Revision
 
@@ -142,6 +143,9 @@ class ReconcilePlan:
     # The gate's prepull candidates (`gate.lifecycle.prepull`), for the prepuller once the picks are
     # written; None: prepull is off, or this plan starts no round.
     prepull: list[Candidate] | None = None
+    # The gate's part of the fleet-wide staging plan (`gate.lifecycle.staging`), for the stager once the
+    # picks are written; None: staging is off.
+    staging: GateStaging | None = None
     # A deleted gate that is done with every node: remove its finalizer, last of the writes (so a write
     # that fails above it keeps the gate, retried, until every node is clean).
     release: bool = False
@@ -164,10 +168,11 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
                    resolve_digests: bool, packages_in_use: Collection[str],
                    reported: Collection[tuple[str, str, str]] = frozenset(),
                    prepull: Lookahead | None = None,
-                   revisions: Sequence[Revision] | None = None) -> ReconcilePlan:
+                   revisions: Sequence[Revision] | None = None,
+                   staging: StagingAhead | None = None) -> ReconcilePlan:
     """The whole reconcile of an enabled gate: its rollout (`plan_gate`), with the gate's current
     `status` (wire), and everything that follows from it; with `prepull`, the nodes whose round's
-    images are pulled ahead."""
+    images are pulled ahead; with `staging`, the gate's staging candidates (`gate.lifecycle.staging`)."""
     gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
                       protected=protected or {}, revisions=revisions)
     planned = gplan.status.to_wire()
@@ -183,6 +188,7 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
     metrics.drains_blocked = sum(1 for n in fleet if _drain_blocked(n.states.get(gate.name)))
     metrics.forget = ForgetSeries(frozenset(c.name for c in gplan.status.compartments),
                                   frozenset(gate.spec.packages), frozenset(packages_in_use))
+    states = {n.view.name: s if isinstance(s := n.states.get(gate.name), NodeGateState) else None for n in fleet}
     return ReconcilePlan(
         gate=gate.name, updates=gplan.updates,
         failure_conditions=failure_conditions(gate.name, fleet, gplan.updates),
@@ -191,9 +197,9 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
         events=[*gplan.events, *(refused_event(gate.name, r) for r in refused)], refused=refused,
         metrics=metrics, recheck_after=gplan.recheck_after,
         prepull=None if prepull is None else candidates(
-            gate, gplan, {n.view.name: s if isinstance(s := n.states.get(gate.name), NodeGateState) else None
-                          for n in fleet},
-            ahead=prepull.ahead, agent_image=prepull.agent_image, resolve=resolve_digests))
+            gate, gplan, states, ahead=prepull.ahead, agent_image=prepull.agent_image, resolve=resolve_digests),
+        staging=None if staging is None else gate_staging(gate, gplan, states, catalog=staging.catalog,
+                                                          ahead=staging.ahead))
 
 
 def plan_removal_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,

@@ -233,9 +233,31 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
     line = [] if gplan.rollout is None else [(node, planned_state(gplan, states, node))
                                              for node, wait in gplan.rollout.waits.items()
                                              if wait.reason in AHEAD_REASONS]
-    taken = frozenset(n for n, s in picked.items() if s.phase != "idle")
+    taken = frozenset(n for n in {*states, *picked} if _round_owns_it(picked.get(n) or planned_state(gplan, states, n)))
     return GateStaging(candidates(gate, picked, line, catalog=catalog, limit_ahead=ahead), taken_over=taken,
                        keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
+
+
+@dataclass(frozen=True)
+class StagingAhead:
+    """What a gate's plan needs to name its staging candidates; the operator passes none while staging is off."""
+
+    catalog: ServingCatalog
+    ahead: int
+
+
+# Failures of a round before its cordon: what was staged is still the fleet's to undo.
+_BEFORE_CORDON = frozenset({"staging", "prepull"})
+
+
+def _round_owns_it(state: NodeGateState) -> bool:
+    """The node's round took over what was staged for it: it passed its cordon (its phase is past idle), or
+    it is over, complete or failed past its cordon (its own failure, retry or roll-back deals with the
+    staged work). A node whose staging failed, or whose images could not be pulled, never passed its
+    cordon: its staging is undone."""
+    if state.status == "failed":
+        return state.failure is not None and state.failure.stage not in _BEFORE_CORDON
+    return state.status == "complete" or state.phase != "idle"
 
 
 def plan_stagings(by_gate: Mapping[str, GateStaging], pods: Sequence[StagingPod], limit: int) -> StagingPlan:
@@ -291,6 +313,7 @@ __all__ = [
     "REBOOT_SATISFIES",
     "Candidate",
     "GateStaging",
+    "StagingAhead",
     "StagingPlan",
     "StagingPod",
     "await_staging",

@@ -50,6 +50,10 @@ shows each verb of each rule is needed (tests/chart/test_rbac_necessity.py).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete"]
+# read a staging pod whole (the cache keeps pods slimmed) to run its undo with the very spec it staged
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get"]
 # package config mounted into stages (immutable, named by content; garbage-collected with the gate)
 - apiGroups: [""]
   resources: ["configmaps"]

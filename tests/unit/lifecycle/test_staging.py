@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
-from gate.api.state import Installed, NodeGateState
+from gate.api.state import Failure, Installed, NodeGateState
 from gate.lifecycle.fleet import plan_gate
 from gate.lifecycle.machine import decide
 from gate.lifecycle.node import Decision, NodeContext, NodeView, StagePod, Timing
@@ -205,6 +205,25 @@ def test_a_gates_part_comes_from_its_plan_picks_first_then_its_line_and_a_round_
     kept = gate_staging(paused, plan_gate(paused, None, running, gates=[paused], now=NOW), {"n0": past},
                         catalog=CATALOG, ahead=2)
     assert kept.keep and kept.candidates == ()
+
+
+def test_a_round_that_is_over_owns_its_staging_unless_it_failed_before_its_cordon() -> None:
+    """A node whose round completed (or failed past its cordon) between two plans of its gate: its staging pod
+    goes without an undo (the round's work is the staged work); one whose staging failed is never taken
+    over (its pod stays the fleet's: undone once no longer wanted, or read again by its retry)."""
+    g = gate({"k": REBOOT_PKG}, interruptionBudget={"count": 1})
+    done = started(g).model_copy(update={"status": "complete", "phase": "idle"})
+    drained = started(g).model_copy(update={"status": "failed", "phase": "drain",
+                                            "failure": Failure(stage="drain", reason="DrainTimeout")})
+    unstaged = started(g).model_copy(update={"status": "failed",
+                                             "failure": Failure(stage="staging", reason="StagingFailed")})
+    states = {"n0": done, "n1": drained, "n2": unstaged, "n3": None}
+    fleet = [fleet_node(n, state=s) for n, s in states.items()]
+    part = gate_staging(g, plan_gate(g, None, fleet, gates=[g], now=NOW), states, catalog=CATALOG, ahead=0)
+    assert part.taken_over == {"n0", "n1"}
+    pods = [pod_of(cand(n)) for n in ("n0", "n1", "n2")]
+    plan = plan_stagings({"g": part}, pods, limit=5)
+    assert plan.delete == [pods[0].name, pods[1].name] and pods[2].name not in plan.delete
 
 
 STEPS = staging_steps(gate({"k": REBOOT_PKG}), NodeGateState(), CATALOG)

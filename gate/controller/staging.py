@@ -1,0 +1,180 @@
+"""Staging and undo pods (stage while serving): the memory around `gate.lifecycle.staging`, which decides;
+the gate applier writes (`gate.controller.gate_applier.GateApplier.apply_staging`).
+
+As with prepull (`gate.controller.prepull`): each gate's plan hands its part in
+(`gate.lifecycle.reconcile.ReconcilePlan.staging`); the stager keeps the latest of every gate and, under
+one lock (the bound is fleet-wide), reads every staging and undo pod from the cache, asks
+`plan_stagings` what to create and delete, and returns that as `StagingWrites`. A gate not planned since
+this replica leads keeps its pods. Staging and undo pods are owned by no gate (`gate.controller.pods.
+staging_pod`): a deleted gate hands in its part with `deleting`, and its finalizer waits for
+`gate_may_go`.
+
+An undo pod is the staging pod's own spec with `--part undo` (`unstage_pod`); the cache holds pods
+slimmed, so the stager reads the staging pod from the API server to build it (a read, not a write).
+
+Which packages stage is the catalog's (`gate.admission.rules.catalog_inputs`, for the catalog's version:
+`gate.lifecycle.serving.ServingCatalog`), handed in by the operator's command (`gate.cli.operator`): the
+controller layer does not import admission's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gate.api import keys
+from gate.api.common import Obj
+from gate.api.nodegate import NodeGate
+from gate.api.state import NodeGateState
+from gate.controller.imagetrust import ImageTrust
+from gate.controller.metrics import OperatorMetrics
+from gate.controller.pods import (
+    GATE_NAME_ANNOTATION,
+    NODE_NAME_ANNOTATION,
+    facts_of,
+    stage_pod_view,
+    staging_pod,
+    unstage_pod,
+)
+from gate.controller.settings import OperatorSettings
+from gate.controller.world import World
+from gate.kube.client import PODS, KubeClient
+from gate.kube.errors import NotFound
+from gate.lifecycle.images import pod_images
+from gate.lifecycle.node import StagePod
+from gate.lifecycle.serving import ServingCatalog
+from gate.lifecycle.staging import (
+    Candidate,
+    GateStaging,
+    StagingAhead,
+    StagingPod,
+    gate_may_go,
+    plan_stagings,
+    staging_pod_name,
+    staging_steps,
+    undo_pod_name,
+)
+
+log = logging.getLogger("nodegate.operator")
+
+STAGING_KINDS = frozenset({"staging", "unstage"})
+
+
+def staging_owner(pod: Obj) -> tuple[str, str, str] | None:
+    """(gate, node, kind) of a staging or undo pod, None when the pod is not one."""
+    meta = pod.get("metadata") or {}
+    kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL)
+    if kind not in STAGING_KINDS:
+        return None
+    ann = meta.get("annotations") or {}
+    gate, node = ann.get(GATE_NAME_ANNOTATION), ann.get(NODE_NAME_ANNOTATION)
+    return (gate, node, kind) if gate and node else None
+
+
+@dataclass
+class StagingWrites:
+    """What the gate applier writes of the staging and undo pods: the pods to delete, then those to create
+    (staging pods and undo pods, with their manifests)."""
+
+    delete: list[str] = field(default_factory=list)
+    create: list[tuple[str, str, Obj]] = field(default_factory=list)  # (gate, node, manifest)
+
+
+class Stager:
+    def __init__(self, settings: OperatorSettings, world: World, client: KubeClient, catalog: ServingCatalog,
+                 metrics: OperatorMetrics | None = None, trust: ImageTrust | None = None) -> None:
+        self.settings = settings
+        self.world = world
+        self.client = client
+        self.metrics = metrics or OperatorMetrics()
+        self.trust = trust
+        self.catalog = catalog
+        self.by_gate: dict[str, GateStaging] = {}
+        self.gates: dict[str, NodeGate] = {}
+        self.lock = asyncio.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.staging_concurrency > 0
+
+    @property
+    def ahead(self) -> StagingAhead | None:
+        """What a gate's plan needs to name its staging candidates; None while staging is off."""
+        return StagingAhead(self.catalog, self.settings.staging_ahead) if self.enabled else None
+
+    def holds(self, gate: str) -> bool:
+        """Staging or undo pods of the gate are left (its finalizer waits: `gate_may_go`)."""
+        return not gate_may_go(gate, (p for p, _ in self._pods()))
+
+    async def plan(self, gate: NodeGate, part: GateStaging) -> StagingWrites:
+        """The gate's latest part taken in, what to write of every gate's staging and undo pods. Called under
+        `lock`, held until the writes are sent."""
+        self.by_gate[gate.name] = part
+        self.gates[gate.name] = gate
+        pods = self._pods()
+        plan = plan_stagings(self.by_gate, [p for p, _ in pods], self.settings.staging_concurrency)
+        out = StagingWrites(delete=list(plan.delete))
+        for cand in plan.create:
+            body = self._staging_pod(cand)
+            if body is not None:
+                out.create.append((cand.gate, cand.node, body))
+        for pod in plan.undo:
+            try:
+                staged = await self.client.get(PODS, pod.name, self.settings.namespace)
+            except NotFound:
+                continue  # gone meanwhile: nothing to undo from it
+            out.create.append((pod.gate, pod.node, unstage_pod(staged, undo_pod_name(pod.name))))
+        for undo in plan.undo_failed:
+            log.warning("Undo of a staging failed, left for a person; gate=%s node=%s pod=%s", undo.gate, undo.node,
+                        undo.name)
+        self._measure(pods)
+        return out
+
+    def _staging_pod(self, cand: Candidate) -> Obj | None:
+        gate = self.gates[cand.gate]
+        packages = list(dict.fromkeys(s.package for s in cand.steps if s.package is not None))
+        trusted = self.trust.trusted() if self.trust is not None else None
+        images, missing = pod_images(gate, packages, resolve=self.settings.resolve_digests, trusted=trusted)
+        if missing:
+            return None  # not pinned yet: staged once they are
+        node = self.world.nodes.get(cand.node) or {}
+        return staging_pod(gate, cand.node, cand.pod, cand.steps, self.settings,
+                           facts_of(cand.node, node, None), images)
+
+    def _pods(self) -> list[tuple[StagingPod, StagePod]]:
+        out = []
+        for pod in self.world.pods.items():
+            owner = staging_owner(pod)
+            if owner is None:
+                continue
+            view = stage_pod_view(pod)
+            out.append((StagingPod(view.name, owner[0], owner[1], "undo" if owner[2] == "unstage" else "staging",
+                                   phase=view.phase, deleting=bool(pod["metadata"].get("deletionTimestamp"))), view))
+        return out
+
+    def _measure(self, pods: list[tuple[StagingPod, StagePod]]) -> None:
+        names = {p.name: p for p, _ in pods}
+        counts: Counter[str] = Counter()
+        for pod, _ in pods:
+            if pod.kind == "undo":
+                state = {"succeeded": "undone", "failed": "undo-failed"}.get(pod.phase, "undoing")
+            elif undo_pod_name(pod.name) in names:
+                continue  # counted as its undo
+            else:
+                state = {"succeeded": "staged", "failed": "failed"}.get(pod.phase, "staging")
+            counts[state] += 1
+        for state in ("staging", "staged", "failed", "undoing", "undone", "undo-failed"):
+            self.metrics.stagings.labels(state).set(counts[state])
+
+    def pod_for(self, gate: NodeGate, state: NodeGateState, node: str) -> StagePod | None:
+        """For the node reconcile: the staging pod of the node's round, None while there is none."""
+        steps = staging_steps(gate, state, self.catalog)
+        if not steps:
+            return None
+        pod = self.world.pods.get(staging_pod_name(gate.name, node, steps), self.settings.namespace)
+        return stage_pod_view(pod) if pod is not None else None
+
+
+__all__ = ["STAGING_KINDS", "Stager", "StagingWrites", "staging_owner"]
