@@ -164,7 +164,15 @@ def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
     request = PodRequest(name, "interrupt", (step,), round=s.round, interrupt=required)
     if required.type == "reboot":
         rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
-        if rebooted and ctx.node.ready and (view is None or view.phase != "running"):
+        if rebooted and ctx.node.ready and view is not None and not view.ended:
+            # The boot ended what ran in it, but the kubelet has not said so yet, or it starts the pod afresh
+            # on the new boot (its sandbox is gone), which would reboot the node once more. It goes first (a
+            # graceful delete: gone once the kubelet has stopped what runs in it), and the round goes on,
+            # to its checks and its uncordon, only once it is gone or ended.
+            r.decision.delete_pods.append(name)
+            r.decision.requeue_after = ctx.timing.poll
+            return r.finish_decision()
+        if rebooted and ctx.node.ready:
             if view is not None:
                 r.decision.delete_pods.append(name)
             r.event("node", "Normal", "Rebooted", f"The node came back with a new boot ID after NodeGate "

@@ -351,6 +351,24 @@ def test_reboot_completes_only_with_a_new_boot_id_and_ready() -> None:
     assert back.state is not None and back.state.phase == "post-interrupt"
 
 
+def test_a_reboot_pod_not_ended_on_the_new_boot_goes_before_the_round_goes_on() -> None:
+    # Found on a real node (tests/realnode/test_faults.py, the operator killed during the reboot): on the
+    # new boot the kubelet had not yet said the reboot pod ended (or started it afresh, its sandbox gone),
+    # and the same decision that deleted it went on to the uncordon while it still ran.
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    installed = {"k": Installed(version="1.0.0", spec_hash=spec_hash(g.spec.packages["k"]))}
+    state = started(g).model_copy(update={"phase": "interrupt", "phase_since": NOW.isoformat(), "boot_id": "boot-1",
+                                          "installed": installed, **REBOOT})
+    [req] = decide(ctx(g, state)).create_pods
+    for phase in ("pending", "running"):
+        d = decide(ctx(g, state, stage_pods=one(req, phase), n=node(boot_id="boot-2")))
+        assert d.delete_pods == [req.name], phase
+        assert d.state is None and d.node.unschedulable is None and not d.create_pods, phase
+        assert d.requeue_after is not None, phase
+    gone = decide(ctx(g, state, n=node(boot_id="boot-2")))
+    assert gone.state is not None and gone.state.phase == "post-interrupt"
+
+
 def test_a_reboot_that_does_not_come_back_in_time_fails_the_node_and_deletes_its_reboot_pod() -> None:
     # Found on a real node (tests/realnode/test_faults.py): left in place, the reboot pod ran again on
     # the boot that came at last, and the gate's deletion uncordoned the node while it ran.
