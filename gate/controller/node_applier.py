@@ -184,13 +184,18 @@ class NodeApplier(Writer):
             body = None
             if pod is not None:
                 self._stage_metrics(pod)
-                self.world.index.deleted(pod)
                 if stage_pod_ended(pod):
                     # Nothing runs in it any more: gone at once, without the kubelet's confirmation
                     # (one write, not two), even before the kubelet wrote its terminal phase (the
-                    # kubelet then stops its sandbox as an orphan's). One still running is stopped
-                    # gracefully.
+                    # kubelet then stops its sandbox as an orphan's); out of the index until its DELETED
+                    # event, so that a late status update does not bring it back to be deleted again.
+                    self.world.index.deleted(pod)
                     body = {"gracePeriodSeconds": 0}
+                else:
+                    # One still running is stopped gracefully, and stays in sight while it stops: its
+                    # next update brings it back to the index, so a release or an uncordon waits until it
+                    # is gone (a reboot pod left after RebootTimeout, say, that its node's return runs).
+                    self.world.index.pod_event("DELETED", pod)
             await self.client.delete(PODS, name, self.settings.namespace, body=body)
 
     async def write_drain_blocked(self, gate: NodeGate, node_obj: Obj, update: NodeUpdate) -> bool:

@@ -169,6 +169,8 @@ PROBES: dict[tuple[str, str, str], Call] = {
     ("operator-namespace", "pods", "create"): lambda i: op(i).create(PODS, _stage_pod(i.namespace), dry_run=True),
     ("operator-namespace", "pods", "delete"): lambda i: _absent_ok(
         op(i).delete(PODS, MISSING, i.namespace, missing_ok=False)),
+    # a staging pod read whole, for the undo pod that copies it (gate.controller.staging.Stager)
+    ("operator-namespace", "pods", "get"): lambda i: _absent_ok(op(i).get(PODS, MISSING, i.namespace)),
     ("operator-namespace", "configmaps", "create"): lambda i: op(i).create(CONFIGMAPS, {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": unique("probe"), "namespace": i.namespace},
         "immutable": True, "data": {}}, dry_run=True),

@@ -8,6 +8,7 @@ and every problem comes back as a `Violation` naming the field, never as an exce
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -184,6 +185,8 @@ def parse_quantity(value: object) -> Fraction | str:
     """The value of a Kubernetes quantity ("100m", "1.5Gi", 2), or why it is not one."""
     if isinstance(value, bool) or not isinstance(value, (int, str, float)):
         return f"a quantity must be a number or a string like 100m or 1Gi, not {type_name(value)}"
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's Infinity and NaN, as Python reads them
+        return f"a quantity must be a finite number, not {value}"
     if isinstance(value, (int, float)):
         return Fraction(value)
     return _parse_quantity_text(value)
