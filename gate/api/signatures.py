@@ -225,6 +225,11 @@ def load_policy(text: str, *, source: str = "policy") -> SignaturePolicy:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{source}: must be a mapping with mode, unmatched and rules, not a {type(data).__name__}")
+    return _validated(data, source)
+
+
+def _validated(data: dict[str, object], source: str) -> SignaturePolicy:
+    """The policy of `data`; ValueError naming `source`, each field and why."""
     try:
         return SignaturePolicy.model_validate(data)
     except ValidationError as exc:
@@ -257,9 +262,8 @@ def _named(data: object, loc: tuple[int | str, ...]) -> str:
 def policy_for_keys(keys: dict[str, str], repository: str, *, rule: str = "command-line") -> SignaturePolicy:
     """A policy with one rule trusting `keys` (name -> PEM) for exactly `repository`: what
     `nodegate package verify IMAGE --key FILE` judges by."""
-    return SignaturePolicy(rules=[SignatureRule(
-        name=rule, repositories=["/".join(_qualify(repository))],
-        keys=[SignatureKey(name=n, pem=p) for n, p in keys.items()])])
+    return _validated({"rules": [{"name": rule, "repositories": ["/".join(_qualify(repository))],
+                                  "keys": [{"name": n, "pem": p} for n, p in keys.items()]}]}, "--key")
 
 
 Format = Literal["simplesigning", "bundle-referrers", "bundle-tag"]

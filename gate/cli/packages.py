@@ -69,7 +69,13 @@ def cmd_package_verify(args: argparse.Namespace) -> int:
         if args.policy:
             policy = load_policy(Path(args.policy).read_text(), source=args.policy)
         else:
-            policy = policy_for_keys({k: Path(k).read_text() for k in args.key}, repository)
+            keys: dict[str, str] = {}
+            for key in args.key:
+                try:
+                    keys[key] = Path(key).read_text()
+                except OSError as exc:
+                    raise CliError(f"--key {key}: {exc.strerror or exc}") from None
+            policy = policy_for_keys(keys, repository)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 

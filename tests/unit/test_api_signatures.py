@@ -215,6 +215,10 @@ def test_repositories_no_rule_covers_follow_unmatched() -> None:
     keys_only = policy_for_keys({"cosign.pub": _pem(P256)}, "r.example:5000/nodegate/a")
     assert keys_only.rule_for("r.example:5000/nodegate/a") is not None
     assert keys_only.rule_for("r.example:5000/nodegate/b") is None
+    # a key file that is no key: refused as a policy file's is, naming the file (`package verify --key`)
+    named = r"^--key: rules\[0\]\.keys\[0\]\.pem \(command-line / bad\.pub\): is not a PEM"
+    with pytest.raises(ValueError, match=named):
+        policy_for_keys({"bad.pub": "bad\n"}, "r.example:5000/nodegate/a")
 
 
 def test_the_manifests_are_read_as_cosign_writes_them() -> None:
