@@ -168,8 +168,11 @@ def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
             # The boot ended what ran in it, but the kubelet has not said so yet, or it starts the pod afresh
             # on the new boot (its sandbox is gone), which would reboot the node once more. It goes first (a
             # graceful delete: gone once the kubelet has stopped what runs in it), and the round goes on,
-            # to its checks and its uncordon, only once it is gone or ended.
+            # to its checks and its uncordon, only once it is gone or ended. The reboot's bound holds meanwhile.
             r.decision.delete_pods.append(name)
+            if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
+                return r.fail("RebootTimeout", f"the node rebooted, but its reboot pod {name} was not gone within "
+                              f"{ctx.timing.reboot_timeout:.0f}s", stage="interrupt")
             r.decision.requeue_after = ctx.timing.poll
             return r.finish_decision()
         if rebooted and ctx.node.ready:

@@ -367,6 +367,12 @@ def test_a_reboot_pod_not_ended_on_the_new_boot_goes_before_the_round_goes_on() 
         assert d.requeue_after is not None, phase
     gone = decide(ctx(g, state, n=node(boot_id="boot-2")))
     assert gone.state is not None and gone.state.phase == "post-interrupt"
+    # one that never goes is bounded as a reboot is: the node fails, its pod asked to go once more
+    late = NOW + timedelta(seconds=Timing().reboot_timeout + 1)
+    stuck = decide(ctx(g, state, stage_pods=one(req, "running"), n=node(boot_id="boot-2"), now=late))
+    assert stuck.state is not None and stuck.state.failure is not None
+    assert stuck.state.failure.reason == "RebootTimeout" and req.name in stuck.state.failure.message
+    assert stuck.delete_pods == [req.name]
 
 
 def test_a_reboot_that_does_not_come_back_in_time_fails_the_node_and_deletes_its_reboot_pod() -> None:
