@@ -27,6 +27,7 @@ from gate.lifecycle.prepull import (
     prepull_counts,
     repository,
     round_images,
+    waits_for_images,
 )
 from gate.lifecycle.reconcile import plan_reconcile
 from gate.lifecycle.serving import Serving, ServingCatalog
@@ -275,6 +276,11 @@ def test_a_pick_that_would_only_cordon_carries_the_cordon_in_its_write_and_a_res
     picked = started(g)
     paused = gate({"k": REBOOT_PKG}, paused=True)
     assert cordon_at_pick(paused, node(), picked, NOW, images_wait=False, serving=None) is None
+    # Images not resolved yet (a tag, digests resolved): said to wait, the node reconcile decides then.
+    tagged = gate({"k": REBOOT_PKG})
+    assert waits_for_images(tagged, started(tagged), "warm", Lookahead(2, AGENT, lambda _: names), resolve=True)
+    assert not waits_for_images(g, picked, "warm", Lookahead(2, AGENT, lambda _: names), resolve=False)
+    assert not waits_for_images(g, picked, "cold", None, resolve=False)  # prepull off: nothing is pulled ahead
 
 
 # -- what the metrics count -------------------------------------------------------------------------
