@@ -2,6 +2,7 @@
 
     python -m bench.realnode.run                       # two real nodes, cold then warm
     python -m bench.realnode.run --reboot-seconds 0 --json figures.json
+    python -m bench.realnode.run --staging-concurrency 0   # stage while serving off: every step in the window
 
 One control plane with real nodes (a kubelet, containerd and runc of their own; gate/devcluster/
 realnode.py), one kwok node, the webhook and the operator. The same gate, the four packages of
@@ -362,6 +363,9 @@ def main() -> None:
                         help="how long a real node stays down in a reboot (default 20, as in the tests)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--staging-concurrency", type=int, default=None, metavar="N",
+                        help="the operator's --staging-concurrency (default: the operator's own, stage while serving "
+                             "on; 0: off, every step runs in the window)")
     parser.add_argument("--suite", default="bookworm", choices=sorted(NODE_OS),
                         help="Debian release of the real nodes' roots (default bookworm: containerd 1.6; "
                              "trixie: containerd 1.7, which sends the container events EventedPLEG needs)")
@@ -380,7 +384,10 @@ def main() -> None:
             images = ensure_images(dev, host=dev.network.gateway, progress=print)
             asyncio.run(services.install_crds(dev))
             services.start_webhook(dev, print)
-            services.start_operator(dev, print, env={"NODEGATE_POLL_SECONDS": "1"})
+            env = {"NODEGATE_POLL_SECONDS": "1"}
+            if args.staging_concurrency is not None:
+                env["NODEGATE_STAGING_CONCURRENCY"] = str(args.staging_concurrency)
+            services.start_operator(dev, print, env=env)
             real_nodes = [c.name for c in dev.real_node_configs()]
             runs = asyncio.run(measure(dev, images, real_nodes, spec.names()[0], args.timeout))
             figures = report(runs, spec.names()[0], args.job_seconds, args.reboot_seconds)
