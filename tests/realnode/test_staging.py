@@ -213,8 +213,9 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
             manifest["spec"].pop("interruptionBudget")
             manifest["spec"]["deploymentPolicy"] = policy
             real.kubectl.apply(yaml.safe_dump(manifest))
-            real.wait("both nodes staged ahead of a closed window",
-                      lambda: all((held, n) in seen.staged for n in real.nodes), timeout=900, every=2.0)
+            # In a thread: the watches above run on this loop.
+            await asyncio.to_thread(real.wait, "both nodes staged ahead of a closed window",
+                                    lambda: all((held, n) in seen.staged for n in real.nodes), 900.0, 2.0)
             for node in real.nodes:
                 assert _staged_on_host(real, node), node
                 assert KERNEL_ARG in (real.node_file(node, "/boot/grub/grub.cfg") or "")
@@ -250,7 +251,9 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                     assert history["installed"] == "1.0.0" and history["staged"] == {}, history
                     # Two apply runs: the staging (the serving steps alone), then the window's, which
                     # skipped them and ran only the check.
-                    staging, window = _apply_logs(real, node, gate, package)
+                    runs = _apply_logs(real, node, gate, package)
+                    assert len(runs) == 2, runs
+                    staging, window = runs
                     for step in steps:
                         assert f"Running step apply/{step} " in staging, staging
                         assert f"Skipped step apply/{step}: staged while the node served" in window, window
