@@ -23,7 +23,7 @@ import yaml
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
-from gate.controller.pods import GATE_NAME_ANNOTATION, stage_pod
+from gate.controller.pods import GATE_NAME_ANNOTATION, stage_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS
@@ -148,8 +148,8 @@ class Seen:
     revision: "before" is the API server's order."""
 
     gates: set[str] = field(default_factory=set)
-    staged: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its staging pod succeeded
-    undone: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its undo pod succeeded
+    staged: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its staging pod's steps ended
+    undone: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its undo pod's steps ended
     failed: list[str] = field(default_factory=list)  # staging or undo pods that failed
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> first unschedulable
 
@@ -159,10 +159,12 @@ class Seen:
         pod_kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL)
         if gate not in self.gates or pod_kind not in ("staging", "unstage") or kind == "DELETED":
             return
-        phase, key = (pod.get("status") or {}).get("phase"), (gate, pod["spec"].get("nodeName", ""))
-        if phase == "Failed":
+        # Ended as the operator reads it: at its last step's end, before the kubelet writes the terminal
+        # phase (`gate.controller.pods.stage_pod_ended`), which can come after the cordon.
+        phase, key = stage_pod_view(pod).phase, (gate, pod["spec"].get("nodeName", ""))
+        if phase == "failed":
             self.failed.append(meta["name"])
-        elif phase == "Succeeded":
+        elif phase == "succeeded":
             (self.staged if pod_kind == "staging" else self.undone).setdefault(key, int(meta["resourceVersion"]))
 
     def on_node(self, kind: str, node: Obj) -> None:
