@@ -2,6 +2,7 @@
 
     python -m bench.realnode.run                       # two real nodes, cold then warm
     python -m bench.realnode.run --reboot-seconds 0 --json figures.json
+    python -m bench.realnode.run --staging-concurrency 0   # stage while serving off: every step in the window
 
 One control plane with real nodes (a kubelet, containerd and runc of their own; gate/devcluster/
 realnode.py), one kwok node, the webhook and the operator. The same gate, the four packages of
@@ -14,14 +15,18 @@ of the same run. Figures printed, per pass:
   start to its last one's end where the round needs no cordon), and the **host work** inside it: the
   agent's steps (one container per stage of a package) and the node's reboot (the interrupt's start to
   Ready with a new boot ID); the rest of the window is overhead (pod starts, pulls, the operator);
+* the **serving work** outside it: the steps a staging pod ran on the node before its cordon (stage
+  while serving, `--staging-concurrency`: grub-cmdline's and module-blocklist's serving steps), from
+  the staging pod's container times. Staging, undo and prepull pods run before the cordon by design:
+  they are kept apart, so neither the window, its host work nor its transitions count them;
 * apply to complete per node, real against kwok;
 * where a real node's time goes, from its stage pods (watched as they run, since the operator deletes
   the pods that ended) and the kubelet's Events: image pulls, pod start (sandbox, pulls, container
   creation), the payload copies, the agent's steps, the reboot, and what is left (the operator's and
   the control plane's share).
 
-`--json FILE` writes `out_of_service_s` and `host_work_s` (medians over the run's real nodes, warm)
-beside every node's figures. Nothing here asserts on time: it prints figures.
+`--json FILE` writes `out_of_service_s`, `host_work_s` and `serving_work_s` (medians over the run's real
+nodes, warm) beside every node's figures. Nothing here asserts on time: it prints figures.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from gate.kube.objects import container_statuses, parse_time, pod_ended
 PACKAGES = ("sysctl-tuning", "chrony-conf", "grub-cmdline", "module-blocklist")
 NAMESPACE = "nodegate-system"
 PULLED = re.compile(r"in ([0-9.]+)(ms|s) \(")
+# The pods of a round that run before its cordon, while the node serves: not the window's.
+AHEAD_KINDS = frozenset({"staging", "unstage", keys.PREPULL_KIND})
 # gate -> node -> the round's transitions ([who, seconds, what]), for --json
 TRANSITIONS: dict[str, dict[str, list[list[Any]]]] = {}
 
@@ -76,10 +83,12 @@ def _t(text: str | None) -> float | None:
 
 
 class PodTimes:
-    """The last status seen of every stage pod on one node (the operator deletes them when done)."""
+    """The last status seen of every stage pod on one node (the operator deletes them when done): the
+    window's in `pods`, the staging pods (run before the cordon) in `staging`."""
 
     def __init__(self, client: KubeClient, node: str) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.staging: dict[str, dict[str, Any]] = {}
         self.seen: dict[str, idle.PodSeen] = {}  # when the watch saw each pod created, ended, gone
         self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}",
                                 label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
@@ -87,6 +96,11 @@ class PodTimes:
 
     def _on(self, kind: str, pod: dict[str, Any]) -> None:
         name, now = pod["metadata"]["name"], time.time()
+        ahead = (pod["metadata"].get("labels") or {}).get(keys.STAGE_KIND_LABEL)
+        if ahead in AHEAD_KINDS:
+            if ahead == "staging" and kind != "DELETED":
+                self.staging[name] = pod
+            return
         seen = self.seen.setdefault(name, idle.PodSeen(name, keys.INTERRUPT_LABEL in (pod["metadata"].get("labels")
                                                                                       or {}), added=now))
         if kind == "DELETED":
@@ -125,22 +139,20 @@ class PodTimes:
         for pod in self.pods.values():
             if keys.INTERRUPT_LABEL in (pod["metadata"].get("labels") or {}):
                 continue  # the reboot: measured on its own, from this pod's start to the node's return
-            status = pod.get("status") or {}
-            # Its containers in the order they ran: the init containers (payload copies and every
-            # step but the last), then the last step.
             previous = _t(pod["metadata"].get("creationTimestamp"))
-            for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-                run = (container.get("state") or {}).get("terminated") or {}
-                start, end = _t(run.get("startedAt")), _t(run.get("finishedAt"))
-                if start is None or end is None:
-                    continue
+            for container, start, end in _ran(pod):
                 # Sandbox, image pulls and container creation: before the first container and between
                 # one and the next (a package's image, or NodeGate's, is pulled only when first needed).
                 if previous is not None:
                     out["pod start"].append((previous, start))
-                out["payload copy" if container["name"].startswith("payload-") else "agent steps"].append((start, end))
+                out["payload copy" if container.startswith("payload-") else "agent steps"].append((start, end))
                 previous = end
         return out
+
+    def serving(self) -> list[tuple[float, float]]:
+        """The staged steps: the agent containers of the node's staging pods, before its cordon."""
+        return [(start, end) for pod in self.staging.values() for container, start, end in _ran(pod)
+                if not container.startswith("payload-")]
 
     def interrupt_started(self) -> float | None:
         """When the reboot's agent container started (it never ends: the reboot kills it)."""
@@ -154,6 +166,19 @@ class PodTimes:
                 if started or last:
                     return _t(last or started)
         return None
+
+
+def _ran(pod: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(container, start, finish) of each container of the pod that ended, in the order they ran: its
+    init containers (payload copies and every step but the last), then the last step."""
+    status = pod.get("status") or {}
+    out = []
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        run = (container.get("state") or {}).get("terminated") or {}
+        start, end = _t(run.get("startedAt")), _t(run.get("finishedAt"))
+        if start is not None and end is not None:
+            out.append((container["name"], start, end))
+    return out
 
 
 async def pull_seconds(client: KubeClient, node: str) -> tuple[float, int]:
@@ -269,6 +294,9 @@ def _figures(times: PodTimes, trail: NodeTrail, *, real: bool) -> dict[str, floa
     figures = {kind: union(inside(found)) for kind, found in spans.items()}
     figures["out of service"] = end - start
     figures["host work"] = union(inside(spans["agent steps"] + spans["reboot"]))
+    serving = times.serving()
+    figures["serving work"] = union(serving)  # outside the window: the staging pod ends before the cordon
+    figures["serving work in the window"] = union(inside(serving))  # 0 when the cordon waited for it
     figures["node idle"] = figures["out of service"] - union(inside([iv for found in spans.values() for iv in found]))
     figures["stage pods"] = float(len(times.pods))
     return figures
@@ -296,19 +324,21 @@ def report(runs: dict[str, dict[str, dict[str, float]]], kwok_node: str, job_sec
     print(f"\nFour packages (merged reboot interrupt) per node, one node at a time; kwok stage pods run "
           f"{job_seconds:g} s, a real reboot stays down {reboot:g} s")
     print(f"\n  {'pass':<5} {'node':<14} {'out of service':>15} {'host work':>10} {'overhead':>9} "
-          f"{'pod start':>10} {'idle':>6} {'pulls (sum)':>12}")
+          f"{'pod start':>10} {'idle':>6} {'pulls (sum)':>12} {'staged before':>14}")
     for label, nodes in runs.items():
         for node, f in nodes.items():
             print(f"  {label:<5} {node:<14} {f['out of service']:>13.1f} s {f['host work']:>8.1f} s "
                   f"{f['out of service'] - f['host work']:>7.1f} s {f['pod start']:>8.1f} s {f['node idle']:>4.1f} s "
-                  f"{f.get('image pulls (summed)', 0.0):>10.1f} s")
+                  f"{f.get('image pulls (summed)', 0.0):>10.1f} s {f['serving work']:>12.1f} s")
     warm = [f for node, f in runs["warm"].items() if node != kwok_node]
     summary = {"out_of_service_s": round(statistics.median(f["out of service"] for f in warm), 2),
-               "host_work_s": round(statistics.median(f["host work"] for f in warm), 2)}
+               "host_work_s": round(statistics.median(f["host work"] for f in warm), 2),
+               "serving_work_s": round(statistics.median(f["serving work"] for f in warm), 2)}
     extra = summary["out_of_service_s"] - summary["host_work_s"]
     kwok = runs["warm"][kwok_node]
     print(f"\nWarm, median over {len(warm)} real nodes: out of service {summary['out_of_service_s']:.1f} s, host "
           f"work {summary['host_work_s']:.1f} s, beyond the host work {extra:.1f} s (target: at most 3 s); "
+          f"staged while serving, outside the window: {summary['serving_work_s']:.1f} s; "
           f"kwok: out of service {kwok['out of service']:.1f} s, idle {kwok['node idle']:.1f} s")
     first = next(f for node, f in runs["cold"].items() if node != kwok_node)
     total = first["out of service"]
@@ -333,6 +363,9 @@ def main() -> None:
                         help="how long a real node stays down in a reboot (default 20, as in the tests)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--staging-concurrency", type=int, default=None, metavar="N",
+                        help="the operator's --staging-concurrency (default: the operator's own, stage while serving "
+                             "on; 0: off, every step runs in the window)")
     parser.add_argument("--suite", default="bookworm", choices=sorted(NODE_OS),
                         help="Debian release of the real nodes' roots (default bookworm: containerd 1.6; "
                              "trixie: containerd 1.7, which sends the container events EventedPLEG needs)")
@@ -351,7 +384,10 @@ def main() -> None:
             images = ensure_images(dev, host=dev.network.gateway, progress=print)
             asyncio.run(services.install_crds(dev))
             services.start_webhook(dev, print)
-            services.start_operator(dev, print, env={"NODEGATE_POLL_SECONDS": "1"})
+            env = {"NODEGATE_POLL_SECONDS": "1"}
+            if args.staging_concurrency is not None:
+                env["NODEGATE_STAGING_CONCURRENCY"] = str(args.staging_concurrency)
+            services.start_operator(dev, print, env=env)
             real_nodes = [c.name for c in dev.real_node_configs()]
             runs = asyncio.run(measure(dev, images, real_nodes, spec.names()[0], args.timeout))
             figures = report(runs, spec.names()[0], args.job_seconds, args.reboot_seconds)

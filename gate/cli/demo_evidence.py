@@ -28,6 +28,11 @@ STEP_STAGES = {"uninstall": "uninstall", "upgrade": "upgrade", "apply": "apply",
                "post-uninstall": "post-uninstall check"}
 
 
+# Pods that run a round's serving steps on the serving node before its cordon, or take them back (stage
+# while serving, docs/concepts.md): not the window's. Their steps are told apart from the stages'.
+STAGING_KINDS = ("staging", "unstage")
+
+
 class PodLedger:
     """Every stage pod of the demo's gate as last seen, by a watch of the operator's namespace that runs
     in a thread of its own for the whole rollout. The operator deletes each stage pod once the node's
@@ -56,7 +61,8 @@ class PodLedger:
 
     def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
         """Stage pods by kind, their steps that ran (whose container terminated) by stage, and how many
-        of those failed."""
+        of those failed. A staging or undo pod's steps are not counted: the window's stage runs those
+        packages again, skipping what was staged."""
         from gate.cli.stagepods import kind_of, step_states
 
         with self._lock:
@@ -66,6 +72,8 @@ class PodLedger:
         failed = 0
         for pod in pods:
             kinds[kind_of(pod)] = kinds.get(kind_of(pod), 0) + 1
+            if kind_of(pod) in STAGING_KINDS:
+                continue
             for step in step_states(pod):
                 if step.phase in ("succeeded", "failed"):
                     steps[step.step.stage] = steps.get(step.step.stage, 0) + 1
@@ -158,9 +166,15 @@ def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
 
     if ev.pods:
         ran = ", ".join(f"{ev.steps[s]} {STEP_STAGES[s]}" for s in STEP_STAGES if s in ev.steps)
-        pods, steps = sum(ev.pods.values()), sum(ev.steps.values())
+        pods = sum(n for kind, n in ev.pods.items() if kind not in STAGING_KINDS)
+        steps = sum(ev.steps.values())
         lines.append(f"{pods} stage pods ran {steps} steps ({ran or 'none'}); {ev.steps_failed} failed "
                      "(a watch of the stage pods).")
+        staged, undone = (ev.pods.get(kind, 0) for kind in STAGING_KINDS)
+        if staged:
+            lines.append(f"{staged} staging pods ran the serving steps on nodes still serving, before their cordon"
+                         + (f"; {undone} undo pods took back what was staged for a node not interrupted." if undone
+                            else "."))
         interrupts = ev.pods.get("interrupt", 0)
         if interrupts == total and len(seen["Rebooted"]) == total:
             lines.append(f"{interrupts} interrupt pods for {total} nodes: the packages' interrupts were merged "

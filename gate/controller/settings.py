@@ -76,7 +76,7 @@ class OperatorSettings:
                 "onto its node while it still serves, and its cordon waits for them (0: off; docs/operations.md)"})
     prepull_ahead: int = field(default=10, metadata={
         "help": "per gate, how many nodes ahead in pick order get their next round's images pulled ahead"})
-    staging_concurrency: int = field(default=0, metadata={
+    staging_concurrency: int = field(default=10, metadata={
         "help": "staging and undo pods running at once over the whole fleet: a round that cordons first runs its "
                 "packages' serving steps on the serving node, and cordons once they succeeded (0: off; "
                 "docs/concepts.md#stage-while-serving)"})

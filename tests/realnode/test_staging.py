@@ -1,23 +1,39 @@
 """Stage while serving on real nodes: the catalog's serving steps (grub-cmdline's drop-in and
 update-grub, module-blocklist's blocklist and initramfs) run by the agent in a staging pod on a node
-that is not cordoned, then their undo in an unstage pod puts the node back. The pods are the ones the
-operator renders (`gate.controller.pods.stage_pod` with `part`), created here directly: this proves
-the host's side of staging, each step and its undo, on Debian 12 and 13. Effects are read in the
+that is not cordoned, then their undo in an unstage pod puts the node back.
+
+The first test creates the pods the operator renders (`gate.controller.pods.stage_pod` with `part`)
+directly: the host's side of staging, each step and its undo, on Debian 12 and 13. The second runs
+them through the tier's operator (staging on, `OPERATOR_ENV`): staged before the cordon, the window
+running only the checks and the reboot, and the undo of a deleted gate. Effects are read in the
 node's own root."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import yaml
 
+from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
-from gate.controller.pods import stage_pod
+from gate.controller.pods import GATE_NAME_ANNOTATION, stage_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
+from gate.kube.cache import WatchCache
+from gate.kube.client import NODES, PODS
 from gate.lifecycle.images import PodImage
 from gate.lifecycle.node import PodRequest, Step
-from tests.realnode.conftest import RealCluster
+from gate.testing.watcher import InvariantWatcher
+from tests.realnode.conftest import RealCluster, real_pool_gate
+
+# The tier's first file builds what is missing (node root, images), and the second test reboots each node.
+pytestmark = pytest.mark.timeout(1800)
 
 KERNEL_ARG = "nodegate.staged=1"
 MODULE = "nodegate_staged_no_such_module"  # blocked, never loaded: the kernel is this machine's
@@ -108,5 +124,157 @@ def test_the_catalogs_serving_steps_stage_on_a_serving_node_and_their_undo_puts_
             history = json.loads(real.node_file(node, f"{state}/{package}/history.json") or "{}")
             assert history["staged"] == {} and history["installed"] is None
             assert real.node_file(node, f"{state}/{package}/staged/saved") is None
-    real.node_sh(real.nodes[0], f"rm -rf {state} /var/log/nodegate/{gate_name}")
-    real.node_sh(real.nodes[1], f"rm -rf {state} /var/log/nodegate/{gate_name}")
+    for node in real.nodes:
+        real.node_sh(node, f"rm -rf {state} /var/log/nodegate/{gate_name}")
+
+
+# ---- through the operator ------------------------------------------------------------------------
+
+SERVING_STEPS = {"grub-cmdline": ("write-drop-in", "update-grub"),
+                 "module-blocklist": ("write-blocklist", "update-initramfs")}
+
+
+def _packages(real: RealCluster) -> dict[str, Any]:
+    return {"grub-cmdline": {"version": "1.0.0", "image": real.images["grub-cmdline"],
+                             "interrupt": {"type": "reboot"}, "env": [{"name": "KERNEL_ARGS", "value": KERNEL_ARG}]},
+            "module-blocklist": {"version": "1.0.0", "image": real.images["module-blocklist"],
+                                 "interrupt": {"type": "reboot"}, "timeout": "15m",
+                                 "env": [{"name": "MODULES", "value": MODULE}]}}
+
+
+@dataclass
+class Seen:
+    """The operator's pods and the nodes as a watch of the test's own saw them, each change with its etcd
+    revision: "before" is the API server's order."""
+
+    gates: set[str] = field(default_factory=set)
+    staged: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its staging pod's steps ended
+    undone: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its undo pod's steps ended
+    failed: list[str] = field(default_factory=list)  # staging or undo pods that failed
+    cordoned: dict[str, int] = field(default_factory=dict)  # node -> first unschedulable
+
+    def on_pod(self, kind: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        gate = (meta.get("annotations") or {}).get(GATE_NAME_ANNOTATION)
+        pod_kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL)
+        if gate not in self.gates or pod_kind not in ("staging", "unstage") or kind == "DELETED":
+            return
+        # Ended as the operator reads it: at its last step's end, before the kubelet writes the terminal
+        # phase (`gate.controller.pods.stage_pod_ended`), which can come after the cordon.
+        phase, key = stage_pod_view(pod).phase, (gate, pod["spec"].get("nodeName", ""))
+        if phase == "failed":
+            self.failed.append(meta["name"])
+        elif phase == "succeeded":
+            (self.staged if pod_kind == "staging" else self.undone).setdefault(key, int(meta["resourceVersion"]))
+
+    def on_node(self, kind: str, node: Obj) -> None:
+        if (node.get("spec") or {}).get("unschedulable"):
+            self.cordoned.setdefault(node["metadata"]["name"], int(node["metadata"]["resourceVersion"]))
+
+
+def _apply_logs(real: RealCluster, node: str, gate: str, package: str) -> list[str]:
+    """The node's logs of the gate's apply runs of `package`, oldest first."""
+    where = f"/var/log/nodegate/{gate}/{package}/1.0.0"
+    names = real.node_sh(node, f"ls {where}").stdout.split()
+    return [real.node_file(node, f"{where}/{name}") or "" for name in sorted(names) if name.endswith("-apply.log")]
+
+
+def _staged_on_host(real: RealCluster, node: str) -> bool:
+    return (KERNEL_ARG in (real.node_file(node, DROP_IN) or "")
+            and f"install {MODULE} /bin/false" in (real.node_file(node, BLOCKLIST) or "")
+            and _in_initramfs(real, node) == {"present"})
+
+
+async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_window_and_undoes_a_deleted_gate(
+        real: RealCluster, gate_name: str) -> None:
+    from gate.devcluster.cluster import NAMESPACE
+
+    before = {node: real.node_file(node, "/boot/grub/grub.cfg") for node in real.nodes}
+    boots = {node: real.boot_id(node) for node in real.nodes}
+    held, gate = f"{gate_name}-held", gate_name
+    seen = Seen(gates={held, gate})
+    policy = f"{gate_name}-closed"
+    async with await real.dev.client() as kube:
+        pods = WatchCache(kube, PODS, namespace=NAMESPACE, label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
+        nodes = WatchCache(kube, NODES)
+        pods.subscribe(seen.on_pod)
+        nodes.subscribe(seen.on_node)
+        watcher = InvariantWatcher(kube)
+        await pods.start()
+        await nodes.start()
+        await watcher.start()
+        try:
+            # 1. A gate whose maintenance window never opens today: its nodes wait outside the window, a
+            # reason that clears by itself, so both are staged ahead; neither is picked nor cordoned.
+            # Deleted, the gate undoes both stagings before it goes: the nodes are back as they were.
+            day = (datetime.now(UTC) + timedelta(days=3)).strftime("%a")
+            real.kubectl.apply(yaml.safe_dump({
+                "apiVersion": "nodegate.io/v1alpha1", "kind": "DeploymentPolicy", "metadata": {"name": policy},
+                "spec": {"windows": [{"days": [day], "start": "00:00", "end": "00:01", "timeZone": "UTC"}]}}))
+            manifest = yaml.safe_load(real_pool_gate(held, _packages(real)))
+            manifest["spec"].pop("interruptionBudget")
+            manifest["spec"]["deploymentPolicy"] = policy
+            real.kubectl.apply(yaml.safe_dump(manifest))
+            # In a thread: the watches above run on this loop.
+            await asyncio.to_thread(real.wait, "both nodes staged ahead of a closed window",
+                                    lambda: all((held, n) in seen.staged for n in real.nodes), 900.0, 2.0)
+            for node in real.nodes:
+                assert _staged_on_host(real, node), node
+                assert KERNEL_ARG in (real.node_file(node, "/boot/grub/grub.cfg") or "")
+                assert real.boot_id(node) == boots[node]  # staged on the serving node: no reboot
+            await asyncio.to_thread(real.delete_gate, held, 600.0)
+            assert all((held, n) in seen.undone and seen.staged[held, n] < seen.undone[held, n] for n in real.nodes), \
+                (seen.staged, seen.undone)
+            for node in real.nodes:
+                assert real.node_file(node, DROP_IN) is None and real.node_file(node, BLOCKLIST) is None
+                assert real.node_file(node, "/boot/grub/grub.cfg") == before[node]
+                assert _in_initramfs(real, node) == {"absent"}
+                for package in SERVING_STEPS:
+                    history = json.loads(real.node_file(node, f"/var/lib/nodegate/{held}/{package}/history.json")
+                                         or "{}")
+                    assert history.get("staged") == {} and history.get("installed") is None, history
+            assert not seen.cordoned, f"a node was cordoned for a gate that never opened: {seen.cordoned}"
+
+            # 2. The same packages, rolled: each node is staged while it serves, cordoned only after its
+            # staging pod succeeded, and its window runs the checks and the reboot, not the staged steps.
+            real.kubectl.apply(real_pool_gate(gate, _packages(real)))
+            await asyncio.to_thread(real.wait_complete, gate, 900.0)
+            for node in real.nodes:
+                assert (gate, node) in seen.staged, f"{node} was never staged"
+                assert node in seen.cordoned, f"{node} was never cordoned for its reboot"
+                assert seen.staged[gate, node] < seen.cordoned[node], f"{node} was cordoned before its staging ended"
+                # The result on the host: the staged work went live with the reboot, and the round owns it.
+                assert real.boot_id(node) != boots[node]
+                assert KERNEL_ARG in (real.node_file(node, "/proc/cmdline") or "")
+                assert _staged_on_host(real, node)
+                for package, steps in SERVING_STEPS.items():
+                    history = json.loads(real.node_file(node, f"/var/lib/nodegate/{gate}/{package}/history.json")
+                                         or "{}")
+                    assert history["installed"] == "1.0.0" and history["staged"] == {}, history
+                    # Two apply runs: the staging (the serving steps alone), then the window's, which
+                    # skipped them and ran only the check.
+                    runs = _apply_logs(real, node, gate, package)
+                    assert len(runs) == 2, runs
+                    staging, window = runs
+                    for step in steps:
+                        assert f"Running step apply/{step} " in staging, staging
+                        assert f"Skipped step apply/{step}: staged while the node served" in window, window
+                    assert "Running step apply/" not in window, window
+                    assert "Running step apply-check/" in window, window
+            assert not seen.failed, seen.failed
+        finally:
+            report = await watcher.stop()
+            await pods.stop()
+            await nodes.stop()
+            for name in (held, gate):
+                with contextlib.suppress(AssertionError):
+                    real.kubectl.run("delete", "nodegates.nodegate.io", name, "--ignore-not-found", "--wait=false")
+            with contextlib.suppress(AssertionError):
+                real.kubectl.run("delete", "deploymentpolicies.nodegate.io", policy, "--ignore-not-found")
+    assert not report.violations, report.summary()
+    await asyncio.to_thread(real.delete_gate, gate, 600.0)
+    # The packages stay installed (no uninstall): the test takes them off the hosts for the tier's next tests.
+    for node in real.nodes:
+        real.node_sh(node, f"rm -rf {DROP_IN} {BLOCKLIST} /var/lib/nodegate/{held} /var/lib/nodegate/{gate} "
+                           f"/var/log/nodegate/{held} /var/log/nodegate/{gate} && update-grub && "
+                           "update-initramfs -u -k all", check=True)

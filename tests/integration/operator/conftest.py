@@ -34,7 +34,7 @@ OPERATOR_FLAGS = ["--poll-seconds", "0.5", "--lease-seconds", "6", "--renew-seco
                   "--reboot-timeout", "60", "--resync-seconds", "30",
                   # A small bound, so that test_prepull sees it hold over a rollout of six nodes.
                   "--prepull-concurrency", "2", "--prepull-ahead", "3",
-                  # Staging on (off by default), bounded small for test_staging: only catalog packages stage.
+                  # Staging (on by default, 10) bounded small for test_staging: only catalog packages stage.
                   "--staging-concurrency", "2", "--staging-ahead", "1",
                   # test_soak asks the session's real Prometheus about soaking nodes; every second, not 15.
                   "--health-poll-seconds", "1"]

@@ -4,7 +4,8 @@ once that pod succeeded; the fleet-wide bound on staging and undo pods holds; a 
 its node uncordoned (StagingFailed) and is undone; a stopped compartment undoes the staging of a node
 staged ahead and never interrupted.
 
-The session's operator runs with `--staging-concurrency 2 --staging-ahead 1` (conftest.OPERATOR_FLAGS).
+The session's operator runs with `--staging-concurrency 2 --staging-ahead 1` (conftest.OPERATOR_FLAGS: the
+default, 10, bounded smaller).
 The operator knows which packages stage from the catalog (`grub-cmdline` at the catalog's version stages
 its apply whole). kwok runs staging and undo pods as any stage pod (`gate.devcluster.stages`): their
 steps run one after another, then they succeed. An independent watch records every staging and undo pod

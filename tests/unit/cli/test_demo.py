@@ -89,6 +89,17 @@ def test_a_summary_of_a_clean_finish_states_each_step_as_counted() -> None:
     assert any("Resumed" in line and "A person resumed the rollout" in line for line in lines)
 
 
+def test_staging_and_undo_pods_are_told_apart_from_the_windows_stage_pods() -> None:
+    ev = _evidence(pods={"stages": 4, "interrupt": 3, "post-interrupt": 3, "staging": 4, "unstage": 1})
+    lines = summary_lines(_report(sorted(ev.node_reasons), 3), ev, "pool-b-0")
+    assert "10 stage pods ran 16 steps (7 apply, 3 interrupt, 6 post-interrupt check); 1 failed (a watch of the " \
+           "stage pods)." in lines
+    assert "4 staging pods ran the serving steps on nodes still serving, before their cordon; 1 undo pods took " \
+           "back what was staged for a node not interrupted." in lines
+    assert not any("staging pods" in line for line in summary_lines(_report(sorted(ev.node_reasons), 3),
+                                                                      _evidence(), "pool-b-0"))
+
+
 def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:
     ev = _evidence(node_reasons={"canary-0": ALL_STEPS, "pool-a-0": ALL_STEPS - {"Rebooted"},
                                  "pool-b-0": ALL_STEPS - {"Uncordoned"}},
