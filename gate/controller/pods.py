@@ -465,6 +465,11 @@ def stage_pod_fields(pod: Obj, previous: Obj | None = None) -> Obj:
     }
 
 
+def recorded_shape(pod: Obj) -> str:
+    """The shape digest of a stage pod (`gate.controller.podshape`), whole or as the cache keeps it."""
+    return str(pod.get(SHAPE_FIELD) or shape_digest(pod))
+
+
 def stage_pod_ended(pod: Obj) -> bool:
     """Nothing runs in the stage pod any more, and nothing will: its phase is terminal, or every one of
     its steps ended well, or one of its containers failed (restartPolicy Never: none after it runs).
@@ -530,7 +535,7 @@ def stage_pod_view(pod: Obj) -> StagePod:
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
-        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)), boot_id=boot_id,
+        uid=str(meta.get("uid") or ""), shape=recorded_shape(pod), boot_id=boot_id,
     )
 
 

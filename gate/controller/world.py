@@ -57,8 +57,10 @@ class World:
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
                                transform=self._stage_pod_fields)
         self.index = StageIndex()
-        # Every pod of the cluster, slimmed, for the pods running on each node (gate.controller.workloads).
-        self.workloads = WatchCache(client, PODS, transform=workload_fields)
+        # Every pod of the cluster, slimmed, for the pods running on each node (gate.controller.workloads), but
+        # NodeGate's own: they protect no node, and each of their events would be read twice, here and above.
+        self.workloads = WatchCache(client, PODS, label_selector=f"{keys.MANAGED_BY_LABEL}!={keys.MANAGER}",
+                                    transform=workload_fields)
         self.workload_index = WorkloadIndex(settings.namespace)
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}
