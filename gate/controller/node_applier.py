@@ -115,8 +115,12 @@ class NodeApplier(Writer):
                     raise
                 out.refusal = Refusal("PodRefused", f"the stage pod {request.name}", exc.message, request.steps[0])
                 return out
-            if created is not None:  # as the cache keeps it: its shape digested once, for its record and the cache
+            if created is not None:
+                # Into the cache at once, as it keeps it (its shape digested once: for its record, for the cache,
+                # and for its ADDED event, which often comes during the record's write). Into the index, where
+                # the reconciles find it, only once recorded, as before.
                 created = stage_pod_fields(created)
+                self.world.pods.observe(created)
             recorded = False
             if not written:  # with the record of the pod made; a pod found under its name is judged after it
                 if not await self._write_decision(gate, node_obj, decision, out, record=created):
@@ -129,7 +133,6 @@ class NodeApplier(Writer):
                 if not recorded:
                     node_obj, seen = await self._record_pod(gate, node_obj, seen, created, out)
                 # Seen at once by the next reconcile of this node, before the watch event arrives.
-                self.world.pods.observe(created)
                 self.world.index.pod_event("ADDED", created)
                 log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node, request.kind,
                          ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps), request.name)
