@@ -32,6 +32,7 @@ from gate.controller.pods import (
     config_map_problems,
     container_name,
     facts_of,
+    recorded_shape,
     stage_pod,
     stage_pod_ended,
     stage_pod_fields,
@@ -114,6 +115,12 @@ class NodeApplier(Writer):
                     raise
                 out.refusal = Refusal("PodRefused", f"the stage pod {request.name}", exc.message, request.steps[0])
                 return out
+            if created is not None:
+                # Into the cache at once, as it keeps it (its shape digested once: for its record, for the cache,
+                # and for its ADDED event, which often comes during the record's write). Into the index, where
+                # the reconciles find it, only once recorded, as before.
+                created = stage_pod_fields(created)
+                self.world.pods.observe(created)
             recorded = False
             if not written:  # with the record of the pod made; a pod found under its name is judged after it
                 if not await self._write_decision(gate, node_obj, decision, out, record=created):
@@ -159,7 +166,7 @@ class NodeApplier(Writer):
             present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
             kept = {name: r for name, r in state.pods.items() if name in present}
             state = state.model_copy(update={"pods": {**kept, meta["name"]: PodRecord(
-                uid=meta["uid"], shape=shape_digest(record))}})
+                uid=meta["uid"], shape=recorded_shape(record))}})
         update = NodeUpdate(state=state, change=decision.node, remove_state=decision.remove_state)
         try:
             written = await self.write_node_update(gate, node, update, base=node_obj)
@@ -226,7 +233,7 @@ class NodeApplier(Writer):
         node = node_obj["metadata"]["name"]
         meta = pod["metadata"]
         present = set(self.world.index.pods_of(gate.name, node)) | {meta["name"]}
-        record = PodRecord(uid=meta["uid"], shape=shape_digest(pod))
+        record = PodRecord(uid=meta["uid"], shape=recorded_shape(pod))
         base, current = node_obj, seen.state
         for attempt in range(_RECORD_ATTEMPTS):
             kept = {name: r for name, r in current.pods.items() if name in present}

@@ -45,7 +45,7 @@ from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
-from gate.controller.podshape import SHAPE_FIELD, shape_digest
+from gate.controller.podshape import BASIS_FIELD, SHAPE_FIELD, digest_since, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
@@ -441,14 +441,17 @@ def _int(text: str | None) -> int:
 _POD_STATUS_KEPT = ("phase", "reason", "message", "startTime", "initContainerStatuses", "containerStatuses")
 
 
-def stage_pod_fields(pod: Obj) -> Obj:
+def stage_pod_fields(pod: Obj, previous: Obj | None = None) -> Obj:
     """A stage pod as the operator's cache keeps it: its metadata (less managedFields), its node and
     deadline, how far its containers got, and the digest of what it runs (`gate.controller.podshape`).
     The containers' specs (image, command, mounts, the environment) are most of a stage pod, and the
     operator reads nothing else of them: it built them (`stage_pod`), the steps are in an annotation
-    (`gate.kube.cache.WatchCache`'s transform), and the digest says whether they are still what it built."""
+    (`gate.kube.cache.WatchCache`'s transform), and the digest says whether they are still what it built.
+    `previous` is the cache's copy of the pod before this one, if any: its digest is kept when nothing
+    it depends on can have changed since (`gate.controller.podshape.digest_since`)."""
     if SHAPE_FIELD in pod:
         return pod  # slimmed already
+    shape, basis = digest_since(pod, previous)
     meta = slim(pod).get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -458,8 +461,13 @@ def stage_pod_fields(pod: Obj) -> Obj:
         "status": {k: status[k] for k in _POD_STATUS_KEPT if k in status},
         # What the containers run, as one digest taken before their specs are dropped: whether it is
         # still what the operator built (`gate.lifecycle.ownership`).
-        SHAPE_FIELD: shape_digest(pod),
+        SHAPE_FIELD: shape, BASIS_FIELD: basis,
     }
+
+
+def recorded_shape(pod: Obj) -> str:
+    """The shape digest of a stage pod (`gate.controller.podshape`), whole or as the cache keeps it."""
+    return str(pod.get(SHAPE_FIELD) or shape_digest(pod))
 
 
 def stage_pod_ended(pod: Obj) -> bool:
@@ -527,7 +535,7 @@ def stage_pod_view(pod: Obj) -> StagePod:
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
-        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)), boot_id=boot_id,
+        uid=str(meta.get("uid") or ""), shape=recorded_shape(pod), boot_id=boot_id,
     )
 
 

@@ -24,6 +24,16 @@ Decisions:
   record) is compared with what the operator builds now (`shape_differences`), a field the operator
   left empty matching only an empty one, and only the defaults the server fills in (`_DEFAULTED`)
   matching what the manifest left out.
+* **Taken again only when it may have changed.** The cache takes the digest at every event of a stage
+  pod, and most are the kubelet's status updates, which cannot touch the shape: a pod's copy keeps its
+  `shape_basis` beside the digest, and the next copy of the same pod reuses the digest when its basis
+  is equal (`digest_since`). The basis holds what may differ between two copies of one pod: the uid
+  (another pod under the name), the `metadata.generation` (the API server bumps it at every change of
+  the pod's spec from Kubernetes 1.34 on: PodObservedGenerationTracking, GA in 1.35), the fields of the
+  shape a live pod's spec may change on any version (its containers' images, its ephemeral containers,
+  its deadline), its node, and its `nodegate.io/` labels and annotations. Every other field of the
+  shape is immutable on a live pod (the API server's pod update validation), so even where the
+  generation stays put, a copy with the same basis has the same shape.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ from gate.api.facts import FACTS_ANNOTATION
 SHAPE_FIELD = f"{keys.GROUP}/shape"
 """Where the operator's pod cache keeps a pod's shape digest (`gate.controller.pods.stage_pod_fields`),
 computed from the whole pod before the cache drops its containers' specs."""
+BASIS_FIELD = f"{keys.GROUP}/shape-basis"
+"""Where the cache keeps the `shape_basis` the digest under `SHAPE_FIELD` was taken with."""
 
 _CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "envFrom", "workingDir", "volumeMounts",
                      "volumeDevices", "securityContext", "lifecycle", "stdin", "stdinOnce", "tty", "restartPolicy")
@@ -70,6 +82,26 @@ def shape_digest(pod: Obj) -> str:
     """A digest of the pod's shape: equal for two pods that run the same thing the same way."""
     blob = json.dumps(pod_shape(pod), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def shape_basis(pod: Obj) -> tuple[object, ...]:
+    """What may differ between two copies of one pod whose shapes differ (see the module's docstring):
+    equal for the copies of a pod that only its status (or a key not under `nodegate.io/`) told apart."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    return (meta.get("uid"), meta.get("generation"), _ours(meta.get("labels")), _ours(meta.get("annotations")),
+            tuple(c.get("image") for c in spec.get("initContainers") or ()),
+            tuple(c.get("image") for c in spec.get("containers") or ()),
+            spec.get("ephemeralContainers"), spec.get("activeDeadlineSeconds"), spec.get("nodeName"))
+
+
+def digest_since(pod: Obj, previous: Obj | None) -> tuple[str, tuple[object, ...]]:
+    """(the pod's `shape_digest`, its `shape_basis`), the digest taken from `previous` (the cache's copy of
+    the pod before this one, with its `SHAPE_FIELD` and `BASIS_FIELD`) when the basis is the same."""
+    basis = shape_basis(pod)
+    if previous is not None and previous.get(BASIS_FIELD) == basis and isinstance(previous.get(SHAPE_FIELD), str):
+        return previous[SHAPE_FIELD], basis
+    return shape_digest(pod), basis
 
 
 def shape_differences(built: Obj, live: Obj) -> list[str]:

@@ -15,7 +15,10 @@ was matched (measured on this machine, 30,000 pods on 1,000 waiting nodes: 40-15
 16 ms each later one; a plan of 1,000 nodes takes about 80 ms without it).
 
 Pods that ended (Succeeded, Failed) and NodeGate's own stage pods never protect a node; a pod being
-deleted still does until it is gone (its job may still be running its shutdown).
+deleted still does until it is gone (its job may still be running its shutdown). The operator's watch
+leaves out every pod labelled `app.kubernetes.io/managed-by: nodegate`, in any namespace (its stage
+pods are most of the pod events of a rollout, and the stage pod cache reads them already): a pod of
+someone else's that carries NodeGate's label protects no node either.
 """
 
 from __future__ import annotations

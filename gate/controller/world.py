@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gate.api import keys
+from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.policy import DeploymentPolicy
 from gate.api.state import NodeGateState, PodRecord
@@ -54,10 +55,12 @@ class World:
         self.nodes = WatchCache(client, NODES, transform=lambda node: node_fields(node, self.image_repositories()))
         selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}"
         self.pods = WatchCache(client, PODS, namespace=settings.namespace, label_selector=selector,
-                               transform=stage_pod_fields)
+                               transform=self._stage_pod_fields)
         self.index = StageIndex()
-        # Every pod of the cluster, slimmed, for the pods running on each node (gate.controller.workloads).
-        self.workloads = WatchCache(client, PODS, transform=workload_fields)
+        # Every pod of the cluster, slimmed, for the pods running on each node (gate.controller.workloads), but
+        # NodeGate's own: they protect no node, and each of their events would be read twice, here and above.
+        self.workloads = WatchCache(client, PODS, label_selector=f"{keys.MANAGED_BY_LABEL}!={keys.MANAGER}",
+                                    transform=workload_fields)
         self.workload_index = WorkloadIndex(settings.namespace)
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.fleet_memo: dict[str, tuple[str, FleetNode]] = {}
@@ -93,6 +96,12 @@ class World:
                     repos.add(repository(package["image"]))
         self._repositories = (seen, frozenset(repos))
         return self._repositories[1]
+
+    def _stage_pod_fields(self, pod: Obj) -> Obj:
+        """The stage pod cache's transform: a pod's shape digest is taken again only when its copy in the
+        cache (the one before this event's) says it may have changed: not for the kubelet's status updates."""
+        meta = pod.get("metadata") or {}
+        return stage_pod_fields(pod, self.pods.get(str(meta.get("name") or ""), meta.get("namespace")))
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:

@@ -106,6 +106,12 @@ async def test_a_planted_or_status_forged_stage_pod_is_reported_once_and_never_c
         await wait_for(reported, what="both planted pods reported")
         notes = await _not_ours(kube, scenario.name)
         assert all(node in n and "did not record creating" in n for n in notes), notes
+        # A status update of the operator's own pod (as the kubelet sends) keeps its generation, and the
+        # operator's cache keeps its digest from the copy before: the pod stays the operator's.
+        kubectl.run("patch", "pod", record.pod, "-n", NAMESPACE, "--subresource=status",
+                    "-p", json.dumps({"status": {"conditions": [{"type": "example.com/Seen", "status": "True"}]}}))
+        seen = await kube.get(PODS, record.pod, NAMESPACE)
+        assert seen["metadata"]["generation"] == real["metadata"]["generation"] == 1, seen["metadata"]
         # More looks at the node (a plan of the gate, the planted pods' own events): none counts them.
         await scenario.patch_gate({"metadata": {"annotations": {"example.com/nudge": "1"}}})
         await asyncio.sleep(2)
@@ -116,6 +122,16 @@ async def test_a_planted_or_status_forged_stage_pod_is_reported_once_and_never_c
         assert len(await _not_ours(kube, scenario.name)) == 2, "reported more than once"
         counted = samples(operator_metrics(cluster), "nodegate_pods_refused_total")
         assert counted.get(f'{{gate="{scenario.name}"}}') == 2, counted
+        # An image patched on the operator's own live pod (the API server bumps its generation): what it runs
+        # changed since the operator recorded it, and it is reported, never read again.
+        kubectl.run("patch", "pod", record.pod, "-n", NAMESPACE, "--type=json", "-p", json.dumps(
+            [{"op": "replace", "path": "/spec/containers/0/image", "value": "registry.example.com/evil:1"}]))
+        assert (await kube.get(PODS, record.pod, NAMESPACE))["metadata"]["generation"] == 2
+
+        async def changed() -> bool:
+            return any(record.pod in n and "changed since" in n for n in await _not_ours(kube, scenario.name))
+
+        await wait_for(changed, what="the operator's pod with its image patched reported")
     finally:
         kubectl.run("delete", "rolebinding", binding, "-n", NAMESPACE, "--ignore-not-found", check=False)
         kubectl.run("delete", "pod", ran, forged, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)

@@ -11,7 +11,7 @@ import pytest
 from gate.api import keys
 from gate.api.common import Obj
 from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
-from gate.controller.podshape import shape_differences, shape_digest
+from gate.controller.podshape import SHAPE_FIELD, shape_differences, shape_digest
 from tests.unit.controller.test_pods import SETTINGS, gate, request
 
 
@@ -74,6 +74,40 @@ def test_a_pod_that_runs_anything_else_differs_naming_the_field(change: Any, nam
     change(live)
     assert named in shape_differences(pod, live)
     assert shape_digest(live) != before, "the recorded digest shows the change on a live pod too"
+
+
+def _bumped(pod: Obj) -> None:
+    pod["spec"]["initContainers"][1]["args"].append("--skip-check")
+    pod["metadata"]["generation"] += 1  # as the API server does for any change of a pod's spec (1.34 on)
+
+
+@pytest.mark.parametrize("change", [
+    lambda p: p["spec"]["containers"][0].update(image="evil.example.com/x"),
+    lambda p: p["spec"]["initContainers"][1].update(image="evil.example.com/x"),
+    lambda p: p["spec"].update(ephemeralContainers=[{"name": "debug", "image": "x"}]),
+    lambda p: p["spec"].update(activeDeadlineSeconds=1),
+    lambda p: p["metadata"]["annotations"].update({"nodegate.io/steps": "[]"}),
+    lambda p: p["metadata"]["labels"].update({keys.STAGE_KIND_LABEL: "interrupt"}),
+    _bumped,
+    lambda p: p["metadata"].update(uid="u-2"),  # another pod under the name
+])
+def test_the_cache_takes_the_digest_again_only_when_the_shape_may_have_changed(change: Any) -> None:
+    """The cache keeps a pod's digest from its copy before when only its status (or a key of others) changed:
+    the kubelet's updates. A field a live pod's spec may change on any Kubernetes version (an image, an
+    ephemeral container, the deadline) is compared itself, not through the generation; a `nodegate.io/` label
+    or annotation, another generation or another uid, and the digest is taken again."""
+    live = as_stored(built())
+    live["metadata"]["generation"] = 1
+    cached = stage_pod_fields(copy.deepcopy(live))
+    marked = {**cached, SHAPE_FIELD: "the copy before's"}  # shows when the digest is taken from it
+
+    update = copy.deepcopy(live)  # the kubelet's status update, and a label of someone else's
+    update["metadata"].update(resourceVersion="6", labels={**update["metadata"]["labels"], "example.com/team": "x"})
+    update["status"] = {"phase": "Running", "containerStatuses": [{"name": "apply-base", "state": {"running": {}}}]}
+    assert stage_pod_fields(copy.deepcopy(update), marked)[SHAPE_FIELD] == "the copy before's"
+
+    change(update)
+    assert stage_pod_fields(copy.deepcopy(update), marked)[SHAPE_FIELD] == shape_digest(update)
 
 
 def test_annotations_and_labels_of_others_and_the_status_change_no_shape() -> None:
