@@ -161,9 +161,9 @@ def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
         pods, steps = sum(ev.pods.values()), sum(ev.steps.values())
         lines.append(f"{pods} stage pods ran {steps} steps ({ran or 'none'}); {ev.steps_failed} failed "
                      "(a watch of the stage pods).")
-        interrupts = ev.pods.get("interrupt", 0)
+        interrupts = ev.steps.get("interrupt", 0)
         if interrupts == total and len(seen["Rebooted"]) == total:
-            lines.append(f"{interrupts} interrupt pods for {total} nodes: the packages' interrupts were merged "
+            lines.append(f"{interrupts} interrupt steps for {total} nodes: the packages' interrupts were merged "
                          "into one reboot per node.")
     else:
         lines.append("The watch of the operator's namespace saw no stage pod: no count of steps run.")

@@ -33,6 +33,9 @@ RunPhase = Literal["pending", "running", "succeeded", "failed"]
 
 # staging and unstage: a round's serving steps before its cordon, and their undo (`gate.lifecycle.staging`).
 PodKind = Literal["stages", "interrupt", "post-interrupt", "removal", "staging", "unstage"]
+# The kinds of a round's pods, named by the phase each starts in: a pod of the stages (or a removal's
+# uninstalls) may hold the interrupt and the checks after it too (`gate.lifecycle.disruption`).
+ROUND_KINDS: tuple[PodKind, ...] = ("stages", "removal", "interrupt", "post-interrupt")
 
 
 @dataclass(frozen=True)
@@ -200,14 +203,15 @@ class Decision:
     def records_in_write(self) -> bool:
         """The node write may follow the create of the decision's one stage pod and carry that pod's record
         (`gate.lifecycle.ownership`): one write where there were two. Only a write of the state alone: a
-        cordon, a taint or a label must be on the node before any pod of the round runs. Never for a reboot's
-        pod: its write records the boot ID the reboot is judged by, which must be there before it can happen.
+        cordon, a taint or a label must be on the node before any pod of the round runs. Never for a pod that
+        holds a reboot: its write records the boot ID the reboot is judged by, which must be there before it
+        can happen.
         A crash between the create and the write leaves the pod unrecorded and the ended pods of the step
         before undeleted: the next look decides the same again, and its create adopts the pod it finds."""
         if self.state is None or self.remove_state or not self.node.empty() or len(self.create_pods) != 1:
             return False
         pod = self.create_pods[0]
-        return not (pod.kind == "interrupt" and pod.interrupt is not None and pod.interrupt.type == "reboot")
+        return not (pod.interrupt is not None and pod.interrupt.type == "reboot")
 
 
 @dataclass(frozen=True)
