@@ -1,14 +1,16 @@
 """Stage pods and package ConfigMaps as manifests, and stage pods read back (pure: no I/O).
 
-A phase of a round runs as one bare pod pinned to its node (`nodeName`, so no scheduler is involved
-and a cordon does not stop it), owned by the gate, tolerating the readiness taint and
-`unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
+The phases of a round that fit in one boot run as one bare pod pinned to its node (`nodeName`, so no
+scheduler is involved and a cordon does not stop it), owned by the gate, tolerating the readiness taint
+and `unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
 No Job controller sits in the path: the operator retries a failed step itself, in a new pod of its
 own deterministic name (`gate.lifecycle.node.pod_name`). Its steps are containers that run one
 after another, as NodeWright's stage pods chain a stage and its check: for each package an init
 container from the package image copies the payload into an emptyDir, then an agent container
-(NodeGate's image) runs each of its stages against the host. Each step's result is its container's
-termination (exit code, and the agent's summary as the termination message), read back by
+(NodeGate's image) runs each of its stages against the host. The interrupt is a step of NodeGate's
+image alone (`agent interrupt`, container `interrupt`); a reboot is always its pod's last step. Each
+step's result is its container's termination (exit code, and the agent's summary as the termination
+message), read back by
 `stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
 
 A package's config reaches its steps as an immutable ConfigMap named by its content and the gate's
@@ -261,7 +263,7 @@ def unstage_pod(staging: Obj, name: str) -> Obj:
 
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
               facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
-    """The pod of one phase on one node: its steps as containers run one after another (init
+    """The pod of a round's phases on one node: its steps as containers run one after another (init
     containers, the last step as the pod's container), each package's payload copied from its image
     just before its first step; `facts` default to the node's name alone (see `gate.api.facts`).
 

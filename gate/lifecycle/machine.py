@@ -4,7 +4,7 @@ A round on a node runs through phases:
 
     cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish [-> soak]
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
-     post-interrupt only when it does; an interrupt of type drain runs no interrupt pod; soak only
+     post-interrupt only when it does; an interrupt of type drain runs no interrupt step; soak only
      under a DeploymentPolicy with `health`: `gate.lifecycle.soak` decides it)
 
 `decide` reads the world (the gate, the node, this gate's state on the node, its stage pods, the

@@ -155,7 +155,7 @@ class PodRequest:
     steps: tuple[Step, ...]
     round: int = 0
     attempt: int = 0
-    interrupt: Interrupt | None = None  # the interrupt pod's
+    interrupt: Interrupt | None = None  # the interrupt of its interrupt step, when it holds one
     part: Literal["whole", "serving", "undo"] = "whole"  # what of each stage the agent runs (`agent run --part`)
 
 
