@@ -101,7 +101,8 @@ class StepLog:
                     name=key, pod=name, gate=ann.get("nodegate.io/gate-name", ""),
                     node=ann.get("nodegate.io/node-name", ""), package=step.package, stage=step.stage,
                     # The interrupt step's type (its pod's label; a pod may hold package steps too).
-                    interrupt=labels.get(keys.INTERRUPT_LABEL) if step.package is None else None, args=list(containers[container].get("args", [])),
+                    interrupt=labels.get(keys.INTERRUPT_LABEL) if step.package is None else None,
+                    args=list(containers[container].get("args", [])),
                     created=time.monotonic(), resource_version=rv,
                     grace_period=spec.get("terminationGracePeriodSeconds"),
                 )
