@@ -539,7 +539,8 @@ def stage_pod_view(pod: Obj) -> StagePod:
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
-        uid=str(meta.get("uid") or ""), shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)), boot_id=boot_id,
+        deleting=bool(meta.get("deletionTimestamp")), uid=str(meta.get("uid") or ""),
+        shape=str(pod.get(SHAPE_FIELD) or shape_digest(pod)), boot_id=boot_id,
     )
 
 

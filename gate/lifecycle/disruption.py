@@ -69,6 +69,8 @@ def run_phases(r: Round, required: Interrupt, paused: bool, work: RoundSteps) ->
         if outcome is not None:
             return outcome
     if s.phase == "stages" and _reboots(r, required):
+        if r.ctx.state.phase != "stages":
+            _judge_reboot_by_this_boot(r)  # the round's first pod that holds the reboot may be made now
         outcome = _reboot_reached(r, required, work)
         if outcome is not None:
             return outcome
@@ -177,6 +179,8 @@ def _reboot_reached(r: Round, required: Interrupt, work: RoundSteps) -> Decision
         if step not in pod.steps:
             continue
         at = pod.steps.index(step)
+        if pod.ended and pod.done < at:
+            _judge_reboot_by_this_boot(r)  # it failed before its reboot: the next pod runs on this boot
         if pod.done >= at:
             for done in pod.steps[:at]:
                 left = work.plan()
@@ -187,15 +191,27 @@ def _reboot_reached(r: Round, required: Interrupt, work: RoundSteps) -> Decision
                 r.set_phase("interrupt")
                 _interrupting(r)
                 return None
-        if pod.ended or not s.boot_id or ctx.node.boot_id == s.boot_id or not ctx.node.ready:
+        if pod.ended or not (pod.deleting or (s.boot_id and ctx.node.boot_id != s.boot_id and ctx.node.ready)):
             continue
-        r.decision.delete_pods.append(pod.name)
+        if not pod.deleting:
+            r.decision.delete_pods.append(pod.name)
+            _judge_reboot_by_this_boot(r)  # the pod made again once it is gone runs on this boot
         if pod.created is not None and (ctx.now - pod.created).total_seconds() >= ctx.timing.reboot_timeout:
             return r.fail("RebootTimeout", f"the node rebooted, but the pod {pod.name} that holds its reboot was "
                           f"not gone within {ctx.timing.reboot_timeout:.0f}s", stage="interrupt")
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
     return None
+
+
+def _judge_reboot_by_this_boot(r: Round) -> None:
+    """The boot the round's next pod that holds the reboot runs on, which its reboot is judged by: recorded in
+    a write before that pod is made (`Decision.records_in_write`). Never when a pod is made again under the
+    same name (a crash between its create and its record): the pod found there may have rebooted the node
+    already, and only the boot it was made on tells."""
+    if r.state.boot_id != r.ctx.node.boot_id:
+        r.state.boot_id = r.ctx.node.boot_id
+        r.changed = True
 
 
 def _round_pods(r: Round) -> list[StagePod]:

@@ -175,8 +175,7 @@ def run_steps(r: Round, kind: Callable[[], PodKind], plan: Callable[[], list[Ste
               interrupt: Interrupt | None = None) -> Decision | None:
     """Run `plan`'s steps in stage pods, each of the `kind` its round is at when it is made (`kind` is asked
     then). Returns a decision while any is left, None when all are done. A pod that holds the interrupt step
-    (package None) carries `interrupt`; one that holds a reboot is made only after the node write that
-    records the boot it is made on (the boot the reboot is judged by).
+    (package None) carries `interrupt`.
 
     Level-triggered: `plan` is what is left, recomputed from the state after each `record`. A pod
     that ended is read step by step: each step it completed that is the next one planned is
@@ -253,9 +252,6 @@ def run_steps(r: Round, kind: Callable[[], PodKind], plan: Callable[[], list[Ste
         r.decision.requeue_after = wait
         return r.finish_decision()
     holds = interrupt if any(st.package is None and st.stage == "interrupt" for st in steps) else None
-    if holds is not None and holds.type == "reboot" and s.boot_id != ctx.node.boot_id:
-        s.boot_id = ctx.node.boot_id
-        r.changed = True
     r.decision.create_pods.append(PodRequest(name, pod_kind, tuple(steps), round=s.round,
                                              attempt=s.attempts.get(head.key, 0), interrupt=holds))
     return r.finish_decision()

@@ -418,8 +418,8 @@ def test_a_reboot_pod_not_ended_on_the_new_boot_goes_before_the_round_goes_on() 
 
 def test_the_stages_pod_that_holds_the_reboot_is_judged_at_its_reboot_step_and_never_run_again() -> None:
     g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
-    state = started(g).model_copy(update={"phase": "stages", "phase_since": NOW.isoformat(), "boot_id": "boot-0"})
-    made = decide(ctx(g, state))
+    state = started(g).model_copy(update={"phase": "drain", "phase_since": NOW.isoformat(), "boot_id": "boot-0"})
+    made = decide(ctx(g, state, pods=[]))
     [req] = made.create_pods
     assert [(st.package, st.stage) for st in req.steps] == [("k", "apply"), (None, "interrupt")]
     assert req.kind == "stages" and req.interrupt == Interrupt(type="reboot")
@@ -451,14 +451,23 @@ def test_the_stages_pod_that_holds_the_reboot_is_judged_at_its_reboot_step_and_n
     # the node rebooted on its own under its stages): it goes first, under the reboot's bound, and never
     # runs its stages and a reboot again on its own; once gone, a new pod from the first step not recorded.
     again = decide(ctx(g, state, stage_pods=one(req, "running", done=0), n=new_boot))
-    assert again.delete_pods == [req.name] and not again.create_pods and again.state is None
+    assert again.delete_pods == [req.name] and not again.create_pods
+    assert again.state is not None and again.state.boot_id == "boot-2", "the pod made again runs on this boot"
+    # While it stops, nothing new starts, under the reboot's bound.
+    stopping = one(req, "running", done=0, created=NOW, deleting=True)
+    wait = decide(ctx(g, again.state, stage_pods=stopping, n=new_boot))
+    assert not wait.create_pods and not wait.delete_pods and wait.requeue_after is not None
     late = NOW + timedelta(seconds=Timing().reboot_timeout + 1)
-    stuck = decide(ctx(g, state, stage_pods=one(req, "running", done=0, created=NOW), n=new_boot, now=late))
+    stuck = decide(ctx(g, again.state, stage_pods=stopping, n=new_boot, now=late))
     assert stuck.state is not None and stuck.state.failure is not None
     assert stuck.state.failure.reason == "RebootTimeout" and req.name in stuck.state.failure.message
-    fresh = decide(ctx(g, state, n=new_boot))
-    [redo] = fresh.create_pods
-    assert redo.steps == req.steps and fresh.state is not None and fresh.state.boot_id == "boot-2"
+    gone = decide(ctx(g, again.state, n=new_boot))
+    assert [p.steps for p in gone.create_pods] == [req.steps] and gone.state is None
+    # A crash between its create and its record, and the node rebooted meanwhile: the decider does not see the
+    # pod yet and asks for it again (its create adopts it) on the boot recorded before, never this one.
+    crashed = decide(ctx(g, state, n=new_boot))
+    [redo] = crashed.create_pods
+    assert redo.name == req.name and (crashed.state is None or crashed.state.boot_id == "boot-1")
 
 
 def test_a_merged_pod_that_fails_is_retried_from_its_failed_step_named_by_that_steps_phase() -> None:
