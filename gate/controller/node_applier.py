@@ -125,9 +125,11 @@ class NodeApplier(Writer):
             else:
                 if not recorded:
                     node_obj, seen = await self._record_pod(gate, node_obj, seen, created, out)
-                # Seen at once by the next reconcile of this node, before the watch event arrives.
-                self.world.pods.observe(created)
-                self.world.index.pod_event("ADDED", created)
+                # Seen at once by the next reconcile of this node, before the watch event arrives; not
+                # when the watch saw it go already (deleted by someone while its record was written): its
+                # DELETED event has queued this node, whose next look creates it again.
+                if self.world.pods.observe(created):
+                    self.world.index.pod_event("ADDED", created)
                 log.info("Started stage pod; gate=%s node=%s kind=%s steps=%s pod=%s", gate.name, node, request.kind,
                          ",".join(f"{s.package or '-'}/{s.stage}" for s in request.steps), request.name)
             out.node_obj, out.seen = node_obj, seen
@@ -288,8 +290,8 @@ class NodeApplier(Writer):
         if record is not None and record.uid == uid:
             why = pod_refusal(stage_pod_view(stage_pod_fields(live)), record)
             if why is None:  # the operator's, and unchanged: the cache had not seen it yet
-                self.world.pods.observe(live)
-                self.world.index.pod_event("ADDED", live)
+                if self.world.pods.observe(live):
+                    self.world.index.pod_event("ADDED", live)
                 return node_obj, seen
         else:
             differences = shape_differences(body, live)
@@ -297,8 +299,8 @@ class NodeApplier(Writer):
                 log.info("Adopted a stage pod created before its record was written; gate=%s node=%s pod=%s",
                          gate.name, node, name)
                 node_obj, seen = await self._record_pod(gate, node_obj, seen, live, out)
-                self.world.pods.observe(live)
-                self.world.index.pod_event("ADDED", live)
+                if self.world.pods.observe(live):
+                    self.world.index.pod_event("ADDED", live)
                 return node_obj, seen
             shown = ", ".join(differences[:5]) + (f" and {len(differences) - 5} more" if len(differences) > 5 else "")
             why = (f"it holds the name of the stage pod the operator was about to create, but the operator did not "

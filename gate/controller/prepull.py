@@ -85,17 +85,21 @@ class Prepuller:
         """What a gate's plan needs to name its candidates; None while prepull is off."""
         if not self.enabled:
             return None
-        return Lookahead(self.settings.prepull_ahead, self.settings.agent_image)
+        return Lookahead(self.settings.prepull_ahead, self.settings.agent_image, self._present)
 
     def forgets(self, gate: NodeGate) -> bool:
         """The gate plans nothing (deleted, disabled): whether it has prepull pods to let go (planned with
         no candidates, `plan`)."""
         return self.enabled and (gate.name in self.by_gate or any(p.gate == gate.name for p, _ in self._pods()))
 
+    def _present(self, node: str) -> frozenset[str]:
+        """The image names the node reports, as the cache keeps them (none for a node not in it)."""
+        obj = self.world.nodes.get(node)
+        return node_image_names(obj) if obj is not None else frozenset()
+
     def _on_node(self, node: str, images: RoundImages) -> bool:
         """The node reports every image of the round already (`RoundImages.on_node`): no prepull pod."""
-        obj = self.world.nodes.get(node)
-        return obj is not None and images.on_node(node_image_names(obj))
+        return images.on_node(self._present(node))
 
     def plan(self, gate: NodeGate, found: list[Candidate]) -> PrepullWrites:
         """The gate's latest candidates taken in, what to write of every gate's prepull pods (no I/O).

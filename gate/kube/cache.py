@@ -84,16 +84,26 @@ class WatchCache:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def observe(self, obj: Obj) -> None:
-        """Take in an object we just wrote, ahead of its watch event (newer resourceVersion wins).
+    def observe(self, obj: Obj) -> bool:
+        """Take in an object we just wrote, ahead of its watch event (newer resourceVersion wins); whether
+        it was taken in.
 
         Lets a reconcile that runs right after its own write see that write, instead of acting on
-        the stale copy and losing an optimistic-concurrency race against itself.
+        the stale copy and losing an optimistic-concurrency race against itself. An object the cache
+        does not hold although its watch is already past the write (the object's resourceVersion) was
+        deleted since: its DELETED event came while the writer awaited something else, and putting it
+        back would keep a ghost that no event ever takes out (a stage pod deleted right after its
+        create: the operator waited on it for ever).
         """
         key = object_key(obj)
         old = self._store.get(key)
-        if old is None or _rv(obj) >= _rv(old):
-            self._store[key] = self.transform(obj)
+        if old is None:
+            if 0 < _rv(obj) <= _version(self._rv):
+                return False
+        elif _rv(obj) < _rv(old):
+            return False
+        self._store[key] = self.transform(obj)
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -217,9 +227,12 @@ class WatchCache:
 
 
 def _rv(obj: Obj) -> int:
+    return _version(obj.get("metadata", {}).get("resourceVersion", "0"))
+
+
+def _version(raw: Any) -> int:
     # resourceVersions are opaque strings by contract, but etcd-backed servers use integers; ordering
-    # them is only used to keep the newer of two copies of the same object.
-    raw: Any = obj.get("metadata", {}).get("resourceVersion", "0")
+    # them is only used to keep the newer of two copies of the same object (0: not an integer).
     try:
         return int(raw)
     except (TypeError, ValueError):

@@ -226,15 +226,7 @@ def _prepare(r: Round, required: Interrupt, paused: bool) -> Decision | None:
     if s.phase == "cordon":
         if paused:
             return r.finish_decision()
-        node = ctx.node
-        if not node.unschedulable:
-            r.decision.node.unschedulable = True
-            r.decision.node.cordoned_by = ctx.gate.name
-            s.cordoned = True
-            r.event("node", "Normal", "Cordoned", f"NodeGate {ctx.gate.name} cordoned the node for a "
-                    f"{required.type} interrupt")
-        elif node.cordoned_by == ctx.gate.name:
-            s.cordoned = True
+        cordon(r, required)
         r.set_phase("wait-pods")
         r.decision.requeue_after = 0.0
         return r.finish_decision()
@@ -283,6 +275,23 @@ def _prepare(r: Round, required: Interrupt, paused: bool) -> Decision | None:
                                                      blocked=bool(s.drain_blocked_by))
         return r.finish_decision()
     return None
+
+
+def cordon(r: Round, required: Interrupt) -> None:
+    """Cordon the node for the round's interrupt: `unschedulable`, `cordoned-by` and the state's
+    `cordoned` in the decision's one write, with the Cordoned Event. A node someone else cordoned is
+    left as it is (NodeGate never takes over another's cordon, so the round's end leaves it cordoned);
+    one this gate cordoned before (a hold while protected pods ran) is the round's."""
+    ctx, s = r.ctx, r.state
+    if not ctx.node.unschedulable:
+        r.decision.node.unschedulable = True
+        r.decision.node.cordoned_by = ctx.gate.name
+        s.cordoned = True
+        r.event("node", "Normal", "Cordoned", f"NodeGate {ctx.gate.name} cordoned the node for a "
+                f"{required.type} interrupt")
+    elif ctx.node.cordoned_by == ctx.gate.name:
+        s.cordoned = True
+    r.changed = True
 
 
 def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:

@@ -27,11 +27,14 @@ the round's images and for its staging (`gate.lifecycle.staging`) before the cor
 
 from __future__ import annotations
 
-from gate.api.state import Phase, rollout_hash
+from datetime import datetime
+
+from gate.api.nodegate import NodeGate
+from gate.api.state import NodeGateState, Phase, rollout_hash
 from gate.lifecycle import taint
-from gate.lifecycle.disruption import RoundSteps, require_interrupt, run_phases
+from gate.lifecycle.disruption import RoundSteps, cordon, require_interrupt, run_phases
 from gate.lifecycle.handoff import hold_wanted
-from gate.lifecycle.node import ROUND_KINDS, Decision, NodeContext, StagePod, Step
+from gate.lifecycle.node import ROUND_KINDS, Decision, NodeContext, NodeView, StagePod, Step
 from gate.lifecycle.round import (
     Round,
     complete_round,
@@ -43,6 +46,7 @@ from gate.lifecycle.round import (
     stage_fingerprint,
     stuck_reason,
 )
+from gate.lifecycle.serving import ServingCatalog
 from gate.lifecycle.soaking import decide_soak, enter_soak
 from gate.lifecycle.staging import await_staging, staging_steps
 from gate.lifecycle.work import after_stage, constraint_satisfied
@@ -80,6 +84,31 @@ def decide(ctx: NodeContext) -> Decision:
 
     if s.phase == "finish":
         _finish(r)
+    return r.finish_decision()
+
+
+def cordon_at_pick(gate: NodeGate, node: NodeView, state: NodeGateState, now: datetime, *, images_wait: bool,
+                   serving: ServingCatalog | None) -> Decision | None:
+    """The first look of a round the planner picks now, taken in the pick's own write when that look
+    would only cordon: the round interrupts the node and waits for nothing before its cordon (its
+    images are on the node, `images_wait` False: the caller judges them as the node reconcile's
+    prepull does; no serving step to stage; the gate not paused). Returns what `decide` would write
+    at that look (the state at wait-pods, the cordon, the Cordoned Event), or None: the node
+    reconcile takes the round from `idle`, as without this. A node someone else cordoned is left so
+    (`cordon`)."""
+    if state.status != "in-progress" or state.phase != "idle" or gate.spec.paused or images_wait:
+        return None
+    if state.rollback is not None and not state.rollback.done:
+        return None  # a roll-back runs its revision's packages, not the gate's
+    if serving is not None and staging_steps(gate, state, serving):
+        return None  # it stages while serving first (`await_staging`)
+    r = Round(NodeContext(gate=gate, node=node, state=state, stage_pods={}, pods=None, now=now))
+    work = round_work(gate, state)
+    required = require_interrupt(r, {n: w.interrupt for n, w in work.items() if not w.done})
+    if required.type == "none":
+        return None
+    r.set_phase("wait-pods")
+    cordon(r, required)
     return r.finish_decision()
 
 

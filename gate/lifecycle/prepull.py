@@ -51,7 +51,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gate.api.nodegate import NodeGate
@@ -100,12 +100,18 @@ def default_pull_policy(reference: str) -> PullPolicy:
     return "IfNotPresent" if tag and tag != "latest" else "Always"
 
 
+def _none_known(node: str) -> Collection[str]:
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class Lookahead:
-    """The operator's prepull settings a gate's plan needs (`candidates`)."""
+    """The operator's prepull settings a gate's plan needs (`candidates`), and the image names each
+    node reports (`status.images`, as the operator's cache keeps them: `RoundImages.on_node`)."""
 
     ahead: int
     agent_image: str
+    present: Callable[[str], Collection[str]] = field(default=_none_known, compare=False)
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,17 @@ def awaits_images(gate: NodeGate, state: NodeGateState) -> bool:
     return state.status == "in-progress" and state.phase == "idle" and needs_cordon(gate, state)
 
 
+def waits_for_images(gate: NodeGate, state: NodeGateState, node: str, lookahead: Lookahead | None, *,
+                     resolve: bool) -> bool:
+    """Whether a round just picked may wait for its images before its cordon, as the node reconcile
+    judges it (`Prepuller.pod_for`): prepull is on, and the node does not report every image of the
+    round, or they are not resolved yet (said to wait: the node reconcile decides then)."""
+    if lookahead is None or not awaits_images(gate, state):
+        return False
+    images = round_images(gate, state, lookahead.agent_image, resolve=resolve)
+    return images is None or not images.on_node(lookahead.present(node))
+
+
 def planned_state(gplan: GatePlan, states: Mapping[str, NodeGateState | None], node: str) -> NodeGateState:
     """A node's state for the gate as its plan leaves it: the plan's update (a pick just made) over the
     state as recorded (`states`; None or missing: none yet)."""
@@ -275,4 +292,4 @@ def plan_prepulls(by_gate: Mapping[str, Sequence[Candidate]], pods: Sequence[Pre
 
 __all__ = ["AHEAD_REASONS", "Candidate", "Lookahead", "PrepullPlan", "PrepullPod", "RoundImages",
            "awaits_images", "candidates", "default_pull_policy", "needs_cordon", "picked_nodes", "plan_prepulls",
-           "planned_state", "prepull_pod_name", "repository", "round_images"]
+           "planned_state", "prepull_pod_name", "repository", "round_images", "waits_for_images"]

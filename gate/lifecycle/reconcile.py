@@ -58,8 +58,9 @@ from gate.lifecycle.fleet import FleetNode, NodeUpdate, plan_gate, selects
 from gate.lifecycle.health import KSTATUS_TYPES, STALLED, condition, previous_conditions
 from gate.lifecycle.health import same_status as same_status
 from gate.lifecycle.images import records_wire
+from gate.lifecycle.machine import cordon_at_pick
 from gate.lifecycle.node import EventRequest
-from gate.lifecycle.prepull import Candidate, Lookahead, candidates
+from gate.lifecycle.prepull import Candidate, Lookahead, candidates, waits_for_images
 from gate.lifecycle.removal import plan_removal
 from gate.lifecycle.signatures import verified_condition
 from gate.lifecycle.staging import GateStaging, StagingAhead, gate_staging
@@ -175,6 +176,7 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
     images are pulled ahead; with `staging`, the gate's staging candidates (`gate.lifecycle.staging`)."""
     gplan = plan_gate(gate, policy, fleet, gates=gates, now=now, gate_created=gate_created, busy=busy,
                       protected=protected or {}, revisions=revisions)
+    cordon_picks(gate, gplan.updates, fleet, now, prepull=prepull, staging=staging, resolve=resolve_digests)
     planned = gplan.status.to_wire()
     wanted = with_images(gate, gplan.status.to_wire(), resolve_digests=resolve_digests, now=now)
     if "waitingForPodsSince" in status and "waitingForPodsSince" not in wanted:
@@ -200,6 +202,32 @@ def plan_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Seque
             gate, gplan, states, ahead=prepull.ahead, agent_image=prepull.agent_image, resolve=resolve_digests),
         staging=None if staging is None else gate_staging(gate, gplan, states, catalog=staging.catalog,
                                                           ahead=staging.ahead))
+
+
+def cordon_picks(gate: NodeGate, updates: Mapping[str, NodeUpdate], fleet: Sequence[FleetNode], now: datetime, *,
+                 prepull: Lookahead | None, staging: StagingAhead | None, resolve: bool) -> None:
+    """The nodes picked in this plan whose round would only cordon at its first look carry that cordon
+    in the pick's write (`gate.lifecycle.machine.cordon_at_pick`): one node write and one reconcile
+    less per node. The state goes in progress at wait-pods, `unschedulable` and `cordoned-by` with it,
+    so the budget counts the cordoned node from that very write, and a restart after it resumes at
+    wait-pods; the Cordoned Event follows the write, as every Event of the gate applier's path."""
+    picks = [n for n, u in updates.items() if u.change.status == "in-progress" and u.state is not None]
+    if not picks:
+        return
+    views = {f.view.name: f.view for f in fleet}
+    for name in picks:
+        update, view = updates[name], views.get(name)
+        if view is None or update.state is None or update.change.unschedulable is not None \
+                or update.change.clear_cordoned_by:
+            continue  # the plan moves the cordon itself (a reset uncordons): the node reconcile cordons after it
+        decision = cordon_at_pick(gate, view, update.state, now, serving=staging.catalog if staging else None,
+                                  images_wait=waits_for_images(gate, update.state, name, prepull, resolve=resolve))
+        if decision is None or decision.state is None:
+            continue
+        update.state = decision.state
+        update.change.unschedulable = decision.node.unschedulable
+        update.change.cordoned_by = decision.node.cordoned_by
+        update.events += decision.events
 
 
 def plan_removal_reconcile(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequence[FleetNode], *,

@@ -156,8 +156,9 @@ async def _failures(sc: Scenario) -> float | None:
 async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scenario, watched: Watched,
                                                                   kube: KubeClient) -> None:
     """`status.images` naming every image of the round, by the reference its containers pull: no prepull pod,
-    and its cordon waits for none; a node without them still gets its pod first."""
-    warm, cold = await scenario.add_nodes(2)
+    and its cordon waits for none, made in the write of its pick; a node without them still gets its pod first.
+    A node a person cordoned, images on it, stays cordoned by them: NodeGate never takes over their cordon."""
+    warm, cold, theirs = await scenario.add_nodes(3)
     watched.gate = scenario.name
     pinned = {**DRAIN, "image": "registry.example.com/pkg@sha256:" + "e" * 64}
     # Paused while the node reports its images: the operator's cache keeps the images of the repositories
@@ -167,19 +168,34 @@ async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scen
     images = [{"names": [pinned["image"], "registry.example.com/pkg:1.0.0"], "sizeBytes": 1},
               {"names": [agent], "sizeBytes": 1}]
     await kube.patch(NODES, warm, {"status": {"images": images}}, subresource="status")
+    await kube.patch(NODES, theirs, {"status": {"images": images}}, subresource="status")
+    await kube.patch(NODES, theirs, {"spec": {"unschedulable": True}})
     await scenario.patch_gate({"spec": {"paused": False}})
-    await scenario.wait_ready(timeout=120)
+    await scenario.wait_ready(timeout=180)
 
     assert warm in watched.cordoned and warm not in watched.pods_of, watched.pods_of
     assert cold in watched.cordoned and watched.succeeded[cold] < watched.cordoned[cold]
     assert (await scenario.state(warm))["status"] == "complete"
-    # Its round in 4 node writes: the pick, the cordon, the round's one pod (its stages, the service restart and
-    # the check) recorded in the write of its step (`Decision.records_in_write`), the uncordon.
+    # Its round in 3 node writes: the pick with its cordon (nothing to wait for before it: `cordon_at_pick`),
+    # the round's one pod (its stages, the service restart and the check) recorded in the write of its step
+    # (`Decision.records_in_write`), the uncordon. The cold node's pick waits for its pull, uncordoned.
     phases = [json.loads(s).get("phase", "") for s in watched.rounds[warm][1:]]
-    assert len(phases) == 4 and phases[2] == "stages", phases
-    before, text = watched.rounds[warm][2:4]
+    assert len(phases) == 3 and phases[:2] == ["wait-pods", "stages"], phases
+    assert watched.cordoned[warm] == watched.picked[warm] and json.loads(watched.rounds[warm][1])["cordoned"]
+    assert watched.cordoned[cold] > watched.picked[cold]
+    before, text = watched.rounds[warm][1:3]
     new = set(json.loads(text)["pods"]) - set(json.loads(before).get("pods") or {})
     assert len(new) == 1, text  # the round's pod, recorded in its write
+    node_events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={warm}")
+    told = [e["reason"] for e in sorted(node_events, key=lambda e: int(e["metadata"]["resourceVersion"]))
+            if e.get("reason") in ("Cordoned", "Drained", "Uncordoned", "Complete")]
+    assert told == ["Cordoned", "Drained", "Uncordoned", "Complete"], told  # the node's story, as before
+    person = await scenario.node(theirs)
+    assert person["spec"].get("unschedulable") is True and theirs not in watched.pods_of
+    assert keys.CORDONED_BY not in (person["metadata"].get("annotations") or {})
+    picked = json.loads(watched.rounds[theirs][1])  # the pick went on to wait-pods, the cordon not the round's
+    assert picked["phase"] == "wait-pods" and not picked.get("cordoned")
+    assert (await scenario.state(theirs))["status"] == "complete"
     # Every pod of the round read as the operator's all along: none was ever without its record.
     events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name}")
     assert not [e for e in events if e.get("reason") == "PodNotOurs"], events

@@ -9,11 +9,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gate.api import keys
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import plan_gate
 from gate.lifecycle.images import PodImage
-from gate.lifecycle.machine import decide
-from gate.lifecycle.node import StagePod, Timing
+from gate.lifecycle.machine import cordon_at_pick, decide
+from gate.lifecycle.node import NodeContext, StagePod, Timing
 from gate.lifecycle.prepull import (
     Candidate,
     Lookahead,
@@ -26,10 +27,13 @@ from gate.lifecycle.prepull import (
     prepull_counts,
     repository,
     round_images,
+    waits_for_images,
 )
 from gate.lifecycle.reconcile import plan_reconcile
+from gate.lifecycle.serving import Serving, ServingCatalog
+from gate.lifecycle.staging import StagingAhead
 from tests.unit.lifecycle.test_fleet import fleet_node
-from tests.unit.lifecycle.test_machine import NOW, PKG, ctx, gate, started
+from tests.unit.lifecycle.test_machine import NOW, PKG, ctx, gate, node, started
 
 REBOOT_PKG = {**PKG, "interrupt": {"type": "reboot"}}
 AGENT = "registry.example/nodegate@sha256:" + "a" * 64
@@ -225,6 +229,58 @@ def test_the_gate_reconcile_plan_names_its_candidates_only_with_prepull_on() -> 
     found = plan_reconcile(g, None, fleet, prepull=Lookahead(2, AGENT), **args).prepull
     assert found is not None and [c.picked for c in found] == [True, False, False]
     assert {c.images.agent for c in found} == {AGENT}
+
+
+def test_a_pick_that_would_only_cordon_carries_the_cordon_in_its_write_and_a_restart_resumes_at_wait_pods() -> None:
+    """The first look of a round that waits for nothing before its cordon rides in the pick's write
+    (`cordon_at_pick`): in progress at wait-pods, cordoned with `cordoned-by`, the Cordoned Event. A
+    round that waits for its images or its staging, one without an interrupt, and a node someone else
+    cordoned keep what the node reconcile does."""
+    g = gate({"k": {**REBOOT_PKG, "image": "example.com/pkg@sha256:" + "b" * 64}}, interruptionBudget={"count": 4})
+    images = round_images(g, NodeGateState(), AGENT, resolve=False)
+    assert images is not None
+    names = {i.image for i in images.packages.values()} | {AGENT}
+    fleet = [fleet_node("warm"), fleet_node("cold"), fleet_node("theirs", unschedulable=True,
+                                                                 annotations={"example.com/cordon": "ops"})]
+    args: dict[str, Any] = {"status": {}, "gates": [g], "now": NOW, "resolve_digests": False, "packages_in_use": ()}
+    lookahead = Lookahead(2, AGENT, lambda n: names if n != "cold" else set())
+    plan = plan_reconcile(g, None, fleet, prepull=lookahead, **args)
+    warm, cold, theirs = plan.updates["warm"], plan.updates["cold"], plan.updates["theirs"]
+    assert warm.state is not None and warm.state.status == "in-progress" and warm.state.phase == "wait-pods"
+    assert warm.state.cordoned and warm.state.interrupt is not None and warm.state.interrupted == ["k"]
+    assert (warm.change.status, warm.change.unschedulable, warm.change.cordoned_by) == ("in-progress", True, "g")
+    assert [e.reason for e in warm.events] == ["Cordoned"]
+    assert cold.state is not None and cold.state.phase == "idle" and cold.change.unschedulable is None
+    assert [c.node for c in plan.prepull or [] if c.picked] == ["cold"]  # the folded pick waits for no pull
+    # Someone else's cordon is left as it is, and the round does not count it as its own.
+    assert theirs.state is not None and theirs.state.phase == "wait-pods" and not theirs.state.cordoned
+    assert theirs.change.unschedulable is None and theirs.change.cordoned_by is None and theirs.events == []
+
+    # A restart after the write: the node reconcile resumes at wait-pods, drains, starts the stages, and
+    # writes no second cordon.
+    after = decide(NodeContext(gate=g, node=node(name="warm", unschedulable=True,
+                                                  annotations={keys.CORDONED_BY: "g"}),
+                               state=warm.state, stage_pods={}, pods=[], now=NOW, prepull=False))
+    assert after.node.unschedulable is None and [e.reason for e in after.events] == ["Drained"]
+    assert [r.kind for r in after.create_pods] == ["stages"]
+
+    # Prepull off: nothing waits for images. Staging to do, a paused gate or no interrupt: no fold.
+    assert plan_reconcile(g, None, fleet, **args).updates["cold"].state.phase == "wait-pods"  # type: ignore[union-attr]
+    staged = plan_reconcile(g, None, fleet, staging=StagingAhead(ServingCatalog(
+        {"k": Serving("1.0.0", {"apply": ("write",)})}), 1), **args)
+    assert staged.updates["warm"].state.phase == "idle"  # type: ignore[union-attr]
+    assert staged.updates["warm"].change.unschedulable is None
+    plain = gate({"k": PKG}, interruptionBudget={"count": 4})
+    assert {u.state.phase for u in plan_reconcile(plain, None, fleet, **args).updates.values()
+            if u.state is not None} == {"idle"}
+    picked = started(g)
+    paused = gate({"k": REBOOT_PKG}, paused=True)
+    assert cordon_at_pick(paused, node(), picked, NOW, images_wait=False, serving=None) is None
+    # Images not resolved yet (a tag, digests resolved): said to wait, the node reconcile decides then.
+    tagged = gate({"k": REBOOT_PKG})
+    assert waits_for_images(tagged, started(tagged), "warm", Lookahead(2, AGENT, lambda _: names), resolve=True)
+    assert not waits_for_images(g, picked, "warm", Lookahead(2, AGENT, lambda _: names), resolve=False)
+    assert not waits_for_images(g, picked, "cold", None, resolve=False)  # prepull off: nothing is pulled ahead
 
 
 # -- what the metrics count -------------------------------------------------------------------------
