@@ -37,7 +37,7 @@ class PodSeen:
     """One stage pod as the bench saw it (seconds since the epoch; None: not seen)."""
 
     name: str
-    reboot: bool = False  # the interrupt pod of a reboot
+    reboot: bool = False  # it holds a reboot, its last step (`running`: that step's)
     added: float | None = None  # the watch saw it first (created)
     running: float | None = None  # the watch saw a container of it running
     steps_ended: float | None = None  # the watch saw its last step's container end (gate.controller.pods)

@@ -101,13 +101,16 @@ class PodTimes:
             if ahead == "staging" and kind != "DELETED":
                 self.staging[name] = pod
             return
-        seen = self.seen.setdefault(name, idle.PodSeen(name, keys.INTERRUPT_LABEL in (pod["metadata"].get("labels")
-                                                                                      or {}), added=now))
+        reboot = (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot"
+        seen = self.seen.setdefault(name, idle.PodSeen(name, reboot, added=now))
         if kind == "DELETED":
             seen.gone = seen.gone or now
             return
         self.pods[name] = pod
-        if seen.running is None and any("running" in (c.get("state") or {}) for c in container_statuses(pod)):
+        # A pod that holds the reboot (its last step) counts as running once that step runs.
+        running = [c for c in container_statuses(pod) if "running" in (c.get("state") or {})
+                   and (not reboot or c.get("name") == "interrupt")]
+        if seen.running is None and running:
             seen.running = now
         if seen.steps_ended is None and not pod_ended(pod) and stage_pod_ended(pod):
             seen.steps_ended = now
@@ -137,10 +140,11 @@ class PodTimes:
         """Wall-clock intervals of each kind of work on the node, from the stage pods' own timestamps."""
         out: dict[str, list[tuple[float, float]]] = {"pod start": [], "payload copy": [], "agent steps": []}
         for pod in self.pods.values():
-            if keys.INTERRUPT_LABEL in (pod["metadata"].get("labels") or {}):
-                continue  # the reboot: measured on its own, from this pod's start to the node's return
+            reboot = (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot"
             previous = _t(pod["metadata"].get("creationTimestamp"))
             for container, start, end in _ran(pod):
+                if reboot and container == "interrupt":
+                    continue  # the reboot, the last step of its pod: measured on its own, to the node's return
                 # Sandbox, image pulls and container creation: before the first container and between
                 # one and the next (a package's image, or NodeGate's, is pulled only when first needed).
                 if previous is not None:
@@ -157,9 +161,9 @@ class PodTimes:
     def interrupt_started(self) -> float | None:
         """When the reboot's agent container started (it never ends: the reboot kills it)."""
         for pod in self.pods.values():
-            if keys.INTERRUPT_LABEL not in (pod["metadata"].get("labels") or {}):
+            if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) != "reboot":
                 continue
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:  # the reboot: the pod's last step
                 state = status.get("state") or {}
                 started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
                 last = ((status.get("lastState") or {}).get("terminated") or {}).get("startedAt")

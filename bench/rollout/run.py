@@ -6,9 +6,9 @@
     python -m bench.rollout.run --nodes 1000 --soak 0 --image-signatures    # ... an enforcing policy
 
 One NodeGate with three packages and a service interrupt; every step of a stage pod runs for
-`--stage-seconds` on its simulated node. A node runs three stage pods one after another: the three
-applies (steps of one pod), the interrupt, and the three post-interrupt checks (steps of one pod):
-seven stage times. Figures printed:
+`--stage-seconds` on its simulated node. A node runs its round in one stage pod: the three applies,
+the interrupt and the three post-interrupt checks, its steps one after another: seven stage times.
+Figures printed:
 
 * makespan: apply of the gate to its Ready condition;
 * lower bound: batches needed under each compartment's ceiling x the time one node takes alone,

@@ -43,7 +43,7 @@ STAGE_KIND_LABEL: Final = f"{GROUP}/stage"
 PREPULL_KIND: Final = "prepull"
 # On a stage pod, one label per package it runs steps of: `package.nodegate.io/<package>: apply.config`.
 POD_PACKAGE_PREFIX: Final = f"package.{GROUP}/"
-# On interrupt pods: service | restartAllServices | reboot (a drain has no pod).
+# On the stage pods that hold an interrupt step: service | restartAllServices | reboot (a drain has none).
 INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"
 
 NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]

@@ -235,7 +235,8 @@ def _node_keys() -> list[str]:
         (f"`{keys.STAGE_GATE_LABEL}`, `{keys.STAGE_NODE_LABEL}`, `{keys.STAGE_KIND_LABEL}`, "
          f"`{keys.INTERRUPT_LABEL}`", "labels", "Pod",
          "On the operator's stage pods in its namespace: gate, node, the pod's kind (stages, interrupt, "
-         "post-interrupt, removal) and an interrupt pod's type (values longer than 63 characters are hashed; "
+         "post-interrupt, removal: the phase it starts in) and the type of the interrupt step it holds "
+         "(values longer than 63 characters are hashed; "
          "the annotations `nodegate.io/gate-name` and `nodegate.io/node-name` keep the full names)."),
         (f"`{keys.POD_PACKAGE_PREFIX}<package>`", "labels", "Pod",
          "On a stage pod, one per package it runs steps of; the value is its stages joined by dots "

@@ -175,9 +175,9 @@ def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
             lines.append(f"{staged} staging pods ran the serving steps on nodes still serving, before their cordon"
                          + (f"; {undone} undo pods took back what was staged for a node not interrupted." if undone
                             else "."))
-        interrupts = ev.pods.get("interrupt", 0)
+        interrupts = ev.steps.get("interrupt", 0)
         if interrupts == total and len(seen["Rebooted"]) == total:
-            lines.append(f"{interrupts} interrupt pods for {total} nodes: the packages' interrupts were merged "
+            lines.append(f"{interrupts} interrupt steps for {total} nodes: the packages' interrupts were merged "
                          "into one reboot per node.")
     else:
         lines.append("The watch of the operator's namespace saw no stage pod: no count of steps run.")

@@ -1,14 +1,16 @@
 """Stage pods and package ConfigMaps as manifests, and stage pods read back (pure: no I/O).
 
-A phase of a round runs as one bare pod pinned to its node (`nodeName`, so no scheduler is involved
-and a cordon does not stop it), owned by the gate, tolerating the readiness taint and
-`unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
+The phases of a round that fit in one boot run as one bare pod pinned to its node (`nodeName`, so no
+scheduler is involved and a cordon does not stop it), owned by the gate, tolerating the readiness taint
+and `unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
 No Job controller sits in the path: the operator retries a failed step itself, in a new pod of its
 own deterministic name (`gate.lifecycle.node.pod_name`). Its steps are containers that run one
 after another, as NodeWright's stage pods chain a stage and its check: for each package an init
 container from the package image copies the payload into an emptyDir, then an agent container
-(NodeGate's image) runs each of its stages against the host. Each step's result is its container's
-termination (exit code, and the agent's summary as the termination message), read back by
+(NodeGate's image) runs each of its stages against the host. The interrupt is a step of NodeGate's
+image alone (`agent interrupt`, container `interrupt`); a reboot is always its pod's last step. Each
+step's result is its container's termination (exit code, and the agent's summary as the termination
+message), read back by
 `stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
 
 A package's config reaches its steps as an immutable ConfigMap named by its content and the gate's
@@ -43,7 +45,7 @@ from gate.api.common import Obj, parse_duration
 from gate.api.digests import text_config_digest
 from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
-from gate.api.nodegate import NodeGate, Package
+from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
 from gate.controller.podshape import BASIS_FIELD, SHAPE_FIELD, digest_since, shape_digest
 from gate.controller.settings import OperatorSettings
@@ -219,6 +221,19 @@ def _agent(name: str, args: list[str], env: list[Obj], image: str, mounts: list[
     }
 
 
+# The interrupt step's bound: a reboot or a service restart (the agent bounds what it runs itself).
+INTERRUPT_DEADLINE = 600
+
+
+def _interrupt_step(interrupt: Interrupt, settings: OperatorSettings) -> Obj:
+    """The interrupt as a step: `agent interrupt` in container `interrupt`. A reboot is its pod's last step;
+    a service restart may have the checks after it as the steps that follow."""
+    args = ["agent", "interrupt", "--type", interrupt.type, "--root", HOST_ROOT, "--termination-log", TERMINATION_LOG]
+    for service in interrupt.services:
+        args += ["--service", service]
+    return _agent("interrupt", args, [], settings.agent_image, [])
+
+
 def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], settings: OperatorSettings,
                 facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
     """A staging pod (`gate.lifecycle.staging`): the round's serving steps on the serving node, before
@@ -248,7 +263,7 @@ def unstage_pod(staging: Obj, name: str) -> Obj:
 
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
               facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
-    """The pod of one phase on one node: its steps as containers run one after another (init
+    """The pod of a round's phases on one node: its steps as containers run one after another (init
     containers, the last step as the pod's container), each package's payload copied from its image
     just before its first step; `facts` default to the node's name alone (see `gate.api.facts`).
 
@@ -274,40 +289,37 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     deadline = 0
     grace: int | None = None
     if request.interrupt is not None:
-        interrupt = request.interrupt
-        labels[keys.INTERRUPT_LABEL] = interrupt.type
-        args = ["agent", "interrupt", "--type", interrupt.type, "--root", HOST_ROOT,
-                "--termination-log", TERMINATION_LOG]
-        for service in interrupt.services:
-            args += ["--service", service]
-        containers.append(_agent("interrupt", args, [], settings.agent_image, []))
-        deadline = 600
-    else:
-        stages: dict[str, list[str]] = {}
-        for step in request.steps:
-            assert step.package is not None
-            pkg = gate.spec.packages[step.package]
-            if step.package not in stages:
-                stages[step.package] = []
-                volumes += [
-                    {"name": f"payload-{step.package}", "emptyDir": {}},
-                    {"name": f"config-{step.package}", "configMap": {
-                        "name": config_map_name(gate, step.package, pkg), "optional": True}},
-                ]
-                image = images[step.package]
-                containers.append({
-                    "name": payload_container(step.package), "image": image.image,
-                    "imagePullPolicy": image.pull_policy,
-                    "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
-                    "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
-                })
-                pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
-                if pkg.graceful_shutdown is not None:
-                    seconds = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
-                    grace = max(grace or 0, seconds)
-            stages[step.package].append(step.stage)
-            containers.append(_package_step(gate, node, step, settings.agent_image, request.part))
-            deadline += _seconds(pkg.timeout)
+        labels[keys.INTERRUPT_LABEL] = request.interrupt.type
+    stages: dict[str, list[str]] = {}
+    for step in request.steps:
+        if step.package is None:  # the interrupt: a step of NodeGate's image alone
+            assert request.interrupt is not None, "an interrupt step needs the request's interrupt"
+            containers.append(_interrupt_step(request.interrupt, settings))
+            deadline += INTERRUPT_DEADLINE
+            continue
+        pkg = gate.spec.packages[step.package]
+        if step.package not in stages:
+            stages[step.package] = []
+            volumes += [
+                {"name": f"payload-{step.package}", "emptyDir": {}},
+                {"name": f"config-{step.package}", "configMap": {
+                    "name": config_map_name(gate, step.package, pkg), "optional": True}},
+            ]
+            image = images[step.package]
+            containers.append({
+                "name": payload_container(step.package), "image": image.image,
+                "imagePullPolicy": image.pull_policy,
+                "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
+                "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
+            })
+            pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
+            if pkg.graceful_shutdown is not None:
+                seconds = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
+                grace = max(grace or 0, seconds)
+        stages[step.package].append(step.stage)
+        containers.append(_package_step(gate, node, step, settings.agent_image, request.part))
+        deadline += _seconds(pkg.timeout)
+    if stages:
         volumes.append({"name": "facts", "downwardAPI": {"items": [
             {"path": FACTS_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{FACTS_ANNOTATION}']"}},
         ]}})
@@ -535,7 +547,8 @@ def stage_pod_view(pod: Obj) -> StagePod:
         waiting_since=created_at(pod) if waiting_reason else None, created=created_at(pod),
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
-        uid=str(meta.get("uid") or ""), shape=recorded_shape(pod), boot_id=boot_id,
+        deleting=bool(meta.get("deletionTimestamp")), uid=str(meta.get("uid") or ""),
+        shape=recorded_shape(pod), boot_id=boot_id,
     )
 
 

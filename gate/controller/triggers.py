@@ -193,9 +193,10 @@ def pod_may_be_stuck(pod: Obj) -> bool:
 
 def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
     """A stage pod moves its node on when it ended (or vanished before it did), and matters before
-    that only when it may be stuck. The status updates of its steps in between do not: the node's state is written
-    once the pod ended, for all its steps. Ended is `stage_pod_ended`: at its last container's end, not
-    a second or two later at the terminal phase, so the node's next pod starts as soon as the host is idle.
+    that only when it may be stuck or runs its reboot step (`reboot_step_runs`). The status updates of
+    its steps in between do not: the node's state is written once the pod ended, for all its steps.
+    Ended is `stage_pod_ended`: at its last container's end, not a second or two later at the terminal
+    phase, so the node's next pod starts as soon as the host is idle.
 
     The gate is planned too when the pod ends, since a person's request held while it ran can be
     acted on now; not when the node's round is still in progress (`in_round`), since a request waits
@@ -208,9 +209,16 @@ def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
         return Triggered()  # the operator deletes the pods it is done with: their going changes nothing
     if kind == "DELETED" or ended:
         return Triggered(now=(NodeKey(*owner),), later=() if in_round else (owner[0],))
-    if pod_may_be_stuck(pod):
+    if pod_may_be_stuck(pod) or reboot_step_runs(pod):
         return Triggered(now=(NodeKey(*owner),))
     return Triggered()
+
+
+def reboot_step_runs(pod: Obj) -> bool:
+    """The pod holds a reboot, its last step, and runs it (its phase Running: every init container ended
+    well): its node's round records the steps before it and says it reboots, before the boot ends."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(keys.INTERRUPT_LABEL) == "reboot" and (pod.get("status") or {}).get("phase") == "Running"
 
 
 def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:

@@ -413,7 +413,11 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
 
 
 def reboot_stage(job_seconds: float = 1.0) -> Stage:
-    """A reboot interrupt's pod reboots its node: NotReady with a new bootID, then Ready again.
+    """A stage pod that holds a reboot (its interrupt label) reboots its node when its reboot step runs:
+    NotReady with a new bootID, then Ready again. The reboot is the pod's last step, its container: the
+    pod is Running only once every step before it (its init containers) ended well, so the node reboots
+    then and only then, whatever the pod's kind (the stages' pod that ends with the reboot, or a reboot
+    pod of its own).
 
     Weight 1 so it wins over `stage-pod-succeeded` for these pods; the node-ready stage brings the
     node back shortly after.
@@ -437,9 +441,8 @@ status:
     return _stage(
         "nodegate-reboot",
         "Pod",
-        [*_running(),
-         {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": ["interrupt"]},
-         {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}],
+        _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                   {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}),
         steps=[
             {"apply": {"template": node_patch, "subresource": "status", "type": "merge"}},
             {"patch": {"subresource": "status", "root": "status", "type": "merge",
@@ -464,9 +467,10 @@ def _package_pods(nodes: list[str], package: str | None, stage: str | None) -> l
     if package:
         steps = [f"{stage}-{package}"] if stage else [f"{s}-{package}" for s in _STEP_STAGES]
         exprs.append({"key": _running_step(), "operator": "In", "values": steps})
+    elif stage == "interrupt":  # the interrupt step, in whichever pod holds it (container `interrupt`)
+        exprs.append({"key": _running_step(), "operator": "In", "values": ["interrupt"]})
     elif stage:
-        exprs.append({"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In",
-                      "values": ["interrupt" if stage == "interrupt" else stage]})
+        exprs.append({"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": [stage]})
         exprs.append({"key": ".status.phase", "operator": "In", "values": ["Running", "Pending"]})
     else:
         exprs.append({"key": _running_step(), "operator": "Exists"})

@@ -5,30 +5,24 @@ A round needs an interrupt when a package with work left asks for one (`require_
 strongest asked, `gate.lifecycle.interrupts.merge`). Before its stages run, the node is then
 cordoned, the pods that `podNonInterruptLabels` protects are waited for, and the others are evicted
 (`drain_retry_after` paces the evictions a disruption budget refuses). After the stages, the
-interrupt pod reboots the node or restarts services (an interrupt of type drain runs none), and every
-package that asked for it proves its change is live (post-interrupt) or gone (post-uninstall), as the
-steps of one pod of checks. `run_phases` runs these phases around the stages, for an install round
-and a removal round alike.
+interrupt reboots the node or restarts services (an interrupt of type drain runs none), and every
+package that asked for it proves its change is live (post-interrupt) or gone (post-uninstall).
+`run_phases` runs these phases around the stages, for an install round and a removal round alike, in
+as few pods as they need: one per boot (the stages, a service restart and the checks in one; the
+stages and the reboot in one, the checks in another on the new boot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from gate.api.common import parse_duration
 from gate.api.nodegate import Interrupt
 from gate.api.state import NodeGateState, Stage
 from gate.lifecycle.interrupts import merge
-from gate.lifecycle.node import Decision, PodRequest, Step
-from gate.lifecycle.round import (
-    Round,
-    install_order,
-    look_again_for,
-    past_deadline,
-    run_steps,
-    seconds_since,
-    stuck_reason,
-)
+from gate.lifecycle.node import ROUND_KINDS, Decision, PodKind, PodRequest, StagePod, Step
+from gate.lifecycle.round import Round, install_order, run_steps, seconds_since
 
 
 def require_interrupt(r: Round, asked: Mapping[str, Interrupt]) -> Interrupt:
@@ -43,39 +37,185 @@ def require_interrupt(r: Round, asked: Mapping[str, Interrupt]) -> Interrupt:
     return required
 
 
-def run_phases(r: Round, required: Interrupt, paused: bool, stages: Callable[[], Decision | None]) -> Decision | None:
-    """The phases of a round up to its finish, for an install round (`stages` runs the package stages)
-    and a removal round (the uninstalls) alike. Returns a decision while the round is under way, None
-    once it reached `finish`."""
+@dataclass(frozen=True)
+class RoundSteps:
+    """The steps of a round before its interrupt, as its caller plans, records and names their failures:
+    the package stages of an install round (`kind` stages), the uninstalls of a removal (`kind` removal).
+    `blocked` says, once `plan` was asked, that steps are left that cannot run: nothing after them runs
+    (no interrupt, no check), and `held` then says how the round ends (a failure), once the rest ran."""
+
+    kind: PodKind
+    plan: Callable[[], list[Step]]
+    record: Callable[[Step], None]
+    failure: Callable[[Step, str], tuple[str, str]]
+    blocked: Callable[[], bool] = lambda: False
+    held: Callable[[], Decision | None] = lambda: None
+
+
+def run_phases(r: Round, required: Interrupt, paused: bool, work: RoundSteps) -> Decision | None:
+    """The phases of a round up to its finish, for an install round and a removal round alike. Returns a
+    decision while the round is under way, None once it reached `finish`.
+
+    The round runs in as few pods as its phases need, one per boot: its steps, the interrupt (a service
+    restart: a step, container `interrupt`) and the checks after it are the steps of one pod; a reboot is
+    the last step of its pod, and the checks run in a second pod on the new boot; a drain (no interrupt
+    step) and a node that rebooted on its own after its staging run their checks in the first pod too.
+    The phase follows the steps recorded (`_advance`): stages, interrupt, post-interrupt, finish."""
     s = r.state
-    needs_interrupt = required.type != "none"
     if s.phase == "idle":
-        r.set_phase("cordon" if needs_interrupt else "stages")
+        r.set_phase("cordon" if required.type != "none" else "stages")
     if s.phase in ("cordon", "wait-pods", "drain"):
         outcome = _prepare(r, required, paused)
         if outcome is not None:
             return outcome
-    if s.phase == "stages":
-        outcome = stages()
+    if s.phase == "stages" and _reboots(r, required):
+        if r.ctx.state.phase != "stages":
+            _judge_reboot_by_this_boot(r)  # the round's first pod that holds the reboot may be made now
+        outcome = _reboot_reached(r, required, work)
         if outcome is not None:
             return outcome
-        if needs_interrupt:
-            s.boot_id = r.ctx.node.boot_id
-            # A node that rebooted on its own after its staging had its interrupt (`gate.lifecycle.staging`).
-            r.set_phase("post-interrupt" if s.own_reboot else "interrupt")
-        else:
-            r.set_phase("finish")
+    if s.phase in ("stages", "post-interrupt") or (s.phase == "interrupt" and not _reboots(r, required)):
+        outcome = _round_steps(r, required, paused, work)
+        if outcome is not None:
+            return outcome
+        if s.phase == "stages":  # steps are left that cannot run (`work.blocked`)
+            outcome = work.held()
+            if outcome is not None:
+                return outcome
     if s.phase == "interrupt":
         outcome = _interrupt(r, required, paused)
         if outcome is not None:
             return outcome
         r.set_phase("post-interrupt")
-    if s.phase == "post-interrupt":
-        outcome = _post_interrupt(r, paused)
-        if outcome is not None:
-            return outcome
-        r.set_phase("finish")
+        return _round_steps(r, required, paused, work)  # the checks on the new boot, None once none is left
     return None
+
+
+def _reboots(r: Round, required: Interrupt) -> bool:
+    """Whether the round's interrupt is a reboot pod's: not when the node rebooted on its own after its
+    staging (`gate.lifecycle.staging`: that reboot was the interrupt)."""
+    return required.type == "reboot" and not r.state.own_reboot
+
+
+def _interrupt_step_runs(r: Round, required: Interrupt) -> bool:
+    return required.type not in ("none", "drain") and not r.state.own_reboot
+
+
+def _round_plan(r: Round, required: Interrupt, work: RoundSteps) -> list[Step]:
+    """What is left of the round, as the steps of its next pod: the stages (in phase stages), the
+    interrupt (but no check after a reboot: they run on the new boot) and the checks after it."""
+    s = r.state
+    steps: list[Step] = []
+    if s.phase == "stages":
+        steps = work.plan()
+        if work.blocked():
+            return steps
+    if s.phase in ("stages", "interrupt") and _interrupt_step_runs(r, required):
+        if required.type == "reboot":  # its pod's last step; `_interrupt` judges it (a pod of its own when alone)
+            return [*steps, _interrupt_step(required)] if s.phase == "stages" else []
+        steps.append(_interrupt_step(required))
+    if required.type != "none":
+        steps += _checks(r, steps)
+    return steps
+
+
+def _advance(r: Round, required: Interrupt, work: RoundSteps) -> None:
+    """The phase as the steps recorded say: past the stages once none is left (and none blocked), past
+    the checks once they all passed."""
+    s = r.state
+    if s.phase == "stages" and not work.plan() and not work.blocked():
+        if required.type == "none":
+            r.set_phase("finish")
+            return
+        s.boot_id = r.ctx.node.boot_id
+        # A node that rebooted on its own after its staging had its interrupt (`gate.lifecycle.staging`).
+        r.set_phase("interrupt" if _interrupt_step_runs(r, required) else "post-interrupt")
+    if s.phase == "post-interrupt" and not _checks(r):
+        r.set_phase("finish")
+
+
+def _round_steps(r: Round, required: Interrupt, paused: bool, work: RoundSteps) -> Decision | None:
+    """The steps left of the round from its phase on, in pods of the phase they start in."""
+    s = r.state
+    _advance(r, required, work)
+    if s.phase not in ("stages", "interrupt", "post-interrupt") or (s.phase == "interrupt" and _reboots(r, required)):
+        return None
+
+    def record(step: Step) -> None:
+        if step.stage == "interrupt":
+            r.set_phase("post-interrupt")
+        elif step.stage in ("post-interrupt", "post-uninstall"):
+            s.post_checked = sorted({*s.post_checked, step.package or ""})
+        else:
+            work.record(step)
+        _advance(r, required, work)
+
+    def failure(step: Step, message: str) -> tuple[str, str]:
+        if step.stage == "interrupt":
+            return "InterruptFailed", message
+        if step.stage == "post-uninstall":
+            return "PostUninstallCheckFailed", message
+        if step.stage == "post-interrupt":
+            return "PostInterruptCheckFailed", message
+        return work.failure(step, message)
+
+    def kind() -> PodKind:
+        kinds: dict[str, PodKind] = {"stages": work.kind, "interrupt": "interrupt"}
+        return kinds.get(s.phase, "post-interrupt")
+
+    return run_steps(r, kind, lambda: _round_plan(r, required, work), record, failure, paused,
+                     interrupt=required if _interrupt_step_runs(r, required) else None)
+
+
+def _reboot_reached(r: Round, required: Interrupt, work: RoundSteps) -> Decision | None:
+    """A pod of the round that holds the reboot has reached it (running it or ended after it, on this boot
+    or after it): its steps before it are recorded, and the round is in its interrupt. A pod of the round
+    that has not, still there on a boot other than the one it was made on (the kubelet starts it afresh
+    on a new boot: its stages again, then a reboot nobody asked for), goes first, under the reboot's bound;
+    the round goes on from its first step not recorded, in a new pod, once it is gone."""
+    ctx, s = r.ctx, r.state
+    step = _interrupt_step(required)
+    for pod in _round_pods(r):
+        if step not in pod.steps:
+            continue
+        at = pod.steps.index(step)
+        if pod.ended and pod.done < at:
+            _judge_reboot_by_this_boot(r)  # it failed before its reboot: the next pod runs on this boot
+        if pod.done >= at:
+            for done in pod.steps[:at]:
+                left = work.plan()
+                if left and left[0] == done:
+                    work.record(done)
+                    r.changed = True
+            if not work.plan():
+                r.set_phase("interrupt")
+                _interrupting(r)
+                return None
+        if pod.ended or not (pod.deleting or (s.boot_id and ctx.node.boot_id != s.boot_id and ctx.node.ready)):
+            continue
+        if not pod.deleting:
+            r.decision.delete_pods.append(pod.name)
+            _judge_reboot_by_this_boot(r)  # the pod made again once it is gone runs on this boot
+        if pod.created is not None and (ctx.now - pod.created).total_seconds() >= ctx.timing.reboot_timeout:
+            return r.fail("RebootTimeout", f"the node rebooted, but the pod {pod.name} that holds its reboot was "
+                          f"not gone within {ctx.timing.reboot_timeout:.0f}s", stage="interrupt")
+        r.decision.requeue_after = ctx.timing.poll
+        return r.finish_decision()
+    return None
+
+
+def _judge_reboot_by_this_boot(r: Round) -> None:
+    """The boot the round's next pod that holds the reboot runs on, which its reboot is judged by: recorded in
+    a write before that pod is made (`Decision.records_in_write`). Never when a pod is made again under the
+    same name (a crash between its create and its record): the pod found there may have rebooted the node
+    already, and only the boot it was made on tells."""
+    if r.state.boot_id != r.ctx.node.boot_id:
+        r.state.boot_id = r.ctx.node.boot_id
+        r.changed = True
+
+
+def _round_pods(r: Round) -> list[StagePod]:
+    return [p for p in r.ctx.stage_pods.values() if p.round == r.state.round and p.kind in ROUND_KINDS]
 
 
 def _prepare(r: Round, required: Interrupt, paused: bool) -> Decision | None:
@@ -164,100 +304,77 @@ def drain_retry_after(waited: float, timeout: float, *, blocked: bool) -> float:
 
 
 def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
+    """The reboot, once the round's steps before it were recorded: judged by a new boot ID and Ready. The
+    pod that holds it is the round's last pod before the new boot (its steps before the reboot ran in
+    it), or, when none does (nothing was left to run before it), a pod of its own."""
     ctx, s = r.ctx, r.state
-    if required.type in ("none", "drain"):
-        return None  # a drain is done by now (cordon, wait-pods, drain): no interrupt pod
+    if not _reboots(r, required):
+        return None  # a drain is done by now (cordon, wait-pods, drain); a service restart was a step
     step = _interrupt_step(required)
-    name = r.pod_name("interrupt", step)
-    view = ctx.stage_pods.get(name)
-    request = PodRequest(name, "interrupt", (step,), round=s.round, interrupt=required)
-    if required.type == "reboot":
-        rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
-        if rebooted and ctx.node.ready and view is not None and not view.ended:
-            # The boot ended what ran in it, but the kubelet has not said so yet, or it starts the pod afresh
-            # on the new boot (its sandbox is gone), which would reboot the node once more. It goes first (a
-            # graceful delete: gone once the kubelet has stopped what runs in it), and the round goes on,
-            # to its checks and its uncordon, only once it is gone or ended. The reboot's bound holds meanwhile.
-            r.decision.delete_pods.append(name)
-            if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
-                return r.fail("RebootTimeout", f"the node rebooted, but its reboot pod {name} was not gone within "
-                              f"{ctx.timing.reboot_timeout:.0f}s", stage="interrupt")
-            r.decision.requeue_after = ctx.timing.poll
-            return r.finish_decision()
-        if rebooted and ctx.node.ready:
-            if view is not None:
-                r.decision.delete_pods.append(name)
-            r.event("node", "Normal", "Rebooted", f"The node came back with a new boot ID after NodeGate "
-                    f"{ctx.gate.name}'s reboot")
-            return None
-        if view is None:
-            if rebooted:  # rebooted but not Ready yet
-                r.decision.requeue_after = ctx.timing.poll
-                return r.finish_decision()
-            if paused:
-                return r.finish_decision()
-            r.decision.create_pods.append(request)
-            r.event("node", "Normal", "Interrupting", f"NodeGate {ctx.gate.name} is rebooting the node")
-            return r.finish_decision()
-        if view.phase == "failed" and not rebooted:
-            return r.fail("InterruptFailed", view.message or "the reboot pod failed", stage="interrupt")
+    holding = [p for p in _round_pods(r) if step in p.steps]
+    view = next((p for p in holding if not p.ended), holding[-1] if holding else None)
+    name = view.name if view is not None else r.pod_name("interrupt", step)
+    rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
+    if rebooted and ctx.node.ready and view is not None and not view.ended:
+        # The boot ended what ran in it, but the kubelet has not said so yet, or it starts the pod afresh
+        # on the new boot (its sandbox is gone), which would run its steps again and reboot the node once
+        # more. It goes first (a graceful delete: gone once the kubelet has stopped what runs in it), and
+        # the round goes on, to its checks and its uncordon, only once it is gone or ended. The reboot's
+        # bound holds meanwhile.
+        r.decision.delete_pods.append(name)
         if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
-            # The reboot pod goes too: on the boot that does come, the kubelet would run it again (its
-            # sandbox is gone, so it starts afresh) and reboot the node once more; and a release of
-            # the node waits until it is gone instead of uncordoning under it.
-            r.decision.delete_pods.append(name)
-            return r.fail("RebootTimeout", f"no new boot ID and Ready within {ctx.timing.reboot_timeout:.0f}s",
-                          stage="interrupt")
+            return r.fail("RebootTimeout", f"the node rebooted, but its reboot pod {name} was not gone within "
+                          f"{ctx.timing.reboot_timeout:.0f}s", stage="interrupt")
         r.decision.requeue_after = ctx.timing.poll
         return r.finish_decision()
+    if rebooted and ctx.node.ready:
+        r.decision.delete_pods.extend(p.name for p in holding if p.name not in r.decision.delete_pods)
+        r.event("node", "Normal", "Rebooted", f"The node came back with a new boot ID after NodeGate "
+                f"{ctx.gate.name}'s reboot")
+        return None
     if view is None:
+        if rebooted:  # rebooted but not Ready yet
+            r.decision.requeue_after = ctx.timing.poll
+            return r.finish_decision()
         if paused:
             return r.finish_decision()
-        r.decision.create_pods.append(request)
+        r.decision.create_pods.append(PodRequest(name, "interrupt", (step,), round=s.round, interrupt=required))
+        _interrupting(r)
         return r.finish_decision()
-    if view.phase == "succeeded":
+    if view.phase == "failed" and not rebooted:
+        return r.fail("InterruptFailed", view.message or "the reboot pod failed", stage="interrupt")
+    if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
+        # The reboot pod goes too: on the boot that does come, the kubelet would run it again (its
+        # sandbox is gone, so it starts afresh) and reboot the node once more; and a release of
+        # the node waits until it is gone instead of uncordoning under it.
         r.decision.delete_pods.append(name)
-        return None
-    if view.phase == "failed":
-        return r.fail("InterruptFailed", view.message or "the interrupt pod failed", stage="interrupt")
-    left = past_deadline(view, ctx)
-    if left is not None and left <= 0:
-        r.decision.delete_pods.append(name)
-        return r.fail("InterruptFailed", f"DeadlineExceeded: the interrupt pod {name} did not end within its "
-                      f"deadline of {view.deadline:.0f}s", stage="interrupt")
-    stuck = stuck_reason(view, ctx)
-    if stuck:
-        return r.fail(stuck[0], stuck[1], stage="interrupt")
-    look_again_for(r, view)
+        return r.fail("RebootTimeout", f"no new boot ID and Ready within {ctx.timing.reboot_timeout:.0f}s",
+                      stage="interrupt")
+    r.decision.requeue_after = ctx.timing.poll
     return r.finish_decision()
+
+
+def _interrupting(r: Round) -> None:
+    r.event("node", "Normal", "Interrupting", f"NodeGate {r.ctx.gate.name} is rebooting the node")
 
 
 def _interrupt_step(interrupt: Interrupt) -> Step:
     return Step(None, "interrupt", f"{interrupt.type}:{','.join(interrupt.services)}")
 
 
-def _post_interrupt(r: Round, paused: bool) -> Decision | None:
-    """Every check after the interrupt, as the steps of one pod: post-interrupt for what the round
-    installed or changed, post-uninstall for what it uninstalled."""
-    packages = r.gate.spec.packages
-    order = install_order(r.gate)
-
-    def plan() -> list[Step]:
-        s = r.state
-        todo = set(s.interrupted) - set(s.post_checked)
-        return [Step(n, _check_after_interrupt(s, n), packages[n].version, version=packages[n].version)
-                for n in order if n in todo]
-
-    def record(step: Step) -> None:
-        r.state.post_checked = sorted({*r.state.post_checked, step.package or ""})
-
-    def failure(step: Step, message: str) -> tuple[str, str]:
-        return ("PostUninstallCheckFailed" if step.stage == "post-uninstall" else "PostInterruptCheckFailed"), message
-
-    return run_steps(r, "post-interrupt", plan, record, failure, paused)
+def _checks(r: Round, planned: Sequence[Step] = ()) -> list[Step]:
+    """Every check after the interrupt left, in install order: post-interrupt for what the round installs or
+    changes, post-uninstall for what it uninstalls, as the state says once `planned` (the round's steps
+    before the interrupt, still to run) ran."""
+    s, packages = r.state, r.gate.spec.packages
+    todo = set(s.interrupted) - set(s.post_checked)
+    last = {step.package: step.stage for step in planned if step.package is not None}
+    return [Step(n, _check_after_interrupt(s, n, last.get(n)), packages[n].version, version=packages[n].version)
+            for n in install_order(r.gate) if n in todo]
 
 
-def _check_after_interrupt(state: NodeGateState, package: str) -> Stage:
-    """A package this round uninstalled proves it is gone (post-uninstall); one it installed, upgraded
-    or configured proves the change is live (post-interrupt)."""
-    return "post-interrupt" if package in state.installed else "post-uninstall"
+def _check_after_interrupt(state: NodeGateState, package: str, last: Stage | None) -> Stage:
+    """A package this round uninstalls proves it is gone (post-uninstall); one it installs, upgrades or
+    configures proves the change is live (post-interrupt). `last`: its last step still to run, if any."""
+    installed = last != "uninstall" if last is not None else package in state.installed
+    return "post-interrupt" if installed else "post-uninstall"

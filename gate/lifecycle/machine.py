@@ -4,7 +4,7 @@ A round on a node runs through phases:
 
     cordon -> wait-pods -> drain -> stages -> interrupt -> post-interrupt -> finish [-> soak]
     (cordon, wait-pods and drain only when this round needs an interrupt; interrupt and
-     post-interrupt only when it does; an interrupt of type drain runs no interrupt pod; soak only
+     post-interrupt only when it does; an interrupt of type drain runs no interrupt step; soak only
      under a DeploymentPolicy with `health`: `gate.lifecycle.soak` decides it)
 
 `decide` reads the world (the gate, the node, this gate's state on the node, its stage pods, the
@@ -27,21 +27,14 @@ the round's images and for its staging (`gate.lifecycle.staging`) before the cor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState, Phase, rollout_hash
 from gate.lifecycle import taint
-from gate.lifecycle.disruption import cordon, require_interrupt, run_phases
+from gate.lifecycle.disruption import RoundSteps, cordon, require_interrupt, run_phases
 from gate.lifecycle.handoff import hold_wanted
-from gate.lifecycle.node import (
-    Decision,
-    NodeContext,
-    NodeView,
-    PodKind,
-    Step,
-)
+from gate.lifecycle.node import ROUND_KINDS, Decision, NodeContext, NodeView, StagePod, Step
 from gate.lifecycle.round import (
     Round,
     complete_round,
@@ -50,7 +43,6 @@ from gate.lifecycle.round import (
     note_pull,
     pending_work,
     round_work,
-    run_steps,
     stage_fingerprint,
     stuck_reason,
 )
@@ -86,7 +78,7 @@ def decide(ctx: NodeContext) -> Decision:
             outcome = await_staging(r, steps, ctx.serving, required.type)
             if outcome is not None:
                 return outcome
-    outcome = run_phases(r, required, paused, lambda: _stages(r, paused))
+    outcome = run_phases(r, required, paused, _stages(r))
     if outcome is not None:
         return outcome
 
@@ -120,25 +112,28 @@ def cordon_at_pick(gate: NodeGate, node: NodeView, state: NodeGateState, now: da
     return r.finish_decision()
 
 
-_KIND_PHASE: Mapping[PodKind, Phase] = {"stages": "stages", "removal": "stages", "interrupt": "interrupt",
-                                        "post-interrupt": "post-interrupt"}
-
-
 _PHASE_ORDER: tuple[Phase, ...] = ("idle", "cordon", "wait-pods", "drain", "stages", "interrupt", "post-interrupt",
                                    "finish", "soak")
 
 
 def _sweep(r: Round) -> None:
     """Delete the ended stage pods no phase still ahead of this round will read: those of earlier
-    rounds, and those of phases the round is past."""
+    rounds, and those whose last step is of a phase the round is past (a pod that holds the reboot is
+    read until the round is past its interrupt)."""
     s = r.state
     now = _PHASE_ORDER.index(s.phase)
     for pod in r.ctx.stage_pods.values():
-        phase = _KIND_PHASE.get(pod.kind)
-        if phase is None:
+        if pod.kind not in ROUND_KINDS:
             continue  # a staging pod is the fleet's to delete (`gate.lifecycle.staging`)
-        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(phase) < now):
+        if pod.ended and (pod.round != s.round or _PHASE_ORDER.index(_last_phase(pod)) < now):
             r.decision.delete_pods.append(pod.name)
+
+
+def _last_phase(pod: StagePod) -> Phase:
+    last = pod.steps[-1].stage if pod.steps else ""
+    if last == "interrupt":
+        return "interrupt"
+    return "post-interrupt" if last in ("post-interrupt", "post-uninstall") else "stages"
 
 
 def _await_images(r: Round) -> Decision | None:
@@ -164,9 +159,9 @@ def _await_images(r: Round) -> Decision | None:
     return r.finish_decision()
 
 
-def _stages(r: Round, paused: bool) -> Decision | None:
-    """The package stages of an install round, as the steps of one stage pod in dependency order.
-    Returns a decision while work remains, None when done."""
+def _stages(r: Round) -> RoundSteps:
+    """The package stages of an install round, as steps in dependency order (the round's first pod runs
+    them, then its interrupt and checks: `gate.lifecycle.disruption.run_phases`)."""
     gate = r.gate
     packages = gate.spec.packages
     order = install_order(gate)
@@ -207,13 +202,14 @@ def _stages(r: Round, paused: bool) -> Decision | None:
             installed[step.package] = done
         r.state.installed = installed
 
-    outcome = run_steps(r, "stages", plan, record, lambda _, message: ("StageFailed", message), paused)
-    if outcome is not None:
-        return outcome
-    if blocked:
+    def held() -> Decision | None:
+        if not blocked:
+            return None
         return r.fail("DependencyUnsatisfied", f"{', '.join(blocked)} wait for dependencies whose installed "
                       "version does not satisfy the constraint", package=blocked[0], stage="apply")
-    return None
+
+    return RoundSteps("stages", plan, record, lambda _, message: ("StageFailed", message),
+                      blocked=lambda: bool(blocked), held=held)
 
 
 def _finish(r: Round) -> None:

@@ -33,6 +33,9 @@ RunPhase = Literal["pending", "running", "succeeded", "failed"]
 
 # staging and unstage: a round's serving steps before its cordon, and their undo (`gate.lifecycle.staging`).
 PodKind = Literal["stages", "interrupt", "post-interrupt", "removal", "staging", "unstage"]
+# The kinds of a round's pods, named by the phase each starts in: a pod of the stages (or a removal's
+# uninstalls) may hold the interrupt and the checks after it too (`gate.lifecycle.disruption`).
+ROUND_KINDS: tuple[PodKind, ...] = ("stages", "removal", "interrupt", "post-interrupt")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class StagePod:
     deadline: float | None = None  # its activeDeadlineSeconds
     # A staging pod's: the node's bootID when its agent ended (its summary), to know a reboot since.
     boot_id: str = ""
+    deleting: bool = False  # deleted, still stopping (its metadata.deletionTimestamp)
     uid: str = ""  # its metadata.uid and the digest of what it runs: whether it is the operator's
     shape: str = ""  # (`gate.lifecycle.ownership`; the decider only ever sees pods that are)
 
@@ -152,7 +156,7 @@ class PodRequest:
     steps: tuple[Step, ...]
     round: int = 0
     attempt: int = 0
-    interrupt: Interrupt | None = None  # the interrupt pod's
+    interrupt: Interrupt | None = None  # the interrupt of its interrupt step, when it holds one
     part: Literal["whole", "serving", "undo"] = "whole"  # what of each stage the agent runs (`agent run --part`)
 
 
@@ -200,14 +204,15 @@ class Decision:
     def records_in_write(self) -> bool:
         """The node write may follow the create of the decision's one stage pod and carry that pod's record
         (`gate.lifecycle.ownership`): one write where there were two. Only a write of the state alone: a
-        cordon, a taint or a label must be on the node before any pod of the round runs. Never for a reboot's
-        pod: its write records the boot ID the reboot is judged by, which must be there before it can happen.
+        cordon, a taint or a label must be on the node before any pod of the round runs. Never for a pod that
+        holds a reboot: its write records the boot ID the reboot is judged by, which must be there before it
+        can happen.
         A crash between the create and the write leaves the pod unrecorded and the ended pods of the step
         before undeleted: the next look decides the same again, and its create adopts the pod it finds."""
         if self.state is None or self.remove_state or not self.node.empty() or len(self.create_pods) != 1:
             return False
         pod = self.create_pods[0]
-        return not (pod.kind == "interrupt" and pod.interrupt is not None and pod.interrupt.type == "reboot")
+        return not (pod.interrupt is not None and pod.interrupt.type == "reboot")
 
 
 @dataclass(frozen=True)

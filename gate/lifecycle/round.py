@@ -23,11 +23,12 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
-from gate.api.nodegate import NodeGate, Package
+from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.state import Failure, NodeGateState, Phase, Stage, config_hash, failure_message, rollout_hash, spec_hash
 from gate.lifecycle.dag import topological_order
 from gate.lifecycle.node import (
     PULL_ERRORS,
+    ROUND_KINDS,
     Decision,
     EventRequest,
     NodeContext,
@@ -169,10 +170,12 @@ def rerun(state: NodeGateState, package: str, stage: str) -> NodeGateState:
     return s
 
 
-def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: Callable[[Step], None],
-               failure: Callable[[Step, str], tuple[str, str]], paused: bool) -> Decision | None:
-    """Run `plan`'s steps in stage pods of `kind`. Returns a decision while any is left, None when all
-    are done.
+def run_steps(r: Round, kind: Callable[[], PodKind], plan: Callable[[], list[Step]], record: Callable[[Step], None],
+              failure: Callable[[Step, str], tuple[str, str]], paused: bool, *,
+              interrupt: Interrupt | None = None) -> Decision | None:
+    """Run `plan`'s steps in stage pods, each of the `kind` its round is at when it is made (`kind` is asked
+    then). Returns a decision while any is left, None when all are done. A pod that holds the interrupt step
+    (package None) carries `interrupt`.
 
     Level-triggered: `plan` is what is left, recomputed from the state after each `record`. A pod
     that ended is read step by step: each step it completed that is the next one planned is
@@ -183,7 +186,7 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
     on the node, nothing new starts (two stages never change one host at once).
     """
     ctx, s = r.ctx, r.state
-    ours = sorted((p for p in ctx.stage_pods.values() if p.kind == kind and p.round == s.round),
+    ours = sorted((p for p in ctx.stage_pods.values() if p.kind in ROUND_KINDS and p.round == s.round),
                   key=lambda p: (p.created or ctx.now, p.name))
     steps = plan()
     for pod in ours:
@@ -206,7 +209,8 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
                 # gets another round (a reset, a rerun, a spec change) or leaves the gate.
                 reason, message = failure(failed, pod.message or f"the {failed.stage} step failed")
                 return r.fail(reason, message, package=failed.package, stage=failed.stage)
-        r.decision.delete_pods.append(pod.name)
+        if pod.name not in r.decision.delete_pods:
+            r.decision.delete_pods.append(pod.name)
     if s.pull_failing is not None and not any(p.waiting_reason in PULL_ERRORS for p in ours if not p.ended):
         s.pull_failing = None  # the pod it was about pulled, ended or went
         r.changed = True
@@ -217,7 +221,8 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
             return r.finish_decision()
         return None
     head = steps[0]
-    name = r.pod_name(kind, head, s.attempts.get(head.key, 0))
+    pod_kind = kind()
+    name = r.pod_name(pod_kind, head, s.attempts.get(head.key, 0))
     current = ctx.stage_pods.get(name)
     if current is not None and not current.ended:
         left = past_deadline(current, ctx)
@@ -246,8 +251,9 @@ def run_steps(r: Round, kind: PodKind, plan: Callable[[], list[Step]], record: C
     if wait > 0:  # the backoff after a failed attempt
         r.decision.requeue_after = wait
         return r.finish_decision()
-    r.decision.create_pods.append(PodRequest(name, kind, tuple(steps), round=s.round,
-                                             attempt=s.attempts.get(head.key, 0)))
+    holds = interrupt if any(st.package is None and st.stage == "interrupt" for st in steps) else None
+    r.decision.create_pods.append(PodRequest(name, pod_kind, tuple(steps), round=s.round,
+                                             attempt=s.attempts.get(head.key, 0), interrupt=holds))
     return r.finish_decision()
 
 

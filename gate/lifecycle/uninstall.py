@@ -16,9 +16,9 @@ from gate.api import keys
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.lifecycle import taint
-from gate.lifecycle.disruption import require_interrupt, run_phases
+from gate.lifecycle.disruption import RoundSteps, require_interrupt, run_phases
 from gate.lifecycle.node import Decision, NodeContext, StagePod, Step
-from gate.lifecycle.round import Round, complete_round, install_order, run_steps, stuck_reason
+from gate.lifecycle.round import Round, complete_round, install_order, stuck_reason
 
 
 def decide_removal(ctx: NodeContext) -> Decision:
@@ -97,7 +97,7 @@ def _removal_round(r: Round) -> Decision | None:
     packages = gate.spec.packages
     todo = _to_uninstall(gate, s)
     required = require_interrupt(r, {n: packages[n].uninstall_interrupt() for n in todo})
-    outcome = run_phases(r, required, paused, lambda: _uninstalls(r, paused))
+    outcome = run_phases(r, required, paused, _uninstalls(r))
     if outcome is not None:
         return outcome
     complete_round(r)
@@ -105,9 +105,9 @@ def _removal_round(r: Round) -> Decision | None:
     return None
 
 
-def _uninstalls(r: Round, paused: bool) -> Decision | None:
-    """The uninstall stages of a removal round, as the steps of one pod, each package after the
-    packages that depend on it. Returns a decision while any is left, None when all are done."""
+def _uninstalls(r: Round) -> RoundSteps:
+    """The uninstall stages of a removal round, each package after the packages that depend on it (the
+    round's first pod runs them, then its interrupt and checks: `gate.lifecycle.disruption.run_phases`)."""
     order = list(reversed(install_order(r.gate)))
 
     def plan() -> list[Step]:
@@ -120,4 +120,4 @@ def _uninstalls(r: Round, paused: bool) -> Decision | None:
     def failure(_: Step, message: str) -> tuple[str, str]:
         return "UninstallFailed", f"{message}; the gate keeps its finalizer until the node is fixed and reset"
 
-    return run_steps(r, "removal", plan, record, failure, paused)
+    return RoundSteps("removal", plan, record, failure)

@@ -8,8 +8,8 @@ One run (`chaos_run`) on an existing `DevCluster`:
    evictions are refused), and starts the operator replicas (two by default, leader election);
 2. starts an `InvariantWatcher` (its own client and watches), then applies a DeploymentPolicy and a
    readinessTaint NodeGate with two packages, one asking for a reboot: every node is cordoned,
-   drained, runs three stages in one stage pod, is rebooted by an interrupt pod (a new bootID,
-   NotReady, the taint back until done), runs two post-interrupt checks in a third pod and is
+   drained, runs three stages in one stage pod whose last step reboots it (a new bootID,
+   NotReady, the taint back until done), runs two post-interrupt checks in a second pod and is
    uncordoned. A few nodes join after the gate exists, half
    tainted at creation (as the webhook would) and half not (the operator's backstop taints them);
 3. disturbs it, in a random order at random moments (a pause drawn from `Chaos.pause` after the

@@ -22,11 +22,11 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 * A stage **pod is running** from its creation until it is seen with phase Succeeded or Failed, with
   every step's container terminated with exit code 0 or one container terminated non-zero (the
   kubelet writes the terminal phase only later, once it stopped the sandbox), or deleted. A pod runs
-  one phase of a node's round (its label `nodegate.io/stage`: `stages`, `interrupt`, `post-interrupt`,
-  `removal`), its steps one after another.
+  the phases of a node's round that fit in one boot (its label `nodegate.io/stage` names the phase it
+  starts in: `stages`, `interrupt`, `post-interrupt`, `removal`), its steps one after another.
 * A **step** is one stage of one package in a pod, as its annotation `nodegate.io/steps` lists them
   (package, stage, container), with the version and generation its agent container is started with
-  (`--version`, `--generation`); the interrupt pod's one step is the interrupt. A step shares its
+  (`--version`, `--generation`); the interrupt is a step of package none. A step shares its
   pod's lifetime. It **succeeded** when its container was seen terminated with exit code 0; a pod
   **failed** when it was seen in phase Failed or with a container terminated non-zero.
 
@@ -38,8 +38,8 @@ Definitions (G a gate, N a node, "disrupted", "running" and "step" below):
 2. `uncordoned-during-stage`: when N goes from unschedulable to schedulable while it carried
    `cordoned-by: G`, no stage pod of G on N (package stages, interrupt or post-interrupt checks) is
    running.
-3. `interrupt-uncordoned`: when an interrupt pod (kind `interrupt`: a reboot, a service restart) is
-   created on N, N is unschedulable.
+3. `interrupt-uncordoned`: when a pod that holds an interrupt step (its label `nodegate.io/interrupt`:
+   a reboot, a service restart) is created on N, N is unschedulable.
 4. `taint-lifted-early`: when N loses the readiness taint, every readinessTaint gate that selects N
    (and is not being deleted) is `complete` in the same version of N.
 5. `duplicate-stage`: judged per step. Two steps of one stage — the same gate, node, package,
@@ -419,7 +419,7 @@ class InvariantChecker:
         if facts is None:
             facts = PodFacts.of(obj, event.rv, event.rv)
             self._register(facts, nsname)
-            if event.type == "ADDED" and facts.gate and facts.kind == "interrupt":
+            if event.type == "ADDED" and facts.gate and facts.interrupt:
                 self._judge_interrupt(facts, event.rv)
         self._observe(facts, obj, event.rv, deleted=event.type == "DELETED")
         if event.type == "DELETED":

@@ -51,7 +51,7 @@ def test_the_quick_demo_tells_the_whole_story_and_leaves_a_cluster_to_explore(tm
                      "Cordoned now: none.",
                      "12 of 12 nodes record all 4 packages installed at the gate's versions in their state "
                      "annotation",
-                     "12 interrupt pods for 12 nodes: the packages' interrupts were merged into one reboot per node.",
+                     "12 interrupt steps for 12 nodes: the packages' interrupts were merged into one reboot per node.",
                      "stopped pool-b after 1 failed batch; a rerun and a resume finished it."):
             assert line in out, out[-3000:]
         # Every package stage of the gate ran as a step: 4 packages' applies on 12 nodes and the failed one

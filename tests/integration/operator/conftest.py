@@ -100,7 +100,9 @@ class StepLog:
                 self.records[key] = StepRecord(
                     name=key, pod=name, gate=ann.get("nodegate.io/gate-name", ""),
                     node=ann.get("nodegate.io/node-name", ""), package=step.package, stage=step.stage,
-                    interrupt=labels.get(keys.INTERRUPT_LABEL), args=list(containers[container].get("args", [])),
+                    # The interrupt step's type (its pod's label; a pod may hold package steps too).
+                    interrupt=labels.get(keys.INTERRUPT_LABEL) if step.package is None else None,
+                    args=list(containers[container].get("args", [])),
                     created=time.monotonic(), resource_version=rv,
                     grace_period=spec.get("terminationGracePeriodSeconds"),
                 )

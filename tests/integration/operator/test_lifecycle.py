@@ -125,6 +125,8 @@ async def test_interrupts_merge_into_one_per_node(scenario: Scenario, step_log: 
     assert interrupts[0].args[-4:] == ["--service", "svc-a", "--service", "svc-b"]
     checks = sorted(r.package or "" for r in step_log.of(scenario.name, node) if r.stage == "post-interrupt")
     assert checks == ["pa", "pb"]  # pc asked for no interrupt: nothing to check after it
+    # One pod for the round: the stages, the service restart and the checks (issue 37).
+    assert len({r.pod for r in step_log.of(scenario.name, node)}) == 1
 
     await scenario.apply_gate({
         "pa": {**PKG, "version": "1.1.0", "interrupt": {"type": "service", "services": ["svc-a"]}},
@@ -149,6 +151,10 @@ async def test_reboot_waits_for_a_new_boot_id_and_ready(scenario: Scenario, step
     stages = _stages(step_log, scenario.name, node)
     assert stages == [("kernel", "apply"), (None, "interrupt"), ("kernel", "post-interrupt")]
     assert [r.interrupt for r in step_log.of(scenario.name, node) if r.stage == "interrupt"] == ["reboot"]
+    # One pod per boot: the stage and the reboot, its last step, in one; the check on the new boot in another.
+    apply, reboot, check = step_log.of(scenario.name, node)
+    assert apply.pod == reboot.pod != check.pod and apply.succeeded
+    assert apply.finished_rv is not None and reboot.started_rv is not None and apply.finished_rv <= reboot.started_rv
 
 
 async def test_a_drain_interrupt_cordons_and_drains_around_the_stage_and_restarts_nothing(

@@ -176,16 +176,16 @@ async def test_a_node_that_reports_the_images_gets_no_prepull_pod(scenario: Scen
     assert warm in watched.cordoned and warm not in watched.pods_of, watched.pods_of
     assert cold in watched.cordoned and watched.succeeded[cold] < watched.cordoned[cold]
     assert (await scenario.state(warm))["status"] == "complete"
-    # Its round in 5 node writes: the pick with its cordon (nothing to wait for before it: `cordon_at_pick`),
-    # then each stage pod recorded in the write of its step (`Decision.records_in_write`: the stages, the
-    # service interrupt, the checks), the uncordon. The cold node's pick waits for its pull, uncordoned.
+    # Its round in 3 node writes: the pick with its cordon (nothing to wait for before it: `cordon_at_pick`),
+    # the round's one pod (its stages, the service restart and the check) recorded in the write of its step
+    # (`Decision.records_in_write`), the uncordon. The cold node's pick waits for its pull, uncordoned.
     phases = [json.loads(s).get("phase", "") for s in watched.rounds[warm][1:]]
-    assert len(phases) == 5 and phases[:4] == ["wait-pods", "stages", "interrupt", "post-interrupt"], phases
+    assert len(phases) == 3 and phases[:2] == ["wait-pods", "stages"], phases
     assert watched.cordoned[warm] == watched.picked[warm] and json.loads(watched.rounds[warm][1])["cordoned"]
     assert watched.cordoned[cold] > watched.picked[cold]
-    for before, text in zip(watched.rounds[warm][1:4], watched.rounds[warm][2:5], strict=True):
-        new = set(json.loads(text)["pods"]) - set(json.loads(before).get("pods") or {})
-        assert len(new) == 1, text  # the pod of that step, recorded in its write
+    before, text = watched.rounds[warm][1:3]
+    new = set(json.loads(text)["pods"]) - set(json.loads(before).get("pods") or {})
+    assert len(new) == 1, text  # the round's pod, recorded in its write
     node_events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={warm}")
     told = [e["reason"] for e in sorted(node_events, key=lambda e: int(e["metadata"]["resourceVersion"]))
             if e.get("reason") in ("Cordoned", "Drained", "Uncordoned", "Complete")]

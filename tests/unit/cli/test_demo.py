@@ -82,7 +82,7 @@ def test_a_summary_of_a_clean_finish_states_each_step_as_counted() -> None:
         "(grub-cmdline 1.0.0, sysctl-tuning 1.0.0).",
         "10 stage pods ran 16 steps (7 apply, 3 interrupt, 6 post-interrupt check); 1 failed (a watch of the "
         "stage pods).",
-        "3 interrupt pods for 3 nodes: the packages' interrupts were merged into one reboot per node.",
+        "3 interrupt steps for 3 nodes: the packages' interrupts were merged into one reboot per node.",
     ]
     assert "The planted failure on pool-b-0 stopped pool-b after 1 failed batch; a rerun and a resume " \
            "finished it." in lines

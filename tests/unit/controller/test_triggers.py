@@ -126,6 +126,10 @@ def test_a_stage_pod_moves_its_node_when_it_ended_vanished_or_may_be_stuck() -> 
     assert on_pod("MODIFIED", owned("Pod", phase="Running")) == Triggered()
     assert on_pod("MODIFIED", owned("Pod", phase="Pending", waiting="PodInitializing")) == Triggered()
     assert on_pod("MODIFIED", owned("Pod", phase="Pending", waiting="ErrImagePull")).now == (NodeKey("g", "n1"),)
+    # A pod that holds a reboot, at its last step (Running): the steps before it are recorded before the boot ends.
+    reboot = owned("Pod", phase="Running")
+    reboot["metadata"].setdefault("labels", {})[keys.INTERRUPT_LABEL] = "reboot"
+    assert on_pod("MODIFIED", reboot).now == (NodeKey("g", "n1"),)
     for phase in ("Succeeded", "Failed"):
         assert on_pod("MODIFIED", owned("Pod", phase=phase)) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))
     assert on_pod("DELETED", owned("Pod", phase="Running")) == Triggered(now=(NodeKey("g", "n1"),), later=("g",))

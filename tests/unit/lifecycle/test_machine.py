@@ -134,10 +134,51 @@ def test_a_round_without_interrupt_runs_stages_in_dependency_order_and_never_cor
 
 def test_an_interrupt_round_cordons_drains_interrupts_checks_and_uncordons() -> None:
     g = gate({"tuned": {**PKG, "interrupt": {"type": "service", "services": ["tuned"]}, "config": {"a.conf": "1"}}})
-    state, created, view = run_until_quiet(g, started(g))
+    decisions: list[Decision] = []
+
+    def seen(c: NodeContext) -> Decision:
+        decisions.append(decide(c))
+        return decisions[-1]
+
+    state, created, view = run_until_quiet(g, started(g), decider=seen)
     assert state.status == "complete"
     assert created == ["tuned:apply", "tuned:config", "-:interrupt", "tuned:post-interrupt"]
     assert not view.unschedulable and keys.CORDONED_BY not in view.annotations
+    # One pod for the whole round: the stages, the service restart and the check, in that order, carrying
+    # the interrupt (its label); the phase written follows the steps recorded, straight to the end.
+    [pod] = [req for d in decisions for req in d.create_pods]
+    assert pod.kind == "stages" and pod.interrupt == Interrupt(type="service", services=["tuned"])
+    assert [d.state.phase for d in decisions if d.state is not None] == ["wait-pods", "stages", "idle"]
+
+
+def test_a_round_runs_one_pod_per_boot() -> None:
+    """A service restart or a drain: one pod for the round; a reboot: its stages and the reboot in one, the
+    checks in another on the new boot (on a removal round too)."""
+    for interrupt, pods in (({"type": "service", "services": ["s"]}, [["a:apply", "b:apply", "-:interrupt",
+                                                                        "a:post-interrupt", "b:post-interrupt"]]),
+                            ({"type": "drain"}, [["a:apply", "b:apply", "a:post-interrupt", "b:post-interrupt"]]),
+                            ({"type": "reboot"}, [["a:apply", "b:apply", "-:interrupt"],
+                                                  ["a:post-interrupt", "b:post-interrupt"]])):
+        g = gate({"a": {**PKG, "interrupt": interrupt}, "b": {**PKG, "interrupt": interrupt}})
+        made: list[list[str]] = []
+
+        def seen(c: NodeContext, into: list[list[str]] = made) -> Decision:
+            d = decide(c)
+            into += [[f"{s.package or '-'}:{s.stage}" for s in req.steps] for req in d.create_pods]
+            return d
+
+        state, _, _ = run_until_quiet(g, started(g), decider=seen)
+        assert state.status == "complete" and made == pods, interrupt
+    g = gate({"grub": {**PKG, "interrupt": {"type": "service", "services": ["s"]}, "uninstall": {"enabled": True}}})
+    removal: list[list[str]] = []
+
+    def removed(c: NodeContext) -> Decision:
+        d = decide_removal(c)
+        removal.extend([f"{s.package or '-'}:{s.stage}" for s in req.steps] for req in d.create_pods)
+        return d
+
+    state, _, _ = run_until_quiet(g, removing(g), decider=removed, release=False)
+    assert state.status == "complete" and removal == [["grub:uninstall", "-:interrupt", "grub:post-uninstall"]]
 
 
 def test_a_pod_is_recorded_in_its_steps_node_write_but_a_reboots() -> None:
@@ -146,7 +187,7 @@ def test_a_pod_is_recorded_in_its_steps_node_write_but_a_reboots() -> None:
     (the boot ID a reboot is judged by)."""
     for interrupt, folded in (({"type": "service", "services": ["tuned"]}, ["tuned:apply", "-:interrupt",
                                                                             "tuned:post-interrupt"]),
-                              ({"type": "reboot"}, ["tuned:apply", "tuned:post-interrupt"])):
+                              ({"type": "reboot"}, ["tuned:post-interrupt"])):
         g = gate({"tuned": {**PKG, "interrupt": interrupt}})
         decisions: list[Decision] = []
 
@@ -156,6 +197,9 @@ def test_a_pod_is_recorded_in_its_steps_node_write_but_a_reboots() -> None:
 
         state, created, _ = run_until_quiet(g, started(g), decider=seen)
         assert state.status == "complete" and len(created) == 3
+        # The pod that holds the reboot is made after the write of the boot it is judged by.
+        assert not any(d.records_in_write for d in decisions for p in d.create_pods if p.interrupt
+                       and p.interrupt.type == "reboot")
         assert [f"{s.package or '-'}:{s.stage}" for d in decisions if d.records_in_write
                 for s in d.create_pods[0].steps] == folded
         assert not any(d.records_in_write for d in decisions if d.node.unschedulable is not None)
@@ -173,18 +217,15 @@ def test_a_drain_round_cordons_drains_runs_stages_checks_and_uncordons_with_no_i
     d = decide(ctx(g, d.state, pods=[web], n=view))
     assert d.evict == [("web", "web-0")] and not d.create_pods
     assert d.state is not None and d.state.phase == "drain"
-    # Then the stage, on the still cordoned node.
+    # Then the stage, on the still cordoned node, and in the same pod (no interrupt step: the drain was
+    # it) the package's post-interrupt check (it may have one).
     d = decide(ctx(g, d.state, pods=[], n=view))
     assert d.state is not None and d.state.phase == "stages" and d.node.unschedulable is None
     [apply] = d.create_pods
-    assert [(st.package, st.stage) for st in apply.steps] == [("k", "apply")]
-    # The stage done: no interrupt Job; the package's post-interrupt check (it may have one) runs.
-    d = decide(ctx(g, d.state, stage_pods=one(apply), pods=[], n=view))
-    assert steps(d) == [("k", "post-interrupt")]
-    assert d.state is not None and d.state.phase == "post-interrupt" and d.node.unschedulable is None
-    [check] = d.create_pods
+    assert [(st.package, st.stage) for st in apply.steps] == [("k", "apply"), ("k", "post-interrupt")]
+    assert apply.interrupt is None
     # The check passed: complete, and uncordoned in the same write.
-    d = decide(ctx(g, d.state, stage_pods=one(check), pods=[], n=view))
+    d = decide(ctx(g, d.state, stage_pods=one(apply), pods=[], n=view))
     assert d.state is not None and d.state.status == "complete" and d.state.interrupt is None
     assert d.node.unschedulable is False and d.node.clear_cordoned_by and not d.create_pods
     # The whole round, driven to the end: the same Jobs and nothing else.
@@ -375,6 +416,89 @@ def test_a_reboot_pod_not_ended_on_the_new_boot_goes_before_the_round_goes_on() 
     assert stuck.delete_pods == [req.name]
 
 
+def test_the_stages_pod_that_holds_the_reboot_is_judged_at_its_reboot_step_and_never_run_again() -> None:
+    g = gate({"k": {**PKG, "interrupt": {"type": "reboot"}}})
+    state = started(g).model_copy(update={"phase": "drain", "phase_since": NOW.isoformat(), "boot_id": "boot-0"})
+    made = decide(ctx(g, state, pods=[]))
+    [req] = made.create_pods
+    assert [(st.package, st.stage) for st in req.steps] == [("k", "apply"), (None, "interrupt")]
+    assert req.kind == "stages" and req.interrupt == Interrupt(type="reboot")
+    # Written before the pod is made: the boot its reboot is judged by.
+    assert made.state is not None and made.state.boot_id == "boot-1" and not made.records_in_write
+    state = made.state
+    # At its reboot step: the stages before it are recorded now, and the round is in its interrupt.
+    at = decide(ctx(g, state, stage_pods=one(req, "running", done=1)))
+    assert at.state is not None and at.state.phase == "interrupt" and "k" in at.state.installed
+    assert not at.delete_pods and not at.create_pods and [e.reason for e in at.events] == ["Interrupting"]
+    # It failed there, on the same boot: the interrupt failed.
+    failed = decide(ctx(g, at.state, stage_pods=one(req, "failed", done=1, message="reboot refused")))
+    assert failed.state is not None and failed.state.failure is not None
+    assert (failed.state.failure.reason, failed.state.failure.stage) == ("InterruptFailed", "interrupt")
+    # On the new boot, not said to have ended: it goes first; once gone, the checks in a pod of their own.
+    new_boot = node(boot_id="boot-2")
+    held = decide(ctx(g, at.state, stage_pods=one(req, "running", done=1), n=new_boot))
+    assert held.delete_pods == [req.name] and held.state is None and not held.create_pods
+    back = decide(ctx(g, at.state, n=new_boot))
+    assert back.state is not None and back.state.phase == "post-interrupt"
+    assert [e.reason for e in back.events] == ["Rebooted"]
+    [check] = back.create_pods
+    assert check.kind == "post-interrupt" and [(s.package, s.stage) for s in check.steps] == [("k", "post-interrupt")]
+    # Ended after its reboot before the operator saw it at the step (kwok, a missed update): the same.
+    ended = decide(ctx(g, state, stage_pods=one(req, "succeeded"), n=new_boot))
+    assert ended.state is not None and ended.state.phase == "post-interrupt" and "k" in ended.state.installed
+    assert ended.delete_pods == [req.name] and [c.kind for c in ended.create_pods] == ["post-interrupt"]
+    # Started afresh on a new boot before it was seen at its reboot step (the kubelet lost its sandbox, or
+    # the node rebooted on its own under its stages): it goes first, under the reboot's bound, and never
+    # runs its stages and a reboot again on its own; once gone, a new pod from the first step not recorded.
+    again = decide(ctx(g, state, stage_pods=one(req, "running", done=0), n=new_boot))
+    assert again.delete_pods == [req.name] and not again.create_pods
+    assert again.state is not None and again.state.boot_id == "boot-2", "the pod made again runs on this boot"
+    # While it stops, nothing new starts, under the reboot's bound.
+    stopping = one(req, "running", done=0, created=NOW, deleting=True)
+    wait = decide(ctx(g, again.state, stage_pods=stopping, n=new_boot))
+    assert not wait.create_pods and not wait.delete_pods and wait.requeue_after is not None
+    late = NOW + timedelta(seconds=Timing().reboot_timeout + 1)
+    stuck = decide(ctx(g, again.state, stage_pods=stopping, n=new_boot, now=late))
+    assert stuck.state is not None and stuck.state.failure is not None
+    assert stuck.state.failure.reason == "RebootTimeout" and req.name in stuck.state.failure.message
+    gone = decide(ctx(g, again.state, n=new_boot))
+    assert [p.steps for p in gone.create_pods] == [req.steps] and gone.state is None
+    # A crash between its create and its record, and the node rebooted meanwhile: the decider does not see the
+    # pod yet and asks for it again (its create adopts it) on the boot recorded before, never this one.
+    crashed = decide(ctx(g, state, n=new_boot))
+    [redo] = crashed.create_pods
+    assert redo.name == req.name and (crashed.state is None or crashed.state.boot_id == "boot-1")
+
+
+def test_a_merged_pod_that_fails_is_retried_from_its_failed_step_named_by_that_steps_phase() -> None:
+    g = gate({"k": {**PKG, "retries": 1, "interrupt": {"type": "service", "services": ["s"]}}})
+    state = started(g).model_copy(update={"phase": "stages", "phase_since": NOW.isoformat()})
+    made = decide(ctx(g, state))
+    [req] = made.create_pods
+    assert [(s.package, s.stage) for s in req.steps] == [("k", "apply"), (None, "interrupt"), ("k", "post-interrupt")]
+    state = made.state or state
+    # Failed in its stage: nothing after it ran; the retry starts with it and holds the rest again.
+    d = decide(ctx(g, state, stage_pods=one(req, "failed", done=0, message="apply failed")))
+    assert d.state is not None and d.state.phase == "stages" and d.state.interrupt is not None
+    later = NOW + timedelta(seconds=60)
+    [retry] = decide(ctx(g, d.state, now=later)).create_pods
+    assert retry.steps == req.steps and retry.attempt == 1 and retry.name != req.name
+    # Failed in its check: the stage and the restart recorded, the check retried in a pod of its own.
+    d = decide(ctx(g, state, stage_pods=one(req, "failed", done=2, message="not live")))
+    assert d.state is not None and d.state.phase == "post-interrupt" and "k" in d.state.installed
+    assert d.state.attempts == {"k/post-interrupt": 1} and d.state.status == "in-progress"
+    [check] = decide(ctx(g, d.state, now=later)).create_pods
+    assert check.kind == "post-interrupt" and [(s.package, s.stage) for s in check.steps] == [("k", "post-interrupt")]
+    failed = decide(ctx(g, d.state, stage_pods=one(check, "failed", message="still not live"), now=later))
+    assert failed.state is not None and failed.state.failure is not None
+    assert (failed.state.failure.reason, failed.state.failure.stage, failed.state.failure.package) == (
+        "PostInterruptCheckFailed", "post-interrupt", "k")
+    # Failed in the restart: the interrupt failed (no retry), in phase interrupt.
+    d = decide(ctx(g, state, stage_pods=one(req, "failed", done=1, message="restart failed")))
+    assert d.state is not None and d.state.failure is not None and d.state.phase == "interrupt"
+    assert (d.state.failure.reason, d.state.failure.stage) == ("InterruptFailed", "interrupt")
+
+
 def test_a_reboot_that_does_not_come_back_in_time_fails_the_node_and_deletes_its_reboot_pod() -> None:
     # Found on a real node (tests/realnode/test_faults.py): left in place, the reboot pod ran again on
     # the boot that came at last, and the gate's deletion uncordoned the node while it ran.
@@ -509,7 +633,7 @@ def test_a_removal_that_needs_a_reboot_cordons_drains_uninstalls_reboots_checks_
                                            release=False)
     assert state.status == "complete" and state.installed == {}
     assert created == ["grub:uninstall", "-:interrupt", "grub:post-uninstall"]
-    assert timeline == ["Cordoned", "Drained", "grub:uninstall", "Interrupting", "-:interrupt", "Rebooted",
+    assert timeline == ["Cordoned", "Drained", "grub:uninstall", "-:interrupt", "Interrupting", "Rebooted",
                         "grub:post-uninstall", "Uncordoned", "Uninstalled"]
     # Uncordoned as soon as its checks passed: no longer disrupted, though released only once its
     # batch is judged (gate.lifecycle.removal), when the gate's keys go.
@@ -567,7 +691,7 @@ def test_protected_pods_hold_a_removal_before_its_uninstall() -> None:
     assert not held.create_pods and not held.evict and held.requeue_after is not None
     gone = decide_removal(ctx(g, held.state or d.state, pods=[], n=node(unschedulable=True,
                                                                           annotations={keys.CORDONED_BY: "g"})))
-    assert [stage for _, stage in steps(gone)] == ["uninstall"]
+    assert [stage for _, stage in steps(gone)] == ["uninstall", "interrupt"]
 
 
 def test_uninstall_apply_interrupts_and_checks_with_the_post_uninstall_check() -> None:
