@@ -205,7 +205,15 @@ class NodeApplier(Writer):
                     # next update brings it back to the index, so a release or an uncordon waits until it
                     # is gone (a reboot pod left after RebootTimeout, say, that its node's return runs).
                     self.world.index.pod_event("DELETED", pod)
-            await self.client.delete(PODS, name, self.settings.namespace, body=body)
+                # The pod meant, not whatever holds its name by now: one made again under the name (by
+                # the operator's next look, or by someone) must not go with a stale delete (409 then).
+                uid = str((pod.get("metadata") or {}).get("uid") or "")
+                if uid:
+                    body = {**(body or {}), "preconditions": {"uid": uid}}
+            try:
+                await self.client.delete(PODS, name, self.settings.namespace, body=body)
+            except Conflict:
+                log.info("Stage pod not deleted: its name holds another pod now; pod=%s", name)
 
     async def write_drain_blocked(self, gate: NodeGate, node_obj: Obj, update: NodeUpdate) -> bool:
         """The record that says which budget blocks the drain (`gate.lifecycle.outcomes.drain_blocked`);
