@@ -21,6 +21,8 @@ seven stage times. Figures printed:
 * the most nodes disrupted (cordoned) at once per compartment, seen by a watcher of our own, next
   to the ceiling;
 * API requests the operator sent per node; operator CPU seconds and peak RSS;
+* during the fleet rollout (`during_fleet_rollout`), each control-plane process's and the operator's CPU,
+  most cores over one interval and RSS, read from /proc, and the machine's load (a line every minute);
 * with `--soak S` (default 30; 0: off), what a soak adds (DeploymentPolicy `health`): the same
   rollout again on the same nodes, under the same policy plus `health: {soak: S, nodeConditions}`,
   twice in the same run: with batches as large as the ceiling (each of the 11 batches waits for its
