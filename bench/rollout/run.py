@@ -21,6 +21,8 @@ Figures printed:
 * the most nodes disrupted (cordoned) at once per compartment, seen by a watcher of our own, next
   to the ceiling;
 * API requests the operator sent per node; operator CPU seconds and peak RSS;
+* during the fleet rollout (`during_fleet_rollout`), each control-plane process's and the operator's CPU,
+  most cores over one interval and RSS, read from /proc, and the machine's load (a line every minute);
 * with `--soak S` (default 30; 0: off), what a soak adds (DeploymentPolicy `health`): the same
   rollout again on the same nodes, under the same policy plus `health: {soak: S, nodeConditions}`,
   twice in the same run: with batches as large as the ceiling (each of the 11 batches waits for its
@@ -50,6 +52,7 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +78,7 @@ async def report_images(client: KubeClient, agent_image: str) -> None:
     a node image that bakes them in). The operator then starts no prepull pod for them."""
     names = [p["image"] for p in PACKAGES.values()] + [agent_image]
     images = [{"names": [n], "sizeBytes": 50_000_000} for n in names]
-    nodes, _ = await client.list(NODES)
+    nodes, _ = await client.list(NODES, transform=lambda n: {"metadata": {"name": n["metadata"]["name"]}})
     sem = asyncio.Semaphore(16)
 
     async def one(name: str) -> None:
@@ -127,14 +130,109 @@ def signature_costs(lines: list[str]) -> dict[str, float]:
 
 def proc_stats(pid: int) -> tuple[float, int]:
     """(CPU seconds, peak RSS bytes) of a process, from /proc."""
+    cpu, _, peak = proc_sample(pid)
+    return cpu, peak
+
+
+def proc_sample(pid: int) -> tuple[float, int, int]:
+    """(CPU seconds, RSS bytes now, peak RSS bytes since it started) of a process, from /proc."""
     ticks = os.sysconf("SC_CLK_TCK")
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / ticks
-    peak = 0
+    rss = peak = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith("VmHWM:"):
             peak = int(line.split()[1]) * 1024
-    return cpu, peak
+    return cpu, rss, peak
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine was busy since boot (every process, other sessions' too)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle, iowait
+    return (sum(values[:8]) - idle) / ticks
+
+
+class PlaneSampler:
+    """What the control plane's processes and the operator use while the fleet rolls out, read from /proc
+    every `every` seconds: per process the CPU seconds, the most cores used over one interval, the
+    largest RSS seen and the peak RSS since it started (VmHWM, node creation included); for the machine
+    the load average and its busy cores (every process on it, other sessions' too). With `report`, a
+    line of the current figures every `report` seconds, so that a long run can be followed."""
+
+    def __init__(self, pids: dict[str, int], *, every: float = 5.0, report: float = 0.0,
+                 extra: Callable[[], str] | None = None) -> None:
+        self.pids = pids
+        self.every = every
+        self.report = report
+        self.extra = extra
+        self.cpu0: dict[str, float] = {}
+        self.cpu1: dict[str, float] = {}
+        self.peak_cores: dict[str, float] = defaultdict(float)
+        self.peak_rss: dict[str, int] = defaultdict(int)
+        self.hwm: dict[str, int] = {}
+        self.loads: list[float] = []
+        self.busy: list[float] = []
+        self.started = 0.0
+        self.elapsed = 0.0
+        self.busy0 = 0.0
+        self.busy1 = 0.0
+
+    def _read(self) -> dict[str, tuple[float, int, int]]:
+        out = {}
+        for name, pid in self.pids.items():
+            try:
+                out[name] = proc_sample(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return out
+
+    async def run(self) -> None:
+        self.started = last_t = time.monotonic()
+        last = self._read()
+        self.cpu0 = {n: v[0] for n, v in last.items()}
+        self.busy0 = last_busy = machine_busy()
+        next_report = self.started + self.report
+        while True:
+            await asyncio.sleep(self.every)
+            now_t, now, busy = time.monotonic(), self._read(), machine_busy()
+            span = max(now_t - last_t, 1e-3)
+            cores = {n: (v[0] - last[n][0]) / span for n, v in now.items() if n in last}
+            for n, (cpu, rss, hwm) in now.items():
+                self.peak_cores[n] = max(self.peak_cores[n], cores.get(n, 0.0))
+                self.peak_rss[n] = max(self.peak_rss[n], rss)
+                self.hwm[n] = hwm
+                self.cpu1[n] = cpu
+            self.loads.append(os.getloadavg()[0])
+            self.busy.append((busy - last_busy) / span)
+            self.busy1, self.elapsed = busy, now_t - self.started
+            if self.report and now_t >= next_report:
+                next_report += self.report
+                parts = ", ".join(f"{n} {cores.get(n, 0.0):.2f} cores {rss / 2**20:.0f} MiB"
+                                  for n, (_, rss, _) in sorted(now.items()))
+                more = f"; {self.extra()}" if self.extra else ""
+                print(f"  {self.elapsed:.0f}s: load {self.loads[-1]:.1f}, machine {self.busy[-1]:.2f} cores busy"
+                      f"{more}; {parts}", flush=True)
+            last, last_t, last_busy = now, now_t, busy
+
+    def figures(self) -> dict[str, Any]:
+        elapsed = max(self.elapsed, 1e-3)
+        procs = {n: {"cpu_s": round(self.cpu1[n] - self.cpu0.get(n, 0.0), 1),
+                     "mean_cores": round((self.cpu1[n] - self.cpu0.get(n, 0.0)) / elapsed, 2),
+                     "peak_cores": round(self.peak_cores[n], 2),
+                     "peak_rss_sampled_mib": round(self.peak_rss[n] / 2**20, 1),
+                     "peak_rss_since_start_mib": round(self.hwm[n] / 2**20, 1)}
+                 for n in sorted(self.cpu1)}
+        loads = self.loads or [0.0]
+        return {"sampled_s": round(self.elapsed, 1), "every_s": self.every, "processes": procs,
+                "machine": {"load_average_1m": {"min": round(min(loads), 1), "mean": round(sum(loads) / len(loads), 1),
+                                                "max": round(max(loads), 1)},
+                            "busy_cores_mean": round((self.busy1 - self.busy0) / elapsed, 2),
+                            "busy_cores_peak": round(max(self.busy or [0.0]), 2),
+                            "of_them_these_processes_mean": round(sum(p["mean_cores"] for p in procs.values()), 2)}}
 
 
 def operator_metrics(port: int) -> list[str]:
@@ -195,14 +293,24 @@ def per_node(after: dict[str, float], before: dict[str, float], nodes: int) -> d
 
 
 class DisruptionWatch:
-    """Counts cordoned nodes per compartment label, independently of the operator."""
+    """Counts cordoned nodes per compartment label, independently of the operator. Its cache keeps of a
+    Node only what it reads (10,000 whole Nodes would be the bench's largest memory)."""
 
     def __init__(self, client: KubeClient, label: str) -> None:
         self.label = label
-        self.cache = WatchCache(client, NODES, label_selector="bench=rollout")
+        self.cache = WatchCache(client, NODES, label_selector="bench=rollout", transform=self._keep)
         self.cordoned: dict[str, set[str]] = defaultdict(set)
         self.peak: dict[str, int] = defaultdict(int)
         self.cache.subscribe(self._on)
+
+    def _keep(self, node: dict[str, Any]) -> dict[str, Any]:
+        meta = node["metadata"]
+        return {"metadata": {"name": meta["name"], "resourceVersion": meta.get("resourceVersion"),
+                             "labels": {self.label: (meta.get("labels") or {}).get(self.label, "?")}},
+                "spec": {"unschedulable": bool((node.get("spec") or {}).get("unschedulable"))}}
+
+    def now(self) -> dict[str, int]:
+        return {pool: len(names) for pool, names in sorted(self.cordoned.items())}
 
     def _on(self, kind: str, node: dict[str, Any]) -> None:
         pool = (node["metadata"].get("labels") or {}).get(self.label, "?")
@@ -214,11 +322,22 @@ class DisruptionWatch:
         self.peak[pool] = max(self.peak[pool], len(self.cordoned[pool]))
 
 
+# The status each gate showed last (`wait_ready`), for the progress lines of a long rollout.
+LAST_STATUS: dict[str, dict[str, Any]] = {}
+
+
+def progress_of(name: str) -> str:
+    """Per compartment of the gate's last status: its batch, and its nodes complete of those matched."""
+    comps = LAST_STATUS.get(name, {}).get("compartments") or []
+    return ", ".join(f"{c.get('name')} batch {c.get('batch', 0)} {c.get('complete', 0)}/{c.get('matched', 0)} done"
+                     for c in comps)
+
+
 async def wait_ready(client: KubeClient, name: str, timeout: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         gate = await client.get(NODEGATES, name)
-        status = gate.get("status") or {}
+        status = LAST_STATUS[name] = gate.get("status") or {}
         conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
         if status.get("observedGeneration") == gate["metadata"]["generation"] and conds.get("Ready") == "True":
             return time.monotonic()
@@ -277,7 +396,8 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         baseline = await timed_rollout(client, gate_manifest("bench-baseline", {"bench": "baseline"}), 300)
         # Batch baseline: as many nodes as one batch of every compartment, all at once.
         batch_alone = await timed_rollout(client, gate_manifest("bench-batch", {"bench": "batch"},
-                                                                interruptionBudget={"percent": 100}), 600)
+                                                                interruptionBudget={"percent": 100}),
+                                          max(600.0, args.nodes * 0.3))
 
         pools = [f"pool-{chr(ord('a') + i)}" for i in range(args.compartments)]
         spec: dict[str, Any]
@@ -297,8 +417,6 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             spec = {"interruptionBudget": {"percent": 100}}
         if not args.cold_nodes:  # once the operator knows the packages' repositories (the gates above name them)
             await report_images(client, running_agent_image(cluster) or OperatorSettings().agent_image)
-        if not args.cold_nodes:  # once the operator knows the packages' repositories (the gates above name them)
-            await report_images(client, running_agent_image(cluster) or OperatorSettings().agent_image)
         watch = DisruptionWatch(client, "pool")
         await watch.cache.start()
         cpu0, _ = proc_stats(pid)
@@ -306,8 +424,20 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         req0, by0 = api_requests(metrics0)
         rec0 = reconciles(metrics0)
         writes0 = await server_writes(client)
-        makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
-                                       args.timeout)
+        sampler = PlaneSampler({n: p.pid for n, p in cluster.processes().items()}, every=args.sample_seconds,
+                               report=60.0, extra=lambda: f"cordoned now {watch.now()}, at most {dict(watch.peak)}; "
+                                                          f"{progress_of('bench-fleet')}")
+        sampling = asyncio.create_task(sampler.run())
+        fleet_started = time.monotonic()
+        finished = True
+        timeout = args.timeout if args.end_by is None else max(60.0, min(args.timeout, args.end_by - time.time()))
+        try:
+            makespan = await timed_rollout(client, gate_manifest("bench-fleet", {"bench": "rollout"}, **spec),
+                                           timeout)
+        except TimeoutError as exc:  # figures of the part that ran, and how far it went
+            print(f"{exc}: the figures below are of the rollout so far", flush=True)
+            finished, makespan = False, time.monotonic() - fleet_started
+        sampling.cancel()
         cpu1, peak_rss = proc_stats(pid)
         metrics1 = operator_metrics(port)
         req1, by1 = api_requests(metrics1)
@@ -329,7 +459,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
                               "peak_disrupted": watch.peak.get(pool, 0)}
         simulated = (2 * len(PACKAGES) + 1) * args.stage_seconds  # applies, the interrupt, the checks
         soak = None
-        if args.soak > 0 and len(pools) > 1:
+        if args.soak > 0 and len(pools) > 1 and finished:
             ceiling = max(p["ceiling"] for p in per_pool.values())
             soak = await soak_rollouts(client, args, pools, ceiling, makespan)
         return {
@@ -341,7 +471,10 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             "event_loop": args.event_loop, "cold_nodes": args.cold_nodes,
             "stage_seconds": args.stage_seconds,
             "baseline_one_node_s": round(baseline, 2),
+            "finished": finished,
+            # Unfinished (--timeout): the time it ran, and the nodes done per compartment then.
             "makespan_s": round(makespan, 2),
+            "progress_at_end": progress_of("bench-fleet"),
             "lower_bound_s": round(batches * baseline, 2),
             "ratio_vs_lower_bound": round(makespan / (batches * baseline), 3),
             "batch_alone_s": round(batch_alone, 2),
@@ -359,6 +492,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             "control_plane_writes_per_node_by": per_node(writes1, writes0, args.nodes),
             "operator_cpu_s": round(cpu1 - cpu0, 1),
             "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+            # The control plane's own (and the operator's) CPU and memory during the fleet rollout, and the
+            # machine's load then: on two cores shared with other work, what sets the pace.
+            "during_fleet_rollout": sampler.figures(),
             # Where the operator's time goes: a gate reconcile plans the whole fleet; a node one steps a node.
             "operator_reconciles": {kind: {"count": int(n - rec0.get(kind, (0, 0))[0]),
                                            "seconds": round(s - rec0.get(kind, (0, 0))[1], 1)}
@@ -381,7 +517,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16, help="operator node reconcile workers")
     parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the operator's event loop (its --event-loop), to compare the two")
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds the fleet rollout may take (default: an hour, or 0.6 s per node if more)")
+    parser.add_argument("--end-by", type=float, default=None,
+                        help="a Unix time by which the fleet rollout stops, finished or not (its figures so far are "
+                             "printed): a long run on a shared machine that must end by a given hour")
+    parser.add_argument("--sample-seconds", type=float, default=5.0,
+                        help="how often the control plane's CPU and RSS are read from /proc during the fleet rollout")
     parser.add_argument("--soak", type=float, default=30.0,
                         help="seconds of soak for the rollouts that measure what a soak adds (0: none)")
     parser.add_argument("--cold-nodes", action="store_true",
@@ -394,6 +536,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     args.registry_images = args.registry_images or args.image_signatures
+    if args.timeout is None:
+        args.timeout = max(3600.0, args.nodes * 0.6)
 
     state = Path(tempfile.mkdtemp(prefix="nodegate-bench-"))
     cluster = DevCluster(state)
@@ -404,12 +548,14 @@ def main() -> None:
         pools = [f"pool-{chr(ord('a') + i)}" for i in range(args.compartments)]
         per = args.nodes // len(pools)
         ceiling = max(1, per * args.budget // 100)
+        # Ready within a second of nodes each at the least (creates and kwok's Ready status on two shared cores).
         asyncio.run(cluster.add_nodes(NodeSpec(ceiling * len(pools), {"bench": "batch"}, prefix="batch-"),
-                                      timeout=600))
+                                      timeout=max(600.0, ceiling * len(pools) * 1.0)))
         for i, pool in enumerate(pools):
             count = per if i < len(pools) - 1 else args.nodes - per * (len(pools) - 1)
             asyncio.run(cluster.add_nodes(NodeSpec(count, {"bench": "rollout", "pool": pool},
-                                                   prefix=f"{pool}-"), timeout=600))
+                                                   prefix=f"{pool}-"), timeout=max(600.0, count * 1.0)))
+            print(f"{pool}: {count} nodes ready after {time.monotonic() - t0:.1f}s", flush=True)
         print(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f}s", flush=True)
         asyncio.run(install_crds(cluster))
         env = use_registry_images(cluster, sign=args.image_signatures) if args.registry_images else {}

@@ -124,16 +124,19 @@ class SimulatedFleet:
 
 async def wait_nodes_ready(kube: KubeClient, names: set[str], *, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
+    # A list of every Node is dear at thousands of nodes: poll less often the more there are to wait for,
+    # and keep of each only its name and readiness.
+    pause = min(2.0, max(0.25, len(names) / 4000))
     while True:
-        items, _ = await kube.list(NODES)
-        ready = {n["metadata"]["name"] for n in items if node_ready(n)}
+        items, _ = await kube.list(NODES, transform=lambda n: {"name": n["metadata"]["name"], "ready": node_ready(n)})
+        ready = {n["name"] for n in items if n["ready"]}
         missing = names - ready
         if not missing:
             return
         if time.monotonic() > deadline:
             raise ClusterError(f"{len(missing)} simulated nodes did not turn Ready (e.g. {sorted(missing)[:3]}); "
                                "is kwok running? see its log in the state directory")
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(pause)
 
 
 __all__ = ["NODE_NAME_PREFIX", "NodeSpec", "SimulatedFleet", "node_manifest", "wait_nodes_ready"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from gate.api import keys
@@ -89,3 +90,23 @@ def test_a_node_without_status_keeps_an_empty_boot_id() -> None:
     kept = node_fields(node)
     assert node_view(kept) == node_view(node)
     assert not node_view(kept).ready
+
+
+def test_nodes_kept_share_their_short_strings_and_keep_their_long_ones() -> None:
+    """A fleet's nodes hold one copy of each label, annotation key and condition field, not one per node.
+    Each is parsed from its own JSON, as the API sends it: each has its own copies before it is kept."""
+    first, second = (node_fields(json.loads(json.dumps(_real_node()))) for _ in range(2))
+    for path in (("metadata", "labels", "pool"), ("metadata", "labels", keys.status_label("tuning"))):
+        a, b = first, second
+        for key in path:
+            a, b = a[key], b[key]
+        assert a == "pool-a" or a == "in-progress"
+        assert a is b
+    conditions = zip(first["status"]["conditions"], second["status"]["conditions"], strict=True)
+    for a, b in conditions:
+        assert a == b
+        for key in a:
+            assert a[key] is b[key], key
+    state = keys.state_annotation("tuning")
+    assert first["metadata"]["annotations"][state] == _real_node()["metadata"]["annotations"][state]
+    assert first["metadata"]["annotations"][keys.CORDONED_BY] is second["metadata"]["annotations"][keys.CORDONED_BY]
