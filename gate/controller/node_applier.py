@@ -190,7 +190,7 @@ class NodeApplier(Writer):
     async def _delete_pods(self, names: Iterable[str]) -> None:
         for name in names:
             pod = self.world.pods.get(name, self.settings.namespace)
-            body = None
+            body: Obj | None = None
             if pod is not None:
                 self._stage_metrics(pod)
                 if stage_pod_ended(pod):
