@@ -90,6 +90,11 @@ class PodTimes:
         self.pods: dict[str, dict[str, Any]] = {}
         self.staging: dict[str, dict[str, Any]] = {}
         self.seen: dict[str, idle.PodSeen] = {}  # when the watch saw each pod created, ended, gone
+        # Every container run seen to end, per pod, from any of its statuses: a pod that held a reboot may be
+        # read last on the new boot, where the kubelet no longer reports the steps that ran before it.
+        self.runs: dict[str, dict[str, tuple[float, float]]] = {}
+        self.reboot_started: float | None = None
+        self.trace: list[tuple[float, str, str, list[Any]]] = []  # NODEGATE_BENCH_TRACE: each event's container states
         self.cache = WatchCache(client, PODS, namespace=NAMESPACE, field_selector=f"spec.nodeName={node}",
                                 label_selector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGER}")
         self.cache.subscribe(self._on)
@@ -107,6 +112,16 @@ class PodTimes:
             seen.gone = seen.gone or now
             return
         self.pods[name] = pod
+        for container, start, end in _ran(pod):
+            self.runs.setdefault(name, {}).setdefault(container, (start, end))
+        if reboot:  # the reboot step's start, from the first status that shows it (running or ended)
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                state = status.get("state") or {}
+                at = _t((state.get("running") or state.get("terminated") or {}).get("startedAt"))
+                if status.get("name") == "interrupt" and at is not None:
+                    self.reboot_started = min(at, self.reboot_started or at)
+        if os.environ.get("NODEGATE_BENCH_TRACE"):
+            self.trace.append((now, kind, name, [(c.get("name"), c.get("state")) for c in container_statuses(pod)]))
         # A pod that holds the reboot (its last step) counts as running once that step runs.
         running = [c for c in container_statuses(pod) if "running" in (c.get("state") or {})
                    and (not reboot or c.get("name") == "interrupt")]
@@ -142,7 +157,8 @@ class PodTimes:
         for pod in self.pods.values():
             reboot = (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot"
             previous = _t(pod["metadata"].get("creationTimestamp"))
-            for container, start, end in _ran(pod):
+            runs = self.runs.get(pod["metadata"]["name"], {})
+            for container, (start, end) in sorted(runs.items(), key=lambda run: run[1]):
                 if reboot and container == "interrupt":
                     continue  # the reboot, the last step of its pod: measured on its own, to the node's return
                 # Sandbox, image pulls and container creation: before the first container and between
@@ -160,6 +176,8 @@ class PodTimes:
 
     def interrupt_started(self) -> float | None:
         """When the reboot's agent container started (it never ends: the reboot kills it)."""
+        if self.reboot_started is not None:
+            return self.reboot_started
         for pod in self.pods.values():
             if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) != "reboot":
                 continue
@@ -267,6 +285,9 @@ async def one_pass(client: KubeClient, name: str, nodes: list[str], images: dict
     await asyncio.sleep(1)
     for watch in [*times.values(), *trails.values()]:
         await watch.cache.stop()
+    if trace := os.environ.get("NODEGATE_BENCH_TRACE"):
+        with open(f"{trace}-{name}.json", "w") as f:
+            json.dump({node: t.trace for node, t in times.items()}, f, indent=1)
     out = {}
     for node in nodes:
         figures = _figures(times[node], trails[node], real=real)
