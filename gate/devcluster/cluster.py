@@ -111,11 +111,16 @@ class DevCluster:
             progress(f"Control plane already running ({self.dir}).")
         else:
             self.down(quiet=True)  # clear leftovers of a crashed run (half-dead processes)
-            try:
-                self._start(bins, job_seconds, progress, timeout, real=want_real)
-            except ClusterError:
-                self.down(quiet=True)
-                raise
+            for attempt in range(3):
+                try:
+                    self._start(bins, job_seconds, progress, timeout, real=want_real)
+                    break
+                except ClusterError as exc:
+                    self.down(quiet=True)
+                    # A port picked free was taken by another process before ours bound it: new ports.
+                    if "address already in use" not in str(exc) or attempt == 2:
+                        raise
+                    progress("A port of the control plane was taken while it started; starting again on new ports")
         if nodes is not None and nodes.count:
             asyncio.run(self.add_nodes(nodes, timeout=timeout))
         if want_real:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -29,9 +30,32 @@ class ClusterError(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range.
+
+    A dev cluster picks its ports first and starts what listens on them over the next half minute.
+    A port of the ephemeral range (what binding port 0 gives) can be taken meanwhile by any outgoing
+    connection of the machine (kwok lost 55003 so while three test workers started clusters); below
+    that range (and under the NodePorts) only another picker can take it, at random among thousands."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        # Under 30000 too: Kubernetes' NodePorts (30000-32767) stay clear.
+        port = random.randint(max(1024, low - 12000), min(low, 30000) - 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 @dataclass

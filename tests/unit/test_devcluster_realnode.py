@@ -122,3 +122,17 @@ def test_dev_up_refuses_an_unknown_real_node_os_before_starting_anything(
     assert code != 0
     assert "--real-node-os: 'buster' is not a Debian release" in capsys.readouterr().err
     assert not (state / "processes.json").exists()
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
+    import socket
+
+    from gate.devcluster.processes import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports)
+    assert len(ports) > 10  # drawn at random, not one port handed out again and again
+    for port in list(ports)[:5]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
