@@ -45,7 +45,7 @@ from gate.controller.signing import Signer
 from gate.controller.views import node_view
 from gate.controller.world import World
 from gate.kube.client import NODES, KubeClient
-from gate.kube.errors import ApiError, NotFound
+from gate.kube.errors import ApiError, Forbidden, NotFound
 from gate.lifecycle.condition import NodeCondition, condition_patch
 from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.node import Decision, EventRequest, NodeView
@@ -56,14 +56,18 @@ log = logging.getLogger("nodegate.operator")
 
 # Refusals that asking again cannot change: not found (404: the object went, the next look decides
 # anew), conflicts (409: decided again on the fresh copy), throttling and PodDisruptionBudgets (429),
-# a timeout (408) and the operator's own credentials (401: every write would fail alike, the node is
-# not the problem) are temporary; they go back to the queue with backoff.
+# a timeout (408) and the operator's own credentials and rights (401, and a 403 of the authorizer:
+# every write of the kind would fail alike, the node is not the problem, and a kube-apiserver just
+# started refuses for a moment what its RBAC caches have not loaded yet) are temporary; they go back
+# to the queue with backoff.
 _TEMPORARY_4XX = frozenset({401, 404, 408, 409, 429})
 
 
 def refused_for_good(exc: ApiError) -> bool:
     """The API server refused a write, and would refuse it again as is: admission (a webhook, a
-    ValidatingAdmissionPolicy, a quota, a LimitRange), validation, RBAC, a body too large."""
+    ValidatingAdmissionPolicy, a quota, a LimitRange), validation, a body too large."""
+    if isinstance(exc, Forbidden) and exc.by_authorizer:
+        return False
     return 400 <= exc.status < 500 and exc.status not in _TEMPORARY_4XX
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -42,6 +43,17 @@ class Unauthorized(ApiError):
 
 class Forbidden(ApiError):
     status = 403
+
+    @property
+    def by_authorizer(self) -> bool:
+        """Refused by the authorizer (RBAC, Node, a webhook authorizer), not by admission: the
+        requester's own rights, the same for every object of the kind. Admission refusals (a webhook,
+        a ValidatingAdmissionPolicy, a quota) read `... is forbidden: <why>` with no `User`."""
+        return _AUTHORIZER_DENIAL.search(self.message) is not None
+
+
+# The authorizer's wording since Kubernetes 1.6: `<resource> is forbidden: User "<name>" cannot <verb> ...`.
+_AUTHORIZER_DENIAL = re.compile(r'is forbidden: User "[^"]*" cannot [a-z]+ ')
 
 
 class NotFound(ApiError):
