@@ -34,6 +34,11 @@ Figures printed:
   images in the dev registry, and the operator resolves them to digests; `--image-signatures` adds
   an enforcing signature policy (the dev key, `gate.devcluster.cosign`, which signed them all), and
   prints the verifier's registry lookups and requests (issue 34's cost). kwok nodes pull nothing.
+* with `--tracemalloc DIR`, the operator's Python allocations are traced from its first import
+  (`bench/rollout/tracehook`), a snapshot is taken as the fleet rollout starts and as it ends, and
+  `tracemalloc` lists what grew between them by source line, next to the operator's RSS at both
+  moments (RSS beyond the traced total is the interpreter's arenas and the C heap). Tracing slows the
+  operator: its CPU and makespan figures are not comparable then.
 
 Nothing here asserts on time: it prints figures.
 """
@@ -58,7 +63,7 @@ from typing import Any
 
 from gate.controller.settings import OperatorSettings
 from gate.devcluster.cluster import DevCluster, NodeSpec
-from gate.devcluster.services import install_crds, running_agent_image, start_operator
+from gate.devcluster.services import SOURCE_ROOT, install_crds, running_agent_image, start_operator
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODEGATES, NODES, POLICIES, KubeClient
 
@@ -389,6 +394,39 @@ async def soak_rollouts(client: KubeClient, args: argparse.Namespace, pools: lis
     return out
 
 
+TRACEHOOK = Path(__file__).resolve().parent / "tracehook"
+
+
+async def tracemalloc_snapshot(folder: Path | None, name: str) -> None:
+    """Ask the operator's trace hook for a snapshot `name` and wait until it is written."""
+    if folder is None:
+        return
+    (folder / f"{name}.request").touch()
+    deadline = time.monotonic() + 600
+    while (folder / f"{name}.request").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+
+
+def tracemalloc_growth(folder: Path, first: str, second: str, top: int = 25) -> dict[str, Any]:
+    """What grew in the operator between two snapshots, by source line, and its RSS at both."""
+    import tracemalloc
+
+    before = tracemalloc.Snapshot.load(str(folder / f"{first}.snapshot"))
+    after = tracemalloc.Snapshot.load(str(folder / f"{second}.snapshot"))
+    at = {n: json.loads((folder / f"{n}.json").read_text()) for n in (first, second)}
+    mib = 2**20
+    by_line = after.compare_to(before, "lineno")
+    largest = after.statistics("traceback")[:5]
+    return {
+        "traced_mib": {n: round(v["traced"] / mib, 1) for n, v in at.items()},
+        "rss_mib": {n: round(v["rss"] / mib, 1) for n, v in at.items()},
+        "grew_by_line": [{"where": str(d.traceback[0]), "kib": round(d.size_diff / 1024), "blocks": d.count_diff}
+                         for d in by_line[:top]],
+        "largest_at_end": [{"kib": round(st.size / 1024), "blocks": st.count,
+                            "traceback": [str(f) for f in st.traceback[:8]]} for st in largest],
+    }
+
+
 async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port: int) -> dict[str, Any]:
     client = await cluster.client(timeout=120)
     try:
@@ -428,6 +466,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
                                report=60.0, extra=lambda: f"cordoned now {watch.now()}, at most {dict(watch.peak)}; "
                                                           f"{progress_of('bench-fleet')}")
         sampling = asyncio.create_task(sampler.run())
+        await tracemalloc_snapshot(args.tracemalloc, "fleet-start")
         fleet_started = time.monotonic()
         finished = True
         timeout = args.timeout if args.end_by is None else max(60.0, min(args.timeout, args.end_by - time.time()))
@@ -438,6 +477,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             print(f"{exc}: the figures below are of the rollout so far", flush=True)
             finished, makespan = False, time.monotonic() - fleet_started
         sampling.cancel()
+        await tracemalloc_snapshot(args.tracemalloc, "fleet-end")
         cpu1, peak_rss = proc_stats(pid)
         metrics1 = operator_metrics(port)
         req1, by1 = api_requests(metrics1)
@@ -462,7 +502,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         if args.soak > 0 and len(pools) > 1 and finished:
             ceiling = max(p["ceiling"] for p in per_pool.values())
             soak = await soak_rollouts(client, args, pools, ceiling, makespan)
+        traced = tracemalloc_growth(args.tracemalloc, "fleet-start", "fleet-end") if args.tracemalloc else None
         return {
+            "tracemalloc": traced,
             "images": "registry, signed, enforce" if args.image_signatures else
                       "registry, no policy" if args.registry_images else "registry.example.com (not resolved)",
             "signatures": signatures if args.image_signatures else None,
@@ -533,6 +575,9 @@ def main() -> None:
                         help="package and agent images in the dev registry, resolved to digests by the operator")
     parser.add_argument("--image-signatures", action="store_true",
                         help="--registry-images, signed with the dev key, under an enforcing signature policy")
+    parser.add_argument("--tracemalloc", type=Path, default=None, metavar="DIR",
+                        help="trace the operator's allocations; snapshots at the fleet rollout's start and end go "
+                             "to DIR, and what grew between them is printed (CPU figures are not comparable then)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     args.registry_images = args.registry_images or args.image_signatures
@@ -559,6 +604,9 @@ def main() -> None:
         print(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f}s", flush=True)
         asyncio.run(install_crds(cluster))
         env = use_registry_images(cluster, sign=args.image_signatures) if args.registry_images else {}
+        if args.tracemalloc:
+            args.tracemalloc.mkdir(parents=True, exist_ok=True)
+            env.update(PYTHONPATH=f"{TRACEHOOK}:{SOURCE_ROOT}", NODEGATE_BENCH_TRACEMALLOC=str(args.tracemalloc))
         resolve = ["--resolve-digests", "true"] if args.registry_images else []
         port = start_operator(cluster, lambda m: print(m, flush=True), env=env,
                               extra=["--workers", str(args.workers), "--poll-seconds", "1",

@@ -20,8 +20,9 @@ async def test_a_rollout_disturbed_by_kills_and_restarts_converges_without_viola
                              progress=lambda m: print(m, flush=True))
     print(table([result], None))
     print(result.report.summary())
-    assert result.error is None
-    assert result.report.violations == [], "\n".join(map(str, result.report.violations))
+    violations = "\n".join(map(str, result.report.violations))
+    assert result.error is None, f"{result.error}\nviolations:\n{violations or 'none'}"
+    assert result.report.violations == [], violations
     # Every planned disturbance happened before the rollout converged: none of this is vacuous.
     assert dict(result.done) == {"kill": 4, "failover": 1, "apiserver": 1, "etcd": 1}
     assert sum(result.report.expired.values()) >= 1  # the restarted API server expired resumed watches
