@@ -525,10 +525,12 @@ def stage_pod_view(pod: Obj) -> StagePod:
                 message = f"container {cs.get('name')} exited with code {term.get('exitCode')}"
             break
     kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
-    boot_id = ""
-    if kind == "staging" and statuses and not failed:  # its summary says the boot it ended on
-        last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
-        boot_id = _summary_boot_id(last)
+    boot_id, generation = "", None
+    if kind == "staging":
+        generation = _agent_generation(pod)
+        if statuses and not failed:  # its summary says the boot it ended on
+            last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
+            boot_id = _summary_boot_id(last)
     pod_phase = status.get("phase")
     phase: RunPhase
     if pod_phase == "Succeeded" or (steps and done == len(steps)):
@@ -548,8 +550,25 @@ def stage_pod_view(pod: Obj) -> StagePod:
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
         deleting=bool(meta.get("deletionTimestamp")), uid=str(meta.get("uid") or ""),
-        shape=recorded_shape(pod), boot_id=boot_id,
+        shape=recorded_shape(pod), boot_id=boot_id, generation=generation,
     )
+
+
+def _agent_generation(pod: Obj) -> int | None:
+    """The gate generation a pod's agent containers run for (their `--generation`), None when they
+    disagree or say none."""
+    spec = pod.get("spec") or {}
+    seen = set()
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        args = [str(a) for a in container.get("args") or []]
+        if "--generation" in args[:-1]:
+            seen.add(args[args.index("--generation") + 1])
+    if len(seen) != 1:
+        return None
+    try:
+        return int(seen.pop())
+    except ValueError:
+        return None
 
 
 def _summary_boot_id(message: str) -> str:
