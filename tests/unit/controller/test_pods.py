@@ -394,6 +394,9 @@ def test_a_staging_pod_runs_the_serving_part_and_its_view_carries_the_boot_its_a
                      "containerStatuses": [_terminated("apply-tuned", 0, summary)]}
     view = stage_pod_view(pod)
     assert (view.kind, view.phase, view.boot_id) == ("staging", "succeeded", "boot-7")
+    # The generation its agent staged for (`staged_whole` holds it against the gate's); a window's pod says none.
+    assert view.generation == (gate().metadata.generation or 0)
+    assert stage_pod_view(stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)).generation is None
     # A stage pod's summary is not read for it, and a staging that failed says no boot.
     assert stage_pod_view(_seen("Succeeded", [], [_terminated("config-tuned", 0, summary)])).boot_id == ""
     pod["status"]["containerStatuses"] = [_terminated("apply-tuned", 1, summary)]
