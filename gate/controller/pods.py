@@ -39,6 +39,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from gate.api import keys
 from gate.api.common import Obj, parse_duration
@@ -50,7 +51,7 @@ from gate.api.state import NodeGateState, config_hash
 from gate.controller.podshape import BASIS_FIELD, SHAPE_FIELD, digest_since, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
-from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
+from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images, request_packages
 from gate.lifecycle.node import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
@@ -569,6 +570,25 @@ def _agent_generation(pod: Obj) -> int | None:
         return int(seen.pop())
     except ValueError:
         return None
+
+
+def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]]:
+    """Each step of a stage pod that started, its outcome (`done` for those that succeeded, failed, or
+    abandoned when the pod was cut off) and its seconds from its container's start to its end (to now
+    while it runs): what `nodegate_stage_duration_seconds` observes of a pod about to go."""
+    view = stage_pod_view(pod)
+    states = container_states(pod)
+    out = []
+    for i, step in enumerate(view.steps):
+        state = states.get(container_name(step), {})
+        timing = state.get("terminated") or state.get("running")
+        started = parse_time((timing or {}).get("startedAt"))
+        if started is None:
+            continue
+        outcome = done if i < view.done else ("failed" if "terminated" in state else "abandoned")
+        ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
+        out.append((step, outcome, max(0.0, (ended - started).total_seconds())))
+    return out
 
 
 def _summary_boot_id(message: str) -> str:

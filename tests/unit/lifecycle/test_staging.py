@@ -175,7 +175,8 @@ def test_a_staged_node_without_a_reboot_of_its_own_goes_through_the_window_as_be
 def test_a_package_staged_whole_gets_no_container_in_the_window_and_its_check_after_the_interrupt_runs() -> None:
     # `k` stages its whole apply; `half` has steps that must run drained; `quiet` stages whole but asks for no
     # interrupt of its own (no check after it would take its staged work over); `dep` depends on another.
-    g = gate({"k": REBOOT_PKG, "half": REBOOT_PKG, "quiet": PKG, "dep": {**REBOOT_PKG, "dependsOn": {"half": ">=1.0.0"}}})
+    g = gate({"k": REBOOT_PKG, "half": REBOOT_PKG, "quiet": PKG,
+              "dep": {**REBOOT_PKG, "dependsOn": {"half": ">=1.0.0"}}})
     catalog = ServingCatalog({**CATALOG.packages, "quiet": CATALOG.packages["k"], "dep": CATALOG.packages["k"]})
     s = started(g)
     steps = staging_steps(g, s, catalog)
