@@ -62,7 +62,8 @@ class PodLedger:
     def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
         """Stage pods by kind, their steps that ran (whose container terminated) by stage, and how many
         of those failed. A staging or undo pod's steps are not counted: the window's stage runs those
-        packages again, skipping what was staged."""
+        packages again, skipping what was staged, or, for a stage staged whole, runs no container (the
+        check after the interrupt takes it over)."""
         from gate.cli.stagepods import kind_of, step_states
 
         with self._lock:

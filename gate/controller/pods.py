@@ -556,8 +556,7 @@ def stage_pod_view(pod: Obj) -> StagePod:
 
 
 def _agent_generation(pod: Obj) -> int | None:
-    """The gate generation a pod's agent containers run for (their `--generation`), None when they
-    disagree or say none."""
+    """The gate generation its agent containers run for (`--generation`), None when they disagree or say none."""
     spec = pod.get("spec") or {}
     seen = set()
     for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
@@ -573,9 +572,8 @@ def _agent_generation(pod: Obj) -> int | None:
 
 
 def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]]:
-    """Each step of a stage pod that started, its outcome (`done` for those that succeeded, failed, or
-    abandoned when the pod was cut off) and its seconds from its container's start to its end (to now
-    while it runs): what `nodegate_stage_duration_seconds` observes of a pod about to go."""
+    """Each started step of a pod about to go, its outcome (`done` when it succeeded, failed, abandoned)
+    and its seconds from its container's start to its end: what `nodegate_stage_duration_seconds` observes."""
     view = stage_pod_view(pod)
     states = container_states(pod)
     out = []

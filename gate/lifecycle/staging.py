@@ -38,6 +38,14 @@ Decisions:
   taken over; a deleted gate goes only once its staging and undo pods are gone (`gate_may_go`).
   A round that passed its cordon owns what was staged: its own failure, retry or roll-back deals
   with it, as with the rest of its work (the host's staged record goes with the window's stage).
+* **A stage staged whole runs no container in the window** (`staged_whole`). Every step of its list a
+  serving step, no overlay (`Serving.only`), the staging pod ran its check too (`gate.agent.plan`), at
+  the gate's generation; the package depends on nothing and its own interrupt gives it a check after
+  the interrupt. The round records the stage done in the write that moves it past its cordon (so the
+  staging pod goes only once the state holds it), and the check after the interrupt takes the host's
+  staged record over (`gate.agent.stage`): a retry, failure or roll-back of the round finds the stage
+  recorded as any stage the window ran, and a round that fails before that check leaves the record
+  to the next stage of the package on the node (its next round's check, a whole stage or uninstall).
 * **A staged node that reboots on its own.** Its staged work is live from that boot. When its turn
   comes (its pick, within the budget: the invariant checker's `over-ceiling` counts it from the pick as
   any other) and every stage of its round is serving-only (`Serving.only`) and its interrupt one a
