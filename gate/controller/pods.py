@@ -67,6 +67,7 @@ NODE_NAME_ANNOTATION = f"{keys.GROUP}/node-name"
 STEPS_ANNOTATION = f"{keys.GROUP}/steps"
 ROUND_ANNOTATION = f"{keys.GROUP}/round"
 ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
+GENERATION_ANNOTATION = f"{keys.GROUP}/generation"  # a staging pod's: the gate generation it stages for
 POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal", "staging", "unstage")
 # NodeGate's image keeps its virtualenv at /opt/nodegate (Dockerfile). -I: isolated mode (no PYTHON*
 # variable, no user site, not the current directory on sys.path); -u and -B stand in for the image's
@@ -242,6 +243,7 @@ def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], s
     and a foreground deletion of the gate would take it before its undo ran."""
     pod = stage_pod(gate, node, PodRequest(name, "staging", steps, part="serving"), settings, facts, images)
     del pod["metadata"]["ownerReferences"]
+    pod["metadata"]["annotations"][GENERATION_ANNOTATION] = str(gate.metadata.generation or 0)
     return pod
 
 
@@ -528,7 +530,7 @@ def stage_pod_view(pod: Obj) -> StagePod:
     kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
     boot_id, generation = "", None
     if kind == "staging":
-        generation = _agent_generation(pod)
+        generation = _int(annotations[GENERATION_ANNOTATION]) if GENERATION_ANNOTATION in annotations else None
         if statuses and not failed:  # its summary says the boot it ended on
             last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
             boot_id = _summary_boot_id(last)
@@ -553,22 +555,6 @@ def stage_pod_view(pod: Obj) -> StagePod:
         deleting=bool(meta.get("deletionTimestamp")), uid=str(meta.get("uid") or ""),
         shape=recorded_shape(pod), boot_id=boot_id, generation=generation,
     )
-
-
-def _agent_generation(pod: Obj) -> int | None:
-    """The gate generation its agent containers run for (`--generation`), None when they disagree or say none."""
-    spec = pod.get("spec") or {}
-    seen = set()
-    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
-        args = [str(a) for a in container.get("args") or []]
-        if "--generation" in args[:-1]:
-            seen.add(args[args.index("--generation") + 1])
-    if len(seen) != 1:
-        return None
-    try:
-        return int(seen.pop())
-    except ValueError:
-        return None
 
 
 def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]]:

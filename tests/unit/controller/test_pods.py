@@ -395,8 +395,10 @@ def test_a_staging_pod_runs_the_serving_part_and_its_view_carries_the_boot_its_a
                      "containerStatuses": [_terminated("apply-tuned", 0, summary)]}
     view = stage_pod_view(pod)
     assert (view.kind, view.phase, view.boot_id) == ("staging", "succeeded", "boot-7")
-    # The generation its agent staged for (`staged_whole` holds it against the gate's); a window's pod says none.
-    assert view.generation == (gate().metadata.generation or 0)
+    # The generation it staged for (`staged_whole` holds it against the gate's), kept by the operator's cache
+    # (an annotation); a window's pod says none.
+    staged = staging_pod(gate(), "n", "ng-staging-x", staging.steps, SETTINGS)
+    assert stage_pod_view(stage_pod_fields(staged)).generation == (gate().metadata.generation or 0) == 3
     assert stage_pod_view(stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)).generation is None
     # Taken over by its round, its steps are observed as staged: from each container's start to its end.
     pod["status"]["containerStatuses"][0]["state"]["terminated"] |= {"startedAt": "2026-11-30T10:00:01Z",
