@@ -4,8 +4,9 @@ that is not cordoned, then their undo in an unstage pod puts the node back.
 
 The first test creates the pods the operator renders (`gate.controller.pods.stage_pod` with `part`)
 directly: the host's side of staging, each step and its undo, on Debian 12 and 13. The second runs
-them through the tier's operator (staging on, `OPERATOR_ENV`): staged before the cordon, the window
-running only the checks and the reboot, and the undo of a deleted gate. Effects are read in the
+them through the tier's operator (staging on, `OPERATOR_ENV`): staged before the cordon (the apply's
+check with it: both packages stage their whole apply), the window's pod holding only the reboot, the
+checks after it taking the staged work over on the host, and the undo of a deleted gate. Effects are read in the
 node's own root."""
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
             assert not seen.cordoned, f"a node was cordoned for a gate that never opened: {seen.cordoned}"
 
             # 2. The same packages, rolled: each node is staged while it serves, cordoned only after its
-            # staging pod succeeded, and its window runs the checks and the reboot, not the staged steps.
+            # staging pod succeeded, and its window runs the reboot alone, then the checks after it.
             real.kubectl.apply(real_pool_gate(gate, _packages(real)))
             await asyncio.to_thread(real.wait_complete, gate, 900.0)
             for node in real.nodes:
