@@ -141,12 +141,8 @@ def test_grub_cmdline_stages_its_drop_in_and_grub_cfg_and_its_undo_restores_the_
     assert "intel_iommu=on" in grub_cfg.read_text()
 
 
-WHOLE = """
-    apply:
-      - name: write-next-boot
-        script: scripts/write.sh
-        serving: true
-        undo: {script: scripts/unwrite.sh}
+# STAGES' first step alone: every apply step a serving step, the apply staged whole.
+WHOLE = STAGES[:STAGES.index("      - name: count-builds")] + """\
     apply-check:
       - {name: written, command: 'grep -qx new /etc/next-boot'}
     post-interrupt-check:
