@@ -186,12 +186,16 @@ class Stager:
             self.metrics.stagings.labels(state).set(counts[state])
 
     def pod_for(self, gate: NodeGate, state: NodeGateState, node: str) -> StagePod | None:
-        """For the node reconcile: the staging pod of the node's round, None while there is none."""
+        """For the node reconcile: the staging pod of the node's round, None while there is none, or while
+        its undo exists (what it staged is being taken back, or was: the round waits for a staging anew)."""
         steps = staging_steps(gate, state, self.catalog)
         if not steps:
             return None
-        pod = self.world.pods.get(staging_pod_name(gate.name, node, steps), self.settings.namespace)
-        return stage_pod_view(pod) if pod is not None else None
+        name = staging_pod_name(gate.name, node, steps)
+        pod = self.world.pods.get(name, self.settings.namespace)
+        if pod is None or self.world.pods.get(undo_pod_name(name), self.settings.namespace) is not None:
+            return None
+        return stage_pod_view(pod)
 
 
 __all__ = ["STAGING_KINDS", "Stager", "StagingWrites", "staging_owner"]
