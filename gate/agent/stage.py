@@ -251,6 +251,18 @@ def _run_overlay(run: _Run, request: StageRequest) -> None:
         overlay.carry_out(plan, layout, sources, run.persist_overlay, run.log.line)
 
 
+def _forget_owned_staging(run: _Run, request: StageRequest) -> None:
+    """A staging finds records of another version or generation: an earlier staging's, which no undo took
+    back, so its round passed its cordon and owns that work (the operator starts no staging on a node
+    where another staging or undo pod of the gate is left, and a succeeded undo removes the records).
+    They go without an undo, so this staging's undo never takes back what that round owns."""
+    stale = [key for key, rec in run.history.staged.items()
+             if (rec.version, rec.generation) != (request.version, request.generation)]
+    if stale:
+        run.save(without_staged(run.history, stale))
+        run.log.line(f"Forgot the staged records of an earlier round, which owns their work: {', '.join(stale)}.")
+
+
 def _take_over_staged(run: _Run, package: Package, request: StageRequest) -> None:
     """The check after the interrupt takes over the stages staged whole for its version: each list whose
     every step is a serving step (`serving_only`) and was staged to its end for this version. The window
@@ -343,6 +355,8 @@ def run_stage(
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
             _take_over_staged(run, package, request)
+            if request.part == "serving":
+                _forget_owned_staging(run, request)
             if request.part == "serving" and not run.history.staged:
                 shutil.rmtree(layout.staged_dir, ignore_errors=True)  # a staging that starts afresh
             if request.part != "whole" or run.history.staged:

@@ -45,7 +45,10 @@ Decisions:
   staging pod goes only once the state holds it), and the check after the interrupt takes the host's
   staged record over (`gate.agent.stage`): a retry, failure or roll-back of the round finds the stage
   recorded as any stage the window ran, and a round that fails before that check leaves the record
-  to the next stage of the package on the node (its next round's check, a whole stage or uninstall).
+  to the next stage of the package on the node (its next round's check, a whole stage or uninstall);
+  a later staging of another version or generation forgets such records without undoing them (no
+  staging starts where an undo is left, so records it finds are an owning round's), and a staging pod
+  whose undo exists is never the round's staging (`gate.controller.staging.Stager.pod_for`).
 * **A staged node that reboots on its own.** Its staged work is live from that boot. When its turn
   comes (its pick, within the budget: the invariant checker's `over-ceiling` counts it from the pick as
   any other) and every stage of its round is serving-only (`Serving.only`) and its interrupt one a

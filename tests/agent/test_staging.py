@@ -182,3 +182,21 @@ def test_a_stage_staged_whole_runs_its_check_in_staging_and_the_check_after_the_
                                                             "false'}\n    post"), scripts=SCRIPTS)
     bad = agent.run("apply", failing, "--part", "serving", generation=3)
     assert (bad.code, bad.summary["failedStep"]) == (1, "apply-check/written"), bad.summary
+
+
+def test_a_staging_forgets_what_an_earlier_round_staged_and_owns_so_its_undo_never_takes_that_back(
+        agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, STAGES, scripts=SCRIPTS)
+    (agent.root / "etc/next-boot").write_text("old\n")
+    # Round 1 staged at generation 1, passed its cordon and failed before anything took the records over.
+    assert agent.run("apply", pkg, "--part", "serving").code == 0
+    assert set(history(agent.root)["staged"]) == {"apply/write-next-boot", "apply/count-builds"}
+    # A later staging (generation 2) starts afresh: round 1's records go, and what it saves is the host now.
+    again = agent.run("apply", pkg, "--part", "serving", generation=2)
+    assert again.code == 0, again.summary
+    assert {rec["generation"] for rec in history(agent.root)["staged"].values()} == {2}
+    # Its undo takes back its own work only: round 1's write stays.
+    assert agent.run("apply", pkg, "--part", "undo", generation=2).code == 0
+    assert (agent.root / "etc/next-boot").read_text() == "new\n"
+    assert (agent.root / "etc/builds").read_text() == "built\n"
+    assert history(agent.root)["staged"] == {}
