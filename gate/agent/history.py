@@ -124,12 +124,13 @@ def with_stage_result(
     part: str = "whole",
 ) -> History:
     """Record a finished stage; a successful apply, upgrade or uninstall moves the installed version (its
-    serving part, staged before the cordon, or the undo of that moves nothing)."""
+    serving part, staged before the cordon, or the undo of that moves nothing; a stage staged whole and
+    taken over after the interrupt, part `staged`, moves it as the whole stage would)."""
     shown = stage if part == "whole" else f"{stage}:{part}"
     runs = [*history.runs, StageRun(stage=shown, version=version, generation=generation, ok=ok,
                                     failed_step=failed_step, at=at)][-MAX_RUNS:]
     update: dict[str, object] = {"runs": runs}
-    if part != "whole":
+    if part not in ("whole", "staged"):
         pass
     elif ok and stage in ("apply", "upgrade") and history.installed != version:
         update |= {"installed": version, "previous": history.installed}

@@ -71,6 +71,8 @@ STEPS_OF: Final[dict[Stage, StepList | None]] = {
     "post-interrupt": None,
     "post-uninstall": None,
 }
+# The stage whose own steps a list holds (a staged list's stage, taken over after the interrupt).
+STAGE_OF_LIST: Final[dict[StepList, Stage]] = {steps: stage for stage, steps in STEPS_OF.items() if steps}
 # Stages whose steps change the host and therefore must be followed by a check.
 CHANGING_STAGES: Final[tuple[Stage, ...]] = ("apply", "config", "upgrade", "uninstall")
 

@@ -33,6 +33,7 @@ from gate.agent.history import (
     OverlayFile,
     load_history,
     save_history,
+    step_key,
     upgrade_versions,
     with_overlay,
     with_stage_result,
@@ -42,7 +43,7 @@ from gate.agent.history import (
 )
 from gate.agent.host import PackageLayout, check_root
 from gate.agent.loader import Package, load_package
-from gate.agent.package import STEPS_OF
+from gate.agent.package import STAGE_OF_LIST, STEPS_OF
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
 from gate.agent.process import Outcome, Termination, run_command
 from gate.agent.summary import Summary, tail
@@ -250,6 +251,41 @@ def _run_overlay(run: _Run, request: StageRequest) -> None:
         overlay.carry_out(plan, layout, sources, run.persist_overlay, run.log.line)
 
 
+def _forget_owned_staging(run: _Run, request: StageRequest) -> None:
+    """A staging finds records of another version or generation: an earlier staging's, which no undo took
+    back, so its round passed its cordon and owns that work (the operator starts no staging on a node
+    where another staging or undo pod of the gate is left, and a succeeded undo removes the records).
+    They go without an undo, so this staging's undo never takes back what that round owns."""
+    stale = [key for key, rec in run.history.staged.items()
+             if (rec.version, rec.generation) != (request.version, request.generation)]
+    if stale:
+        run.save(without_staged(run.history, stale))
+        run.log.line(f"Forgot the staged records of an earlier round, which owns their work: {', '.join(stale)}.")
+
+
+def _take_over_staged(run: _Run, package: Package, request: StageRequest) -> None:
+    """The check after the interrupt takes over the stages staged whole for its version: each list whose
+    every step is a serving step (`serving_only`) and was staged to its end for this version. The window
+    ran no container for such a stage (`gate.lifecycle.staging.staged_whole`; the staging pod ran its
+    check): it is recorded applied here, at this run's generation, and its staged record goes, so no
+    undo takes back what the round owns. A stage the window did run took its records over itself."""
+    if request.stage != "post-interrupt" or request.part != "whole":
+        return
+    history = run.history
+    for name in package.manifest.serving_only():
+        keys = [step_key(name, step.name) for step in package.manifest.stages.steps(name)]
+        records = [history.staged.get(key) for key in keys]
+        if not all(rec is not None and rec.done and rec.version == request.version for rec in records):
+            continue
+        history = with_stage_result(history, STAGE_OF_LIST[name], request.version, request.generation, True, None,
+                                    run.stamp(), "staged")
+        history = without_staged(history, keys)
+        run.log.line(f"Took over stage {name} of {request.package} {request.version}: it was staged whole while "
+                     "the node served, and its check passed there (the window ran no container for it).")
+    if history is not run.history:
+        run.save(history)
+
+
 def _forget_package(layout: PackageLayout) -> None:
     """After a successful uninstall only the history and the logs stay on the host."""
     for directory in (layout.data_dir, layout.config_dir, layout.packages_dir, layout.backup_dir, layout.facts_dir):
@@ -318,6 +354,9 @@ def run_stage(
             if request.previous_version:
                 log.line(f"Upgrading from {request.previous_version}.")
             _run_overlay(run, request)
+            _take_over_staged(run, package, request)
+            if request.part == "serving":
+                _forget_owned_staging(run, request)
             if request.part == "serving" and not run.history.staged:
                 shutil.rmtree(layout.staged_dir, ignore_errors=True)  # a staging that starts afresh
             if request.part != "whole" or run.history.staged:
@@ -437,7 +476,7 @@ def _run_steps(
             return results, invocation, outcome
         where = "on the host" if invocation.chroot else "in the agent container"
         run.log.line(f"Running step {invocation.label} {where}.")
-        if request.part == "serving":
+        if request.part == "serving" and not invocation.is_check:
             # Recorded before it starts: a half run is undone too.
             run.save(with_staged(run.history, invocation.list_name, invocation.step.name,
                                  request.version, request.generation, done=False))
@@ -457,7 +496,7 @@ def _run_steps(
             results.append(StepResult(invocation.label, "failed", outcome.exit_code, seconds))
             return results, invocation, outcome
         results.append(StepResult(invocation.label, "ok", outcome.exit_code, seconds))
-        if request.part == "serving":
+        if request.part == "serving" and not invocation.is_check:
             run.save(with_staged(run.history, invocation.list_name, invocation.step.name,
                                  request.version, request.generation, done=True))
         elif request.part == "undo":

@@ -62,7 +62,8 @@ class PodLedger:
     def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
         """Stage pods by kind, their steps that ran (whose container terminated) by stage, and how many
         of those failed. A staging or undo pod's steps are not counted: the window's stage runs those
-        packages again, skipping what was staged."""
+        packages again, skipping what was staged, or, for a stage staged whole, runs no container (the
+        check after the interrupt takes it over)."""
         from gate.cli.stagepods import kind_of, step_states
 
         with self._lock:
@@ -175,6 +176,10 @@ def summary_lines(report: Any, ev: Evidence, bad_node: str) -> list[str]:
             lines.append(f"{staged} staging pods ran the serving steps on nodes still serving, before their cordon"
                          + (f"; {undone} undo pods took back what was staged for a node not interrupted." if undone
                             else "."))
+        whole = [n for n in nodes if "StagedWhole" in ev.node_reasons[n]]
+        if whole:
+            lines.append(f"On {len(whole)} of {total} nodes stages staged whole ran no container in the window "
+                         "(Event StagedWhole): their checks after the reboot took them over.")
         interrupts = ev.steps.get("interrupt", 0)
         if interrupts == total and len(seen["Rebooted"]) == total:
             lines.append(f"{interrupts} interrupt steps for {total} nodes: the packages' interrupts were merged "

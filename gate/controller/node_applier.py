@@ -18,7 +18,6 @@ import contextlib
 import logging
 from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from gate.api import keys
@@ -30,19 +29,18 @@ from gate.controller.patches import node_patch
 from gate.controller.pods import (
     config_map,
     config_map_problems,
-    container_name,
     facts_of,
     recorded_shape,
     stage_pod,
     stage_pod_ended,
     stage_pod_fields,
     stage_pod_view,
+    step_runs,
 )
 from gate.controller.podshape import shape_differences, shape_digest
 from gate.controller.views import node_view
 from gate.kube.client import CONFIGMAPS, NODES, PODS
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed, TooManyRequests
-from gate.kube.objects import container_states, parse_time
 from gate.lifecycle.condition import NodeCondition
 from gate.lifecycle.fleet import NodeUpdate
 from gate.lifecycle.images import pod_images, request_packages
@@ -342,18 +340,8 @@ class NodeApplier(Writer):
         """A stage pod about to be deleted: the duration of each of its steps by outcome (succeeded,
         failed, or abandoned when a reset or a gate deletion cut it off), from the container's start
         to its end."""
-        view = stage_pod_view(pod)
-        states = container_states(pod)
-        for i, step in enumerate(view.steps):
-            state = states.get(container_name(step), {})
-            timing = state.get("terminated") or state.get("running")
-            started = parse_time((timing or {}).get("startedAt"))
-            if started is None:
-                continue
-            outcome = "succeeded" if i < view.done else ("failed" if "terminated" in state else "abandoned")
-            ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
-            self.metrics.stage_duration.labels(step.package or "-", step.stage, outcome).observe(
-                max(0.0, (ended - started).total_seconds()))
+        for step, outcome, seconds in step_runs(pod):
+            self.metrics.stage_duration.labels(step.package or "-", step.stage, outcome).observe(seconds)
 
     async def _ensure(self, resource: Any, obj: Obj) -> Obj | None:
         """Create; an object that already exists is fine (None): names are deterministic."""

@@ -39,6 +39,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from gate.api import keys
 from gate.api.common import Obj, parse_duration
@@ -50,7 +51,7 @@ from gate.api.state import NodeGateState, config_hash
 from gate.controller.podshape import BASIS_FIELD, SHAPE_FIELD, digest_since, shape_digest
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
-from gate.kube.objects import container_states, container_statuses, created_at, pod_ended, stuck_wait
+from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images, request_packages
 from gate.lifecycle.node import PodKind, PodRequest, RunPhase, StagePod, Step
 from gate.lifecycle.prepull import Candidate
@@ -66,6 +67,7 @@ NODE_NAME_ANNOTATION = f"{keys.GROUP}/node-name"
 STEPS_ANNOTATION = f"{keys.GROUP}/steps"
 ROUND_ANNOTATION = f"{keys.GROUP}/round"
 ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
+GENERATION_ANNOTATION = f"{keys.GROUP}/generation"  # a staging pod's: the gate generation it stages for
 POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal", "staging", "unstage")
 # NodeGate's image keeps its virtualenv at /opt/nodegate (Dockerfile). -I: isolated mode (no PYTHON*
 # variable, no user site, not the current directory on sys.path); -u and -B stand in for the image's
@@ -241,6 +243,7 @@ def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], s
     and a foreground deletion of the gate would take it before its undo ran."""
     pod = stage_pod(gate, node, PodRequest(name, "staging", steps, part="serving"), settings, facts, images)
     del pod["metadata"]["ownerReferences"]
+    pod["metadata"]["annotations"][GENERATION_ANNOTATION] = str(gate.metadata.generation or 0)
     return pod
 
 
@@ -525,10 +528,12 @@ def stage_pod_view(pod: Obj) -> StagePod:
                 message = f"container {cs.get('name')} exited with code {term.get('exitCode')}"
             break
     kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL, "stages")
-    boot_id = ""
-    if kind == "staging" and statuses and not failed:  # its summary says the boot it ended on
-        last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
-        boot_id = _summary_boot_id(last)
+    boot_id, generation = "", None
+    if kind == "staging":
+        generation = _int(annotations[GENERATION_ANNOTATION]) if GENERATION_ANNOTATION in annotations else None
+        if statuses and not failed:  # its summary says the boot it ended on
+            last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
+            boot_id = _summary_boot_id(last)
     pod_phase = status.get("phase")
     phase: RunPhase
     if pod_phase == "Succeeded" or (steps and done == len(steps)):
@@ -548,8 +553,26 @@ def stage_pod_view(pod: Obj) -> StagePod:
         round=_int(annotations.get(ROUND_ANNOTATION)), attempt=_int(annotations.get(ATTEMPT_ANNOTATION)),
         deadline=(pod.get("spec") or {}).get("activeDeadlineSeconds"),
         deleting=bool(meta.get("deletionTimestamp")), uid=str(meta.get("uid") or ""),
-        shape=recorded_shape(pod), boot_id=boot_id,
+        shape=recorded_shape(pod), boot_id=boot_id, generation=generation,
     )
+
+
+def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]]:
+    """Each started step of a pod about to go, its outcome (`done` when it succeeded, failed, abandoned)
+    and its seconds from its container's start to its end: what `nodegate_stage_duration_seconds` observes."""
+    view = stage_pod_view(pod)
+    states = container_states(pod)
+    out = []
+    for i, step in enumerate(view.steps):
+        state = states.get(container_name(step), {})
+        timing = state.get("terminated") or state.get("running")
+        started = parse_time((timing or {}).get("startedAt"))
+        if started is None:
+            continue
+        outcome = done if i < view.done else ("failed" if "terminated" in state else "abandoned")
+        ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
+        out.append((step, outcome, max(0.0, (ended - started).total_seconds())))
+    return out
 
 
 def _summary_boot_id(message: str) -> str:

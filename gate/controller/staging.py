@@ -36,6 +36,7 @@ from gate.controller.pods import (
     facts_of,
     stage_pod_view,
     staging_pod,
+    step_runs,
     unstage_pod,
 )
 from gate.controller.settings import OperatorSettings
@@ -92,6 +93,7 @@ class Stager:
         self.trust = trust
         self.catalog = catalog
         self.by_gate: dict[str, GateStaging] = {}
+        self.observed: set[str] = set()  # staging pods taken over whose steps were observed
         self.gates: dict[str, NodeGate] = {}
         self.lock = asyncio.Lock()
 
@@ -116,6 +118,7 @@ class Stager:
         pods = self._pods()
         plan = plan_stagings(self.by_gate, [p for p, _ in pods], self.settings.staging_concurrency)
         out = StagingWrites(delete=list(plan.delete))
+        self._taken_over_metrics(pods, plan.delete)
         for cand in plan.create:
             body = self._staging_pod(cand)
             if body is not None:
@@ -154,6 +157,20 @@ class Stager:
                                    phase=view.phase, deleting=bool(pod["metadata"].get("deletionTimestamp"))), view))
         return out
 
+    def _taken_over_metrics(self, pods: list[tuple[StagingPod, StagePod]], deleted: list[str]) -> None:
+        """A staging pod its round took over, about to go: its steps are the round's, observed as `staged`
+        in `nodegate_stage_duration_seconds` (a stage staged whole runs no container in the window)."""
+        names = {p.name for p, _ in pods}
+        self.observed &= names  # once a pod: the plan names it again until its deletion is seen
+        for pod, _ in pods:
+            if (pod.name not in deleted or pod.kind != "staging" or undo_pod_name(pod.name) in names
+                    or pod.name in self.observed):
+                continue
+            self.observed.add(pod.name)
+            obj = self.world.pods.get(pod.name, self.settings.namespace)
+            for step, outcome, seconds in step_runs(obj, done="staged") if obj is not None else ():
+                self.metrics.stage_duration.labels(step.package or "-", step.stage, outcome).observe(seconds)
+
     def _measure(self, pods: list[tuple[StagingPod, StagePod]]) -> None:
         names = {p.name: p for p, _ in pods}
         counts: Counter[str] = Counter()
@@ -169,12 +186,16 @@ class Stager:
             self.metrics.stagings.labels(state).set(counts[state])
 
     def pod_for(self, gate: NodeGate, state: NodeGateState, node: str) -> StagePod | None:
-        """For the node reconcile: the staging pod of the node's round, None while there is none."""
+        """For the node reconcile: the staging pod of the node's round, None while there is none, or while
+        its undo exists (what it staged is being taken back, or was: the round waits for a staging anew)."""
         steps = staging_steps(gate, state, self.catalog)
         if not steps:
             return None
-        pod = self.world.pods.get(staging_pod_name(gate.name, node, steps), self.settings.namespace)
-        return stage_pod_view(pod) if pod is not None else None
+        name = staging_pod_name(gate.name, node, steps)
+        pod = self.world.pods.get(name, self.settings.namespace)
+        if pod is None or self.world.pods.get(undo_pod_name(name), self.settings.namespace) is not None:
+            return None
+        return stage_pod_view(pod)
 
 
 __all__ = ["STAGING_KINDS", "Stager", "StagingWrites", "staging_owner"]

@@ -75,6 +75,8 @@ class StagePod:
     deadline: float | None = None  # its activeDeadlineSeconds
     # A staging pod's: the node's bootID when its agent ended (its summary), to know a reboot since.
     boot_id: str = ""
+    # A staging pod's: the gate generation its agent staged for (`--generation`), None when unknown.
+    generation: int | None = None
     deleting: bool = False  # deleted, still stopping (its metadata.deletionTimestamp)
     uid: str = ""  # its metadata.uid and the digest of what it runs: whether it is the operator's
     shape: str = ""  # (`gate.lifecycle.ownership`; the decider only ever sees pods that are)

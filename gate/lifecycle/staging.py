@@ -38,6 +38,17 @@ Decisions:
   taken over; a deleted gate goes only once its staging and undo pods are gone (`gate_may_go`).
   A round that passed its cordon owns what was staged: its own failure, retry or roll-back deals
   with it, as with the rest of its work (the host's staged record goes with the window's stage).
+* **A stage staged whole runs no container in the window** (`staged_whole`). Every step of its list a
+  serving step, no overlay (`Serving.only`), the staging pod ran its check too (`gate.agent.plan`), at
+  the gate's generation; the package depends on nothing and its own interrupt gives it a check after
+  the interrupt. The round records the stage done in the write that moves it past its cordon (so the
+  staging pod goes only once the state holds it), and the check after the interrupt takes the host's
+  staged record over (`gate.agent.stage`): a retry, failure or roll-back of the round finds the stage
+  recorded as any stage the window ran, and a round that fails before that check leaves the record
+  to the next stage of the package on the node (its next round's check, a whole stage or uninstall);
+  a later staging of another version or generation forgets such records without undoing them (no
+  staging starts where an undo is left, so records it finds are an owning round's), and a staging pod
+  whose undo exists is never the round's staging (`gate.controller.staging.Stager.pod_for`).
 * **A staged node that reboots on its own.** Its staged work is live from that boot. When its turn
   comes (its pick, within the budget: the invariant checker's `over-ceiling` counts it from the pick as
   any other) and every stage of its round is serving-only (`Serving.only`) and its interrupt one a
@@ -59,10 +70,11 @@ from typing import Literal
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
-from gate.lifecycle.node import Decision, Step
+from gate.lifecycle.node import Decision, StagePod, Step
 from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon, picked_nodes, planned_state
 from gate.lifecycle.round import Round, install_order, round_work, stage_fingerprint, stuck_reason
 from gate.lifecycle.serving import ServingCatalog
+from gate.lifecycle.work import after_stage
 
 # The interrupts a reboot of the node satisfies: a drain asks for a drained node during the stages.
 REBOOT_SATISFIES = frozenset({"reboot", "service", "restartAllServices"})
@@ -117,6 +129,7 @@ def await_staging(r: Round, steps: Sequence[Step], catalog: ServingCatalog, inte
     ctx, s = r.ctx, r.state
     view = ctx.staging_pod
     if view is not None and view.phase == "succeeded":
+        _record_staged_whole(r, staged_whole(ctx.gate, s, catalog, view), view)
         rebooted = bool(view.boot_id) and view.boot_id != ctx.node.boot_id and ctx.node.ready
         if (rebooted and interrupt_type in REBOOT_SATISFIES and not s.own_reboot
                 and serving_only(ctx.gate, s, catalog)):
@@ -137,6 +150,55 @@ def await_staging(r: Round, steps: Sequence[Step], catalog: ServingCatalog, inte
     current = r.decision.requeue_after
     r.decision.requeue_after = ctx.timing.poll if current is None else min(current, ctx.timing.poll)
     return r.finish_decision()
+
+
+def staged_whole(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog, view: StagePod) -> tuple[Step, ...]:
+    """The round's package stages its succeeded staging pod ran whole, which the window runs no container
+    for: every stage left of the package is serving steps only (`Serving.only`: no step must run drained,
+    no overlay), the pod ran each for the round's spec (same fingerprint) at the gate's generation, the
+    package depends on nothing (its stage never waits for another's), and its own interrupt gives it a
+    check after the interrupt in this round: that check's agent takes the staged work over on the host
+    (`gate.agent.stage`), and the staging pod already ran the stage's check (`gate.agent.plan`). A
+    staging pod whose generation is unknown (an older operator's) stages nothing whole: the window runs
+    the stage, skipping the staged steps, as before."""
+    if view.phase != "succeeded" or view.generation is None or view.generation != (gate.metadata.generation or 0):
+        return ()
+    if state.rollback is not None and not state.rollback.done:
+        return ()
+    ran = {(s.package, s.stage, s.fingerprint) for s in view.steps}
+    work = round_work(gate, state)
+    out: list[Step] = []
+    for name in install_order(gate):
+        serving, w, pkg = catalog.of(gate, name), work[name], gate.spec.packages[name]
+        if serving is None or w.done or pkg.depends_on or w.interrupt.type == "none":
+            continue
+        steps = [Step(name, stage, stage_fingerprint(pkg, stage), version=pkg.version,
+                      previous_version=w.previous_version) for stage in w.stages]
+        if all(st.stage in serving.only and (name, st.stage, st.fingerprint) in ran for st in steps):
+            out += steps
+    return tuple(out)
+
+
+def _record_staged_whole(r: Round, steps: Sequence[Step], view: StagePod) -> None:
+    """Before the cordon, in the write that moves the round past it: the stages staged whole are the
+    round's, recorded done as the window's would be (its staging pod is then deleted: `_round_owns_it`)."""
+    if not steps:
+        return
+    s, packages = r.state, r.gate.spec.packages
+    installed = dict(s.installed)
+    for step in steps:
+        assert step.package is not None
+        done = after_stage(step.stage, packages[step.package], installed.get(step.package))
+        if done is None:
+            installed.pop(step.package, None)
+        else:
+            installed[step.package] = done
+    s.installed = installed
+    r.changed = True
+    names = ", ".join(f"{st.package} {st.stage}" for st in steps)
+    r.event("node", "Normal", "StagedWhole", f"NodeGate {r.gate.name}: {names} ran whole in staging pod {view.name} "
+            f"while the node served (generation {view.generation}, checks passed): the window runs no container "
+            "for them; each package's check after the interrupt takes its staged work over on the host")
 
 
 # ---- the fleet: which staging and undo pods exist ------------------------------------------------
@@ -322,6 +384,7 @@ __all__ = [
     "gate_staging",
     "plan_stagings",
     "serving_only",
+    "staged_whole",
     "staging_pod_name",
     "staging_steps",
     "undo_pod_name",

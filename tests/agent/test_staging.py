@@ -139,3 +139,64 @@ def test_grub_cmdline_stages_its_drop_in_and_grub_cfg_and_its_undo_restores_the_
     window = agent.run("apply", pkg, package="grub-cmdline", generation=2)
     assert window.code == 0 and window.summary["message"] == "1 steps passed, 2 skipped (already done)", window.summary
     assert "intel_iommu=on" in grub_cfg.read_text()
+
+
+# STAGES' first step alone: every apply step a serving step, the apply staged whole.
+WHOLE = STAGES[:STAGES.index("      - name: count-builds")] + """\
+    apply-check:
+      - {name: written, command: 'grep -qx new /etc/next-boot'}
+    post-interrupt-check:
+      - {name: live, command: 'grep -qx new /etc/next-boot'}
+"""
+
+
+def test_a_stage_staged_whole_runs_its_check_in_staging_and_the_check_after_the_interrupt_takes_it_over(
+        agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, WHOLE, scripts=SCRIPTS)
+    # Every apply step is serving: the staging runs the apply's check too, before the cordon.
+    staged = agent.run("apply", pkg, "--part", "serving")
+    assert staged.code == 0 and staged.summary["message"] == "2 steps passed", staged.summary
+    record = history(agent.root)
+    assert record["installed"] is None
+    assert record["staged"] == {"apply/write-next-boot": {"version": "1.0.0", "generation": 1, "done": True}}
+
+    # The window ran no container for the apply; the check after the interrupt (another generation: the
+    # spec changed mid-round) records it applied and takes the staged record over, so no undo takes it back.
+    after = agent.run("post-interrupt", pkg, generation=2)
+    assert after.code == 0, after.summary
+    record = history(agent.root)
+    assert (record["installed"], record["staged"]) == ("1.0.0", {})
+    assert [(r["stage"], r["ok"], r["generation"]) for r in record["runs"][-2:]] == [
+        ("apply:staged", True, 2), ("post-interrupt", True, 2)]
+    assert not (agent.root / STATE / "staged").exists()
+    assert agent.run("apply", pkg, "--part", "undo").summary["message"] == "0 steps passed"
+    assert (agent.root / "etc/next-boot").read_text() == "new\n"
+
+    # A check after the interrupt with nothing staged whole records nothing more.
+    again = agent.run("post-interrupt", pkg, generation=2)
+    assert again.code == 0 and [r["stage"] for r in history(agent.root)["runs"]].count("apply:staged") == 1
+
+    # A failing check fails the staging, before any cordon.
+    (agent.root / "etc/next-boot").write_text("old\n")
+    failing = make_package(tmp_path / "bad", WHOLE.replace("grep -qx new /etc/next-boot'}\n    post",
+                                                            "false'}\n    post"), scripts=SCRIPTS)
+    bad = agent.run("apply", failing, "--part", "serving", generation=3)
+    assert (bad.code, bad.summary["failedStep"]) == (1, "apply-check/written"), bad.summary
+
+
+def test_a_staging_forgets_what_an_earlier_round_staged_and_owns_so_its_undo_never_takes_that_back(
+        agent: Agent, tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, STAGES, scripts=SCRIPTS)
+    (agent.root / "etc/next-boot").write_text("old\n")
+    # Round 1 staged at generation 1, passed its cordon and failed before anything took the records over.
+    assert agent.run("apply", pkg, "--part", "serving").code == 0
+    assert set(history(agent.root)["staged"]) == {"apply/write-next-boot", "apply/count-builds"}
+    # A later staging (generation 2) starts afresh: round 1's records go, and what it saves is the host now.
+    again = agent.run("apply", pkg, "--part", "serving", generation=2)
+    assert again.code == 0, again.summary
+    assert {rec["generation"] for rec in history(agent.root)["staged"].values()} == {2}
+    # Its undo takes back its own work only: round 1's write stays.
+    assert agent.run("apply", pkg, "--part", "undo", generation=2).code == 0
+    assert (agent.root / "etc/next-boot").read_text() == "new\n"
+    assert (agent.root / "etc/builds").read_text() == "built\n"
+    assert history(agent.root)["staged"] == {}

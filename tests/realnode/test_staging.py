@@ -4,8 +4,9 @@ that is not cordoned, then their undo in an unstage pod puts the node back.
 
 The first test creates the pods the operator renders (`gate.controller.pods.stage_pod` with `part`)
 directly: the host's side of staging, each step and its undo, on Debian 12 and 13. The second runs
-them through the tier's operator (staging on, `OPERATOR_ENV`): staged before the cordon, the window
-running only the checks and the reboot, and the undo of a deleted gate. Effects are read in the
+them through the tier's operator (staging on, `OPERATOR_ENV`): staged before the cordon (the apply's
+check with it: both packages stage their whole apply), the window's pod holding only the reboot, the
+checks after it taking the staged work over on the host, and the undo of a deleted gate. Effects are read in the
 node's own root."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import yaml
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
-from gate.controller.pods import GATE_NAME_ANNOTATION, stage_pod, stage_pod_view
+from gate.controller.pods import GATE_NAME_ANNOTATION, pod_steps, stage_pod, stage_pod_view
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import WatchCache
 from gate.kube.client import NODES, PODS
@@ -152,11 +153,18 @@ class Seen:
     undone: dict[tuple[str, str], int] = field(default_factory=dict)  # (gate, node) -> its undo pod's steps ended
     failed: list[str] = field(default_factory=list)  # staging or undo pods that failed
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> first unschedulable
+    # (gate, node) -> each round pod's steps and containers (init and main), by pod name
+    window: dict[tuple[str, str], dict[str, tuple[list[str], list[str]]]] = field(default_factory=dict)
 
     def on_pod(self, kind: str, pod: Obj) -> None:
         meta = pod["metadata"]
         gate = (meta.get("annotations") or {}).get(GATE_NAME_ANNOTATION)
         pod_kind = (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL)
+        if gate in self.gates and pod_kind not in ("staging", "unstage", "prepull") and kind != "DELETED":
+            spec = pod.get("spec") or {}
+            containers = [c["name"] for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])]
+            self.window.setdefault((gate, spec.get("nodeName", "")), {})[meta["name"]] = (
+                [f"{s.package or '-'}:{s.stage}" for s in pod_steps(pod)], containers)
         if gate not in self.gates or pod_kind not in ("staging", "unstage") or kind == "DELETED":
             return
         # Ended as the operator reads it: at its last step's end, before the kubelet writes the terminal
@@ -172,11 +180,11 @@ class Seen:
             self.cordoned.setdefault(node["metadata"]["name"], int(node["metadata"]["resourceVersion"]))
 
 
-def _apply_logs(real: RealCluster, node: str, gate: str, package: str) -> list[str]:
-    """The node's logs of the gate's apply runs of `package`, oldest first."""
+def _stage_logs(real: RealCluster, node: str, gate: str, package: str, stage: str) -> list[str]:
+    """The node's logs of the gate's `stage` runs of `package`, oldest first."""
     where = f"/var/log/nodegate/{gate}/{package}/1.0.0"
     names = real.node_sh(node, f"ls {where}").stdout.split()
-    return [real.node_file(node, f"{where}/{name}") or "" for name in sorted(names) if name.endswith("-apply.log")]
+    return [real.node_file(node, f"{where}/{name}") or "" for name in sorted(names) if name.endswith(f"-{stage}.log")]
 
 
 def _staged_on_host(real: RealCluster, node: str) -> bool:
@@ -236,7 +244,7 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
             assert not seen.cordoned, f"a node was cordoned for a gate that never opened: {seen.cordoned}"
 
             # 2. The same packages, rolled: each node is staged while it serves, cordoned only after its
-            # staging pod succeeded, and its window runs the checks and the reboot, not the staged steps.
+            # staging pod succeeded, and its window runs the reboot alone, then the checks after it.
             real.kubectl.apply(real_pool_gate(gate, _packages(real)))
             await asyncio.to_thread(real.wait_complete, gate, 900.0)
             for node in real.nodes:
@@ -251,16 +259,27 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                     history = json.loads(real.node_file(node, f"/var/lib/nodegate/{gate}/{package}/history.json")
                                          or "{}")
                     assert history["installed"] == "1.0.0" and history["staged"] == {}, history
-                    # Two apply runs: the staging (the serving steps alone), then the window's, which
-                    # skipped them and ran only the check.
-                    runs = _apply_logs(real, node, gate, package)
-                    assert len(runs) == 2, runs
-                    staging, window = runs
+                    # The apply was staged whole: one apply run, the staging's (its serving steps, then
+                    # its check), and no container of the package in the window's pod before the reboot;
+                    # the check after the reboot took the staged record over as the apply of this round.
+                    assert [r["stage"] for r in history["runs"]] == ["apply:serving", "apply:staged",
+                                                                   "post-interrupt"], history["runs"]
+                    assert history["runs"][1]["ok"] and history["runs"][1]["generation"] == \
+                        history["runs"][0]["generation"], history["runs"]
+                    runs = _stage_logs(real, node, gate, package, "apply")
+                    assert len(runs) == 1, runs
                     for step in steps:
-                        assert f"Running step apply/{step} " in staging, staging
-                        assert f"Skipped step apply/{step}: staged while the node served" in window, window
-                    assert "Running step apply/" not in window, window
-                    assert "Running step apply-check/" in window, window
+                        assert f"Running step apply/{step} " in runs[0], runs[0]
+                    assert "Running step apply-check/" in runs[0], runs[0]
+                    after = _stage_logs(real, node, gate, package, "post-interrupt")
+                    assert len(after) == 1 and "Took over stage apply" in after[0], after
+                # The window's pod that held the reboot: nothing else (no payload copy, no apply of either).
+                window = seen.window[gate, node]
+                first = [(steps, names) for steps, names in window.values() if "-:interrupt" in steps]
+                assert len(first) == 1 and first[0][0] == ["-:interrupt"], window
+                assert not [n for n in first[0][1] if any(p in n for p in SERVING_STEPS)], window
+                assert sorted(s for steps, _ in window.values() for s in steps) == sorted(
+                    ["-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
             assert not seen.failed, seen.failed
         finally:
             report = await watcher.stop()

@@ -24,7 +24,7 @@ from gate.api.common import Obj
 from gate.controller.pods import GATE_NAME_ANNOTATION
 from gate.devcluster.stages import failing_stage
 from gate.kube.cache import WatchCache
-from gate.kube.client import NODES, PODS, KubeClient
+from gate.kube.client import EVENTS, NODES, PODS, KubeClient
 from gate.rollout import order_key
 from tests.integration.operator.conftest import NAMESPACE, Scenario, wait_for
 from tests.integration.operator.test_rollback import _policy
@@ -112,6 +112,10 @@ async def test_staged_before_the_cordon_bounded_and_undone_when_the_compartment_
         assert node in watched.cordoned, f"{node} was never cordoned"
         assert watched.staged[node] < watched.cordoned[node], f"{node} was cordoned before its staging succeeded"
         assert not (await scenario.node(node))["spec"].get("unschedulable")
+        # grub-cmdline's apply was staged whole: recorded at the cordon, no container for it in the window.
+        events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={node}")
+        assert any(e.get("reason") == "StagedWhole" and "grub-cmdline apply" in e.get("note", "") for e in events), \
+            [(e.get("reason"), e.get("note")) for e in events]
     # Ahead of its turn: some node's staging pod existed before the node was picked.
     assert any(watched.created[n] < watched.picked.get(n, 1 << 62) for n in nodes if n in watched.created), \
         (watched.created, watched.picked)

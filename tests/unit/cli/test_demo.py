@@ -98,6 +98,13 @@ def test_staging_and_undo_pods_are_told_apart_from_the_windows_stage_pods() -> N
            "back what was staged for a node not interrupted." in lines
     assert not any("staging pods" in line for line in summary_lines(_report(sorted(ev.node_reasons), 3),
                                                                       _evidence(), "pool-b-0"))
+    # Nodes whose stages were staged whole ran no container for them in the window: said, counted by Event.
+    whole = _evidence(node_reasons={**ev.node_reasons, "pool-a-0": ALL_STEPS | {"StagedWhole"}})
+    lines = summary_lines(_report(sorted(whole.node_reasons), 3), whole, "pool-b-0")
+    assert "On 1 of 3 nodes stages staged whole ran no container in the window (Event StagedWhole): their " \
+           "checks after the reboot took them over." in lines
+    assert not any("staged whole" in line for line in summary_lines(_report(sorted(ev.node_reasons), 3), ev,
+                                                                      "pool-b-0"))
 
 
 def test_a_summary_claims_nothing_the_cluster_does_not_show() -> None:

@@ -25,6 +25,7 @@ from gate.controller.pods import (
     stage_pod_fields,
     stage_pod_view,
     staging_pod,
+    step_runs,
     unstage_pod,
 )
 from gate.controller.settings import OperatorSettings
@@ -394,6 +395,16 @@ def test_a_staging_pod_runs_the_serving_part_and_its_view_carries_the_boot_its_a
                      "containerStatuses": [_terminated("apply-tuned", 0, summary)]}
     view = stage_pod_view(pod)
     assert (view.kind, view.phase, view.boot_id) == ("staging", "succeeded", "boot-7")
+    # The generation it staged for (`staged_whole` holds it against the gate's), kept by the operator's cache
+    # (an annotation); a window's pod says none.
+    staged = staging_pod(gate(), "n", "ng-staging-x", staging.steps, SETTINGS)
+    assert stage_pod_view(stage_pod_fields(staged)).generation == (gate().metadata.generation or 0) == 3
+    assert stage_pod_view(stage_pod(gate(), "n", request(("tuned", "apply")), SETTINGS)).generation is None
+    # Taken over by its round, its steps are observed as staged: from each container's start to its end.
+    pod["status"]["containerStatuses"][0]["state"]["terminated"] |= {"startedAt": "2026-11-30T10:00:01Z",
+                                                                     "finishedAt": "2026-11-30T10:00:04Z"}
+    assert [(s.package, s.stage, outcome, secs) for s, outcome, secs in step_runs(pod, done="staged")] == [
+        ("tuned", "apply", "staged", 3.0)]
     # A stage pod's summary is not read for it, and a staging that failed says no boot.
     assert stage_pod_view(_seen("Succeeded", [], [_terminated("config-tuned", 0, summary)])).boot_id == ""
     pod["status"]["containerStatuses"] = [_terminated("apply-tuned", 1, summary)]

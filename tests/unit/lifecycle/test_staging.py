@@ -25,6 +25,7 @@ from gate.lifecycle.staging import (
     gate_may_go,
     gate_staging,
     plan_stagings,
+    staged_whole,
     staging_pod_name,
     staging_steps,
     undo_pod_name,
@@ -169,6 +170,63 @@ def test_a_staged_node_without_a_reboot_of_its_own_goes_through_the_window_as_be
     state, timeline, n = drive(g, s, node(), staging_view(g, s))
     assert state.status == "complete" and not n.unschedulable
     assert timeline.index("Cordoned") < timeline.index("k:apply") < timeline.index("-:interrupt")
+
+
+def test_a_package_staged_whole_gets_no_container_in_the_window_and_its_check_after_the_interrupt_runs() -> None:
+    # `k` stages its whole apply; `half` has steps that must run drained; `quiet` stages whole but asks for no
+    # interrupt of its own (no check after it would take its staged work over); `dep` depends on another.
+    g = gate({"k": REBOOT_PKG, "half": REBOOT_PKG, "quiet": PKG,
+              "dep": {**REBOOT_PKG, "dependsOn": {"half": ">=1.0.0"}}})
+    catalog = ServingCatalog({**CATALOG.packages, "quiet": CATALOG.packages["k"], "dep": CATALOG.packages["k"]})
+    s = started(g)
+    steps = staging_steps(g, s, catalog)
+    view = StagePod(staging_pod_name(g.name, "n1", steps), "staging", "succeeded", steps, done=len(steps),
+                    boot_id="boot-1", generation=1)
+    assert [(st.package, st.stage) for st in staged_whole(g, s, catalog, view)] == [("k", "apply")]
+    # Another generation, an unknown one (an older operator's pod) or a pod that did not succeed: none.
+    for other in (replace(view, generation=2), replace(view, generation=None), replace(view, phase="running")):
+        assert staged_whole(g, s, catalog, other) == ()
+
+    pods: dict[str, StagePod] = {}
+    n, state, created, events = node(), s, [], []
+    for _ in range(30):
+        d = look(g, state, n=n, staging=view, stage_pods=pods, catalog=catalog)
+        if state.phase == "idle" and d.state is not None and d.state.phase != "idle":
+            # The write that cordons records the stage staged whole, in one write with the phase past idle.
+            assert d.node.unschedulable is True and d.state.installed["k"].version == "1.0.0"
+        state = d.state or state
+        events += [e for e in d.events if e.target == "node"]
+        n = _apply_node(n, d)
+        for name in d.delete_pods:
+            pods.pop(name, None)
+        for req in d.create_pods:
+            created.append([f"{st.package or '-'}:{st.stage}" for st in req.steps])
+            pods[req.name] = ran(req)
+            if req.interrupt and req.interrupt.type == "reboot":
+                n = replace(n, boot_id=n.boot_id + "'")
+        if state.status != "in-progress":
+            break
+    assert state.status == "complete" and not n.unschedulable
+    # The window's first pod: no container of `k`; the others' stages run as before, then the reboot.
+    assert sorted(created[0][:-1]) == ["dep:apply", "half:apply", "quiet:apply"] and created[0][-1] == "-:interrupt"
+    # After the reboot `k`'s check runs: its agent takes the staged work over on the host.
+    assert sorted(created[1]) == ["dep:post-interrupt", "half:post-interrupt", "k:post-interrupt"]
+    staged = [e for e in events if e.reason == "StagedWhole"]
+    assert len(staged) == 1 and "k apply" in staged[0].message and view.name in staged[0].message
+
+    # Every package staged whole and the node rebooted on its own: no cordon, only the checks run.
+    g = gate({"k": REBOOT_PKG})
+    s = started(g)
+    steps = staging_steps(g, s, CATALOG)
+    own = StagePod(staging_pod_name(g.name, "n1", steps), "staging", "succeeded", steps, done=len(steps),
+                   boot_id="boot-0", generation=1)
+    state, timeline, n = drive(g, s, node(boot_id="boot-1"), own)
+    assert state.status == "complete" and state.installed["k"].version == "1.0.0"
+    assert timeline[:3] == ["StagedWhole", "RebootCounted", "k:post-interrupt"] and "Cordoned" not in timeline
+    # Not rebooted: cordoned, the window's pod holds the reboot alone, the check comes after it.
+    state, timeline, n = drive(g, s, node(), replace(own, boot_id="boot-1"))
+    assert state.status == "complete" and "k:apply" not in timeline
+    assert timeline.index("Cordoned") < timeline.index("-:interrupt") < timeline.index("k:post-interrupt")
 
 
 # -- the fleet: candidates and the bound ---------------------------------------------------------
