@@ -68,7 +68,10 @@ BUNDLE_TYPE_PREFIX = "application/vnd.dev.sigstore.bundle"
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 COSIGN_SIGN_PREDICATE = "https://sigstore.dev/cosign/sign/v1"
 BUNDLE_PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"
-MAX_SIGNATURES = 16  # signatures read per image: a registry cannot make the operator read without end
+# Signatures read per image, the newest: a registry cannot make the operator read without end. cosign
+# appends a new signature after the ones before it (a `.sig` manifest's layers, a fallback tag's index),
+# so a key rotation's signature on an image signed many times before is the last, and is read.
+MAX_SIGNATURES = 16
 
 
 def signature_tag(digest: str) -> str:
@@ -138,7 +141,7 @@ def simplesigning_layers(manifest: bytes) -> list[tuple[str, str | None]]:
         if layer.get("mediaType") == SIMPLESIGNING_TYPE and isinstance(layer.get("digest"), str):
             sig = _dict(layer.get("annotations")).get(SIGNATURE_ANNOTATION)
             out.append((layer["digest"], sig if isinstance(sig, str) else None))
-    return out[:MAX_SIGNATURES]
+    return out[-MAX_SIGNATURES:]
 
 
 def simplesigning_evidence(where: str, payload: bytes, signature_b64: str | None) -> Evidence:
@@ -174,7 +177,7 @@ def referrer_candidates(index: bytes, subject: str) -> list[str]:
         if isinstance(predicate, str) and predicate != COSIGN_SIGN_PREDICATE:
             continue  # an attestation, not a signature
         out.append(entry["digest"])
-    return out[:MAX_SIGNATURES]
+    return out[-MAX_SIGNATURES:]
 
 
 def bundle_layers(manifest: bytes, subject: str) -> list[str] | str:

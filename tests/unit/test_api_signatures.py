@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from gate.api.cosign import (
     COSIGN_SIGN_PREDICATE,
+    MAX_SIGNATURES,
     Evidence,
     bundle_evidence,
     bundle_layers,
@@ -239,3 +240,20 @@ def test_the_manifests_are_read_as_cosign_writes_them() -> None:
     assert bundle_layers(json.dumps(referrer).encode(), DIGEST) == ["sha256:b"]
     assert bundle_layers(json.dumps(referrer).encode(), OTHER) == f"its subject is {DIGEST}, not {OTHER}"
     assert hashlib.sha256(pae("t", b"p")).hexdigest() == hashlib.sha256(b"DSSEv1 1 t 1 p").hexdigest()
+
+
+def test_an_image_signed_more_often_than_is_read_has_its_newest_signatures_read() -> None:
+    # cosign appends: a rotated key's signature comes after every older one. With the first ones read,
+    # an image signed 16 times before never showed the new key's (the signature test failed so, on a
+    # registry kept across runs, once the agent image had collected more than 16 signatures).
+    many = MAX_SIGNATURES + 4
+    sig_manifest = json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "digest": f"sha256:{i}",
+         "annotations": {"dev.cosignproject.cosign/signature": f"s{i}"}} for i in range(many)]}).encode()
+    read = simplesigning_layers(sig_manifest)
+    assert len(read) == MAX_SIGNATURES and read[-1] == (f"sha256:{many - 1}", f"s{many - 1}")
+    assert ("sha256:0", "s0") not in read
+    index = json.dumps({"manifests": [
+        {"digest": f"sha256:r{i}", "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json"}
+        for i in range(many)]}).encode()
+    assert referrer_candidates(index, DIGEST) == [f"sha256:r{i}" for i in range(4, many)]
