@@ -6,6 +6,8 @@ The long mode, run by hand, is `python -m bench.chaos.run --long` (docs/reliabil
 
 from __future__ import annotations
 
+import pytest
+
 from gate.devcluster.cluster import DevCluster
 from gate.testing.chaos import Chaos, Fleet, chaos_run, table
 from tests.conftest import unique
@@ -14,9 +16,19 @@ FLEET = Fleet(nodes=30, late=4, replicas=2)
 CHAOS = Chaos(kills=4, failovers=1, apiserver_restarts=1, etcd_restarts=1, pause=(0.1, 1.5))
 
 
+# An operator killed while its eviction is in flight can leave the eviction half done: the API server
+# counted the pod in the PodDisruptionBudget's `disruptedPods` but never deleted it. The disruption
+# controller gives that budget back only after its DeletionTimeout of two minutes ("pod was expected to
+# be deleted but it wasn't, updating PDB"), and until then the drains wait (DrainBlocked). An undisturbed
+# run converges in about a minute, one with such a cut eviction in about three; the bound leaves room
+# for several (the run at 420 s failed so once in seven on this machine).
+CONVERGE_WITHIN = 600
+
+
+@pytest.mark.timeout(CONVERGE_WITHIN + 240)
 async def test_a_rollout_disturbed_by_kills_and_restarts_converges_without_violating_an_invariant(
         chaos_cluster: DevCluster) -> None:
-    result = await chaos_run(chaos_cluster, unique("chaos"), FLEET, CHAOS, seed=9, timeout=420,
+    result = await chaos_run(chaos_cluster, unique("chaos"), FLEET, CHAOS, seed=9, timeout=CONVERGE_WITHIN,
                              progress=lambda m: print(m, flush=True))
     print(table([result], None))
     print(result.report.summary())
