@@ -163,14 +163,14 @@ def plan_stage(
     own = STEPS_OF[request.stage]
     whole = own is not None and own in manifest.serving_only()
     for list_name in lists_of(request.stage):
-        if serving_only and list_name not in SERVING_LISTS and not whole:
-            continue  # a stage's check proves the window's work: it runs there
         if serving_only and list_name not in SERVING_LISTS:
-            # The stage is staged whole (every step serving, no overlay): its check runs here, before the
-            # cordon, and the window runs no container for it (`gate.lifecycle.staging.staged_whole`).
-            plan += [_invocation(manifest, request, list_name, step, gate_env,
-                                 host_places if step.on_host else agent_places, facts)
-                     for step in manifest.stages.steps(list_name)]
+            # A stage's check proves the window's work: it runs there. Unless the stage is staged whole
+            # (every step serving, no overlay): then its check runs here, before the cordon, and the
+            # window runs no container for it (`gate.lifecycle.staging.staged_whole`).
+            if whole:
+                plan += [_invocation(manifest, request, list_name, step, gate_env,
+                                     host_places if step.on_host else agent_places, facts)
+                         for step in manifest.stages.steps(list_name)]
             continue
         steps = manifest.stages.serving_steps(list_name) if serving_only else manifest.stages.steps(list_name)
         for step in steps:

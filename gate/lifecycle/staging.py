@@ -74,7 +74,7 @@ from gate.lifecycle.node import Decision, StagePod, Step
 from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon, picked_nodes, planned_state
 from gate.lifecycle.round import Round, install_order, round_work, stage_fingerprint, stuck_reason
 from gate.lifecycle.serving import ServingCatalog
-from gate.lifecycle.work import after_stage
+from gate.lifecycle.work import PackageWork, after_stage
 
 # The interrupts a reboot of the node satisfies: a drain asks for a drained node during the stages.
 REBOOT_SATISFIES = frozenset({"reboot", "service", "restartAllServices"})
@@ -91,11 +91,15 @@ def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog)
         serving = catalog.of(gate, name)
         if serving is None or work[name].done:
             continue
-        pkg = gate.spec.packages[name]
-        steps += [Step(name, stage, stage_fingerprint(pkg, stage), version=pkg.version,
-                       previous_version=work[name].previous_version)
-                  for stage in work[name].stages if stage in serving.lists]
+        steps += [s for s in _package_steps(gate, name, work[name]) if s.stage in serving.lists]
     return tuple(steps)
+
+
+def _package_steps(gate: NodeGate, name: str, work: PackageWork) -> list[Step]:
+    """Each stage the round runs of one package, as the step of a pod that runs it whole."""
+    pkg = gate.spec.packages[name]
+    return [Step(name, stage, stage_fingerprint(pkg, stage), version=pkg.version,
+                 previous_version=work.previous_version) for stage in work.stages]
 
 
 def serving_only(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog) -> bool:
@@ -169,11 +173,10 @@ def staged_whole(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog, 
     work = round_work(gate, state)
     out: list[Step] = []
     for name in install_order(gate):
-        serving, w, pkg = catalog.of(gate, name), work[name], gate.spec.packages[name]
-        if serving is None or w.done or pkg.depends_on or w.interrupt.type == "none":
+        serving, w = catalog.of(gate, name), work[name]
+        if serving is None or w.done or gate.spec.packages[name].depends_on or w.interrupt.type == "none":
             continue
-        steps = [Step(name, stage, stage_fingerprint(pkg, stage), version=pkg.version,
-                      previous_version=w.previous_version) for stage in w.stages]
+        steps = _package_steps(gate, name, w)
         if all(st.stage in serving.only and (name, st.stage, st.fingerprint) in ran for st in steps):
             out += steps
     return tuple(out)
