@@ -35,6 +35,7 @@ from gate.api.state import NodeGateState
 KEY_BYTES_MIN = 32
 KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
 SIGNATURE_DOMAIN = "nodegate.io/state.v1"  # names what is signed, so the key signs nothing else by accident
+POD_SIGNATURE_DOMAIN = "nodegate.io/pod.v1"  # a staging or undo pod's (`sign_pod`)
 
 
 class KeyRingError(ValueError):
@@ -111,6 +112,33 @@ def refusal(state: NodeGateState, ring: KeyRing, binding: Binding) -> str | None
         return (f"its signature does not match it for gate {binding.gate} (uid {binding.gate_uid}) on node "
                 f"{binding.node} (uid {binding.node_uid}): it was changed, copied from another node, or "
                 "written for an earlier gate of that name")
+    return None
+
+
+def _pod_message(namespace: str, name: str, shape: str) -> bytes:
+    return json.dumps([POD_SIGNATURE_DOMAIN, namespace, name, shape], separators=(",", ":")).encode()
+
+
+def sign_pod(ring: KeyRing, namespace: str, name: str, shape: str) -> str:
+    """The signature of a pod the operator creates without recording it in a node's state (a staging or undo
+    pod, `gate.controller.staging`): over its namespace, name and the digest of what it runs as built
+    (`gate.controller.podshape.built_digest`)."""
+    kid = ring.signing_id
+    return f"{kid}:{hmac.new(ring.keys[kid], _pod_message(namespace, name, shape), hashlib.sha256).hexdigest()}"
+
+
+def pod_refusal(ring: KeyRing, sig: str | None, namespace: str, name: str, shape: str) -> str | None:
+    """Why a pod is not one the operator signed as it is now (`sign_pod`), or None when it is."""
+    if not sig:
+        return "it carries no signature of the operator's"
+    kid, sep, digest = sig.partition(":")
+    secret = ring.keys.get(kid)
+    if not sep or secret is None:
+        return f"it is not signed with a key the operator holds ({kid!r})"
+    if not hmac.compare_digest(digest, hmac.new(secret, _pod_message(namespace, name, shape), hashlib.sha256)
+                               .hexdigest()):
+        return ("its signature does not match what it runs: its nodegate.io labels or annotations, or what it "
+                "runs, changed since the operator created it, or the operator never created it under this name")
     return None
 
 

@@ -182,6 +182,26 @@ class Writer:
             raise RuntimeError("the operator's record signing key is not loaded: no record can be written")
         return self.world.signer
 
-    def _gate_obj(self, gate: NodeGate) -> Obj:
-        return self.world.gates.get(gate.name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
-                                                   "metadata": {"name": gate.name}}
+    async def pod_not_ours(self, gate: str, node: str, name: str, uid: str, shape: str, why: str, *,
+                           deleted: bool = False) -> None:
+        """Report a pod carrying the gate's stage pod labels that is not the operator's: once per pod and shape
+        (a Warning Event `PodNotOurs` on the gate, `nodegate_pods_refused_total`, a log line). `deleted`: the
+        operator deletes it (a staging or undo pod, `gate.controller.staging`); else it leaves it be."""
+        seen = (gate, uid or f"{self.settings.namespace}/{name}", shape)
+        if seen in self.world.pods_reported:
+            return
+        self.world.pods_reported.add(seen)
+        self.metrics.pods_refused.labels(gate).inc()
+        log.warning("Stage pod not the operator's, %s; gate=%s node=%s pod=%s/%s why=%s",
+                    "deleted" if deleted else "ignored", gate, node, self.settings.namespace, name, why)
+        then = ("The operator deletes it. Find who created or changed it (the API server's audit log)" if deleted
+                else "Find who created or changed it (the API server's audit log), then delete it")
+        await self.recorder.emit(self._gate_obj(gate), "Warning", "PodNotOurs",
+                                 f"Pod {self.settings.namespace}/{name} on node {node} carries NodeGate {gate}'s "
+                                 f"stage pod labels but is not the operator's: {why}. It is not read as a stage "
+                                 f"result. {then}")
+
+    def _gate_obj(self, gate: NodeGate | str) -> Obj:
+        name = gate if isinstance(gate, str) else gate.name
+        return self.world.gates.get(name) or {"apiVersion": keys.API_VERSION, "kind": "NodeGate",
+                                              "metadata": {"name": name}}

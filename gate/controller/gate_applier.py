@@ -190,7 +190,13 @@ class GateApplier(Writer):
 
     async def apply_staging(self, writes: StagingWrites) -> None:
         """The staging and undo pods to delete, then those to create (a pod already there under its name is
-        that very pod; one refused for good is said in the log, and asked again at the gate's next plan)."""
+        that very pod; one refused for good is said in the log, and asked again at the gate's next plan), and the
+        pods of their kinds not the operator's reported (deleted with the others)."""
+        for pod in writes.foreign:
+            await self.pod_not_ours(pod.gate, pod.node, pod.name, pod.uid, pod.shape, pod.why, deleted=True)
+            with contextlib.suppress(Conflict):  # another pod under its name by now: judged at the next plan
+                await self.client.delete(PODS, pod.name, self.settings.namespace, body={
+                    "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}})
         for name in writes.delete:  # a pod already gone is fine (missing_ok)
             # Not observed into the cache: the answer may come after the watch's DELETED event and bring back a
             # pod that is gone. Until that event, the next plan asks again (missing_ok).

@@ -30,14 +30,13 @@ from gate.controller.pods import (
     config_map,
     config_map_problems,
     facts_of,
-    recorded_shape,
     stage_pod,
     stage_pod_ended,
     stage_pod_fields,
     stage_pod_view,
     step_runs,
 )
-from gate.controller.podshape import shape_differences, shape_digest
+from gate.controller.podshape import recorded_shape, shape_differences, shape_digest
 from gate.controller.views import node_view
 from gate.kube.client import CONFIGMAPS, NODES, PODS
 from gate.kube.errors import ApiError, Conflict, ConnectionFailed, TooManyRequests
@@ -143,7 +142,7 @@ class NodeApplier(Writer):
         asked = {r.name for r in decision.create_pods}
         for other in self.world.stage_pods_of(gate.name, node, seen.state.pods).foreign:
             if other.pod.name not in asked:  # one asked for was judged by `_found_pod` just now
-                await self._pod_not_ours(gate, node, other.pod.name, other.pod.uid, other.pod.shape, other.why)
+                await self.pod_not_ours(gate.name, node, other.pod.name, other.pod.uid, other.pod.shape, other.why)
         try:
             out.blocked = await self._evict(gate, node, decision.evict) if decision.evict else None
         except _EvictionRefused as refused:
@@ -318,23 +317,8 @@ class NodeApplier(Writer):
             shown = ", ".join(differences[:5]) + (f" and {len(differences) - 5} more" if len(differences) > 5 else "")
             why = (f"it holds the name of the stage pod the operator was about to create, but the operator did not "
                    f"record creating it, and it does not run what the operator builds (differs in {shown})")
-        await self._pod_not_ours(gate, node, name, uid, shape, why)
+        await self.pod_not_ours(gate.name, node, name, uid, shape, why)
         return node_obj, seen
-
-    async def _pod_not_ours(self, gate: NodeGate, node: str, name: str, uid: str, shape: str, why: str) -> None:
-        """Report a pod carrying the gate's stage pod labels that is not the operator's: once per pod and shape
-        (a Warning Event `PodNotOurs` on the gate, `nodegate_pods_refused_total`, a log line)."""
-        seen = (gate.name, uid or f"{self.settings.namespace}/{name}", shape)
-        if seen in self.world.pods_reported:
-            return
-        self.world.pods_reported.add(seen)
-        self.metrics.pods_refused.labels(gate.name).inc()
-        log.warning("Stage pod not the operator's, ignored; gate=%s node=%s pod=%s/%s why=%s", gate.name, node,
-                    self.settings.namespace, name, why)
-        await self.recorder.emit(self._gate_obj(gate), "Warning", "PodNotOurs",
-                                 f"Pod {self.settings.namespace}/{name} on node {node} carries NodeGate {gate.name}'s "
-                                 f"stage pod labels but is not the operator's: {why}. It is not read as a stage "
-                                 "result. Find who created or changed it (the API server's audit log), then delete it")
 
     def _stage_metrics(self, pod: Obj) -> None:
         """A stage pod about to be deleted: the duration of each of its steps by outcome (succeeded,

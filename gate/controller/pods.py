@@ -48,7 +48,15 @@ from gate.api.environment import never_passed
 from gate.api.facts import FACTS_ANNOTATION, OperatorFacts, RolloutPlace, operator_facts
 from gate.api.nodegate import Interrupt, NodeGate, Package
 from gate.api.state import NodeGateState, config_hash
-from gate.controller.podshape import BASIS_FIELD, SHAPE_FIELD, digest_since, shape_digest
+from gate.controller.podshape import (
+    BASIS_FIELD,
+    BUILT_FIELD,
+    SHAPE_FIELD,
+    SIGNATURE_ANNOTATION,
+    built_digest,
+    digest_since,
+    recorded_shape,
+)
 from gate.controller.settings import OperatorSettings
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
@@ -69,6 +77,9 @@ ROUND_ANNOTATION = f"{keys.GROUP}/round"
 ATTEMPT_ANNOTATION = f"{keys.GROUP}/attempt"
 GENERATION_ANNOTATION = f"{keys.GROUP}/generation"  # a staging pod's: the gate generation it stages for
 POD_KINDS: tuple[PodKind, ...] = ("stages", "interrupt", "post-interrupt", "removal", "staging", "unstage")
+# Staging and undo pods (`gate.controller.staging`): no node's state records them; each carries the operator's
+# signature of what it runs (`SIGNATURE_ANNOTATION`).
+STAGING_KINDS = frozenset({"staging", "unstage"})
 # NodeGate's image keeps its virtualenv at /opt/nodegate (Dockerfile). -I: isolated mode (no PYTHON*
 # variable, no user site, not the current directory on sys.path); -u and -B stand in for the image's
 # PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE, which isolated mode ignores like the rest.
@@ -258,9 +269,10 @@ def unstage_pod(staging: Obj, name: str) -> Obj:
         if "--part" in args:
             args[args.index("--part") + 1] = "undo"
     labels = {**(meta.get("labels") or {}), keys.STAGE_KIND_LABEL: "unstage"}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != SIGNATURE_ANNOTATION}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": meta.get("namespace"), "labels": labels,
-                         "annotations": dict(meta.get("annotations") or {})},
+                         "annotations": annotations},
             "spec": spec}
 
 
@@ -470,7 +482,7 @@ def stage_pod_fields(pod: Obj, previous: Obj | None = None) -> Obj:
     meta = slim(pod).get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    return {
+    out = {
         "apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"), "metadata": meta,
         "spec": {k: spec[k] for k in ("nodeName", "activeDeadlineSeconds") if k in spec},
         "status": {k: status[k] for k in _POD_STATUS_KEPT if k in status},
@@ -478,11 +490,10 @@ def stage_pod_fields(pod: Obj, previous: Obj | None = None) -> Obj:
         # still what the operator built (`gate.lifecycle.ownership`).
         SHAPE_FIELD: shape, BASIS_FIELD: basis,
     }
-
-
-def recorded_shape(pod: Obj) -> str:
-    """The shape digest of a stage pod (`gate.controller.podshape`), whole or as the cache keeps it."""
-    return str(pod.get(SHAPE_FIELD) or shape_digest(pod))
+    if (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL) in STAGING_KINDS:  # checked by its signature
+        kept = previous.get(BUILT_FIELD) if previous is not None and previous.get(BASIS_FIELD) == basis else None
+        out[BUILT_FIELD] = kept or built_digest(pod)
+    return out
 
 
 def stage_pod_ended(pod: Obj) -> bool:

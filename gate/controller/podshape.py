@@ -50,6 +50,11 @@ SHAPE_FIELD = f"{keys.GROUP}/shape"
 computed from the whole pod before the cache drops its containers' specs."""
 BASIS_FIELD = f"{keys.GROUP}/shape-basis"
 """Where the cache keeps the `shape_basis` the digest under `SHAPE_FIELD` was taken with."""
+BUILT_FIELD = f"{keys.GROUP}/built"
+"""Where the cache keeps a staging or undo pod's `built_digest` (taken with the same basis)."""
+SIGNATURE_ANNOTATION = f"{keys.GROUP}/signature"
+"""On a staging or undo pod: the operator's signature of its name and `built_digest`
+(`gate.api.records.sign_pod`). Not part of any digest."""
 
 _CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "envFrom", "workingDir", "volumeMounts",
                      "volumeDevices", "securityContext", "lifecycle", "stdin", "stdinOnce", "tty", "restartPolicy")
@@ -82,6 +87,36 @@ def shape_digest(pod: Obj) -> str:
     """A digest of the pod's shape: equal for two pods that run the same thing the same way."""
     blob = json.dumps(pod_shape(pod), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def built_digest(pod: Obj) -> str:
+    """A digest of the pod's shape as the operator built it, equal for its manifest and for the pod the API
+    server stores from it: the keys the server fills in (`_DEFAULTED`) and empty values are left out, and
+    so is the signature annotation. What a staging or undo pod's signature covers: such a pod is signed in
+    its create (no write after it), so before the server's defaults are in."""
+    shape = pod_shape(pod)
+    shape["annotations"] = {k: v for k, v in shape["annotations"].items() if k != SIGNATURE_ANNOTATION}
+    blob = json.dumps(_as_built(shape), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _as_built(value: object) -> object:
+    if isinstance(value, dict):
+        kept = {k: _as_built(v) for k, v in value.items() if k not in _DEFAULTED}
+        return {k: v for k, v in kept.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [_as_built(v) for v in value]
+    return value
+
+
+def built_shape(pod: Obj) -> str:
+    """The `built_digest` of a staging or undo pod, whole or as the cache keeps it."""
+    return str(pod.get(BUILT_FIELD) or built_digest(pod))
+
+
+def recorded_shape(pod: Obj) -> str:
+    """The shape digest of a stage pod, whole or as the cache keeps it."""
+    return str(pod.get(SHAPE_FIELD) or shape_digest(pod))
 
 
 def shape_basis(pod: Obj) -> tuple[object, ...]:

@@ -12,6 +12,18 @@ staging_pod`): a deleted gate hands in its part with `deleting`, and its finaliz
 An undo pod is the staging pod's own spec with `--part undo` (`unstage_pod`); the cache holds pods
 slimmed, so the stager reads the staging pod from the API server to build it (a read, not a write).
 
+**Only signed pods count.** A staging pod that succeeded moves its node to the cordon, and of a stage
+staged whole has the round record the stage done without running it in the window; an undo pod that
+succeeded lets the staging go. No node's state records these pods (they come before the round), so
+each carries the operator's signature of its name and of what it runs as built, labels and annotations
+under `nodegate.io/` included (`gate.api.records.sign_pod`, `gate.controller.podshape.built_digest`),
+written in its create. A pod of these kinds without a valid one (planted under the label by someone who
+may create pods in the namespace, or the operator's own with its generation or steps annotation
+edited since) is not read: it is deleted, since it may hold the very name the operator's pod needs,
+and reported once (Event `PodNotOurs`, `nodegate_pods_refused_total`). The staging pod read whole for
+its undo is checked again, as read. What the signature cannot tell is a status written about a pod
+that is the operator's (`gate.lifecycle.ownership`).
+
 Which packages stage is the catalog's (`gate.admission.rules.catalog_inputs`, for the catalog's version:
 `gate.lifecycle.serving.ServingCatalog`), handed in by the operator's command (`gate.cli.operator`): the
 controller layer does not import admission's.
@@ -27,18 +39,21 @@ from dataclasses import dataclass, field
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
+from gate.api.records import KeyRing, pod_refusal, sign_pod
 from gate.api.state import NodeGateState
 from gate.controller.imagetrust import ImageTrust
 from gate.controller.metrics import OperatorMetrics
 from gate.controller.pods import (
     GATE_NAME_ANNOTATION,
     NODE_NAME_ANNOTATION,
+    STAGING_KINDS,
     facts_of,
     stage_pod_view,
     staging_pod,
     step_runs,
     unstage_pod,
 )
+from gate.controller.podshape import SIGNATURE_ANNOTATION, built_digest, built_shape
 from gate.controller.settings import OperatorSettings
 from gate.controller.world import World
 from gate.kube.client import PODS, KubeClient
@@ -60,8 +75,6 @@ from gate.lifecycle.staging import (
 
 log = logging.getLogger("nodegate.operator")
 
-STAGING_KINDS = frozenset({"staging", "unstage"})
-
 
 def staging_owner(pod: Obj) -> tuple[str, str, str] | None:
     """(gate, node, kind) of a staging or undo pod, None when the pod is not one."""
@@ -74,13 +87,27 @@ def staging_owner(pod: Obj) -> tuple[str, str, str] | None:
     return (gate, node, kind) if gate and node else None
 
 
+@dataclass(frozen=True)
+class ForeignPod:
+    """A pod of the staging kinds without the operator's signature of it as it is: deleted, reported once."""
+
+    gate: str
+    node: str
+    name: str
+    uid: str
+    shape: str
+    why: str
+
+
 @dataclass
 class StagingWrites:
     """What the gate applier writes of the staging and undo pods: the pods to delete, then those to create
-    (staging pods and undo pods, with their manifests)."""
+    (staging pods and undo pods, with their manifests), and the pods of their kinds not the operator's (to
+    report and delete, that very pod: by its uid)."""
 
     delete: list[str] = field(default_factory=list)
     create: list[tuple[str, str, Obj]] = field(default_factory=list)  # (gate, node, manifest)
+    foreign: list[ForeignPod] = field(default_factory=list)
 
 
 class Stager:
@@ -115,20 +142,26 @@ class Stager:
         `lock`, held until the writes are sent."""
         self.by_gate[gate.name] = part
         self.gates[gate.name] = gate
-        pods = self._pods()
+        pods, foreign = self._scan()
         plan = plan_stagings(self.by_gate, [p for p, _ in pods], self.settings.staging_concurrency)
-        out = StagingWrites(delete=list(plan.delete))
+        out = StagingWrites(delete=list(plan.delete), foreign=foreign)
         self._taken_over_metrics(pods, plan.delete)
         for cand in plan.create:
             body = self._staging_pod(cand)
             if body is not None:
-                out.create.append((cand.gate, cand.node, body))
+                out.create.append((cand.gate, cand.node, self._signed(body)))
         for pod in plan.undo:
             try:
                 staged = await self.client.get(PODS, pod.name, self.settings.namespace)
             except NotFound:
                 continue  # gone meanwhile: nothing to undo from it
-            out.create.append((pod.gate, pod.node, unstage_pod(staged, undo_pod_name(pod.name))))
+            why = self._refusal(staged)
+            if why is not None:  # changed since the cache's copy: not what the undo may run
+                meta = staged["metadata"]
+                out.foreign.append(ForeignPod(pod.gate, pod.node, pod.name, str(meta.get("uid") or ""),
+                                              built_digest(staged), why))
+                continue
+            out.create.append((pod.gate, pod.node, self._signed(unstage_pod(staged, undo_pod_name(pod.name)))))
         for undo in plan.undo_failed:
             log.warning("Undo of a staging failed, left for a person; gate=%s node=%s pod=%s", undo.gate, undo.node,
                         undo.name)
@@ -146,16 +179,46 @@ class Stager:
         return staging_pod(gate, cand.node, cand.pod, cand.steps, self.settings,
                            facts_of(cand.node, node, None), images)
 
+    def _ring(self) -> KeyRing:
+        if self.world.signer is None:
+            raise RuntimeError("staging pods are planned before the key ring is loaded")
+        return self.world.signer.ring
+
+    def _signed(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        meta["annotations"][SIGNATURE_ANNOTATION] = sign_pod(self._ring(), self.settings.namespace, meta["name"],
+                                                             built_digest(body))
+        return body
+
+    def _refusal(self, pod: Obj) -> str | None:
+        """Why a pod of the staging kinds (whole, or as the cache keeps it) is not one the operator signed."""
+        meta = pod["metadata"]
+        return pod_refusal(self._ring(), (meta.get("annotations") or {}).get(SIGNATURE_ANNOTATION),
+                           self.settings.namespace, meta["name"], built_shape(pod))
+
     def _pods(self) -> list[tuple[StagingPod, StagePod]]:
-        out = []
+        """Every staging and undo pod the operator signed, as it is (`_refusal`)."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[tuple[StagingPod, StagePod]], list[ForeignPod]]:
+        """The pods of the staging kinds: those the operator signed, as it is, and the others not being deleted."""
+        out: list[tuple[StagingPod, StagePod]] = []
+        foreign: list[ForeignPod] = []
         for pod in self.world.pods.items():
             owner = staging_owner(pod)
             if owner is None:
                 continue
+            meta = pod["metadata"]
+            why = self._refusal(pod)
+            if why is not None:
+                if not meta.get("deletionTimestamp"):
+                    foreign.append(ForeignPod(owner[0], owner[1], meta["name"], str(meta.get("uid") or ""),
+                                              built_shape(pod), why))
+                continue
             view = stage_pod_view(pod)
             out.append((StagingPod(view.name, owner[0], owner[1], "undo" if owner[2] == "unstage" else "staging",
-                                   phase=view.phase, deleting=bool(pod["metadata"].get("deletionTimestamp"))), view))
-        return out
+                                   phase=view.phase, deleting=bool(meta.get("deletionTimestamp"))), view))
+        return out, foreign
 
     def _taken_over_metrics(self, pods: list[tuple[StagingPod, StagePod]], deleted: list[str]) -> None:
         """A staging pod its round took over, about to go: its steps are the round's, observed as `staged`
@@ -193,9 +256,11 @@ class Stager:
             return None
         name = staging_pod_name(gate.name, node, steps)
         pod = self.world.pods.get(name, self.settings.namespace)
-        if pod is None or self.world.pods.get(undo_pod_name(name), self.settings.namespace) is not None:
+        if pod is None or self._refusal(pod) is not None:
+            return None  # none, or not the operator's (the next staging plan deletes it)
+        if self.world.pods.get(undo_pod_name(name), self.settings.namespace) is not None:
             return None
         return stage_pod_view(pod)
 
 
-__all__ = ["STAGING_KINDS", "Stager", "StagingWrites", "staging_owner"]
+__all__ = ["STAGING_KINDS", "ForeignPod", "Stager", "StagingWrites", "staging_owner"]

@@ -5,6 +5,11 @@
   pod with a stage pod's labels and annotations for a node in a running rollout, and a cluster admin
   writes another one's status as ended well: neither is read as the stage's success, each is reported
   once (Event `PodNotOurs`, `nodegate_pods_refused_total`), and the package still runs there.
+* A staging or undo pod (no node's state records it) is the operator's only when it carries the
+  operator's signature of its name and of what it runs. A namespace admin plants a succeeded staging
+  pod under the very name a node's staging will use, and a pod patcher rewrites the generation on
+  the operator's own staging pod: neither is read (the node is not cordoned), each is reported and
+  deleted, and the node is staged by the operator's own pod.
 * A ControllerRevision's signature covers its number: one renumbered by hand is not the operator's,
   so it decides neither the next number nor which revision is newest.
 """
@@ -17,10 +22,16 @@ import json
 
 from gate.api import keys
 from gate.api.common import Obj
+from gate.api.nodegate import NodeGate
 from gate.api.state import load_state
-from gate.controller.pods import GATE_NAME_ANNOTATION, pod_steps
+from gate.controller.pods import GATE_NAME_ANNOTATION, GENERATION_ANNOTATION, NODE_NAME_ANNOTATION, pod_steps
+from gate.controller.podshape import SIGNATURE_ANNOTATION
 from gate.devcluster.cluster import DevCluster
 from gate.kube.client import CONTROLLER_REVISIONS, EVENTS, KWOK_STAGES, PODS, KubeClient
+from gate.kube.errors import NotFound
+from gate.lifecycle.node import Step
+from gate.lifecycle.round import stage_fingerprint
+from gate.lifecycle.staging import staging_pod_name
 from gate.rollout.history import history_selector
 from tests.conftest import Kubectl, unique
 from tests.integration.operator.conftest import NAMESPACE, Scenario, StepLog, wait_for
@@ -146,6 +157,104 @@ async def test_a_planted_or_status_forged_stage_pod_is_reported_once_and_never_c
     assert len(step_log.uids[record.pod]) == 2, "the step ran in the operator's pod, created again under its name"
 
 
+GRUB = {"version": "1.0.0", "image": "registry.example.com/grub-cmdline",  # stages its apply (the catalog's)
+        "interrupt": {"type": "service", "services": ["svc"]}}
+
+
+async def test_a_planted_or_edited_staging_pod_is_deleted_and_never_read(
+        kube: KubeClient, kubectl: Kubectl, scenario: Scenario) -> None:
+    [node] = await scenario.add_nodes(1)
+    hold = _hang([node])  # the operator's staging pods stay unfinished; the planted one (RUNS) ends
+    hold["metadata"]["name"] = unique("hang-staging")
+    hold["spec"]["selector"]["matchExpressions"].append(
+        {"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "In", "values": ["staging"]})
+    await scenario.inject(hold)
+    gate_obj = await scenario.apply_gate({"grub-cmdline": GRUB}, interruptionBudget={"percent": 100}, paused=True)
+    gate = NodeGate.model_validate(await scenario.gate())
+    step = Step("grub-cmdline", "apply", stage_fingerprint(gate.spec.packages["grub-cmdline"], "apply"))
+    name = staging_pod_name(scenario.name, node, [step])  # what the node's staging pod will be called
+    resumed = (gate.metadata.generation or 0) + 1
+
+    admin, patcher = unique("ns-admin"), unique("pod-patcher")  # the second may get and patch pods, no more
+    bindings = [unique("sec-nsadmin"), unique("sec-patcher")]
+    kubectl.run("create", "rolebinding", bindings[0], "-n", NAMESPACE, "--clusterrole=admin", f"--user={admin}")
+    kubectl.run("create", "role", bindings[1], "-n", NAMESPACE, "--verb=get,patch", "--resource=pods")
+    kubectl.run("create", "rolebinding", bindings[1], "-n", NAMESPACE, f"--role={bindings[1]}", f"--user={patcher}")
+    try:
+        # A succeeded staging pod under that name, for the generation the resume brings, runs nothing privileged.
+        planted = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": NAMESPACE,
+            "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.STAGE_KIND_LABEL: "staging", RUNS: "true"},
+            "annotations": {GATE_NAME_ANNOTATION: scenario.name, NODE_NAME_ANNOTATION: node,
+                            GENERATION_ANNOTATION: str(resumed),
+                            "nodegate.io/steps": json.dumps([["grub-cmdline", "apply", step.fingerprint,
+                                                              "apply-grub-cmdline"]])}},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "apply-grub-cmdline", "image": "registry.example.com/anything:1",
+                                     "command": ["true"]}]}}
+        proc = kubectl.run("create", "-f", "-", "-o", "json", stdin=json.dumps(planted), as_user=admin, check=False)
+        assert proc.returncode == 0, proc.stderr
+        planted_uid = json.loads(proc.stdout)["metadata"]["uid"]
+
+        async def ran() -> bool:  # or deleted already: the operator looks at staging pods while paused too
+            try:
+                return bool((await kube.get(PODS, name, NAMESPACE))["status"].get("phase") == "Succeeded")
+            except NotFound:
+                return True
+
+        await wait_for(ran, what="the planted staging pod ended well, or gone")
+        assert gate_obj["metadata"]["name"] == scenario.name
+        await scenario.patch_gate({"spec": {"paused": False}})
+
+        async def own() -> Obj | None:
+            try:
+                pod = await kube.get(PODS, name, NAMESPACE)
+            except NotFound:
+                return None
+            return pod if pod["metadata"]["uid"] != planted_uid else None
+
+        async def replaced() -> bool:
+            return await own() is not None
+
+        await wait_for(replaced, what="the planted pod deleted and the operator's own staging pod created")
+        notes = await _not_ours(kube, scenario.name)
+        assert any(name in n and "no signature" in n and "deletes it" in n for n in notes), notes
+        real = await own()
+        assert real is not None and real["metadata"]["annotations"].get(SIGNATURE_ANNOTATION), real["metadata"]
+        node_obj = await scenario.node(node)
+        assert not node_obj["spec"].get("unschedulable"), "cordoned on the planted pod's success"
+
+        # The pod patcher rewrites the generation on the operator's own (held) staging pod: its signature no
+        # longer matches; it is deleted and created again.
+        first_uid = real["metadata"]["uid"]
+        kubectl.run("annotate", "pod", name, "-n", NAMESPACE, "--overwrite", f"{GENERATION_ANNOTATION}=1",
+                    as_user=patcher)
+
+        async def again() -> bool:
+            pod = await own()
+            return pod is not None and pod["metadata"]["uid"] != first_uid
+
+        await wait_for(again, what="the edited staging pod deleted and created again")
+        notes = await _not_ours(kube, scenario.name)
+        assert any(name in n and "does not match" in n for n in notes), notes
+        assert not (await scenario.node(node))["spec"].get("unschedulable")
+        state = (await scenario.node(node))["metadata"]["annotations"].get(keys.state_annotation(scenario.name))
+        assert state is None or "grub-cmdline" not in load_state(state).installed
+    finally:
+        kubectl.run("delete", "rolebinding", *bindings, "-n", NAMESPACE, "--ignore-not-found", check=False)
+        kubectl.run("delete", "role", bindings[1], "-n", NAMESPACE, "--ignore-not-found", check=False)
+    # The hold lifted and the held pod deleted, the operator stages the node anew, and it goes through its round.
+    for stage in scenario.stages:
+        await kube.delete(KWOK_STAGES, stage)
+    scenario.stages.clear()
+    await kube.delete(PODS, name, NAMESPACE)
+    await scenario.wait_ready()
+    state = load_state((await scenario.node(node))["metadata"]["annotations"][keys.state_annotation(scenario.name)])
+    assert state.status == "complete" and "grub-cmdline" in state.installed
+    events, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={node},reason=StagedWhole")
+    assert events, "the operator's own staging was not the one the round took over"
+
+
 async def test_a_renumbered_controller_revision_is_not_counted(kube: KubeClient, scenario: Scenario) -> None:
     """Whoever may patch ControllerRevisions in the operator's namespace renumbers the first spec's revision
     to be the newest: the operator does not count it (the next spec is numbered after its own revisions,
@@ -197,8 +306,8 @@ async def test_the_operators_own_manifest_as_the_api_server_stores_it_is_adopted
     volume's mode, a fieldRef's apiVersion) must not read as a difference, or the operator's own pod
     would be refused. Its stored shape is also what gets recorded: the same digest as the cache's."""
     from gate.api.nodegate import Interrupt, NodeGate
-    from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
-    from gate.controller.podshape import shape_differences, shape_digest
+    from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view, staging_pod, unstage_pod
+    from gate.controller.podshape import built_digest, shape_differences, shape_digest
     from gate.controller.settings import OperatorSettings
     from gate.lifecycle.node import PodRequest, Step
 
@@ -217,3 +326,12 @@ async def test_the_operators_own_manifest_as_the_api_server_stores_it_is_adopted
         stored = await kube.create(PODS, body, NAMESPACE, dry_run=True)
         assert stored["metadata"]["uid"] and shape_differences(body, stored) == [], request.kind
         assert stage_pod_view(stage_pod_fields(stored)).shape == shape_digest(stored)
+    # A staging pod and its undo are signed in their create, over `built_digest` of the manifest: the pod as the
+    # API server stores it has the same (or the operator's own staging pods would read as not its own).
+    steps = (Step("cve-fix", "apply", "1.0.0/x", version="1.0.0"),)
+    staging = staging_pod(gate, "kwok-node-0", unique("ng-staging-adopt"), steps, settings)
+    stored = await kube.create(PODS, staging, NAMESPACE, dry_run=True)
+    assert built_digest(stored) == built_digest(staging) != built_digest({**staging, "metadata": {
+        **staging["metadata"], "annotations": {**staging["metadata"]["annotations"], GENERATION_ANNOTATION: "7"}}})
+    undo = unstage_pod(stored, unique("ng-unstage-adopt"))
+    assert built_digest(await kube.create(PODS, undo, NAMESPACE, dry_run=True)) == built_digest(undo)

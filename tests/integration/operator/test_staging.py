@@ -143,6 +143,9 @@ async def test_staged_before_the_cordon_bounded_and_undone_when_the_compartment_
                     == scenario.name]
 
     await wait_for(swept, timeout=60, what="staging and undo pods deleted")
+    # Every staging and undo pod was the operator's, signed as it ran: none was refused as not its own.
+    refused, _ = await kube.list(EVENTS, "default", field_selector=f"regarding.name={scenario.name},reason=PodNotOurs")
+    assert not refused, [e.get("note") for e in refused]
 
     # Deleted, the gate goes: nothing staged is left for its finalizer (`gate_may_go`) to wait on.
     await scenario.delete_gate(timeout=90)

@@ -11,7 +11,7 @@ import pytest
 from gate.api import keys
 from gate.api.common import Obj
 from gate.controller.pods import stage_pod, stage_pod_fields, stage_pod_view
-from gate.controller.podshape import SHAPE_FIELD, shape_differences, shape_digest
+from gate.controller.podshape import SHAPE_FIELD, SIGNATURE_ANNOTATION, built_digest, shape_differences, shape_digest
 from tests.unit.controller.test_pods import SETTINGS, gate, request
 
 
@@ -46,6 +46,11 @@ def test_the_pod_as_stored_runs_what_the_operator_built() -> None:
     view = stage_pod_view(stage_pod_fields(as_stored(pod)))
     assert (view.uid, view.shape) == ("u-1", shape_digest(as_stored(pod)))
     assert stage_pod_fields(stage_pod_fields(as_stored(pod))) == stage_pod_fields(as_stored(pod))
+    # What a staging pod's signature covers is the same for the manifest and the pod stored from it, and leaves
+    # the signature itself out.
+    signed = as_stored(pod)
+    signed["metadata"]["annotations"][SIGNATURE_ANNOTATION] = "k1:00"
+    assert built_digest(pod) == built_digest(as_stored(pod)) == built_digest(signed)
 
 
 @pytest.mark.parametrize(("change", "named"), [
@@ -74,6 +79,7 @@ def test_a_pod_that_runs_anything_else_differs_naming_the_field(change: Any, nam
     change(live)
     assert named in shape_differences(pod, live)
     assert shape_digest(live) != before, "the recorded digest shows the change on a live pod too"
+    assert built_digest(live) != built_digest(pod), "a staging pod's signature no longer covers it"
 
 
 def _bumped(pod: Obj) -> None:
