@@ -65,6 +65,8 @@ class StageSettings:
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
     config_digest: str | None = None  # what the operator rendered (gate.api.digests); None: unchecked
     timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
+    # The check after the interrupt reads the payload the round's stage left on the host, not `payload`.
+    payload_on_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,22 @@ def read_config(config_dir: Path | None) -> dict[str, bytes]:
 def validate(settings: StageSettings) -> Package:
     """Every refusal that must happen before the host is touched."""
     request = settings.request
-    package = load_package(settings.payload)
+    source = settings.payload
+    if settings.payload_on_host:
+        if request.stage != "post-interrupt":
+            raise UsageError(f"--payload-on-host is for the check after the interrupt, not stage {request.stage}")
+        layout = PackageLayout(settings.root, request.gate, request.package)
+        source = layout.package_dir(request.version)
+        if not (source / "package.yaml").is_file():
+            raise PackageError(
+                f"the payload of {request.package} {request.version} is not on the host "
+                f"({layout.host_package_dir(request.version)}), where this round's stage left it: the round "
+                "runs again from its stages"
+            )
+    package = load_package(source)
     if package.name != request.package or package.version != request.version:
         raise PackageError(
-            f"{settings.payload}/package.yaml is {package.name} {package.version}, "
+            f"{source}/package.yaml is {package.name} {package.version}, "
             f"but the stage is for {request.package} {request.version} (wrong image tag?)"
         )
     check_root(settings.root, needs_shell=package.manifest.runs_on_host())
@@ -335,7 +349,8 @@ def run_stage(
             request = replace(request, previous_version=None)
 
         # From here on the host changes.
-        _replace_dir(layout.package_dir(request.version), _copy_tree(package.directory))
+        if not settings.payload_on_host:  # else it is the host's copy already
+            _replace_dir(layout.package_dir(request.version), _copy_tree(package.directory))
         _replace_dir(layout.config_dir, _write_config(config))
         facts = node_facts(operator_facts, settings.root)
         _replace_dir(layout.facts_dir, _write_node_facts(facts))

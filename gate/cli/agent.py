@@ -107,6 +107,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         node_facts=facts,
         config_digest=config_digest,
         timeout=args.timeout,
+        payload_on_host=args.payload_on_host,
     )
 
 
@@ -271,6 +272,9 @@ def register(subparsers: Any) -> None:
                      "(env NODEGATE_PREVIOUS_VERSION)")
     run.add_argument("--payload", default=DEFAULT_PAYLOAD,
                      help=f"the package's files, copied from the image (default {DEFAULT_PAYLOAD})")
+    run.add_argument("--payload-on-host", action="store_true",
+                     help="post-interrupt only: read the package's files from the copy this round's stage left on "
+                     "the host (/var/lib/nodegate/<gate>/<package>/package/<version>), not from --payload")
     run.add_argument("--config-dir", help=f"the package's config files (default {DEFAULT_CONFIG_DIR} when present)")
     run.add_argument("--config-digest", metavar="sha256:HEX",
                      help="the digest of the config the operator rendered (env NODEGATE_CONFIG_DIGEST): config "

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from gate.api import keys
@@ -62,7 +62,6 @@ from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images, request_packages
 from gate.lifecycle.node import PodKind, PodRequest, RunPhase, StagePod, Step
-from gate.lifecycle.prepull import Candidate
 
 PAYLOAD_DIR = "/nodegate-payload"
 CONFIG_DIR = "/nodegate-config"
@@ -176,7 +175,7 @@ def _wire_step(step: Step) -> list[str | None]:
     return [step.package, step.stage, step.fingerprint, container_name(step)]
 
 
-def _tolerations(gate: NodeGate) -> list[Obj]:
+def tolerations(gate: NodeGate) -> list[Obj]:
     return [
         {"key": keys.READINESS_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
         {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
@@ -184,15 +183,17 @@ def _tolerations(gate: NodeGate) -> list[Obj]:
     ]
 
 
-def _package_step(gate: NodeGate, node: str, step: Step, image: str, part: str = "whole") -> Obj:
-    """The agent container of one package stage, reading the payload, config and facts its package's
-    volumes hold."""
+def _package_step(gate: NodeGate, node: str, step: Step, image: str, part: str = "whole",
+                  payload_on_host: bool = False) -> Obj:
+    """The agent container of one package stage, reading the payload (or, `payload_on_host`, the host's copy of
+    it: `payload_from_host`), config and facts its package's volumes hold."""
     assert step.package is not None
     pkg = gate.spec.packages[step.package]
+    payload = ["--payload-on-host"] if payload_on_host else ["--payload", PAYLOAD_DIR]
     args = ["agent", "run", "--stage", step.stage, "--package", step.package,
             "--version", pkg.version, "--gate", gate.name,
             "--generation", str(gate.metadata.generation or 0),
-            "--root", HOST_ROOT, "--payload", PAYLOAD_DIR, "--config-dir", CONFIG_DIR,
+            "--root", HOST_ROOT, *payload, "--config-dir", CONFIG_DIR,
             # What the agent holds the mounted ConfigMap against; the spec cannot change once created.
             "--config-digest", text_config_digest(pkg.config),
             "--node-facts", f"{FACTS_DIR}/{FACTS_FILE}", "--termination-log", TERMINATION_LOG,
@@ -212,11 +213,11 @@ def _package_step(gate: NodeGate, node: str, step: Step, image: str, part: str =
     env += [{"name": "NODEGATE_PACKAGE", "value": step.package},
             {"name": "NODEGATE_VERSION", "value": pkg.version},
             *(e.to_wire() for e in pkg.env if not never_passed(e.name))]
-    container = _agent(container_name(step), args, env, image, [
-        {"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR},
-        {"name": f"config-{step.package}", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "facts", "mountPath": FACTS_DIR, "readOnly": True},
-    ])
+    mounts = [{"name": f"config-{step.package}", "mountPath": CONFIG_DIR, "readOnly": True},
+              {"name": "facts", "mountPath": FACTS_DIR, "readOnly": True}]
+    if not payload_on_host:
+        mounts.insert(0, {"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR})
+    container = _agent(container_name(step), args, env, image, mounts)
     if pkg.resources:
         container["resources"] = pkg.resources.to_wire()
     return container
@@ -276,6 +277,18 @@ def unstage_pod(staging: Obj, name: str) -> Obj:
             "spec": spec}
 
 
+def payload_from_host(steps: Sequence[Step]) -> frozenset[str]:
+    """The packages whose every step in a pod is the check after the interrupt: they read the payload the
+    round's stage of their version left on the host (`agent run --payload-on-host`), so the pod holds no
+    copy of it, one container fewer each on the node's first boot after its reboot. Every stage copies its
+    payload there, and the round ran one of the package's stages before the interrupt (the check after it
+    is only for what the round installs or configures), in the window or staged; it is kept until a later
+    version's stage prunes it. The check after an uninstall's interrupt does not: the uninstall took it
+    off the host."""
+    packages = {s.package for s in steps if s.package is not None}
+    return frozenset(p for p in packages if all(s.stage == "post-interrupt" for s in steps if s.package == p))
+
+
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
               facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
     """The pod of a round's phases on one node: its steps as containers run one after another (init
@@ -306,6 +319,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     if request.interrupt is not None:
         labels[keys.INTERRUPT_LABEL] = request.interrupt.type
     stages: dict[str, list[str]] = {}
+    on_host = payload_from_host(request.steps)
     for step in request.steps:
         if step.package is None:  # the interrupt: a step of NodeGate's image alone
             assert request.interrupt is not None, "an interrupt step needs the request's interrupt"
@@ -315,24 +329,25 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         pkg = gate.spec.packages[step.package]
         if step.package not in stages:
             stages[step.package] = []
-            volumes += [
-                {"name": f"payload-{step.package}", "emptyDir": {}},
-                {"name": f"config-{step.package}", "configMap": {
-                    "name": config_map_name(gate, step.package, pkg), "optional": True}},
-            ]
-            image = images[step.package]
-            containers.append({
-                "name": payload_container(step.package), "image": image.image,
-                "imagePullPolicy": image.pull_policy,
-                "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
-                "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
-            })
-            pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
+            if step.package not in on_host:
+                volumes.append({"name": f"payload-{step.package}", "emptyDir": {}})
+            volumes.append({"name": f"config-{step.package}", "configMap": {
+                "name": config_map_name(gate, step.package, pkg), "optional": True}})
+            if step.package not in on_host:
+                image = images[step.package]
+                containers.append({
+                    "name": payload_container(step.package), "image": image.image,
+                    "imagePullPolicy": image.pull_policy,
+                    "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
+                    "volumeMounts": [{"name": f"payload-{step.package}", "mountPath": PAYLOAD_DIR}],
+                })
+                pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
             if pkg.graceful_shutdown is not None:
                 seconds = math.ceil(parse_duration(pkg.graceful_shutdown).total_seconds())
                 grace = max(grace or 0, seconds)
         stages[step.package].append(step.stage)
-        containers.append(_package_step(gate, node, step, settings.agent_image, request.part))
+        containers.append(_package_step(gate, node, step, settings.agent_image, request.part,
+                                        step.package in on_host))
         deadline += _seconds(pkg.timeout)
     if stages:
         volumes.append({"name": "facts", "downwardAPI": {"items": [
@@ -357,7 +372,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         "automountServiceAccountToken": False,
         # No <SERVICE>_HOST/_PORT variables: a Service in the namespace is nobody's input to a package.
         "enableServiceLinks": False,
-        "tolerations": _tolerations(gate),
+        "tolerations": tolerations(gate),
         "initContainers": containers[:-1],
         "containers": containers[-1:],
         "volumes": volumes,
@@ -377,75 +392,6 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                      "annotations": annotations, "ownerReferences": [owner_reference(gate)]},
         "spec": pod_spec,
     }
-
-
-PREPULL_GATE_ANNOTATION = f"{keys.GROUP}/prepull-gate"
-PREPULL_NODE_ANNOTATION = f"{keys.GROUP}/prepull-node"
-
-
-def prepull_pod(gate: NodeGate, candidate: Candidate, settings: OperatorSettings) -> Obj:
-    """The pod that pulls a node's round images while the node still serves (`gate.lifecycle.prepull`).
-
-    Pinned to its node like a stage pod (`nodeName`: no scheduler, a cordon does not stop it) and
-    tolerating what stage pods tolerate, but it changes nothing: not privileged, no host namespace or
-    path, no service account token, no resources of its own (the namespace's LimitRange defaults, as
-    for a stage step that states none: small, and with no priority class it never preempts a workload;
-    a kubelet that does not admit it fails it, and the round goes on without it). Each image is an init container
-    that exits at once, the agent's the last container: the kubelet pulls each image just before its
-    container starts, so a pod that succeeded left every image on the node. A package image holds `cp`
-    and `/nodegate-package` (its contract, docs/images.md): its container copies the payload into an
-    emptyDir, as the stage pod's does; the agent's prints its version.
-
-    It names its gate and node in annotations of its own, not the stage pods' (`GATE_NAME_ANNOTATION`):
-    nothing that reads a node's stage pods sees it (`gate.controller.index`)."""
-    node = candidate.node
-    containers: list[Obj] = []
-    pull_secrets: dict[str, Obj] = {}
-    for package, image in sorted(candidate.images.packages.items()):
-        containers.append({
-            "name": f"pull-{package}", "image": image.image, "imagePullPolicy": image.pull_policy,
-            "command": ["cp", "-a", "/nodegate-package/.", PAYLOAD_DIR + "/"],
-            "volumeMounts": [{"name": "payload", "mountPath": PAYLOAD_DIR}],
-        })
-        pkg = gate.spec.packages.get(package)
-        if pkg is not None:
-            pull_secrets.update({s.name: {"name": s.name} for s in pkg.image_pull_secrets})
-    containers.append({"name": "pull-agent", "image": candidate.images.agent, "command": list(AGENT_COMMAND),
-                       "args": ["version", "--client"]})
-    spec: Obj = {
-        "nodeName": node,
-        "restartPolicy": "Never",
-        "serviceAccountName": settings.package_service_account,
-        "automountServiceAccountToken": False,
-        "tolerations": _tolerations(gate),
-        "initContainers": containers[:-1],
-        "containers": containers[-1:],
-        "volumes": [{"name": "payload", "emptyDir": {}}],
-        "terminationGracePeriodSeconds": 0,
-    }
-    if pull_secrets:
-        spec["imagePullSecrets"] = list(pull_secrets.values())
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": candidate.pod, "namespace": settings.namespace,
-            "labels": {keys.MANAGED_BY_LABEL: keys.MANAGER, keys.STAGE_GATE_LABEL: label_value(gate.name),
-                       keys.STAGE_NODE_LABEL: label_value(node), keys.STAGE_KIND_LABEL: keys.PREPULL_KIND},
-            "annotations": {PREPULL_GATE_ANNOTATION: gate.name, PREPULL_NODE_ANNOTATION: node},
-            "ownerReferences": [owner_reference(gate)],
-        },
-        "spec": spec,
-    }
-
-
-def prepull_owner(pod: Obj) -> tuple[str, str] | None:
-    """The (gate, node) of a prepull pod, None when the pod is not one."""
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(keys.STAGE_KIND_LABEL) != keys.PREPULL_KIND:
-        return None
-    ann = meta.get("annotations") or {}
-    gate, node = ann.get(PREPULL_GATE_ANNOTATION), ann.get(PREPULL_NODE_ANNOTATION)
-    return (gate, node) if gate and node else None
 
 
 def pod_steps(pod: Obj) -> tuple[Step, ...]:

@@ -31,7 +31,8 @@ from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.controller.metrics import OperatorMetrics
-from gate.controller.pods import prepull_owner, prepull_pod, stage_pod_view
+from gate.controller.pods import stage_pod_view
+from gate.controller.prepull_pod import prepull_owner, prepull_pod
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import NodeKey
 from gate.controller.views import node_image_names

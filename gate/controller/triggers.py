@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from gate.api import keys
 from gate.api.common import Obj
-from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, prepull_owner, stage_pod_ended
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, stage_pod_ended
+from gate.controller.prepull_pod import prepull_owner
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 from gate.lifecycle import taint
 from gate.lifecycle.fleet import Replan

@@ -604,3 +604,30 @@ def test_a_missing_facts_file_is_refused_before_the_host_is_touched(agent: Agent
     run = agent.run("apply", pkg, "--node-facts", str(tmp_path / "nope.json"))
     assert run.code == 2 and "node facts file" in str(run.summary["message"])
     assert tree(agent.root) == before
+
+
+def test_the_check_after_the_interrupt_reads_the_payload_the_stage_left_on_the_host(
+        agent: Agent, tmp_path: Path) -> None:
+    """`--payload-on-host` (the operator's pod after a reboot holds no copy of the payload): the check runs the
+    host's copy of the version; without one it is refused naming where it looked; other stages refuse it."""
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, script: scripts/s.sh}]
+        apply-check: [{name: c, command: 'test -e /tmp/applied'}]
+        post-interrupt-check: [{name: live, script: scripts/live.sh}]
+    """, scripts={"scripts/s.sh": "touch /tmp/applied\n", "scripts/live.sh": "echo from-host > /tmp/checked\n"})
+    missing = tmp_path / "no-payload-here"  # what --payload would name: never read with --payload-on-host
+    before = tree(agent.root)
+    refused = agent.run("post-interrupt", missing, "--payload-on-host")
+    assert refused.code != 0 and tree(agent.root) == before
+    assert f"/{STATE}/package/1.0.0" in refused.summary["message"], refused.summary
+    assert "not on the host" in refused.summary["message"]
+    assert agent.run("apply", pkg).code == 0
+    wrong = agent.run("apply", missing, "--payload-on-host")
+    assert wrong.code != 0 and "--payload-on-host is for the check after the interrupt" in wrong.summary["message"]
+    run = agent.run("post-interrupt", missing, "--payload-on-host")
+    assert run.code == 0, run.summary
+    assert (agent.root / "tmp/checked").read_text() == "from-host\n"
+    assert (agent.root / STATE / "package/1.0.0/package.yaml").read_text() == (pkg / "package.yaml").read_text()
+    # Another version's copy is not this one's.
+    other = agent.run("post-interrupt", missing, "--payload-on-host", version="2.0.0")
+    assert other.code != 0 and "demo-pkg 2.0.0 is not on the host" in other.summary["message"]

@@ -18,7 +18,7 @@ import pytest
 
 from gate.api import keys
 from gate.api.common import Obj
-from gate.controller.pods import prepull_owner
+from gate.controller.prepull_pod import prepull_owner
 from gate.controller.settings import OperatorSettings
 from gate.devcluster.services import running_agent_image
 from gate.devcluster.stages import failing_stage

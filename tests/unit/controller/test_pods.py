@@ -18,8 +18,6 @@ from gate.controller.pods import (
     config_map,
     config_map_name,
     config_map_problems,
-    prepull_owner,
-    prepull_pod,
     stage_pod,
     stage_pod_ended,
     stage_pod_fields,
@@ -28,6 +26,7 @@ from gate.controller.pods import (
     step_runs,
     unstage_pod,
 )
+from gate.controller.prepull_pod import prepull_owner, prepull_pod
 from gate.controller.settings import OperatorSettings
 from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
 from gate.lifecycle.images import PodImage
@@ -424,3 +423,22 @@ def test_a_staging_pod_is_owned_by_no_gate_and_its_undo_runs_what_it_ran_with_pa
     assert undo["spec"]["initContainers"] == pod["spec"]["initContainers"]
     assert undo["spec"]["nodeName"] == "n" and undo["metadata"]["annotations"] == pod["metadata"]["annotations"]
     assert pod["spec"]["containers"][-1]["args"][agent["args"].index("--part") + 1] == "serving"
+
+
+def test_the_checks_after_the_interrupt_read_the_payload_on_the_host_and_hold_no_copy_of_it() -> None:
+    """A package whose every step in the pod is its check after the interrupt gets no payload container, volume
+    or mount: its agent reads the copy the round's stage left on the host (`--payload-on-host`). A package with
+    another stage in the same pod, and the check after an uninstall (the payload left with it), keep theirs."""
+    pod = stage_pod(gate(), "node-7", request(("base", "apply"), ("tuned", "post-interrupt"),
+                                             ("base", "post-interrupt"), kind="post-interrupt"), SETTINGS)
+    spec = pod["spec"]
+    containers = {c["name"]: c for c in spec["initContainers"] + spec["containers"]}
+    assert list(containers) == ["payload-base", "apply-base", "post-interrupt-tuned", "post-interrupt-base"]
+    tuned = containers["post-interrupt-tuned"]
+    assert "--payload-on-host" in tuned["args"] and "--payload" not in tuned["args"]
+    assert [m["name"] for m in tuned["volumeMounts"]] == ["host", "config-tuned", "facts"]
+    assert {v["name"] for v in spec["volumes"]} == {"host", "payload-base", "config-base", "config-tuned", "facts"}
+    base = containers["post-interrupt-base"]
+    assert "--payload-on-host" not in base["args"] and base["args"][base["args"].index("--payload") + 1]
+    checks = stage_pod(gate(), "node-7", request(("tuned", "post-uninstall"), kind="post-interrupt"), SETTINGS)
+    assert [c["name"] for c in checks["spec"]["initContainers"]] == ["payload-tuned"]
