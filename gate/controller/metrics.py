@@ -91,7 +91,7 @@ class OperatorMetrics:
         self.pods_refused = counter("nodegate_pods_refused_total",
                                     "Pods with a gate's stage pod labels that the operator did not create, or that "
                                     "changed since it did: never read as stage results, reported once per pod and "
-                                    "shape", ["gate"])
+                                    "shape (staging and undo pods without its signature: deleted too)", ["gate"])
         self.reconcile_errors = Counter("nodegate_reconcile_errors_total", "Reconciles that raised",
                                         ["kind", "error"], registry=r)
         self.reconcile_duration = Histogram("nodegate_reconcile_duration_seconds", "Reconcile duration", ["kind"],
