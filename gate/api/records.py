@@ -29,6 +29,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gate.api.state import NodeGateState
 
@@ -88,27 +89,44 @@ def _message(state: NodeGateState, binding: Binding) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def _digest(secret: bytes, state: NodeGateState, binding: Binding) -> str:
-    return hmac.new(secret, _message(state, binding), hashlib.sha256).hexdigest()
+def keyed_signature(ring: KeyRing, message: bytes) -> str:
+    """`<key id>:<hex digest>`: the HMAC-SHA256 of `message` with the ring's newest key. What every signature
+    of the operator's is (node records, ControllerRevisions, staging and undo pods); each message names its
+    domain, so one kind's signature is never another's."""
+    kid = ring.signing_id
+    return f"{kid}:{hmac.new(ring.keys[kid], message, hashlib.sha256).hexdigest()}"
+
+
+def signature_fault(ring: KeyRing, sig: str, message: bytes) -> Literal["unsigned", "unknown-key", "mismatch"] | None:
+    """What is wrong with `sig` as a `keyed_signature` of `message` (no signature, not `<id>:...` of a key the
+    ring holds, or not its digest), None when nothing is: each kind of signature words its own refusal."""
+    if not sig:
+        return "unsigned"
+    kid, sep, digest = sig.partition(":")
+    secret = ring.keys.get(kid)
+    if not sep or secret is None:
+        return "unknown-key"
+    if not hmac.compare_digest(digest, hmac.new(secret, message, hashlib.sha256).hexdigest()):
+        return "mismatch"
+    return None
 
 
 def sign(state: NodeGateState, ring: KeyRing, binding: Binding) -> NodeGateState:
     """The record as the operator writes it: signed with the newest key for this gate and node."""
-    kid = ring.signing_id
-    return state.model_copy(update={"sig": f"{kid}:{_digest(ring.keys[kid], state, binding)}"})
+    return state.model_copy(update={"sig": keyed_signature(ring, _message(state, binding))})
 
 
 def refusal(state: NodeGateState, ring: KeyRing, binding: Binding) -> str | None:
     """Why the record is not the operator's (a message naming what is wrong), or None when it is."""
-    if not state.sig:
-        return "it carries no signature"
     kid, sep, digest = state.sig.partition(":")
-    if not sep or not digest:
+    if state.sig and (not sep or not digest):
         return "its signature is not <key id>:<digest>"
-    secret = ring.keys.get(kid)
-    if secret is None:
+    fault = signature_fault(ring, state.sig, _message(state, binding))
+    if fault == "unsigned":
+        return "it carries no signature"
+    if fault == "unknown-key":
         return f"it is signed with key {kid!r}, which the operator does not hold"
-    if not hmac.compare_digest(digest, _digest(secret, state, binding)):
+    if fault == "mismatch":
         return (f"its signature does not match it for gate {binding.gate} (uid {binding.gate_uid}) on node "
                 f"{binding.node} (uid {binding.node_uid}): it was changed, copied from another node, or "
                 "written for an earlier gate of that name")
@@ -123,20 +141,17 @@ def sign_pod(ring: KeyRing, namespace: str, name: str, shape: str) -> str:
     """The signature of a pod the operator creates without recording it in a node's state (a staging or undo
     pod, `gate.controller.staging`): over its namespace, name and the digest of what it runs as built
     (`gate.controller.podshape.built_digest`)."""
-    kid = ring.signing_id
-    return f"{kid}:{hmac.new(ring.keys[kid], _pod_message(namespace, name, shape), hashlib.sha256).hexdigest()}"
+    return keyed_signature(ring, _pod_message(namespace, name, shape))
 
 
 def pod_refusal(ring: KeyRing, sig: str | None, namespace: str, name: str, shape: str) -> str | None:
     """Why a pod is not one the operator signed as it is now (`sign_pod`), or None when it is."""
-    if not sig:
+    fault = signature_fault(ring, sig or "", _pod_message(namespace, name, shape))
+    if fault == "unsigned":
         return "it carries no signature of the operator's"
-    kid, sep, digest = sig.partition(":")
-    secret = ring.keys.get(kid)
-    if not sep or secret is None:
-        return f"it is not signed with a key the operator holds ({kid!r})"
-    if not hmac.compare_digest(digest, hmac.new(secret, _pod_message(namespace, name, shape), hashlib.sha256)
-                               .hexdigest()):
+    if fault == "unknown-key":
+        return f"it is not signed with a key the operator holds ({(sig or '').partition(':')[0]!r})"
+    if fault == "mismatch":
         return ("its signature does not match what it runs: its nodegate.io labels or annotations, or what it "
                 "runs, changed since the operator created it, or the operator never created it under this name")
     return None

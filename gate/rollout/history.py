@@ -30,15 +30,13 @@ lists them and `nodegate rollout undo` writes one back. Decisions:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from dataclasses import dataclass, field
 
 from gate.api import keys
 from gate.api.common import Obj
 from gate.api.nodegate import NodeGate
-from gate.api.records import KeyRing
+from gate.api.records import KeyRing, keyed_signature, signature_fault
 from gate.api.state import NOT_ROLLOUT_FIELDS, rollout_hash
 
 SIGNATURE_ANNOTATION = "nodegate.io/revision-sig"
@@ -73,21 +71,18 @@ def _message(gate: str, gate_uid: str, spec_hash: str, spec: Obj, number: int) -
 def sign_revision(ring: KeyRing, gate: str, gate_uid: str, spec_hash: str, spec: Obj, number: int) -> str:
     """The signature the operator puts on a revision it writes (`SIGNATURE_ANNOTATION`), for this number:
     a renumbering writes a new one."""
-    kid = ring.signing_id
-    message = _message(gate, gate_uid, spec_hash, spec, number)
-    return f"{kid}:{hmac.new(ring.keys[kid], message, hashlib.sha256).hexdigest()}"
+    return keyed_signature(ring, _message(gate, gate_uid, spec_hash, spec, number))
 
 
 def revision_refusal(ring: KeyRing, gate: str, gate_uid: str, revision: Revision) -> str | None:
     """Why a revision is not one the operator wrote for this gate (name and uid), or None when it is."""
-    if not revision.sig:
+    fault = signature_fault(ring, revision.sig, _message(gate, gate_uid, revision.spec_hash, revision.spec,
+                                                         revision.number))
+    if fault == "unsigned":
         return "it carries no signature"
-    kid, sep, digest = revision.sig.partition(":")
-    secret = ring.keys.get(kid)
-    if not sep or secret is None:
-        return f"it is not signed with a key the operator holds ({kid!r})"
-    message = _message(gate, gate_uid, revision.spec_hash, revision.spec, revision.number)
-    if not hmac.compare_digest(digest, hmac.new(secret, message, hashlib.sha256).hexdigest()):
+    if fault == "unknown-key":
+        return f"it is not signed with a key the operator holds ({revision.sig.partition(':')[0]!r})"
+    if fault == "mismatch":
         return (f"its signature does not match its data and number ({revision.number}) for gate {gate} (uid "
                 f"{gate_uid}): changed since the operator wrote it, or signed before the number was")
     if revision.name != revision_name(gate, revision.spec_hash):
