@@ -163,10 +163,11 @@ class PodTimes:
                     continue  # the reboot, the last step of its pod: measured on its own, to the node's return
                 # Sandbox, image pulls and container creation: before the first container and between
                 # one and the next (a package's image, or NodeGate's, is pulled only when first needed).
-                if previous is not None:
+                # Checks side by side overlap: nothing starts between them.
+                if previous is not None and start > previous:
                     out["pod start"].append((previous, start))
                 out["payload copy" if container.startswith("payload-") else "agent steps"].append((start, end))
-                previous = end
+                previous = end if previous is None else max(previous, end)
         return out
 
     def serving(self) -> list[tuple[float, float]]:

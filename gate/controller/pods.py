@@ -7,7 +7,8 @@ No Job controller sits in the path: the operator retries a failed step itself, i
 own deterministic name (`gate.lifecycle.node.pod_name`). Its steps are containers that run one
 after another, as NodeWright's stage pods chain a stage and its check: for each package an init
 container from the package image copies the payload into an emptyDir, then an agent container
-(NodeGate's image) runs each of its stages against the host. The interrupt is a step of NodeGate's
+(NodeGate's image) runs each of its stages against the host; several checks after the interrupt run
+side by side instead (`side_by_side`). The interrupt is a step of NodeGate's
 image alone (`agent interrupt`, container `interrupt`); a reboot is always its pod's last step. Each
 step's result is its container's termination (exit code, and the agent's summary as the termination
 message), read back by
@@ -167,8 +168,11 @@ def container_name(step: Step) -> str:
     return step.stage if step.package is None else f"{step.stage}-{step.package}"
 
 
+PAYLOAD_PREFIX = "payload-"
+
+
 def payload_container(package: str) -> str:
-    return f"payload-{package}"
+    return f"{PAYLOAD_PREFIX}{package}"
 
 
 def _wire_step(step: Step) -> list[str | None]:
@@ -289,11 +293,27 @@ def payload_from_host(steps: Sequence[Step]) -> frozenset[str]:
     return frozenset(p for p in packages if all(s.stage == "post-interrupt" for s in steps if s.package == p))
 
 
+AFTER_INTERRUPT: frozenset[str] = frozenset(("post-interrupt", "post-uninstall"))
+
+
+def side_by_side(steps: Sequence[Step]) -> bool:
+    """Whether a pod runs its steps side by side, as the pod's containers, not one after another as init
+    containers: when every step is a package's check after the interrupt, and there are several. Those
+    checks prove what the node booted with and change nothing (docs/packages.md, "Stages"), each reads
+    and writes only its own package's directory on the host under its own lock, so their order says
+    nothing, and on the kubelet's generic PLEG each container after the first in a chain waits for a
+    relist (a second) before it starts: four checks one after another cost the node about three
+    seconds more out of service than four side by side. Payload copies, when a check needs one, stay
+    init containers. The pod's result is still read in the steps' order (`stage_pod_view`)."""
+    return len(steps) > 1 and all(s.package is not None and s.stage in AFTER_INTERRUPT for s in steps)
+
+
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
               facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
     """The pod of a round's phases on one node: its steps as containers run one after another (init
-    containers, the last step as the pod's container), each package's payload copied from its image
-    just before its first step; `facts` default to the node's name alone (see `gate.api.facts`).
+    containers, the last step as the pod's container; several checks after the interrupt side by side,
+    `side_by_side`), each package's payload copied from its image just before its first step; `facts`
+    default to the node's name alone (see `gate.api.facts`).
 
     `images` are the packages' images as `gate.lifecycle.images.pod_images` gives them (by digest,
     once resolved); the operator always passes them. Left out, each image is the spec's, as with
@@ -373,8 +393,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         # No <SERVICE>_HOST/_PORT variables: a Service in the namespace is nobody's input to a package.
         "enableServiceLinks": False,
         "tolerations": tolerations(gate),
-        "initContainers": containers[:-1],
-        "containers": containers[-1:],
+        **_chain(containers, side_by_side(request.steps)),
         "volumes": volumes,
         # Each step is bounded by its package's `timeout` (the agent's --timeout); the pod by all of
         # them together, for what the agent cannot bound (a payload copy, an image pull).
@@ -392,6 +411,15 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                      "annotations": annotations, "ownerReferences": [owner_reference(gate)]},
         "spec": pod_spec,
     }
+
+
+def _chain(containers: list[Obj], parallel: bool) -> Obj:
+    """The pod's init containers and containers: every step but the last one after another and the last as
+    the pod's container; or, `parallel`, only the payload copies one after another and every step at once."""
+    if not parallel:
+        return {"initContainers": containers[:-1], "containers": containers[-1:]}
+    copies = [c for c in containers if c["name"].startswith(PAYLOAD_PREFIX)]
+    return {"initContainers": copies, "containers": [c for c in containers if c not in copies]}
 
 
 def pod_steps(pod: Obj) -> tuple[Step, ...]:
@@ -476,7 +504,13 @@ def stage_pod_view(pod: Obj) -> StagePod:
     if stuck is not None:
         waiting_reason = stuck.get("reason", "")
         message = stuck.get("message", "")
-    for cs in statuses:  # in the order they run
+    # What failed: a payload copy, or the first step that did not succeed (the steps before it all did; with
+    # steps side by side, `side_by_side`, one after it may have failed too, or still run: the first in the
+    # steps' order is the pod's failure, whichever the kubelet lists first, and it ends the pod as in a chain).
+    step_names = {container_name(step) for step in steps}
+    first_left = [container_name(steps[done])] if done < len(steps) else []
+    for cs in [*(cs for cs in statuses if cs.get("name") not in step_names),
+               *(cs for cs in statuses if cs.get("name") in first_left)]:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode", 0) != 0:
             failed = True
@@ -526,7 +560,10 @@ def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]
         started = parse_time((timing or {}).get("startedAt"))
         if started is None:
             continue
-        outcome = done if i < view.done else ("failed" if "terminated" in state else "abandoned")
+        term = state.get("terminated")
+        # Steps side by side (`side_by_side`) may succeed after the first that did not.
+        outcome = done if i < view.done or (term and term.get("exitCode") == 0) else (
+            "failed" if term else "abandoned")
         ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
         out.append((step, outcome, max(0.0, (ended - started).total_seconds())))
     return out

@@ -155,6 +155,7 @@ class Seen:
     cordoned: dict[str, int] = field(default_factory=dict)  # node -> first unschedulable
     # (gate, node) -> each round pod's steps and containers (init and main), by pod name
     window: dict[tuple[str, str], dict[str, tuple[list[str], list[str]]]] = field(default_factory=dict)
+    started_together: dict[str, list[str]] = field(default_factory=dict)  # pod -> its containers (not init)
 
     def on_pod(self, kind: str, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -165,6 +166,7 @@ class Seen:
             containers = [c["name"] for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])]
             self.window.setdefault((gate, spec.get("nodeName", "")), {})[meta["name"]] = (
                 [f"{s.package or '-'}:{s.stage}" for s in pod_steps(pod)], containers)
+            self.started_together[meta["name"]] = [c["name"] for c in spec.get("containers") or []]
         if gate not in self.gates or pod_kind not in ("staging", "unstage") or kind == "DELETED":
             return
         # Ended as the operator reads it: at its last step's end, before the kubelet writes the terminal
@@ -281,8 +283,10 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                 assert sorted(s for steps, _ in window.values() for s in steps) == sorted(
                     ["-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
                 # The checks after the reboot read the payload the staging left on the host: no copy in their pod.
-                [checks] = [names for steps, names in window.values() if "-:interrupt" not in steps]
+                [(pod, checks)] = [(n, names) for n, (steps, names) in window.items() if "-:interrupt" not in steps]
                 assert sorted(checks) == sorted(f"post-interrupt-{p}" for p in SERVING_STEPS), window
+                # ... and run side by side: all of them the pod's containers, none an init container.
+                assert sorted(seen.started_together[pod]) == sorted(checks), seen.started_together[pod]
             assert not seen.failed, seen.failed
         finally:
             report = await watcher.stop()

@@ -442,3 +442,68 @@ def test_the_checks_after_the_interrupt_read_the_payload_on_the_host_and_hold_no
     assert "--payload-on-host" not in base["args"] and base["args"][base["args"].index("--payload") + 1]
     checks = stage_pod(gate(), "node-7", request(("tuned", "post-uninstall"), kind="post-interrupt"), SETTINGS)
     assert [c["name"] for c in checks["spec"]["initContainers"]] == ["payload-tuned"]
+
+
+def _checks(*packages: str, stage: str = "post-interrupt") -> dict[str, Any]:
+    return stage_pod(gate(), "n", request(*((p, stage) for p in packages), kind="post-interrupt"), SETTINGS)
+
+
+def test_the_checks_after_the_interrupt_run_side_by_side_and_every_other_pod_one_step_after_another() -> None:
+    """Several checks after the interrupt are the pod's containers, started together (each init container after
+    the first would wait a kubelet relist); payload copies stay init containers before them. A single check,
+    a service restart with the checks after it, and a pod of stages keep the chain: init containers, the last
+    step as the pod's container."""
+    spec = _checks("tuned", "base")["spec"]
+    assert spec["initContainers"] == []
+    assert [c["name"] for c in spec["containers"]] == ["post-interrupt-tuned", "post-interrupt-base"]
+    after_uninstall = _checks("tuned", "base", stage="post-uninstall")["spec"]
+    assert [c["name"] for c in after_uninstall["initContainers"]] == ["payload-tuned", "payload-base"]
+    assert [c["name"] for c in after_uninstall["containers"]] == ["post-uninstall-tuned", "post-uninstall-base"]
+    single = _checks("tuned")["spec"]
+    assert single["initContainers"] == [] and [c["name"] for c in single["containers"]] == ["post-interrupt-tuned"]
+    service = PodRequest(name="ng-s", kind="interrupt", interrupt=Interrupt(type="service", services=["a"]),
+                         steps=(Step(None, "interrupt", "service:a"), Step("tuned", "post-interrupt", "fp", "1.2.0"),
+                                Step("base", "post-interrupt", "fp", "2.0.0")))
+    chained = stage_pod(gate(), "n", service, SETTINGS)["spec"]
+    assert [c["name"] for c in chained["initContainers"]] == ["interrupt", "post-interrupt-tuned"]
+    assert [c["name"] for c in chained["containers"]] == ["post-interrupt-base"]
+    stages = stage_pod(gate(), "n", request(("base", "apply"), ("tuned", "apply")), SETTINGS)["spec"]
+    assert [c["name"] for c in stages["initContainers"]] == ["payload-base", "apply-base", "payload-tuned"]
+
+
+def test_checks_side_by_side_are_read_in_the_steps_order() -> None:
+    """The kubelet lists the pod's containers by name, not by step. The pod's failure is its first step in
+    order that did not succeed, as in a chain: a check that failed while one before it in order still runs
+    is not yet the pod's failure; the first check failing ends the pod, the checks after it abandoned."""
+    pod = _checks("tuned", "base")
+    started = {"startedAt": "2026-11-30T10:00:01Z"}
+    tuned_runs = {"name": "post-interrupt-tuned", "state": {"running": started}}
+    pod["status"] = {"phase": "Running", "containerStatuses": [
+        _terminated("post-interrupt-base", 3, "base failed"), tuned_runs]}
+    view = stage_pod_view(pod)
+    assert view.phase == "running" and not stage_pod_ended(pod) and view.current_step is not None
+    assert view.current_step.package == "tuned"
+    pod["status"]["containerStatuses"][1] = _terminated("post-interrupt-tuned", 0)
+    view = stage_pod_view(pod)
+    assert view.phase == "failed" and view.done == 1 and view.message == "base failed"
+    assert view.failed_step is not None and view.failed_step.package == "base"
+    # The first in order failed: the pod's failure at once, whatever runs after it and the kubelet's order.
+    pod["status"]["containerStatuses"] = [{"name": "post-interrupt-base", "state": {"running": started}},
+                                          _terminated("post-interrupt-tuned", 4, "tuned failed")]
+    view = stage_pod_view(pod)
+    assert (view.phase, view.done, view.message) == ("failed", 0, "tuned failed") and stage_pod_ended(pod)
+    assert view.failed_step is not None and view.failed_step.package == "tuned"
+    # Each check's own outcome for the metrics: one that passed after the failed one is not counted failed.
+    pod["status"]["containerStatuses"] = [
+        {"name": "post-interrupt-base", "state": {"terminated": {"exitCode": 0, **started,
+                                                                 "finishedAt": "2026-11-30T10:00:02Z"}}},
+        {"name": "post-interrupt-tuned", "state": {"terminated": {"exitCode": 4, **started,
+                                                                  "finishedAt": "2026-11-30T10:00:03Z"}}}]
+    assert [(s.package, outcome) for s, outcome, _ in step_runs(pod)] == [("tuned", "failed"), ("base", "succeeded")]
+    # Ended by its phase (past its deadline) with the first check still shown running: that check failed,
+    # with the pod's reason, not the message of a check after it.
+    pod["status"] = {"phase": "Failed", "reason": "DeadlineExceeded", "message": "past it", "containerStatuses": [
+        _terminated("post-interrupt-base", 3, "base failed"), tuned_runs]}
+    view = stage_pod_view(pod)
+    assert view.failed_step is not None and view.failed_step.package == "tuned"
+    assert view.message == "DeadlineExceeded: past it"
