@@ -73,6 +73,9 @@ class History(Record):
     staged: dict[str, StagedRecord] = Field(
         default_factory=dict, description="Serving steps staged and not yet taken over by their stage, by stage/step.")
     runs: list[StageRun] = Field(default_factory=list, description=f"The last {MAX_RUNS} stage runs, oldest first.")
+    payloads: dict[str, str] = Field(
+        default_factory=dict, description="Version -> the image its payload copy on the host came from, as the "
+        "operator named it (`agent run --payload-image`); a stage that reads that copy holds it against its own.")
 
 
 def step_key(stage: str, step: str) -> str:
@@ -89,6 +92,15 @@ def with_step_done(history: History, stage: str, step: str, version: str, genera
     steps = dict(history.steps)
     steps[step_key(stage, step)] = StepRecord(version=version, generation=generation, finished_at=at)
     return history.model_copy(update={"steps": steps})
+
+
+def with_payload(history: History, version: str, image: str | None) -> History:
+    """The payload of `version` was copied onto the host from `image` (None: an image nobody named, a run by
+    hand: no record, so no stage reads that copy in place of its own)."""
+    payloads = {v: i for v, i in history.payloads.items() if v != version}
+    if image:
+        payloads[version] = image
+    return history.model_copy(update={"payloads": payloads})
 
 
 def is_staged(history: History, stage: str, step: str, version: str, generation: int) -> bool:

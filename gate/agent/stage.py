@@ -36,6 +36,7 @@ from gate.agent.history import (
     step_key,
     upgrade_versions,
     with_overlay,
+    with_payload,
     with_stage_result,
     with_staged,
     with_step_done,
@@ -65,8 +66,10 @@ class StageSettings:
     node_facts: OperatorFacts | None = None  # None: the node's name alone (see gate.agent.facts)
     config_digest: str | None = None  # what the operator rendered (gate.api.digests); None: unchecked
     timeout: float | None = None  # seconds the whole stage may take (None: no bound of its own)
-    # The check after the interrupt reads the payload the round's stage left on the host, not `payload`.
+    # The check after the interrupt reads the payload the round's stage left on the host, not `payload`; so
+    # does a stage whose payload the round's staging placed there (its image recorded and held against this).
     payload_on_host: bool = False
+    payload_image: str | None = None  # the image the payload comes from, as the operator named it
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,18 @@ def validate(settings: StageSettings) -> Package:
     request = settings.request
     source = settings.payload
     if settings.payload_on_host:
-        if request.stage != "post-interrupt":
-            raise UsageError(f"--payload-on-host is for the check after the interrupt, not stage {request.stage}")
+        if request.stage in ("uninstall", "post-uninstall") or request.part != "whole":
+            raise UsageError(f"--payload-on-host is for a stage of the round's window, not {request.stage} "
+                             f"(part {request.part})")
         layout = PackageLayout(settings.root, request.gate, request.package)
         source = layout.package_dir(request.version)
         if not (source / "package.yaml").is_file():
             raise PackageError(
                 f"the payload of {request.package} {request.version} is not on the host "
-                f"({layout.host_package_dir(request.version)}), where this round's stage left it: the round "
-                "runs again from its stages"
+                f"({layout.host_package_dir(request.version)}), where this round's staging or stage left it: "
+                "the operator tries again with a copy from the image"
             )
+        _payload_from(layout, request, settings.payload_image)
     package = load_package(source)
     if package.name != request.package or package.version != request.version:
         raise PackageError(
@@ -133,6 +138,24 @@ def validate(settings: StageSettings) -> Package:
         )
     check_root(settings.root, needs_shell=package.manifest.runs_on_host())
     return package
+
+
+def _payload_from(layout: PackageLayout, request: StageRequest, image: str | None) -> None:
+    """The host's copy of the payload came from `image`, as the host's history recorded when it was copied.
+    A stage before the interrupt needs that record (the copy a staging placed may have been replaced since,
+    by an undo of another spec's staging of the same version); the check after the interrupt reads what
+    its round's stage left, and holds the record against its image when there is one."""
+    recorded = load_history(layout.history_file, request.gate, request.package).payloads.get(request.version)
+    if recorded is None and request.stage == "post-interrupt":
+        return
+    if image is None or recorded != image:
+        came = f"image {recorded}" if recorded else "an image the host has no record of"
+        where = layout.host_package_dir(request.version)
+        raise PackageError(
+            f"the payload of {request.package} {request.version} on the host ({where}) came from {came}, not "
+            f"{image or 'the image the stage names (no --payload-image)'}: the operator tries again with a copy "
+            "from the image"
+        )
 
 
 def stage_inputs(
@@ -351,6 +374,7 @@ def run_stage(
         # From here on the host changes.
         if not settings.payload_on_host:  # else it is the host's copy already
             _replace_dir(layout.package_dir(request.version), _copy_tree(package.directory))
+            history = with_payload(history, request.version, settings.payload_image)
         _replace_dir(layout.config_dir, _write_config(config))
         facts = node_facts(operator_facts, settings.root)
         _replace_dir(layout.facts_dir, _write_node_facts(facts))
@@ -390,12 +414,13 @@ def run_stage(
                 history = without_staged(history)
             if ok and request.part != "serving" and not history.staged:
                 shutil.rmtree(layout.staged_dir, ignore_errors=True)
+            kept = {v for v in (history.installed, history.previous, request.version) if v}
+            history = history.model_copy(update={"payloads": {v: i for v, i in history.payloads.items() if v in kept}})
             run.save(history)
             if ok and request.stage in ("uninstall", "post-uninstall"):
                 _forget_package(layout)  # the check after an uninstall's interrupt left its payload again
             else:
-                _prune_payloads(layout, {v for v in (run.history.installed, run.history.previous,
-                                                     request.version) if v})
+                _prune_payloads(layout, kept)
             elapsed = time.monotonic() - started
             log.line(f"Finished stage {request.stage}: {'passed' if ok else 'FAILED'} in {elapsed:.1f}s.")
         logs.prune(layout.log_dir, request.version)

@@ -106,6 +106,9 @@ class NodeGateState(Model):
     health_unreadable: str | None = Field(default=None, description="In phase soak, while a health signal cannot "
                                           "be read: which, and why (a signal that cannot be read never counts as "
                                           "healthy).")
+    payload_placed: list[str] = Field(default_factory=list, description="package/stage -> stages of this round "
+                                      "whose payload its staging pod left on the host, for the round's spec of "
+                                      "them: their first try in the window reads it there, with no copy of its own.")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
                                      "step in this round (its retries are the package's `retries`).")
     retry_at: str | None = Field(default=None, description="After a failed attempt: when the next may start "

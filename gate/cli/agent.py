@@ -108,6 +108,7 @@ def stage_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Stag
         config_digest=config_digest,
         timeout=args.timeout,
         payload_on_host=args.payload_on_host,
+        payload_image=args.payload_image,
     )
 
 
@@ -273,8 +274,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--payload", default=DEFAULT_PAYLOAD,
                      help=f"the package's files, copied from the image (default {DEFAULT_PAYLOAD})")
     run.add_argument("--payload-on-host", action="store_true",
-                     help="post-interrupt only: read the package's files from the copy this round's stage left on "
-                     "the host (/var/lib/nodegate/<gate>/<package>/package/<version>), not from --payload")
+                     help="read the package's files from the copy this round's staging or stage left on the host "
+                     "(/var/lib/nodegate/<gate>/<package>/package/<version>), not from --payload; before the "
+                     "interrupt only when the host recorded that copy as from --payload-image")
+    run.add_argument("--payload-image", metavar="REF",
+                     help="the image the payload comes from, as the operator names it: recorded with the copy "
+                     "on the host, and held against the host's record with --payload-on-host")
     run.add_argument("--config-dir", help=f"the package's config files (default {DEFAULT_CONFIG_DIR} when present)")
     run.add_argument("--config-digest", metavar="sha256:HEX",
                      help="the digest of the config the operator rendered (env NODEGATE_CONFIG_DIGEST): config "

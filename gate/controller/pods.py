@@ -188,12 +188,16 @@ def tolerations(gate: NodeGate) -> list[Obj]:
 
 
 def _package_step(gate: NodeGate, node: str, step: Step, image: str, part: str = "whole",
-                  payload_on_host: bool = False) -> Obj:
+                  payload_on_host: bool = False, payload_image: str | None = None) -> Obj:
     """The agent container of one package stage, reading the payload (or, `payload_on_host`, the host's copy of
-    it: `payload_from_host`), config and facts its package's volumes hold."""
+    it: `payload_from_host`, `PodRequest.payload_on_host`), config and facts its package's volumes hold.
+    `payload_image` is the package's image as the pod names it: the agent records it with the copy it lays on
+    the host, and holds a copy it reads there against it."""
     assert step.package is not None
     pkg = gate.spec.packages[step.package]
     payload = ["--payload-on-host"] if payload_on_host else ["--payload", PAYLOAD_DIR]
+    if payload_image:
+        payload += ["--payload-image", payload_image]
     args = ["agent", "run", "--stage", step.stage, "--package", step.package,
             "--version", pkg.version, "--gate", gate.name,
             "--generation", str(gate.metadata.generation or 0),
@@ -339,7 +343,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     if request.interrupt is not None:
         labels[keys.INTERRUPT_LABEL] = request.interrupt.type
     stages: dict[str, list[str]] = {}
-    on_host = payload_from_host(request.steps)
+    on_host = payload_from_host(request.steps) | request.payload_on_host
     for step in request.steps:
         if step.package is None:  # the interrupt: a step of NodeGate's image alone
             assert request.interrupt is not None, "an interrupt step needs the request's interrupt"
@@ -367,7 +371,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                 grace = max(grace or 0, seconds)
         stages[step.package].append(step.stage)
         containers.append(_package_step(gate, node, step, settings.agent_image, request.part,
-                                        step.package in on_host))
+                                        step.package in on_host, images[step.package].image))
         deadline += _seconds(pkg.timeout)
     if stages:
         volumes.append({"name": "facts", "downwardAPI": {"items": [

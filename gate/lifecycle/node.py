@@ -160,6 +160,8 @@ class PodRequest:
     attempt: int = 0
     interrupt: Interrupt | None = None  # the interrupt of its interrupt step, when it holds one
     part: Literal["whole", "serving", "undo"] = "whole"  # what of each stage the agent runs (`agent run --part`)
+    # Packages whose agent reads the payload its round's staging placed on the host (`agent run --payload-on-host`).
+    payload_on_host: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

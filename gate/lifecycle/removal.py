@@ -122,7 +122,8 @@ def plan_removal(gate: NodeGate, policy: DeploymentPolicy | None, fleet: Sequenc
         state = previous.model_copy(update={
             "status": "in-progress", "removing": True, "batch": start.batch, "compartment": start.compartment,
             "round": previous.round + 1, "failure": None, "phase": "idle", "phase_since": now.isoformat(),
-            "interrupt": None, "interrupted": [], "post_checked": [], "drain_blocked_by": None})
+            "interrupt": None, "interrupted": [], "post_checked": [], "payload_placed": [],
+            "drain_blocked_by": None})
         update = NodeUpdate(state=state)
         update.change.status = "in-progress"
         batch = f"batch {start.batch}" if start.batch else "cordoned already, outside the batches"

@@ -19,7 +19,7 @@ its interrupt bookkeeping cleared and this round's cordon undone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -142,6 +142,7 @@ def start_round(state: NodeGateState, *, gate: NodeGate, batch: int, compartment
         s.interrupt = None
         s.interrupted = []
     s.post_checked = []
+    s.payload_placed = []
     s.attempts = {}
     s.retry_at = None
     s.drain_blocked_by = None
@@ -253,8 +254,18 @@ def run_steps(r: Round, kind: Callable[[], PodKind], plan: Callable[[], list[Ste
         return r.finish_decision()
     holds = interrupt if any(st.package is None and st.stage == "interrupt" for st in steps) else None
     r.decision.create_pods.append(PodRequest(name, pod_kind, tuple(steps), round=s.round,
-                                             attempt=s.attempts.get(head.key, 0), interrupt=holds))
+                                             attempt=s.attempts.get(head.key, 0), interrupt=holds,
+                                             payload_on_host=_placed_on_host(s, steps)))
     return r.finish_decision()
+
+
+def _placed_on_host(s: NodeGateState, steps: Sequence[Step]) -> frozenset[str]:
+    """The packages of a pod whose every stage in it had its payload placed on the host by the round's
+    staging (`gate.lifecycle.staging.payload_placed`) and none of which failed yet this round: their
+    agent reads that copy. A try after a failure copies from the image again, whatever the host holds."""
+    packages = {st.package for st in steps if st.package is not None}
+    return frozenset(p for p in packages if all(st.key in s.payload_placed and not s.attempts.get(st.key)
+                                                for st in steps if st.package == p))
 
 
 def retry_backoff(attempts: int) -> float:
@@ -350,6 +361,7 @@ def end_round(r: Round, phase: Phase, *, soak_until: str | None) -> None:
     s.interrupt = None
     s.interrupted = []
     s.post_checked = []
+    s.payload_placed = []
     s.drain_blocked_by = None
     s.own_reboot = None
     s.boot_id = ctx.node.boot_id

@@ -25,7 +25,8 @@ class Serving:
 
 @dataclass(frozen=True)
 class ServingCatalog:
-    """Which packages have serving steps, by package name (the catalog's, at the catalog's version)."""
+    """Each catalog package's serving steps, by package name, at the catalog's version (empty lists for a
+    package that has none: the operator still knows it, so a staging pod may place its payload)."""
 
     packages: Mapping[str, Serving] = field(default_factory=dict)
 
@@ -36,9 +37,8 @@ class ServingCatalog:
         out = {}
         for name, declared in inputs.items():
             lists = declared.get("serving") or {}
-            if lists:
-                out[name] = Serving(str(declared["version"]), {k: tuple(v) for k, v in lists.items()},
-                                    frozenset(declared.get("servingOnly") or ()))
+            out[name] = Serving(str(declared["version"]), {k: tuple(v) for k, v in lists.items()},
+                                frozenset(declared.get("servingOnly") or ()))
         return cls(out)
 
     def of(self, gate: NodeGate, package: str) -> Serving | None:

@@ -81,18 +81,41 @@ REBOOT_SATISFIES = frozenset({"reboot", "service", "restartAllServices"})
 
 
 def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog) -> tuple[Step, ...]:
-    """The steps a staging pod runs on the node for its next (or current, not yet cordoned) round: each
-    package stage with serving steps, in install order (none when the round does not cordon)."""
+    """The steps a staging pod runs on the node for its next (or current, not yet cordoned) round, in
+    install order (none when the round does not cordon): each package stage with serving steps and,
+    when there is one, each other stage of a catalog package (but an uninstall), which the agent's
+    `--part serving` runs no step of: it places the stage's payload on the host, so the window's stage
+    reads it there with no payload copy of its own (`payload_placed`). A staging pod only for that is
+    not made: it would cost the node a pod to save a container."""
     if not catalog.packages or not needs_cordon(gate, state):
         return ()
     work = round_work(gate, state)
-    steps = []
+    steps: list[Step] = []
+    placed: list[Step] = []
     for name in install_order(gate):
         serving = catalog.of(gate, name)
         if serving is None or work[name].done:
             continue
-        steps += [s for s in _package_steps(gate, name, work[name]) if s.stage in serving.lists]
-    return tuple(steps)
+        for step in _package_steps(gate, name, work[name]):
+            if step.stage in serving.lists:
+                steps.append(step)
+                placed.append(step)
+            elif step.stage != "uninstall":
+                placed.append(step)
+    return tuple(placed) if steps else ()
+
+
+def payload_placed(view: StagePod | None, gate: NodeGate, state: NodeGateState) -> list[str]:
+    """The round's package stages (`package/stage` keys) whose payload its succeeded staging pod left on the
+    host, each for the round's spec of it (the same fingerprint, so the same image): the window's first try
+    of each reads it there (`gate.lifecycle.round.run_steps`). None for a roll-back (another spec's images)."""
+    if view is None or view.phase != "succeeded" or (state.rollback is not None and not state.rollback.done):
+        return []
+    ran = {(s.package, s.stage, s.fingerprint) for s in view.steps}
+    work = round_work(gate, state)
+    return sorted(step.key for name in install_order(gate) if not work[name].done
+                  for step in _package_steps(gate, name, work[name])
+                  if (step.package, step.stage, step.fingerprint) in ran)
 
 
 def _package_steps(gate: NodeGate, name: str, work: PackageWork) -> list[Step]:
@@ -134,6 +157,10 @@ def await_staging(r: Round, steps: Sequence[Step], catalog: ServingCatalog, inte
     view = ctx.staging_pod
     if view is not None and view.phase == "succeeded":
         _record_staged_whole(r, staged_whole(ctx.gate, s, catalog, view), view)
+        placed = payload_placed(view, ctx.gate, s)
+        if placed != s.payload_placed:
+            s.payload_placed = placed
+            r.changed = True
         rebooted = bool(view.boot_id) and view.boot_id != ctx.node.boot_id and ctx.node.ready
         if (rebooted and interrupt_type in REBOOT_SATISFIES and not s.own_reboot
                 and serving_only(ctx.gate, s, catalog)):
@@ -385,6 +412,7 @@ __all__ = [
     "candidates",
     "gate_may_go",
     "gate_staging",
+    "payload_placed",
     "plan_stagings",
     "serving_only",
     "staged_whole",

@@ -622,8 +622,8 @@ def test_the_check_after_the_interrupt_reads_the_payload_the_stage_left_on_the_h
     assert f"/{STATE}/package/1.0.0" in refused.summary["message"], refused.summary
     assert "not on the host" in refused.summary["message"]
     assert agent.run("apply", pkg).code == 0
-    wrong = agent.run("apply", missing, "--payload-on-host")
-    assert wrong.code != 0 and "--payload-on-host is for the check after the interrupt" in wrong.summary["message"]
+    wrong = agent.run("uninstall", missing, "--payload-on-host")
+    assert wrong.code != 0 and "--payload-on-host is for a stage of the round's window" in wrong.summary["message"]
     run = agent.run("post-interrupt", missing, "--payload-on-host")
     assert run.code == 0, run.summary
     assert (agent.root / "tmp/checked").read_text() == "from-host\n"
@@ -631,3 +631,39 @@ def test_the_check_after_the_interrupt_reads_the_payload_the_stage_left_on_the_h
     # Another version's copy is not this one's.
     other = agent.run("post-interrupt", missing, "--payload-on-host", version="2.0.0")
     assert other.code != 0 and "demo-pkg 2.0.0 is not on the host" in other.summary["message"]
+
+
+def test_a_stage_reads_the_payload_a_staging_placed_on_the_host_only_from_the_image_it_names(
+        agent: Agent, tmp_path: Path) -> None:
+    """A staging (`--part serving`, no serving step in the package) only lays the payload on the host and
+    records the image it came from; the window's stage then reads that copy (`--payload-on-host`) when the
+    record is of the image its own pod names, and is refused, before the host changes, when it is of another
+    (an undo of another spec's staging of the same version copied over it) or when there is none."""
+    pkg = make_package(tmp_path, """
+        apply: [{name: s, script: scripts/s.sh}]
+        apply-check: [{name: c, command: 'test -e /tmp/applied'}]
+    """, scripts={"scripts/s.sh": "touch /tmp/applied\n"})
+    missing = tmp_path / "no-payload-here"
+    image = "registry.example.com/demo@sha256:" + "a" * 64
+    other = "registry.example.com/demo@sha256:" + "b" * 64
+    staged = agent.run("apply", pkg, "--part", "serving", "--payload-image", image)
+    assert staged.code == 0, staged.summary
+    assert not (agent.root / "tmp/applied").exists()  # no step ran: the payload was only placed
+    history = json.loads((agent.root / STATE / "history.json").read_text())
+    assert history["payloads"] == {"1.0.0": image}, history
+    before = tree(agent.root)
+    for named in (other, None):
+        refused = agent.run("apply", missing, "--payload-on-host", *(["--payload-image", named] if named else []))
+        assert refused.code != 0 and f"came from image {image}" in refused.summary["message"], refused.summary
+        assert tree(agent.root) == before
+    run = agent.run("apply", missing, "--payload-on-host", "--payload-image", image)
+    assert run.code == 0, run.summary
+    assert (agent.root / "tmp/applied").exists()
+    # A copy from another image (the undo of another spec's staging) takes the record with it.
+    assert agent.run("apply", pkg, "--part", "undo", "--payload-image", other).code == 0
+    again = agent.run("apply", missing, "--payload-on-host", "--payload-image", image)
+    assert again.code != 0 and f"came from image {other}" in again.summary["message"], again.summary
+    # A copy laid by hand (no image named) leaves no record: no stage reads it in place of its own.
+    assert agent.run("apply", pkg).code == 0
+    unknown = agent.run("apply", missing, "--payload-on-host", "--payload-image", image)
+    assert unknown.code != 0 and "an image the host has no record of" in unknown.summary["message"]

@@ -135,8 +135,15 @@ SERVING_STEPS = {"grub-cmdline": ("write-drop-in", "update-grub"),
                  "module-blocklist": ("write-blocklist", "update-initramfs")}
 
 
+# A catalog package with no serving step: its staging only places its payload on the host, and its apply in
+# the window reads it there (no payload copy in the window's pod).
+PLACED = "sysctl-tuning"
+SYSCTL_FILE = "/etc/sysctl.d/90-nodegate-tuning.conf"
+
+
 def _packages(real: RealCluster) -> dict[str, Any]:
-    return {"grub-cmdline": {"version": "1.0.0", "image": real.images["grub-cmdline"],
+    return {PLACED: {"version": "1.0.0", "image": real.images[PLACED], "interrupt": {"type": "none"}},
+            "grub-cmdline": {"version": "1.0.0", "image": real.images["grub-cmdline"],
                              "interrupt": {"type": "reboot"}, "env": [{"name": "KERNEL_ARGS", "value": KERNEL_ARG}]},
             "module-blocklist": {"version": "1.0.0", "image": real.images["module-blocklist"],
                                  "interrupt": {"type": "reboot"}, "timeout": "15m",
@@ -275,13 +282,18 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                     assert "Running step apply-check/" in runs[0], runs[0]
                     after = _stage_logs(real, node, gate, package, "post-interrupt")
                     assert len(after) == 1 and "Took over stage apply" in after[0], after
-                # The window's pod that held the reboot: nothing else (no payload copy, no apply of either).
+                # The window's pod that held the reboot: nothing of the packages staged whole (no payload copy,
+                # no apply), and the apply of the package whose payload the staging placed, with no copy of it.
                 window = seen.window[gate, node]
                 first = [(steps, names) for steps, names in window.values() if "-:interrupt" in steps]
-                assert len(first) == 1 and first[0][0] == ["-:interrupt"], window
-                assert not [n for n in first[0][1] if any(p in n for p in SERVING_STEPS)], window
+                assert len(first) == 1 and first[0][0] == [f"{PLACED}:apply", "-:interrupt"], window
+                assert first[0][1] == [f"apply-{PLACED}", "interrupt"], window
                 assert sorted(s for steps, _ in window.values() for s in steps) == sorted(
-                    ["-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
+                    [f"{PLACED}:apply", "-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
+                placed = json.loads(real.node_file(node, f"/var/lib/nodegate/{gate}/{PLACED}/history.json") or "{}")
+                assert [r["stage"] for r in placed["runs"]] == ["apply:serving", "apply"], placed["runs"]
+                assert placed["installed"] == "1.0.0" and placed["payloads"] == {"1.0.0": real.images[PLACED]}, placed
+                assert "Running step apply/load " in _stage_logs(real, node, gate, PLACED, "apply")[-1]
                 # The checks after the reboot read the payload the staging left on the host: no copy in their pod.
                 [(pod, checks)] = [(n, names) for n, (steps, names) in window.items() if "-:interrupt" not in steps]
                 assert sorted(checks) == sorted(f"post-interrupt-{p}" for p in SERVING_STEPS), window
@@ -301,6 +313,6 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
     await asyncio.to_thread(real.delete_gate, gate, 600.0)
     # The packages stay installed (no uninstall): the test takes them off the hosts for the tier's next tests.
     for node in real.nodes:
-        real.node_sh(node, f"rm -rf {DROP_IN} {BLOCKLIST} /var/lib/nodegate/{held} /var/lib/nodegate/{gate} "
-                           f"/var/log/nodegate/{held} /var/log/nodegate/{gate} && update-grub && "
-                           "update-initramfs -u -k all", check=True)
+        real.node_sh(node, f"rm -rf {DROP_IN} {BLOCKLIST} {SYSCTL_FILE} /var/lib/nodegate/{held} "
+                           f"/var/lib/nodegate/{gate} /var/log/nodegate/{held} /var/log/nodegate/{gate} && "
+                           "update-grub && update-initramfs -u -k all", check=True)

@@ -4,6 +4,7 @@ the rendered object, and how a pod's container statuses become the steps' result
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -507,3 +508,19 @@ def test_checks_side_by_side_are_read_in_the_steps_order() -> None:
     view = stage_pod_view(pod)
     assert view.failed_step is not None and view.failed_step.package == "tuned"
     assert view.message == "DeadlineExceeded: past it"
+
+
+def test_a_stage_whose_payload_the_staging_placed_reads_it_on_the_host_and_every_step_names_its_image() -> None:
+    """`PodRequest.payload_on_host` (the round's staging placed the payload): no copy container, volume or mount for
+    that package; every package step names its image (`--payload-image`): recorded with a copy, held against
+    the host's record by a step that reads the host's."""
+    req = replace(request(("base", "apply"), ("tuned", "apply")), payload_on_host=frozenset({"tuned"}))
+    spec = stage_pod(gate(), "n", req, SETTINGS)["spec"]
+    names = [c["name"] for c in spec["initContainers"] + spec["containers"]]
+    assert names == ["payload-base", "apply-base", "apply-tuned"]
+    by_name = {c["name"]: c for c in spec["initContainers"] + spec["containers"]}
+    tuned, base = by_name["apply-tuned"]["args"], by_name["apply-base"]["args"]
+    assert "--payload-on-host" in tuned and "--payload" not in tuned
+    assert tuned[tuned.index("--payload-image") + 1] == "registry.example.com:5000/team/tuned:1.2.0"
+    assert base[base.index("--payload-image") + 1] == by_name["payload-base"]["image"]
+    assert "payload-tuned" not in {v["name"] for v in spec["volumes"]}

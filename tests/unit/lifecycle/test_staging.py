@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.admission.rules.catalog_inputs import CATALOG_INPUTS
-from gate.api.state import Failure, Installed, NodeGateState
+from gate.api.state import Failure, Installed, NodeGateState, Rollback
 from gate.lifecycle.fleet import plan_gate
 from gate.lifecycle.machine import decide
 from gate.lifecycle.node import Decision, NodeContext, NodeView, StagePod, Timing
@@ -24,6 +24,7 @@ from gate.lifecycle.staging import (
     candidates,
     gate_may_go,
     gate_staging,
+    payload_placed,
     plan_stagings,
     staged_whole,
     staging_pod_name,
@@ -227,6 +228,47 @@ def test_a_package_staged_whole_gets_no_container_in_the_window_and_its_check_af
     state, timeline, n = drive(g, s, node(), replace(own, boot_id="boot-1"))
     assert state.status == "complete" and "k:apply" not in timeline
     assert timeline.index("Cordoned") < timeline.index("-:interrupt") < timeline.index("k:post-interrupt")
+
+
+def test_a_staging_places_the_payload_of_the_stages_left_for_the_window_and_their_first_try_reads_it_there(
+) -> None:
+    """A staging pod that runs anyway (`k` has serving steps) also holds the round's other stages of catalog
+    packages (`plain`: none of its steps serving), so their payload is on the host before the cordon; the
+    window's first try of such a stage reads it there, a try after a failure copies from the image. A package
+    the catalog does not know (`own`) is not staged at all, and a gate with nothing serving gets no staging pod."""
+    catalog = ServingCatalog({**CATALOG.packages, "plain": Serving("1.0.0", {})})
+    g = gate({"k": REBOOT_PKG, "plain": REBOOT_PKG, "own": REBOOT_PKG})
+    s = started(g)
+    steps = staging_steps(g, s, catalog)
+    assert [(st.package, st.stage) for st in steps] == [("k", "apply"), ("plain", "apply")]
+    assert staging_steps(gate({"plain": REBOOT_PKG, "own": REBOOT_PKG}), s, catalog) == ()
+    view = StagePod(staging_pod_name(g.name, "n1", steps), "staging", "succeeded", steps, done=len(steps),
+                    boot_id="boot-1", generation=1)
+
+    def window(state: NodeGateState) -> tuple[NodeGateState, Any]:
+        pods: dict[str, StagePod] = {}
+        n = node()
+        for _ in range(10):
+            d = look(g, state, n=n, staging=view, stage_pods=pods, catalog=catalog)
+            state = d.state or state
+            n = _apply_node(n, d)
+            if d.create_pods:
+                return state, d.create_pods[0]
+        raise AssertionError("no pod of the window")
+
+    state, first = window(s)
+    assert state.payload_placed == ["plain/apply"]  # `k` staged whole: recorded done, no container at all
+    assert sorted(st.package or "-" for st in first.steps) == ["-", "own", "plain"]
+    assert first.payload_on_host == {"plain"}
+    # After a failed try of `plain`'s apply, the next copies from the image.
+    _, retry = window(state.model_copy(update={"attempts": {"plain/apply": 1}}))
+    assert retry.steps == first.steps and retry.payload_on_host == frozenset()
+    # A roll-back's stages are another spec's: nothing read from the host.
+    back = Rollback(to="x", revision=1, rollout_hash="h", batch=1)
+    assert payload_placed(view, g, s.model_copy(update={"rollback": back})) == []
+    # The round's end forgets it.
+    done, _, _ = drive(g, s, node(), view)
+    assert done.status == "complete" and done.payload_placed == []
 
 
 # -- the fleet: candidates and the bound ---------------------------------------------------------
