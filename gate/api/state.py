@@ -106,7 +106,7 @@ class NodeGateState(Model):
     health_unreadable: str | None = Field(default=None, description="In phase soak, while a health signal cannot "
                                           "be read: which, and why (a signal that cannot be read never counts as "
                                           "healthy).")
-    payload_placed: list[str] = Field(default_factory=list, description="package/stage -> stages of this round "
+    payload_placed: list[str] = Field(default_factory=list, description="The round's package stages (package/stage) "
                                       "whose payload its staging pod left on the host, for the round's spec of "
                                       "them: their first try in the window reads it there, with no copy of its own.")
     attempts: dict[str, int] = Field(default_factory=dict, description="package/stage -> failed attempts of that "
