@@ -335,8 +335,10 @@ async def _refused(obj: dict[str, Any]) -> str:
 async def _plant_failure(node: str) -> None:
     from gate.devcluster.stages import failing_stage
 
+    # chrony-conf's apply has no serving step: a staging pod only places its payload, and the planted failure
+    # (no chrony on the node) shows in the window, as it would on a real node.
     stage = failing_stage(FAILURE_STAGE_NAME, nodes=[node], package=FAILING_PACKAGE, stage="apply",
-                          message=json.dumps(FAILURE_SUMMARY, separators=(",", ":")))
+                          message=json.dumps(FAILURE_SUMMARY, separators=(",", ":")), in_the_round=True)
     async with await client() as kube:
         await kube.apply(stage, field_manager="nodegate-demo")
 

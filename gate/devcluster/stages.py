@@ -478,13 +478,20 @@ def _package_pods(nodes: list[str], package: str | None, stage: str | None) -> l
 
 
 def failing_stage(name: str, *, nodes: list[str], package: str | None = None, stage: str | None = None,
-                  message: str = "injected failure", exit_code: int = 1, delay_ms: int = 0) -> Stage:
+                  message: str = "injected failure", exit_code: int = 1, delay_ms: int = 0,
+                  in_the_round: bool = False) -> Stage:
     """A test's injected failure: the matching step of stage pods on `nodes` fails instead of
-    succeeding (the pod fails with it; the steps after it never run)."""
+    succeeding (the pod fails with it; the steps after it never run). `in_the_round`: only in a round's
+    pods, not in a staging or undo pod, as for a failure of a step that is not a serving step (a staging
+    pod's container for such a stage runs none of its steps: it only places the payload)."""
+    selector = _package_pods(nodes, package, stage)
+    if in_the_round:
+        selector.append({"key": f'.metadata.labels["{keys.STAGE_KIND_LABEL}"]', "operator": "NotIn",
+                         "values": ["staging", "unstage"]})
     return _stage(
         name,
         "Pod",
-        _package_pods(nodes, package, stage),
+        selector,
         {"statusTemplate": _step_failed_template(exit_code, message)},
         weight=1,
         delay_ms=delay_ms,
