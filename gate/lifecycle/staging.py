@@ -83,10 +83,12 @@ REBOOT_SATISFIES = frozenset({"reboot", "service", "restartAllServices"})
 def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog) -> tuple[Step, ...]:
     """The steps a staging pod runs on the node for its next (or current, not yet cordoned) round, in
     install order (none when the round does not cordon): each package stage with serving steps and,
-    when there is one, each other stage of a catalog package (but an uninstall), which the agent's
-    `--part serving` runs no step of: it places the stage's payload on the host, so the window's stage
-    reads it there with no payload copy of its own (`payload_placed`). A staging pod only for that is
-    not made: it would cost the node a pod to save a container."""
+    when there is one, each other stage of a catalog package without config (but an uninstall), which
+    the agent's `--part serving` runs no step of: it places the stage's payload on the host, so the
+    window's stage reads it there with no payload copy of its own (`payload_placed`). A staging pod only
+    for that is not made: it would cost the node a pod to save a container. A package with config is
+    not placed: the operator creates a package's ConfigMap with the round's pods, a staging pod mounts
+    none, and the agent refuses a config that is not the one its pod names."""
     if not catalog.packages or not needs_cordon(gate, state):
         return ()
     work = round_work(gate, state)
@@ -100,7 +102,7 @@ def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog)
             if step.stage in serving.lists:
                 steps.append(step)
                 placed.append(step)
-            elif step.stage != "uninstall":
+            elif step.stage != "uninstall" and not gate.spec.packages[name].config:
                 placed.append(step)
     return tuple(placed) if steps else ()
 

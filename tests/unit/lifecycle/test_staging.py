@@ -236,11 +236,15 @@ def test_a_staging_places_the_payload_of_the_stages_left_for_the_window_and_thei
     packages (`plain`: none of its steps serving), so their payload is on the host before the cordon; the
     window's first try of such a stage reads it there, a try after a failure copies from the image. A package
     the catalog does not know (`own`) is not staged at all, and a gate with nothing serving gets no staging pod."""
-    catalog = ServingCatalog({**CATALOG.packages, "plain": Serving("1.0.0", {})})
+    catalog = ServingCatalog({**CATALOG.packages, "plain": Serving("1.0.0", {}), "conf": Serving("1.0.0", {})})
     g = gate({"k": REBOOT_PKG, "plain": REBOOT_PKG, "own": REBOOT_PKG})
     s = started(g)
     steps = staging_steps(g, s, catalog)
     assert [(st.package, st.stage) for st in steps] == [("k", "apply"), ("plain", "apply")]
+    # A package with config is not placed: a staging pod mounts no ConfigMap (the round's pods create it).
+    with_config = gate({"k": REBOOT_PKG, "conf": {**REBOOT_PKG, "config": {"a.conf": "x"}}})
+    assert [(st.package, st.stage) for st in staging_steps(with_config, started(with_config), catalog)] == [
+        ("k", "apply")]
     assert staging_steps(gate({"plain": REBOOT_PKG, "own": REBOOT_PKG}), s, catalog) == ()
     view = StagePod(staging_pod_name(g.name, "n1", steps), "staging", "succeeded", steps, done=len(steps),
                     boot_id="boot-1", generation=1)
