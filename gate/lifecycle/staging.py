@@ -92,19 +92,13 @@ def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog)
     if not catalog.packages or not needs_cordon(gate, state):
         return ()
     work = round_work(gate, state)
-    steps: list[Step] = []
-    placed: list[Step] = []
-    for name in install_order(gate):
-        serving = catalog.of(gate, name)
-        if serving is None or work[name].done:
-            continue
-        for step in _package_steps(gate, name, work[name]):
-            if step.stage in serving.lists:
-                steps.append(step)
-                placed.append(step)
-            elif step.stage != "uninstall" and not gate.spec.packages[name].config:
-                placed.append(step)
-    return tuple(placed) if steps else ()
+    known = [(name, serving) for name in install_order(gate)
+             if (serving := catalog.of(gate, name)) is not None and not work[name].done]
+    if not any(stage in serving.lists for name, serving in known for stage in work[name].stages):
+        return ()  # nothing serving: no staging pod (and no step's fingerprint taken, at every plan)
+    return tuple(step for name, serving in known for step in _package_steps(gate, name, work[name])
+                 if step.stage in serving.lists
+                 or (step.stage != "uninstall" and not gate.spec.packages[name].config))
 
 
 def payload_placed(view: StagePod | None, gate: NodeGate, state: NodeGateState) -> list[str]:
