@@ -114,17 +114,14 @@ class PodTimes:
         self.pods[name] = pod
         for container, start, end in _ran(pod):
             self.runs.setdefault(name, {}).setdefault(container, (start, end))
-        if reboot:  # the reboot step's start, from the first status that shows it (running or ended)
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                state = status.get("state") or {}
-                at = _t((state.get("running") or state.get("terminated") or {}).get("startedAt"))
-                if status.get("name") == "interrupt" and at is not None:
-                    self.reboot_started = min(at, self.reboot_started or at)
+        turn = _reboot_turn(pod) if reboot else None
+        if turn is not None:  # the reboot step's start, from the first status that shows its turn came
+            self.reboot_started = min(turn, self.reboot_started or turn)
         if os.environ.get("NODEGATE_BENCH_TRACE"):
             self.trace.append((now, kind, name, [(c.get("name"), c.get("state")) for c in container_statuses(pod)]))
-        # A pod that holds the reboot (its last step) counts as running once that step runs.
-        running = [c for c in container_statuses(pod) if "running" in (c.get("state") or {})
-                   and (not reboot or c.get("name") == "interrupt")]
+        # A pod that holds the reboot (its last step) counts as running once that step's turn came.
+        running = turn is not None if reboot else any("running" in (c.get("state") or {})
+                                                       for c in container_statuses(pod))
         if seen.running is None and running:
             seen.running = now
         if seen.steps_ended is None and not pod_ended(pod) and stage_pod_ended(pod):
@@ -155,12 +152,18 @@ class PodTimes:
         """Wall-clock intervals of each kind of work on the node, from the stage pods' own timestamps."""
         out: dict[str, list[tuple[float, float]]] = {"pod start": [], "payload copy": [], "agent steps": []}
         for pod in self.pods.values():
-            reboot = (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot"
+            labels = pod["metadata"].get("labels") or {}
+            reboot = labels.get(keys.INTERRUPT_LABEL) == "reboot"
+            in_turn = labels.get(keys.IN_TURN_LABEL) == "true"
             previous = _t(pod["metadata"].get("creationTimestamp"))
             runs = self.runs.get(pod["metadata"]["name"], {})
             for container, (start, end) in sorted(runs.items(), key=lambda run: run[1]):
                 if reboot and container == "interrupt":
                     continue  # the reboot, the last step of its pod: measured on its own, to the node's return
+                if in_turn and previous is not None and not container.startswith("payload-"):
+                    # Steps in turn start with the pod, and each runs from the end of the one before it: the
+                    # wait for its turn is not host work.
+                    start = min(end, max(start, previous))
                 # Sandbox, image pulls and container creation: before the first container and between
                 # one and the next (a package's image, or NodeGate's, is pulled only when first needed).
                 # Checks side by side overlap: nothing starts between them.
@@ -176,19 +179,33 @@ class PodTimes:
                 if not container.startswith("payload-")]
 
     def interrupt_started(self) -> float | None:
-        """When the reboot's agent container started (it never ends: the reboot kills it)."""
+        """When the reboot's turn came (its agent container never ends: the reboot kills it)."""
         if self.reboot_started is not None:
             return self.reboot_started
         for pod in self.pods.values():
-            if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) != "reboot":
-                continue
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:  # the reboot: the pod's last step
-                state = status.get("state") or {}
-                started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
-                last = ((status.get("lastState") or {}).get("terminated") or {}).get("startedAt")
-                if started or last:
-                    return _t(last or started)
+            if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot":
+                if (turn := _reboot_turn(pod)) is not None:
+                    return turn
         return None
+
+
+def _reboot_turn(pod: dict[str, Any]) -> float | None:
+    """When the reboot, its pod's last step, began: its container's start in a chain. In a pod whose steps run
+    in turn every container starts with the pod, so the reboot began once every step before it ended, at the
+    last of their ends (None until then)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    at = None
+    for status in statuses:
+        if status.get("name") == "interrupt":
+            state = status.get("state") or {}
+            started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+            last = ((status.get("lastState") or {}).get("terminated") or {}).get("startedAt")
+            at = _t(last or started)
+    if at is None or (pod["metadata"].get("labels") or {}).get(keys.IN_TURN_LABEL) != "true":
+        return at
+    ends = [_t(((s.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for s in statuses if s.get("name") != "interrupt"]
+    return None if None in ends else max([at, *(e for e in ends if e is not None)])
 
 
 def _ran(pod: dict[str, Any]) -> list[tuple[str, float, float]]:

@@ -53,6 +53,9 @@ import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -427,6 +430,15 @@ def tracemalloc_growth(folder: Path, first: str, second: str, top: int = 25) -> 
     }
 
 
+def py_spy(out: Path | None, pid: int) -> subprocess.Popen[bytes] | None:
+    """Sample the operator with py-spy during the fleet rollout (folded stacks into `out`), if asked."""
+    if out is None:
+        return None
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "-r", "40",
+                             "-f", "raw", "-o", str(out), "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port: int) -> dict[str, Any]:
     client = await cluster.client(timeout=120)
     try:
@@ -467,6 +479,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
                                                           f"{progress_of('bench-fleet')}")
         sampling = asyncio.create_task(sampler.run())
         await tracemalloc_snapshot(args.tracemalloc, "fleet-start")
+        profiler = py_spy(args.py_spy, pid)
         fleet_started = time.monotonic()
         finished = True
         timeout = args.timeout if args.end_by is None else max(60.0, min(args.timeout, args.end_by - time.time()))
@@ -477,6 +490,9 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
             print(f"{exc}: the figures below are of the rollout so far", flush=True)
             finished, makespan = False, time.monotonic() - fleet_started
         sampling.cancel()
+        if profiler is not None:  # py-spy writes its file when interrupted
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(timeout=120)
         await tracemalloc_snapshot(args.tracemalloc, "fleet-end")
         cpu1, peak_rss = proc_stats(pid)
         metrics1 = operator_metrics(port)
@@ -578,6 +594,9 @@ def main() -> None:
     parser.add_argument("--tracemalloc", type=Path, default=None, metavar="DIR",
                         help="trace the operator's allocations; snapshots at the fleet rollout's start and end go "
                              "to DIR, and what grew between them is printed (CPU figures are not comparable then)")
+    parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
+                        help="sample the operator with py-spy (40 Hz, without pausing it) during the fleet rollout; "
+                             "folded stacks go to FILE")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     args.registry_images = args.registry_images or args.image_signatures

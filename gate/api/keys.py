@@ -45,6 +45,8 @@ PREPULL_KIND: Final = "prepull"
 POD_PACKAGE_PREFIX: Final = f"package.{GROUP}/"
 # On the stage pods that hold an interrupt step: service | restartAllServices | reboot (a drain has none).
 INTERRUPT_LABEL: Final = f"{GROUP}/interrupt"
+# On the stage pods whose steps are their containers, started together and run in turn ("true").
+IN_TURN_LABEL: Final = f"{GROUP}/in-turn"
 
 NodeStatus = Literal["waiting", "in-progress", "complete", "failed", "blocked"]
 NODE_STATUSES: Final[tuple[NodeStatus, ...]] = ("waiting", "in-progress", "complete", "failed", "blocked")

@@ -13,8 +13,9 @@ The operator starts the agent in an isolated interpreter (`python -I`, `gate.con
 PYTHON* variable or path that a gate's env or config can reach is read before this code runs.
 
 Exit codes of `agent run` and `agent interrupt`: 0 passed; 1 a step, check or interrupt command
-failed; 2 refused before touching the host (bad package, missing root, bad flags). Every exit path
-that gets as far as parsing its flags leaves a JSON summary in the termination message.
+failed; 2 refused before touching the host (bad package, missing root, bad flags); 3 not run, because
+the step before it in its pod did not succeed (`--turn`, `gate.agent.turns`). Every exit path that
+gets as far as parsing its flags leaves a JSON summary in the termination message.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gate.agent.turns import TURNS_DIR
 from gate.cli.errors import CliError
 
 if TYPE_CHECKING:
@@ -116,7 +118,37 @@ def _termination_log(args: argparse.Namespace) -> Path | None:
     return Path(args.termination_log) if args.termination_log else None
 
 
+def in_turn(args: argparse.Namespace, command: Callable[[argparse.Namespace], int], stage: str) -> int:
+    """Run `command` in its turn among the pod's steps (`--turn`, `gate.agent.turns`): once the step before
+    it succeeded, and record its own end for the step after it. A step whose predecessor did not succeed
+    runs nothing and says so in its summary. Without `--turn`, `command` at once."""
+    if args.turn is None:
+        return command(args)
+    from gate.agent import turns
+    from gate.agent.summary import Summary, write_termination_message
+
+    directory = Path(args.turns)
+    if not turns.wait_for_turn(directory, args.turn):
+        write_termination_message(_termination_log(args), Summary(
+            package=getattr(args, "package", None) or os.environ.get("NODEGATE_PACKAGE", ""),
+            version=getattr(args, "version", None) or os.environ.get("NODEGATE_VERSION", ""),
+            stage=stage, ok=False, exit_code=None,
+            message="not run: the step before it in this pod did not succeed"))
+        return turns.NOT_RUN
+    ok = False
+    try:
+        code = command(args)
+        ok = code == 0
+        return code
+    finally:  # a refusal (CliError) or a crash is an end too: the step after it must not wait for the deadline
+        turns.end_turn(directory, args.turn, ok)
+
+
 def cmd_agent_run(args: argparse.Namespace) -> int:
+    return in_turn(args, _agent_run, args.stage or os.environ.get("NODEGATE_STAGE", ""))
+
+
+def _agent_run(args: argparse.Namespace) -> int:
     from gate.agent.errors import AgentError
     from gate.agent.stage import run_stage
     from gate.agent.summary import Summary, write_termination_message
@@ -162,6 +194,10 @@ def interrupt_settings(args: argparse.Namespace) -> InterruptSettings:
 
 
 def cmd_agent_interrupt(args: argparse.Namespace) -> int:
+    return in_turn(args, _agent_interrupt, "interrupt")
+
+
+def _agent_interrupt(args: argparse.Namespace) -> int:
     from gate.agent.errors import AgentError
     from gate.agent.interrupt import run_interrupt
     from gate.agent.summary import Summary, write_termination_message
@@ -257,6 +293,11 @@ def register(subparsers: Any) -> None:
                          help=f"where to write the JSON summary (default {DEFAULT_TERMINATION_LOG}; '' for none)")
     summary.add_argument("--root", default=DEFAULT_ROOT,
                          help=f"the host's root filesystem as mounted in the pod (default {DEFAULT_ROOT})")
+    summary.add_argument("--turn", type=int, metavar="N",
+                         help="this step's place among its pod's steps, from 0: it runs once step N-1 recorded its "
+                         "success in --turns, and records its own end there (the operator's pods; unset: at once)")
+    summary.add_argument("--turns", default=TURNS_DIR, metavar="DIR",
+                         help=f"where the pod's steps record their ends (default {TURNS_DIR}, an emptyDir of the pod)")
 
     run = agent_sub.add_parser("run", parents=[summary], help="run one stage of a package, then its check")
     run.add_argument("--stage", choices=STAGE_CHOICES, help="the stage (env NODEGATE_STAGE)")

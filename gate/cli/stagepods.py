@@ -69,8 +69,12 @@ def has_package(pod: Obj, package: str) -> bool:
 
 
 def step_states(pod: Obj) -> list[StepState]:
-    """Every step of the pod, in the order they run, with what its container says."""
+    """Every step of the pod, in the order they run, with what its container says. Steps in turn
+    (`gate.controller.steporder`) all run from the pod's start: one after the first that has not ended
+    is pending, waiting for its turn."""
     by_name = container_states(pod)
+    in_turn = meta(pod)[0].get(keys.IN_TURN_LABEL) == "true"
+    waiting = False
     out = []
     for step in pod_steps(pod):
         name = container_name(step)
@@ -80,10 +84,11 @@ def step_states(pod: Obj) -> list[StepState]:
             code = term.get("exitCode")
             out.append(StepState(step, name, "succeeded" if code == 0 else "failed", code,
                                  (term.get("message") or "").strip()))
-        elif "running" in state:
+        elif "running" in state and not waiting:
             out.append(StepState(step, name, "running"))
         else:
             out.append(StepState(step, name, "pending"))
+        waiting = waiting or (in_turn and term is None)
     return out
 
 

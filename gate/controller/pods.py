@@ -4,13 +4,13 @@ The phases of a round that fit in one boot run as one bare pod pinned to its nod
 scheduler is involved and a cordon does not stop it), owned by the gate, tolerating the readiness taint
 and `unschedulable`, privileged with the host's root at /host, in the host's PID and network namespaces.
 No Job controller sits in the path: the operator retries a failed step itself, in a new pod of its
-own deterministic name (`gate.lifecycle.node.pod_name`). Its steps are containers that run one
-after another, as NodeWright's stage pods chain a stage and its check: for each package an init
-container from the package image copies the payload into an emptyDir, then an agent container
-(NodeGate's image) runs each of its stages against the host; several checks after the interrupt run
-side by side instead (`side_by_side`). The interrupt is a step of NodeGate's
-image alone (`agent interrupt`, container `interrupt`); a reboot is always its pod's last step. Each
-step's result is its container's termination (exit code, and the agent's summary as the termination
+own deterministic name (`gate.lifecycle.node.pod_name`). Its steps run one after another, as
+NodeWright's stage pods chain a stage and its check: for each package an init container from the
+package image copies the payload into an emptyDir, then an agent container (NodeGate's image) runs
+each of its stages against the host, in its turn (`gate.controller.steporder` lays them out; several
+checks after the interrupt run side by side). The interrupt is a step of NodeGate's image alone
+(`agent interrupt`, container `interrupt`); a reboot is always its pod's last step. Each step's
+result is its container's termination (exit code, and the agent's summary as the termination
 message), read back by
 `stage_pod_view`. The pod's annotation `nodegate.io/steps` says which container is which step.
 
@@ -59,6 +59,14 @@ from gate.controller.podshape import (
     recorded_shape,
 )
 from gate.controller.settings import OperatorSettings
+from gate.controller.steporder import (
+    TURNS_VOLUME,
+    in_turn,
+    layout,
+    payload_container,
+    side_by_side,
+    take_turn,
+)
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
 from gate.lifecycle.images import PodImage, pod_images, request_packages
@@ -166,13 +174,6 @@ def container_name(step: Step) -> str:
     """A step's container: `<stage>-<package>` (a package name is at most 43 characters, so this
     fits a container name's 63), `interrupt` for the interrupt."""
     return step.stage if step.package is None else f"{step.stage}-{step.package}"
-
-
-PAYLOAD_PREFIX = "payload-"
-
-
-def payload_container(package: str) -> str:
-    return f"{PAYLOAD_PREFIX}{package}"
 
 
 def _wire_step(step: Step) -> list[str | None]:
@@ -297,26 +298,11 @@ def payload_from_host(steps: Sequence[Step]) -> frozenset[str]:
     return frozenset(p for p in packages if all(s.stage == "post-interrupt" for s in steps if s.package == p))
 
 
-AFTER_INTERRUPT: frozenset[str] = frozenset(("post-interrupt", "post-uninstall"))
-
-
-def side_by_side(steps: Sequence[Step]) -> bool:
-    """Whether a pod runs its steps side by side, as the pod's containers, not one after another as init
-    containers: when every step is a package's check after the interrupt, and there are several. Those
-    checks prove what the node booted with and change nothing (docs/packages.md, "Stages"), each reads
-    and writes only its own package's directory on the host under its own lock, so their order says
-    nothing, and on the kubelet's generic PLEG each container after the first in a chain waits for a
-    relist (a second) before it starts: four checks one after another cost the node about three
-    seconds more out of service than four side by side. Payload copies, when a check needs one, stay
-    init containers. The pod's result is still read in the steps' order (`stage_pod_view`)."""
-    return len(steps) > 1 and all(s.package is not None and s.stage in AFTER_INTERRUPT for s in steps)
-
-
 def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: OperatorSettings,
               facts: OperatorFacts | None = None, images: Mapping[str, PodImage] | None = None) -> Obj:
-    """The pod of a round's phases on one node: its steps as containers run one after another (init
-    containers, the last step as the pod's container; several checks after the interrupt side by side,
-    `side_by_side`), each package's payload copied from its image just before its first step; `facts`
+    """The pod of a round's phases on one node: its steps as containers laid out by
+    `gate.controller.steporder` (in turn; several checks after the interrupt side by side), each package's
+    payload copied from its image before its steps; `facts`
     default to the node's name alone (see `gate.api.facts`).
 
     `images` are the packages' images as `gate.lifecycle.images.pod_images` gives them (by digest,
@@ -344,11 +330,17 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         labels[keys.INTERRUPT_LABEL] = request.interrupt.type
     stages: dict[str, list[str]] = {}
     on_host = payload_from_host(request.steps) | request.payload_on_host
-    for step in request.steps:
+    turns = in_turn(request.steps)
+    if turns:
+        labels[keys.IN_TURN_LABEL] = "true"
+        volumes.append({"name": TURNS_VOLUME, "emptyDir": {}})
+    for index, step in enumerate(request.steps):
         if step.package is None:  # the interrupt: a step of NodeGate's image alone
             assert request.interrupt is not None, "an interrupt step needs the request's interrupt"
             containers.append(_interrupt_step(request.interrupt, settings))
             deadline += INTERRUPT_DEADLINE
+            if turns:
+                take_turn(containers[-1], index)
             continue
         pkg = gate.spec.packages[step.package]
         if step.package not in stages:
@@ -372,6 +364,8 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         stages[step.package].append(step.stage)
         containers.append(_package_step(gate, node, step, settings.agent_image, request.part,
                                         step.package in on_host, images[step.package].image))
+        if turns:
+            take_turn(containers[-1], index)
         deadline += _seconds(pkg.timeout)
     if stages:
         volumes.append({"name": "facts", "downwardAPI": {"items": [
@@ -397,7 +391,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         # No <SERVICE>_HOST/_PORT variables: a Service in the namespace is nobody's input to a package.
         "enableServiceLinks": False,
         "tolerations": tolerations(gate),
-        **_chain(containers, side_by_side(request.steps)),
+        **layout(containers, turns or side_by_side(request.steps)),
         "volumes": volumes,
         # Each step is bounded by its package's `timeout` (the agent's --timeout); the pod by all of
         # them together, for what the agent cannot bound (a payload copy, an image pull).
@@ -415,15 +409,6 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
                      "annotations": annotations, "ownerReferences": [owner_reference(gate)]},
         "spec": pod_spec,
     }
-
-
-def _chain(containers: list[Obj], parallel: bool) -> Obj:
-    """The pod's init containers and containers: every step but the last one after another and the last as
-    the pod's container; or, `parallel`, only the payload copies one after another and every step at once."""
-    if not parallel:
-        return {"initContainers": containers[:-1], "containers": containers[-1:]}
-    copies = [c for c in containers if c["name"].startswith(PAYLOAD_PREFIX)]
-    return {"initContainers": copies, "containers": [c for c in containers if c not in copies]}
 
 
 def pod_steps(pod: Obj) -> tuple[Step, ...]:
@@ -526,8 +511,8 @@ def stage_pod_view(pod: Obj) -> StagePod:
     boot_id, generation = "", None
     if kind == "staging":
         generation = _int(annotations[GENERATION_ANNOTATION]) if GENERATION_ANNOTATION in annotations else None
-        if statuses and not failed:  # its summary says the boot it ended on
-            last = ((statuses[-1].get("state") or {}).get("terminated") or {}).get("message") or ""
+        if steps and not failed:  # its last step's summary says the boot it ended on
+            last = (by_name.get(container_name(steps[-1]), {}).get("terminated") or {}).get("message") or ""
             boot_id = _summary_boot_id(last)
     pod_phase = status.get("phase")
     phase: RunPhase
@@ -557,19 +542,24 @@ def step_runs(pod: Obj, done: str = "succeeded") -> list[tuple[Step, str, float]
     and its seconds from its container's start to its end: what `nodegate_stage_duration_seconds` observes."""
     view = stage_pod_view(pod)
     states = container_states(pod)
+    ordered = not side_by_side(view.steps)
     out = []
+    previous_end: datetime | None = None
     for i, step in enumerate(view.steps):
         state = states.get(container_name(step), {})
         timing = state.get("terminated") or state.get("running")
         started = parse_time((timing or {}).get("startedAt"))
-        if started is None:
-            continue
+        if started is None or (ordered and i > view.done):
+            continue  # never started, or (`in_turn`) its turn never came: it ran nothing
+        if ordered and previous_end is not None:
+            started = max(started, previous_end)  # in its turn: it ran from the end of the step before it
         term = state.get("terminated")
         # Steps side by side (`side_by_side`) may succeed after the first that did not.
         outcome = done if i < view.done or (term and term.get("exitCode") == 0) else (
             "failed" if term else "abandoned")
         ended = parse_time((state.get("terminated") or {}).get("finishedAt")) or datetime.now(UTC)
         out.append((step, outcome, max(0.0, (ended - started).total_seconds())))
+        previous_end = ended
     return out
 
 

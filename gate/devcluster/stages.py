@@ -317,9 +317,12 @@ def _stage_pod(*more: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _running_step() -> str:
-    """The name of the running step of a stage pod: its running init container, or its container."""
-    return ("[(.status.initContainerStatuses // [])[], (.status.containerStatuses // [])[]]"
-            " | map(select(.state.running)) | .[].name")
+    """The name of the running step of a stage pod: its running init container, or its container; the
+    first running of a pod whose steps run in turn (they all run, the first in the steps' order has its
+    turn, `_IN_TURN_STEP_TEMPLATE`); every running check of checks side by side."""
+    return (f'(.metadata.labels["{keys.IN_TURN_LABEL}"] // "") as $turn'
+            " | [(.status.initContainerStatuses // [])[], (.status.containerStatuses // [])[]]"
+            ' | map(select(.state.running)) | if $turn == "true" then .[:1] else . end | .[].name')
 
 
 def default_stages(job_seconds: float = 1.0) -> list[Stage]:
@@ -389,8 +392,17 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
         _stage(
             "stage-pod-succeeded",
             "Pod",
-            _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]}),
+            _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                       {"key": f'.metadata.labels["{keys.IN_TURN_LABEL}"]', "operator": "DoesNotExist"}),
             {"statusTemplate": _terminated_template("Succeeded", 0, "Completed", "")},
+            delay_ms=job_ms,
+        ),
+        _stage(
+            "stage-pod-in-turn-step",
+            "Pod",
+            _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                       {"key": f'.metadata.labels["{keys.IN_TURN_LABEL}"]', "operator": "In", "values": ["true"]}),
+            {"statusTemplate": _IN_TURN_STEP_TEMPLATE},
             delay_ms=job_ms,
         ),
         _stage(
@@ -414,10 +426,10 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
 
 def reboot_stage(job_seconds: float = 1.0) -> Stage:
     """A stage pod that holds a reboot (its interrupt label) reboots its node when its reboot step runs:
-    NotReady with a new bootID, then Ready again. The reboot is the pod's last step, its container: the
-    pod is Running only once every step before it (its init containers) ended well, so the node reboots
-    then and only then, whatever the pod's kind (the stages' pod that ends with the reboot, or a reboot
-    pod of its own).
+    NotReady with a new bootID, then Ready again. The reboot is the pod's last step: in a chain its
+    container, running only once every step before it (its init containers) ended well; with its steps in
+    turn, the first running once every step before it ended well. So the node reboots then and only then,
+    whatever the pod's kind (the stages' pod that ends with the reboot, or a reboot pod of its own).
 
     Weight 1 so it wins over `stage-pod-succeeded` for these pods; the node-ready stage brings the
     node back shortly after.
@@ -442,7 +454,9 @@ status:
         "nodegate-reboot",
         "Pod",
         _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]},
-                   {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}),
+                   {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]},
+                   # its turn: the pod's only container in a chain, the first running of steps in turn
+                   {"key": _running_step(), "operator": "In", "values": ["interrupt"]}),
         steps=[
             {"apply": {"template": node_patch, "subresource": "status", "type": "merge"}},
             {"patch": {"subresource": "status", "root": "status", "type": "merge",
@@ -453,8 +467,43 @@ status:
     )
 
 
-# The running step ends well: the next starts (an init container's), or the pod succeeds (its container's).
-_STEP_DONE_TEMPLATE = ('{{ if eq .status.phase "Running" }}\n' + _terminated_template("Succeeded", 0, "Completed", "")
+# A running pod whose steps run in turn (gate.controller.pods.in_turn): its containers all started
+# together, and the first still running in the steps' order has its turn. Each update ends that one
+# well (the next one's turn comes); the pod succeeds once the last did. The kubelet lists a pod's
+# containers by name, kwok as the templates above wrote them: in the pod's order.
+_IN_TURN_STEP_TEMPLATE = """\
+{{ $now := Now }}
+{{ $cur := -1 }}{{ $more := false }}
+{{ range $i, $s := .status.containerStatuses }}{{ if $s.state.running }}{{ if lt $cur 0 }}{{ $cur = $i }}{{ else }}{{ $more = true }}{{ end }}{{ end }}{{ end }}
+containerStatuses:
+{{ range $i, $s := .status.containerStatuses }}
+- image: {{ $s.image | Quote }}
+  name: {{ $s.name | Quote }}
+  restartCount: 0
+{{ if eq $i $cur }}
+  ready: false
+  started: false
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $s.state.running.startedAt | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ else }}
+  ready: false
+  started: {{ if $s.state.running }}true{{ else }}false{{ end }}
+  state:{{ YAML $s.state 2 }}
+{{ end }}
+{{ end }}
+phase: {{ if $more }}Running{{ else }}Succeeded{{ end }}
+"""
+
+# The running step ends well: the next starts (an init container's, or in turn), or the pod succeeds (its
+# container's).
+_STEP_DONE_TEMPLATE = ('{{ if eq .status.phase "Running" }}\n'
+                       f'{{{{ if index .metadata.labels "{keys.IN_TURN_LABEL}" }}}}\n'
+                       + _IN_TURN_STEP_TEMPLATE + "{{ else }}\n"
+                       + _terminated_template("Succeeded", 0, "Completed", "") + "{{ end }}\n"
                        + "{{ else }}\n" + _STAGE_POD_STEP_TEMPLATE + "{{ end }}\n")
 
 _STEP_STAGES = ("uninstall", "upgrade", "apply", "config", "post-interrupt", "post-uninstall")

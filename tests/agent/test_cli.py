@@ -51,6 +51,55 @@ def test_exit_codes_separate_a_failed_stage_from_a_refused_one(root: Path, tmp_p
     assert "Traceback" not in failed.stderr + refused.stderr
 
 
+def _in_turn(root: Path, tmp_path: Path, turns: Path, steps: list[tuple[str, Path, str]]) -> list[tuple[int, dict]]:
+    """Each (package, payload, version) as the pod's step in turn, all started together as the kubelet starts a
+    pod's containers, the last first: their exit codes and summaries, in the steps' order."""
+    procs = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NODEGATE_")}
+    for index, (package, payload, version) in reversed(list(enumerate(steps))):
+        argv = ["agent", "run", "--stage", "apply", "--package", package, "--version", version, "--gate", "g",
+                "--root", str(root), "--payload", str(payload), "--termination-log", str(tmp_path / f"t{index}"),
+                "--turn", str(index), "--turns", str(turns)]
+        procs.append(subprocess.Popen([sys.executable, "-m", "gate.cli.main", *argv], cwd=REPO, env=base,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    codes = [p.wait(timeout=60) for p in reversed(procs)]
+    return [(code, json.loads((tmp_path / f"t{i}").read_text())) for i, code in enumerate(codes)]
+
+
+def test_steps_in_turn_run_one_after_another_and_none_after_one_that_did_not_succeed(
+    root: Path, tmp_path: Path
+) -> None:
+    """A pod's steps in turn all start together (gate.agent.turns): the second runs only once the first recorded
+    its success, whichever process started first; after a failed or refused step the steps that follow run
+    nothing on the host and exit 3, saying why."""
+    first = make_package(tmp_path / "p", """
+        apply: [{name: s, command: 'sleep 0.5; echo first >> /etc/order'}]
+        apply-check: [{name: c, command: 'true'}]
+    """, name="first")
+    second = make_package(tmp_path / "p", """
+        apply: [{name: s, command: 'echo second >> /etc/order'}]
+        apply-check: [{name: c, command: 'true'}]
+    """, name="second")
+    failing = make_package(tmp_path / "p", """
+        apply: [{name: s, command: 'exit 5'}]
+        apply-check: [{name: c, command: 'true'}]
+    """, name="failing")
+    ran = _in_turn(root, tmp_path, tmp_path / "turns-1", [("first", first, "1.0.0"), ("second", second, "1.0.0")])
+    assert [code for code, _ in ran] == [0, 0]
+    assert (root / "etc/order").read_text() == "first\nsecond\n"
+    assert sorted(p.name for p in (tmp_path / "turns-1").iterdir()) == ["0", "1"]
+    (root / "etc/order").unlink()
+    history = (root / "var/lib/nodegate/g/second/history.json").read_text()
+    # A failed step, then a refused one (the image's version is not the one asked for): nothing after either runs.
+    for turns, head in (("turns-2", ("failing", failing, "1.0.0")), ("turns-3", ("first", first, "9.9.9"))):
+        ran = _in_turn(root, tmp_path, tmp_path / turns, [head, ("second", second, "1.0.0")])
+        assert [code for code, _ in ran] == [1 if head[0] == "failing" else 2, 3]
+        assert ran[1][1]["ok"] is False and ran[1][1]["package"] == "second"
+        assert ran[1][1]["message"] == "not run: the step before it in this pod did not succeed"
+        assert not (root / "etc/order").exists()
+        assert (root / "var/lib/nodegate/g/second/history.json").read_text() == history
+
+
 def test_package_test_reports_the_failing_stage_and_where_its_log_is(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -285,9 +285,12 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                 # The window's pod that held the reboot: nothing of the packages staged whole (no payload copy,
                 # no apply), and the apply of the package whose payload the staging placed, with no copy of it.
                 window = seen.window[gate, node]
-                first = [(steps, names) for steps, names in window.values() if "-:interrupt" in steps]
-                assert len(first) == 1 and first[0][0] == [f"{PLACED}:apply", "-:interrupt"], window
-                assert first[0][1] == [f"apply-{PLACED}", "interrupt"], window
+                first = [(name, steps, names) for name, (steps, names) in window.items() if "-:interrupt" in steps]
+                assert len(first) == 1 and first[0][1] == [f"{PLACED}:apply", "-:interrupt"], window
+                assert first[0][2] == [f"apply-{PLACED}", "interrupt"], window
+                # ... its steps in turn: both the pod's containers, started together, and the round complete (that
+                # the reboot waits for the apply's end is tests/agent/test_cli.py's, on real processes).
+                assert seen.started_together[first[0][0]] == [f"apply-{PLACED}", "interrupt"], seen.started_together
                 assert sorted(s for steps, _ in window.values() for s in steps) == sorted(
                     [f"{PLACED}:apply", "-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
                 placed = json.loads(real.node_file(node, f"/var/lib/nodegate/{gate}/{PLACED}/history.json") or "{}")

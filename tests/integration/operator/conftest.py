@@ -93,6 +93,10 @@ class StepLog:
         states = {cs.get("name"): cs.get("state") or {} for cs in
                   [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]}
         ended = status.get("phase") in ("Succeeded", "Failed") or kind == "DELETED"
+        # Steps in turn (gate.controller.steporder) all run from the pod's start: a step's own run starts once
+        # every step before it succeeded, its turn.
+        in_turn = labels.get(keys.IN_TURN_LABEL) == "true"
+        turn = True
         for step in steps:
             container = container_name(step)
             key = f"{name}/{container}"
@@ -109,9 +113,10 @@ class StepLog:
                 self.creations.append(key)
             rec = self.records[key]
             state = states.get(container, {})
-            if rec.started_rv is None and ("running" in state or "terminated" in state):
+            if rec.started_rv is None and turn and ("running" in state or "terminated" in state):
                 rec.started_rv = rv
             term = state.get("terminated")
+            turn = turn and (not in_turn or bool(term and term.get("exitCode") == 0))
             if rec.finished is None and (term or ended):
                 rec.finished = time.monotonic()
                 rec.succeeded = bool(term) and term.get("exitCode") == 0

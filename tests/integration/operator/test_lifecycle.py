@@ -72,7 +72,8 @@ async def test_config_change_reruns_config_and_only_matching_config_interrupts(
     third = _stages(step_log, scenario.name, node)[len(first) + len(second):]
     assert third == [("tuning", "config"), (None, "interrupt"), ("tuning", "post-interrupt")]
     interrupt = [r for r in step_log.of(scenario.name, node) if r.stage == "interrupt"][-1]
-    assert interrupt.interrupt == "service" and interrupt.args[-2:] == ["--service", "tuned"]
+    assert interrupt.interrupt == "service" and interrupt.args[interrupt.args.index("--service"):][:2] == [
+        "--service", "tuned"]
 
 
 async def test_packages_run_in_dependency_order(scenario: Scenario, step_log: StepLog) -> None:
@@ -122,7 +123,8 @@ async def test_interrupts_merge_into_one_per_node(scenario: Scenario, step_log: 
     interrupts = [r for r in step_log.of(scenario.name, node) if r.stage == "interrupt"]
     assert len(interrupts) == 1
     assert interrupts[0].interrupt == "service"
-    assert interrupts[0].args[-4:] == ["--service", "svc-a", "--service", "svc-b"]
+    args = interrupts[0].args
+    assert args[args.index("--service"):][:4] == ["--service", "svc-a", "--service", "svc-b"]
     checks = sorted(r.package or "" for r in step_log.of(scenario.name, node) if r.stage == "post-interrupt")
     assert checks == ["pa", "pb"]  # pc asked for no interrupt: nothing to check after it
     # One pod for the round: the stages, the service restart and the checks (issue 37).

@@ -117,6 +117,7 @@ def stage_pod(gate_name: str, node_name: str, steps: list[tuple[str | None, str]
     if phase is None:
         phase = ("Failed" if "failed" in ends else
                  "Succeeded" if ends and len(ends) == len(steps) and set(ends) == {"done"} else "Pending")
-    pod["status"] = {"phase": phase, "initContainerStatuses": statuses[:len(steps) - 1],
-                     "containerStatuses": statuses[len(steps) - 1:]}
+    inits = {c["name"] for c in pod["spec"]["initContainers"]}  # as laid out (gate.controller.steporder)
+    pod["status"] = {"phase": phase, "initContainerStatuses": [s for s in statuses if s["name"] in inits],
+                     "containerStatuses": [s for s in statuses if s["name"] not in inits]}
     return pod

@@ -63,6 +63,16 @@ def test_only_the_nodes_and_gates_pods_count_and_an_ended_pod_runs_no_step() -> 
     assert stagepods.has_package(mine, "a") and not stagepods.has_package(other_node, "a")
 
 
+def test_a_step_in_turn_that_runs_before_its_turn_reads_as_pending() -> None:
+    """Every step of a pod in turn runs from the pod's start (gate.controller.steporder): the one at its turn
+    runs, those after it wait for theirs."""
+    pod = _pod(["done", "running", "running"])
+    assert [(s.container, s.phase) for s in stagepods.step_states(pod)] == [
+        ("apply-a", "succeeded"), ("apply-b", "running"), ("config-a", "pending")]
+    current = stagepods.current_step(pod)
+    assert current is not None and current.container == "apply-b"
+
+
 def test_without_permission_to_list_stage_pods_the_status_says_why_it_names_no_stage() -> None:
     snapshot = Snapshot([gate()], {}, [node("n1", states={"g": running()})], pods_visible=False)
     [report] = build_reports(snapshot, NOW, ["g"])

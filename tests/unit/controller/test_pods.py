@@ -29,7 +29,7 @@ from gate.controller.pods import (
 )
 from gate.controller.prepull_pod import prepull_owner, prepull_pod
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
+from gate.controller.triggers import on_pod, on_prepull_pod, reboot_step_runs, stage_owner
 from gate.lifecycle.images import PodImage
 from gate.lifecycle.node import PodRequest, Step
 from gate.lifecycle.prepull import Candidate, RoundImages
@@ -70,22 +70,25 @@ def test_a_stage_pod_is_bare_pinned_owned_by_the_gate_privileged_and_bounded_in_
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "Default"
     tolerated = {t["key"] for t in spec["tolerations"]}
     assert tolerated == {keys.READINESS_TAINT_KEY, "node.kubernetes.io/unschedulable", "gpu"}
-    # The steps in order, each package's payload copied just before its first step; the last step is
-    # the pod's container.
-    assert [c["name"] for c in spec["initContainers"]] == ["payload-base", "apply-base", "payload-tuned",
-                                                           "apply-tuned"]
-    assert [c["name"] for c in spec["containers"]] == ["config-tuned"]
-    payload = spec["initContainers"][2]
+    # The payloads copied first, one after another; then the steps, in order, as the pod's containers in turn:
+    # each waits for the one before it in the pod's turns emptyDir (gate.agent.turns).
+    assert [c["name"] for c in spec["initContainers"]] == ["payload-base", "payload-tuned"]
+    assert [c["name"] for c in spec["containers"]] == ["apply-base", "apply-tuned", "config-tuned"]
+    assert [c["args"][-4:] for c in spec["containers"]] == [["--turn", str(i), "--turns", "/nodegate-turns"]
+                                                            for i in range(3)]
+    assert meta["labels"][keys.IN_TURN_LABEL] == "true"
+    payload = spec["initContainers"][1]
     assert payload["image"] == "registry.example.com:5000/team/tuned:1.2.0"
     assert payload["volumeMounts"] == [{"name": "payload-tuned", "mountPath": "/nodegate-payload"}]
-    config = spec["containers"][0]
+    config = spec["containers"][2]
     assert config["securityContext"]["privileged"] is True and config["image"] == SETTINGS.agent_image
     assert config["args"][:6] == ["agent", "run", "--stage", "config", "--package", "tuned"]
     assert config["terminationMessagePath"] == "/dev/termination-log"
     mounts = {m["name"]: m["mountPath"] for m in config["volumeMounts"]}
     assert mounts == {"host": "/host", "payload-tuned": "/nodegate-payload", "config-tuned": "/nodegate-config",
-                      "facts": "/nodegate-facts"}
+                      "facts": "/nodegate-facts", "turns": "/nodegate-turns"}
     volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["turns"] == {"name": "turns", "emptyDir": {}}
     g = gate()
     assert volumes["config-tuned"]["configMap"]["name"] == config_map_name(g, "tuned", g.spec.packages["tuned"])
     assert volumes["host"] == {"name": "host", "hostPath": {"path": "/", "type": "Directory"}}
@@ -437,8 +440,9 @@ def test_the_checks_after_the_interrupt_read_the_payload_on_the_host_and_hold_no
     assert list(containers) == ["payload-base", "apply-base", "post-interrupt-tuned", "post-interrupt-base"]
     tuned = containers["post-interrupt-tuned"]
     assert "--payload-on-host" in tuned["args"] and "--payload" not in tuned["args"]
-    assert [m["name"] for m in tuned["volumeMounts"]] == ["host", "config-tuned", "facts"]
-    assert {v["name"] for v in spec["volumes"]} == {"host", "payload-base", "config-base", "config-tuned", "facts"}
+    assert [m["name"] for m in tuned["volumeMounts"]] == ["host", "config-tuned", "facts", "turns"]
+    assert {v["name"] for v in spec["volumes"]} == {"host", "payload-base", "config-base", "config-tuned", "facts",
+                                                    "turns"}
     base = containers["post-interrupt-base"]
     assert "--payload-on-host" not in base["args"] and base["args"][base["args"].index("--payload") + 1]
     checks = stage_pod(gate(), "node-7", request(("tuned", "post-uninstall"), kind="post-interrupt"), SETTINGS)
@@ -449,27 +453,70 @@ def _checks(*packages: str, stage: str = "post-interrupt") -> dict[str, Any]:
     return stage_pod(gate(), "n", request(*((p, stage) for p in packages), kind="post-interrupt"), SETTINGS)
 
 
-def test_the_checks_after_the_interrupt_run_side_by_side_and_every_other_pod_one_step_after_another() -> None:
-    """Several checks after the interrupt are the pod's containers, started together (each init container after
-    the first would wait a kubelet relist); payload copies stay init containers before them. A single check,
-    a service restart with the checks after it, and a pod of stages keep the chain: init containers, the last
-    step as the pod's container."""
+def _names(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    return [c["name"] for c in spec["initContainers"]], [c["name"] for c in spec["containers"]]
+
+
+def _turns(spec: dict[str, Any]) -> list[str | None]:
+    return [c["args"][c["args"].index("--turn") + 1] if "--turn" in c["args"] else None for c in spec["containers"]]
+
+
+def test_the_checks_after_the_interrupt_run_side_by_side_and_every_other_pod_of_several_steps_in_turn() -> None:
+    """Several checks after the interrupt are the pod's containers, started together, in no order. Every other
+    pod of several steps has them as its containers in turn: started together, each waiting for the one before
+    it (a chain of init containers would wait a kubelet relist for each). Payload copies stay init containers
+    before the steps. A pod of one step has it as its container."""
     spec = _checks("tuned", "base")["spec"]
-    assert spec["initContainers"] == []
-    assert [c["name"] for c in spec["containers"]] == ["post-interrupt-tuned", "post-interrupt-base"]
+    assert _names(spec) == ([], ["post-interrupt-tuned", "post-interrupt-base"]) and _turns(spec) == [None, None]
     after_uninstall = _checks("tuned", "base", stage="post-uninstall")["spec"]
-    assert [c["name"] for c in after_uninstall["initContainers"]] == ["payload-tuned", "payload-base"]
-    assert [c["name"] for c in after_uninstall["containers"]] == ["post-uninstall-tuned", "post-uninstall-base"]
-    single = _checks("tuned")["spec"]
-    assert single["initContainers"] == [] and [c["name"] for c in single["containers"]] == ["post-interrupt-tuned"]
+    assert _names(after_uninstall) == (["payload-tuned", "payload-base"],
+                                       ["post-uninstall-tuned", "post-uninstall-base"])
+    single = stage_pod(gate(), "n", request(("tuned", "post-interrupt"), kind="post-interrupt"), SETTINGS)
+    assert _names(single["spec"]) == ([], ["post-interrupt-tuned"]) and _turns(single["spec"]) == [None]
+    assert keys.IN_TURN_LABEL not in single["metadata"]["labels"]
+    assert "turns" not in {v["name"] for v in single["spec"]["volumes"]}
     service = PodRequest(name="ng-s", kind="interrupt", interrupt=Interrupt(type="service", services=["a"]),
                          steps=(Step(None, "interrupt", "service:a"), Step("tuned", "post-interrupt", "fp", "1.2.0"),
                                 Step("base", "post-interrupt", "fp", "2.0.0")))
-    chained = stage_pod(gate(), "n", service, SETTINGS)["spec"]
-    assert [c["name"] for c in chained["initContainers"]] == ["interrupt", "post-interrupt-tuned"]
-    assert [c["name"] for c in chained["containers"]] == ["post-interrupt-base"]
+    restart = stage_pod(gate(), "n", service, SETTINGS)["spec"]
+    assert _names(restart) == ([], ["interrupt", "post-interrupt-tuned", "post-interrupt-base"])
+    assert _turns(restart) == ["0", "1", "2"]
+    assert {m["name"]: m["mountPath"] for m in restart["containers"][0]["volumeMounts"]} == {
+        "host": "/host", "turns": "/nodegate-turns"}
     stages = stage_pod(gate(), "n", request(("base", "apply"), ("tuned", "apply")), SETTINGS)["spec"]
-    assert [c["name"] for c in stages["initContainers"]] == ["payload-base", "apply-base", "payload-tuned"]
+    assert _names(stages) == (["payload-base", "payload-tuned"], ["apply-base", "apply-tuned"])
+    assert _turns(stages) == ["0", "1"]
+    # The payload copies (the package image's cp) mount no turns: only NodeGate's agent records a step's end.
+    assert all(m["name"] != "turns" for c in stages["initContainers"] for m in c["volumeMounts"])
+
+
+def _ran(name: str, code: int, start: str, end: str, message: str = "") -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code, "message": message,
+                                                   "startedAt": f"2026-11-30T10:00:{start}Z",
+                                                   "finishedAt": f"2026-11-30T10:00:{end}Z"}}}
+
+
+def test_steps_in_turn_are_read_in_the_steps_order_and_each_timed_from_its_turn() -> None:
+    """The kubelet lists the containers by name and shows every step of a pod in turn running from the pod's
+    start. The pod is at its first step in order that did not succeed; a step whose turn never came (the one
+    before it failed, so it exited `NOT_RUN`) is neither the pod's failure nor a run of its own; a step's
+    time runs from the end of the one before it."""
+    pod = stage_pod(gate(), "n", request(("tuned", "apply"), ("base", "apply"), ("tuned", "config")), SETTINGS)
+    started = {"startedAt": "2026-11-30T10:00:01Z"}
+    pod["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "apply-base", "state": {"running": started}}, _ran("apply-tuned", 0, "01", "03"),
+        {"name": "config-tuned", "state": {"running": started}}]}
+    view = stage_pod_view(pod)
+    assert (view.phase, view.done) == ("running", 1) and not stage_pod_ended(pod)
+    assert view.current_step is not None and (view.current_step.package, view.current_step.stage) == ("base", "apply")
+    pod["status"]["containerStatuses"] = [
+        _ran("apply-base", 1, "01", "05", "base failed"), _ran("apply-tuned", 0, "01", "03"),
+        _ran("config-tuned", 3, "01", "05", "not run: the step before it in this pod did not succeed")]
+    view = stage_pod_view(pod)
+    assert (view.phase, view.done, view.message) == ("failed", 1, "base failed") and stage_pod_ended(pod)
+    assert view.failed_step is not None and view.failed_step.package == "base"
+    runs = [(s.package, s.stage, outcome, seconds) for s, outcome, seconds in step_runs(pod)]
+    assert runs == [("tuned", "apply", "succeeded", 2.0), ("base", "apply", "failed", 2.0)]
 
 
 def test_checks_side_by_side_are_read_in_the_steps_order() -> None:
@@ -524,3 +571,26 @@ def test_a_stage_whose_payload_the_staging_placed_reads_it_on_the_host_and_every
     assert tuned[tuned.index("--payload-image") + 1] == "registry.example.com:5000/team/tuned:1.2.0"
     assert base[base.index("--payload-image") + 1] == by_name["payload-base"]["image"]
     assert "payload-tuned" not in {v["name"] for v in spec["volumes"]}
+
+
+def test_a_pod_in_turn_is_at_its_reboot_once_every_step_before_it_succeeded() -> None:
+    """The node's round records the steps before the reboot as soon as the reboot's turn comes (the pod event
+    wakes it, `reboot_step_runs`): not when the pod runs, since every step of a pod in turn runs from its
+    start. A staging pod in turn says the boot its last step in order ended on, whatever the kubelet's order."""
+    reboot = PodRequest(name="ng-r", kind="stages", interrupt=Interrupt(type="reboot"),
+                        steps=(Step("tuned", "apply", "fp", "1.2.0"), Step(None, "interrupt", "reboot:")))
+    pod = stage_pod(gate(), "n", reboot, SETTINGS)
+    started = {"startedAt": "2026-11-30T10:00:01Z"}
+    pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "apply-tuned", "state": {"running": started}},
+                                                               {"name": "interrupt", "state": {"running": started}}]}
+    assert not reboot_step_runs(pod) and on_pod("MODIFIED", pod).now == ()
+    pod["status"]["containerStatuses"][0] = _ran("apply-tuned", 0, "01", "02")
+    assert reboot_step_runs(pod) and on_pod("MODIFIED", pod).now != ()
+    pod["status"]["containerStatuses"][0] = _ran("apply-tuned", 1, "01", "02")
+    assert not reboot_step_runs(pod)
+    staging = stage_pod(gate(), "n", PodRequest(name="ng-staging-y", kind="staging", part="serving", steps=(
+        Step("tuned", "apply", "fp", version="1.2.0"), Step("base", "apply", "fp", version="2.0.0"))), SETTINGS)
+    staging["status"] = {"phase": "Succeeded", "containerStatuses": [
+        _terminated("apply-base", 0, json.dumps({"ok": True, "bootId": "boot-late"})),
+        _terminated("apply-tuned", 0, json.dumps({"ok": True, "bootId": "boot-early"}))]}
+    assert stage_pod_view(staging).boot_id == "boot-late"

@@ -55,7 +55,7 @@ def test_the_pod_as_stored_runs_what_the_operator_built() -> None:
 
 @pytest.mark.parametrize(("change", "named"), [
     (lambda p: p["spec"]["containers"][0].update(image="evil.example.com/x"), "containers[0].image"),
-    (lambda p: p["spec"]["initContainers"][1]["args"].append("--skip-check"), "initContainers[1].args"),
+    (lambda p: p["spec"]["containers"][1]["args"].append("--skip-check"), "containers[1].args"),
     (lambda p: p["spec"]["initContainers"][1].update(command=["sh", "-c", "id"]), "initContainers[1].command"),
     (lambda p: p["spec"]["containers"][0]["env"].append({"name": "LD_PRELOAD", "value": "/x.so"}),
      "containers[0].env"),
@@ -83,7 +83,7 @@ def test_a_pod_that_runs_anything_else_differs_naming_the_field(change: Any, nam
 
 
 def _bumped(pod: Obj) -> None:
-    pod["spec"]["initContainers"][1]["args"].append("--skip-check")
+    pod["spec"]["containers"][1]["args"].append("--skip-check")
     pod["metadata"]["generation"] += 1  # as the API server does for any change of a pod's spec (1.34 on)
 
 

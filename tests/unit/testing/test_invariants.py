@@ -693,7 +693,8 @@ def test_the_operators_own_stage_pod_slimmed_for_a_journal_keeps_its_steps_and_h
     pod["status"] = {"phase": "Failed", "initContainerStatuses": [
         {"name": c["name"], "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
         for c in pod["spec"]["initContainers"]],
-        "containerStatuses": [{"name": "config-b", "state": {"terminated": {"exitCode": 1, "message": "{...}"}}}]}
+        "containerStatuses": [{"name": "apply-a", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                              {"name": "config-b", "state": {"terminated": {"exitCode": 1, "message": "{...}"}}}]}
     slimmed = slim("pods", pod)
     assert FACTS_ANNOTATION in pod["metadata"]["annotations"]
     assert FACTS_ANNOTATION not in slimmed["metadata"]["annotations"]

@@ -1,0 +1,65 @@
+"""How a stage pod lays out its steps as containers (pure: no I/O).
+
+Three layouts, all read back in the steps' order (`gate.controller.pods.stage_pod_view`):
+
+* **in turn** (`in_turn`), a pod of several steps: the steps are the pod's containers, started together,
+  and each runs once the one before it succeeded (`gate.agent.turns`). The steps keep their order, their
+  one-at-a-time run on the host and a container each (status, logs, exit code per step);
+* **side by side** (`side_by_side`), several checks after the interrupt: the pod's containers, started
+  together, in no order;
+* **a chain**, a pod of one step: the step is the pod's container.
+
+Payload copies (the package image's `cp`, `payload_container`) are init containers before the steps in
+every layout. Why not a chain of init containers for several steps, as NodeWright's stage pods chain a
+stage and its check: the kubelet starts each init container after the first only at its next look at
+the node's containers, and on its default (generic) PLEG that is a relist, every second. A window of
+two stages and a reboot spent two seconds more out of service in a chain than in turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gate.agent.turns import TURNS_DIR
+from gate.api.common import Obj
+from gate.lifecycle.node import Step
+
+PAYLOAD_PREFIX = "payload-"
+AFTER_INTERRUPT: frozenset[str] = frozenset(("post-interrupt", "post-uninstall"))
+
+
+def payload_container(package: str) -> str:
+    return f"{PAYLOAD_PREFIX}{package}"
+
+
+def side_by_side(steps: Sequence[Step]) -> bool:
+    """Whether a pod runs its steps side by side, in no order: when every step is a package's check after
+    the interrupt, and there are several. Those checks prove what the node booted with and change nothing
+    (docs/packages.md, "Stages"), and each reads and writes only its own package's directory on the host
+    under its own lock, so their order says nothing: they end with the slowest of them."""
+    return len(steps) > 1 and all(s.package is not None and s.stage in AFTER_INTERRUPT for s in steps)
+
+
+def in_turn(steps: Sequence[Step]) -> bool:
+    """Whether a pod's steps run in turn: when it has several and they are not checks side by side."""
+    return len(steps) > 1 and not side_by_side(steps)
+
+
+def take_turn(container: Obj, index: int) -> None:
+    """An agent container as the pod's step `index` in its turn (`in_turn`): it waits for the step before it,
+    and records its own end, in the pod's `turns` emptyDir (`TURNS_VOLUME`)."""
+    container["args"] += ["--turn", str(index), "--turns", TURNS_DIR]
+    container["volumeMounts"].append({"name": TURNS_VOLUME, "mountPath": TURNS_DIR})
+
+
+TURNS_VOLUME = "turns"
+
+
+def layout(containers: list[Obj], together: bool) -> Obj:
+    """The pod's init containers and containers from its containers in the steps' order: `together` (in
+    turn or side by side), the payload copies one after another and every step started at once; otherwise
+    every container but the last one after another and the last as the pod's container."""
+    if not together:
+        return {"initContainers": containers[:-1], "containers": containers[-1:]}
+    copies = [c for c in containers if c["name"].startswith(PAYLOAD_PREFIX)]
+    return {"initContainers": copies, "containers": [c for c in containers if c not in copies]}
