@@ -3,6 +3,7 @@
     python -m bench.realnode.run                       # two real nodes, cold then warm
     python -m bench.realnode.run --reboot-seconds 0 --json figures.json
     python -m bench.realnode.run --staging-concurrency 0   # stage while serving off: every step in the window
+    python -m bench.realnode.run --no-reboot            # the interrupt is chrony's restart: no reboot
 
 One control plane with real nodes (a kubelet, containerd and runc of their own; gate/devcluster/
 realnode.py), one kwok node, the webhook and the operator. The same gate, the four packages of
@@ -63,10 +64,16 @@ AHEAD_KINDS = frozenset({"staging", "unstage", keys.PREPULL_KIND})
 TRANSITIONS: dict[str, dict[str, list[list[Any]]]] = {}
 
 
+# --no-reboot: grub-cmdline's and module-blocklist's change left for the node's next boot, so the round's
+# interrupt is chrony's restart alone (a change of settings, not of the kernel).
+NO_REBOOT_ENV = "NODEGATE_BENCH_NO_REBOOT"
+
+
 def gate_manifest(name: str, nodes: list[str], images: dict[str, str]) -> dict[str, Any]:
+    boot = {"type": "none"} if os.environ.get(NO_REBOOT_ENV) else {"type": "reboot"}
     interrupts = {"sysctl-tuning": {"type": "none"},
                   "chrony-conf": {"type": "service", "services": ["chrony.service"]},
-                  "grub-cmdline": {"type": "reboot"}, "module-blocklist": {"type": "reboot"}}
+                  "grub-cmdline": boot, "module-blocklist": boot}
     env = {"grub-cmdline": [{"name": "KERNEL_ARGS", "value": "nodegate.bench=1"}],
            "module-blocklist": [{"name": "MODULES", "value": "nodegate_no_such_module"}]}
     return {"apiVersion": "nodegate.io/v1alpha1", "kind": "NodeGate", "metadata": {"name": name},
@@ -114,14 +121,17 @@ class PodTimes:
         self.pods[name] = pod
         for container, start, end in _ran(pod):
             self.runs.setdefault(name, {}).setdefault(container, (start, end))
-        turn = _reboot_turn(pod) if reboot else None
-        if turn is not None:  # the reboot step's start, from the first status that shows its turn came
-            self.reboot_started = min(turn, self.reboot_started or turn)
+        if reboot:  # the reboot step's start, from the first status that shows it (running or ended)
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                state = status.get("state") or {}
+                at = _t((state.get("running") or state.get("terminated") or {}).get("startedAt"))
+                if status.get("name") == "interrupt" and at is not None:
+                    self.reboot_started = min(at, self.reboot_started or at)
         if os.environ.get("NODEGATE_BENCH_TRACE"):
             self.trace.append((now, kind, name, [(c.get("name"), c.get("state")) for c in container_statuses(pod)]))
-        # A pod that holds the reboot (its last step) counts as running once that step's turn came.
-        running = turn is not None if reboot else any("running" in (c.get("state") or {})
-                                                       for c in container_statuses(pod))
+        # A pod that holds the reboot (its last step) counts as running once that step runs.
+        running = [c for c in container_statuses(pod) if "running" in (c.get("state") or {})
+                   and (not reboot or c.get("name") == "interrupt")]
         if seen.running is None and running:
             seen.running = now
         if seen.steps_ended is None and not pod_ended(pod) and stage_pod_ended(pod):
@@ -179,33 +189,19 @@ class PodTimes:
                 if not container.startswith("payload-")]
 
     def interrupt_started(self) -> float | None:
-        """When the reboot's turn came (its agent container never ends: the reboot kills it)."""
+        """When the reboot's agent container started (it never ends: the reboot kills it)."""
         if self.reboot_started is not None:
             return self.reboot_started
         for pod in self.pods.values():
-            if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) == "reboot":
-                if (turn := _reboot_turn(pod)) is not None:
-                    return turn
+            if (pod["metadata"].get("labels") or {}).get(keys.INTERRUPT_LABEL) != "reboot":
+                continue
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:  # the reboot: the pod's last step
+                state = status.get("state") or {}
+                started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+                last = ((status.get("lastState") or {}).get("terminated") or {}).get("startedAt")
+                if started or last:
+                    return _t(last or started)
         return None
-
-
-def _reboot_turn(pod: dict[str, Any]) -> float | None:
-    """When the reboot, its pod's last step, began: its container's start in a chain. In a pod whose steps run
-    in turn every container starts with the pod, so the reboot began once every step before it ended, at the
-    last of their ends (None until then)."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    at = None
-    for status in statuses:
-        if status.get("name") == "interrupt":
-            state = status.get("state") or {}
-            started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
-            last = ((status.get("lastState") or {}).get("terminated") or {}).get("startedAt")
-            at = _t(last or started)
-    if at is None or (pod["metadata"].get("labels") or {}).get(keys.IN_TURN_LABEL) != "true":
-        return at
-    ends = [_t(((s.get("state") or {}).get("terminated") or {}).get("finishedAt"))
-            for s in statuses if s.get("name") != "interrupt"]
-    return None if None in ends else max([at, *(e for e in ends if e is not None)])
 
 
 def _ran(pod: dict[str, Any]) -> list[tuple[str, float, float]]:
@@ -412,10 +408,15 @@ def main() -> None:
     parser.add_argument("--suite", default="bookworm", choices=sorted(NODE_OS),
                         help="Debian release of the real nodes' roots (default bookworm: containerd 1.6; "
                              "trixie: containerd 1.7, which sends the container events EventedPLEG needs)")
+    parser.add_argument("--no-reboot", action="store_true",
+                        help="grub-cmdline and module-blocklist with interrupt none: the round's interrupt is "
+                             "chrony's restart, its window the stages, the restart and the check after it")
     parser.add_argument("--kubelet-feature-gates", default="", metavar="GATES",
                         help="the real nodes' kubelet feature gates, e.g. EventedPLEG=true (default none)")
     args = parser.parse_args()
     os.environ["NODEGATE_REALNODE_REBOOT_SECONDS"] = str(args.reboot_seconds)
+    if args.no_reboot:
+        os.environ[NO_REBOOT_ENV] = "1"
     feature_gates(args.kubelet_feature_gates)  # refused here, before a cluster starts
     os.environ[KUBELET_FEATURE_GATES_ENV] = args.kubelet_feature_gates
     with tempfile.TemporaryDirectory(prefix="ng-bench-realnode-") as tmp:

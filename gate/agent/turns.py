@@ -3,13 +3,14 @@
 The kubelet starts a pod's init containers one after another, and on its default (generic) PLEG
 each one only at the relist after the one before ended: a second per step, on a node that is out of
 service. So the operator makes the steps of a round that must run one after another the pod's
-containers, started together (`gate.controller.pods.in_turn`), and each waits here for its turn:
+containers, started together (`gate.controller.steporder.in_turn`), and each waits here for its turn:
 step `i` runs once step `i - 1` has recorded its end with success. A step whose predecessor failed
 runs nothing, touches nothing on the host, and exits with `NOT_RUN`: the pod's failure is still the
 first step that did not succeed, in the steps' order (`gate.controller.pods.stage_pod_view`), as in
 a chain of init containers.
 
-The record is a file per step in an emptyDir of the pod (`TURNS_DIR`): it lives as long as the pod,
+A pod that ends with a reboot keeps its steps in a chain of init containers (`gate.controller.steporder`
+says why). The record is a file per step in an emptyDir of the pod (`TURNS_DIR`): it lives as long as the pod,
 a retry is a new pod with an empty one, and only the pod's agent containers mount it (a payload copy,
 which runs the package image's `cp`, does not). A step that dies without a record (killed, its node
 gone) leaves the steps after it waiting: the pod's deadline bounds them, and the operator ends the

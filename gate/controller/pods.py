@@ -330,7 +330,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         labels[keys.INTERRUPT_LABEL] = request.interrupt.type
     stages: dict[str, list[str]] = {}
     on_host = payload_from_host(request.steps) | request.payload_on_host
-    turns = in_turn(request.steps)
+    turns = in_turn(request.steps, reboot=request.interrupt is not None and request.interrupt.type == "reboot")
     if turns:
         labels[keys.IN_TURN_LABEL] = "true"
         volumes.append({"name": TURNS_VOLUME, "emptyDir": {}})

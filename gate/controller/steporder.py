@@ -7,7 +7,15 @@ Three layouts, all read back in the steps' order (`gate.controller.pods.stage_po
   one-at-a-time run on the host and a container each (status, logs, exit code per step);
 * **side by side** (`side_by_side`), several checks after the interrupt: the pod's containers, started
   together, in no order;
-* **a chain**, a pod of one step: the step is the pod's container.
+* **a chain**, a pod of one step, or one that ends with a reboot: every step but the last is an init
+  container, one after another, and the last is the pod's container.
+
+Why a reboot keeps the chain: the reboot wipes the node's containers, and the kubelet on the new boot
+knows how the pod's steps ended only from the status it posted to the API server before it. A chain
+starts the reboot only once the kubelet saw every step before it end (so its status says so, and the
+round records them as done: `gate.lifecycle.disruption`); steps in turn would start it as soon as the
+agent before it wrote its record, often before the kubelet's next look, and the new boot would find
+those steps' ends lost and run them, and the reboot, again.
 
 Payload copies (the package image's `cp`, `payload_container`) are init containers before the steps in
 every layout. Why not a chain of init containers for several steps, as NodeWright's stage pods chain a
@@ -40,9 +48,10 @@ def side_by_side(steps: Sequence[Step]) -> bool:
     return len(steps) > 1 and all(s.package is not None and s.stage in AFTER_INTERRUPT for s in steps)
 
 
-def in_turn(steps: Sequence[Step]) -> bool:
-    """Whether a pod's steps run in turn: when it has several and they are not checks side by side."""
-    return len(steps) > 1 and not side_by_side(steps)
+def in_turn(steps: Sequence[Step], reboot: bool) -> bool:
+    """Whether a pod's steps run in turn: when it has several, they are not checks side by side, and its
+    interrupt (`reboot`: the pod's is a reboot) is not a reboot, which keeps the chain (above)."""
+    return len(steps) > 1 and not side_by_side(steps) and not (reboot and any(s.package is None for s in steps))
 
 
 def take_turn(container: Obj, index: int) -> None:
@@ -58,7 +67,7 @@ TURNS_VOLUME = "turns"
 def layout(containers: list[Obj], together: bool) -> Obj:
     """The pod's init containers and containers from its containers in the steps' order: `together` (in
     turn or side by side), the payload copies one after another and every step started at once; otherwise
-    every container but the last one after another and the last as the pod's container."""
+    (a chain) every container but the last one after another and the last as the pod's container."""
     if not together:
         return {"initContainers": containers[:-1], "containers": containers[-1:]}
     copies = [c for c in containers if c["name"].startswith(PAYLOAD_PREFIX)]

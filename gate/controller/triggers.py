@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from gate.api import keys
 from gate.api.common import Obj
-from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, stage_pod_ended, stage_pod_view
+from gate.controller.pods import GATE_NAME_ANNOTATION, NODE_NAME_ANNOTATION, stage_pod_ended
 from gate.controller.prepull_pod import prepull_owner
 from gate.kube.objects import created_at, pod_ended, state_status, stuck_wait
 from gate.lifecycle import taint
@@ -216,17 +216,10 @@ def on_pod(kind: EventKind, pod: Obj, *, in_round: bool = False) -> Triggered:
 
 
 def reboot_step_runs(pod: Obj) -> bool:
-    """The pod holds a reboot, its last step, and runs it: its node's round records the steps before it and
-    says it reboots, before the boot ends. In a chain that is the pod's phase Running (every init container
-    ended well); with its steps in turn (`gate.controller.pods.in_turn`) the reboot's turn, every step
-    before it ended well."""
+    """The pod holds a reboot, its last step, and runs it (its phase Running: every init container ended
+    well): its node's round records the steps before it and says it reboots, before the boot ends."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get(keys.INTERRUPT_LABEL) != "reboot" or (pod.get("status") or {}).get("phase") != "Running":
-        return False
-    if labels.get(keys.IN_TURN_LABEL) != "true":
-        return True
-    view = stage_pod_view(pod)
-    return view.phase == "running" and view.current_step is not None and view.current_step.package is None
+    return labels.get(keys.INTERRUPT_LABEL) == "reboot" and (pod.get("status") or {}).get("phase") == "Running"
 
 
 def on_prepull_pod(kind: EventKind, pod: Obj) -> tuple[str, str] | None:

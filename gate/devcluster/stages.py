@@ -426,10 +426,10 @@ def default_stages(job_seconds: float = 1.0) -> list[Stage]:
 
 def reboot_stage(job_seconds: float = 1.0) -> Stage:
     """A stage pod that holds a reboot (its interrupt label) reboots its node when its reboot step runs:
-    NotReady with a new bootID, then Ready again. The reboot is the pod's last step: in a chain its
-    container, running only once every step before it (its init containers) ended well; with its steps in
-    turn, the first running once every step before it ended well. So the node reboots then and only then,
-    whatever the pod's kind (the stages' pod that ends with the reboot, or a reboot pod of its own).
+    NotReady with a new bootID, then Ready again. The reboot is the pod's last step, its container: the
+    pod is Running only once every step before it (its init containers) ended well, so the node reboots
+    then and only then, whatever the pod's kind (the stages' pod that ends with the reboot, or a reboot
+    pod of its own; a pod that ends with a reboot keeps its steps in a chain, gate.controller.steporder).
 
     Weight 1 so it wins over `stage-pod-succeeded` for these pods; the node-ready stage brings the
     node back shortly after.
@@ -454,9 +454,7 @@ status:
         "nodegate-reboot",
         "Pod",
         _stage_pod({"key": ".status.phase", "operator": "In", "values": ["Running"]},
-                   {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]},
-                   # its turn: the pod's only container in a chain, the first running of steps in turn
-                   {"key": _running_step(), "operator": "In", "values": ["interrupt"]}),
+                   {"key": f'.metadata.labels["{keys.INTERRUPT_LABEL}"]', "operator": "In", "values": ["reboot"]}),
         steps=[
             {"apply": {"template": node_patch, "subresource": "status", "type": "merge"}},
             {"patch": {"subresource": "status", "root": "status", "type": "merge",
@@ -467,7 +465,7 @@ status:
     )
 
 
-# A running pod whose steps run in turn (gate.controller.pods.in_turn): its containers all started
+# A running pod whose steps run in turn (gate.controller.steporder.in_turn): its containers all started
 # together, and the first still running in the steps' order has its turn. Each update ends that one
 # well (the next one's turn comes); the pod succeeds once the last did. The kubelet lists a pod's
 # containers by name, kwok as the templates above wrote them: in the pod's order.

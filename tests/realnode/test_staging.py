@@ -163,6 +163,7 @@ class Seen:
     # (gate, node) -> each round pod's steps and containers (init and main), by pod name
     window: dict[tuple[str, str], dict[str, tuple[list[str], list[str]]]] = field(default_factory=dict)
     started_together: dict[str, list[str]] = field(default_factory=dict)  # pod -> its containers (not init)
+    staging_steps: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # its staging pod's, in turn
 
     def on_pod(self, kind: str, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -176,6 +177,9 @@ class Seen:
             self.started_together[meta["name"]] = [c["name"] for c in spec.get("containers") or []]
         if gate not in self.gates or pod_kind not in ("staging", "unstage") or kind == "DELETED":
             return
+        if pod_kind == "staging" and (meta.get("labels") or {}).get(keys.IN_TURN_LABEL) == "true":
+            self.staging_steps[gate, pod["spec"].get("nodeName", "")] = sorted(
+                c["name"] for c in pod["spec"].get("containers") or [])
         # Ended as the operator reads it: at its last step's end, before the kubelet writes the terminal
         # phase (`gate.controller.pods.stage_pod_ended`), which can come after the cordon.
         phase, key = stage_pod_view(pod).phase, (gate, pod["spec"].get("nodeName", ""))
@@ -288,9 +292,12 @@ async def test_the_operator_stages_before_the_cordon_runs_only_the_rest_in_the_w
                 first = [(name, steps, names) for name, (steps, names) in window.items() if "-:interrupt" in steps]
                 assert len(first) == 1 and first[0][1] == [f"{PLACED}:apply", "-:interrupt"], window
                 assert first[0][2] == [f"apply-{PLACED}", "interrupt"], window
-                # ... its steps in turn: both the pod's containers, started together, and the round complete (that
-                # the reboot waits for the apply's end is tests/agent/test_cli.py's, on real processes).
-                assert seen.started_together[first[0][0]] == [f"apply-{PLACED}", "interrupt"], seen.started_together
+                # ... in a chain, as a pod that ends with a reboot keeps (gate.controller.steporder): the kubelet saw
+                # the apply end before the reboot started.
+                assert seen.started_together[first[0][0]] == ["interrupt"], seen.started_together
+                # The staging pod's steps ran in turn: all of them the pod's containers, started together.
+                assert seen.staging_steps[gate, node] == sorted(
+                    [f"apply-{PLACED}", *(f"apply-{p}" for p in SERVING_STEPS)]), seen.staging_steps
                 assert sorted(s for steps, _ in window.values() for s in steps) == sorted(
                     [f"{PLACED}:apply", "-:interrupt", *(f"{p}:post-interrupt" for p in SERVING_STEPS)]), window
                 placed = json.loads(real.node_file(node, f"/var/lib/nodegate/{gate}/{PLACED}/history.json") or "{}")

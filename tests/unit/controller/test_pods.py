@@ -29,7 +29,7 @@ from gate.controller.pods import (
 )
 from gate.controller.prepull_pod import prepull_owner, prepull_pod
 from gate.controller.settings import OperatorSettings
-from gate.controller.triggers import on_pod, on_prepull_pod, reboot_step_runs, stage_owner
+from gate.controller.triggers import on_pod, on_prepull_pod, stage_owner
 from gate.lifecycle.images import PodImage
 from gate.lifecycle.node import PodRequest, Step
 from gate.lifecycle.prepull import Candidate, RoundImages
@@ -573,21 +573,20 @@ def test_a_stage_whose_payload_the_staging_placed_reads_it_on_the_host_and_every
     assert "payload-tuned" not in {v["name"] for v in spec["volumes"]}
 
 
-def test_a_pod_in_turn_is_at_its_reboot_once_every_step_before_it_succeeded() -> None:
-    """The node's round records the steps before the reboot as soon as the reboot's turn comes (the pod event
-    wakes it, `reboot_step_runs`): not when the pod runs, since every step of a pod in turn runs from its
-    start. A staging pod in turn says the boot its last step in order ended on, whatever the kubelet's order."""
+def test_a_pod_that_ends_with_a_reboot_keeps_its_chain_and_a_staging_pod_says_the_boot_of_its_last_step() -> None:
+    """A reboot wipes the node's containers: the new boot knows how the steps before it ended only from the
+    status the kubelet posted before it, which a chain guarantees (the reboot starts once the kubelet saw them
+    end) and steps in turn do not. A staging pod in turn says the boot its last step in order ended on,
+    whatever the kubelet's order."""
     reboot = PodRequest(name="ng-r", kind="stages", interrupt=Interrupt(type="reboot"),
-                        steps=(Step("tuned", "apply", "fp", "1.2.0"), Step(None, "interrupt", "reboot:")))
+                        steps=(Step("tuned", "apply", "fp", "1.2.0"), Step("base", "apply", "fp", "2.0.0"),
+                               Step(None, "interrupt", "reboot:")))
     pod = stage_pod(gate(), "n", reboot, SETTINGS)
-    started = {"startedAt": "2026-11-30T10:00:01Z"}
-    pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "apply-tuned", "state": {"running": started}},
-                                                               {"name": "interrupt", "state": {"running": started}}]}
-    assert not reboot_step_runs(pod) and on_pod("MODIFIED", pod).now == ()
-    pod["status"]["containerStatuses"][0] = _ran("apply-tuned", 0, "01", "02")
-    assert reboot_step_runs(pod) and on_pod("MODIFIED", pod).now != ()
-    pod["status"]["containerStatuses"][0] = _ran("apply-tuned", 1, "01", "02")
-    assert not reboot_step_runs(pod)
+    assert _names(pod["spec"]) == (["payload-tuned", "apply-tuned", "payload-base", "apply-base"], ["interrupt"])
+    assert keys.IN_TURN_LABEL not in pod["metadata"]["labels"] and _turns(pod["spec"]) == [None]
+    restart = stage_pod(gate(), "n", replace(reboot, interrupt=Interrupt(type="service", services=["a"]),
+                                             steps=(*reboot.steps[:2], Step(None, "interrupt", "service:a"))), SETTINGS)
+    assert _names(restart["spec"]) == (["payload-tuned", "payload-base"], ["apply-tuned", "apply-base", "interrupt"])
     staging = stage_pod(gate(), "n", PodRequest(name="ng-staging-y", kind="staging", part="serving", steps=(
         Step("tuned", "apply", "fp", version="1.2.0"), Step("base", "apply", "fp", version="2.0.0"))), SETTINGS)
     staging["status"] = {"phase": "Succeeded", "containerStatuses": [
