@@ -262,10 +262,14 @@ def run_steps(r: Round, kind: Callable[[], PodKind], plan: Callable[[], list[Ste
 def _placed_on_host(s: NodeGateState, steps: Sequence[Step]) -> frozenset[str]:
     """The packages of a pod whose every stage in it had its payload placed on the host by the round's
     staging (`gate.lifecycle.staging.payload_placed`) and none of which failed yet this round: their
-    agent reads that copy. A try after a failure copies from the image again, whatever the host holds."""
+    agent reads that copy. A try after a failure copies from the image again, whatever the host holds.
+    The check after a service restart in the same pod reads the copy the package's stage before it read
+    (as every check after the interrupt does, `gate.controller.pods.payload_from_host`)."""
     packages = {st.package for st in steps if st.package is not None}
-    return frozenset(p for p in packages if all(st.key in s.payload_placed and not s.attempts.get(st.key)
-                                                for st in steps if st.package == p))
+    return frozenset(p for p in packages
+                     if any(st.package == p and st.stage != "post-interrupt" for st in steps)
+                     and all(st.stage == "post-interrupt" or (st.key in s.payload_placed and not s.attempts.get(st.key))
+                             for st in steps if st.package == p))
 
 
 def retry_backoff(attempts: int) -> float:

@@ -273,6 +273,21 @@ def test_a_staging_places_the_payload_of_the_stages_left_for_the_window_and_thei
     # The round's end forgets it.
     done, _, _ = drive(g, s, node(), view)
     assert done.status == "complete" and done.payload_placed == []
+    # A service restart: the window's pod holds the stage and the check after the restart, which reads the copy
+    # the stage read (on the host, no copy from the image for either).
+    restart = {**PKG, "interrupt": {"type": "service", "services": ["s"]}}
+    g = gate({"k": restart, "plain": restart})
+    s = started(g)
+    steps = staging_steps(g, s, catalog)
+    view = StagePod(staging_pod_name(g.name, "n1", steps), "staging", "succeeded", steps, done=len(steps),
+                    boot_id="boot-1", generation=1)
+    state, first = window(s)
+    assert [(st.package or "-", st.stage) for st in first.steps] == [
+        ("plain", "apply"), ("-", "interrupt"), ("k", "post-interrupt"), ("plain", "post-interrupt")]
+    assert state.payload_placed == ["plain/apply"] and first.payload_on_host == {"plain"}
+    # ... and after a failed try of the stage, both copy from the image.
+    _, retry = window(state.model_copy(update={"attempts": {"plain/apply": 1}}))
+    assert retry.payload_on_host == frozenset()
 
 
 # -- the fleet: candidates and the bound ---------------------------------------------------------
