@@ -47,7 +47,8 @@ from typing import Any
 
 from bench.realnode import idle
 from gate.api import keys
-from gate.controller.pods import stage_pod_ended
+from gate.controller.pods import pod_steps, stage_pod_ended
+from gate.controller.steporder import side_by_side
 from gate.devcluster import services
 from gate.devcluster.cluster import DevCluster, NodeSpec, RealNodeSpec
 from gate.devcluster.images import ensure_images
@@ -65,13 +66,10 @@ AHEAD_KINDS = frozenset({"staging", "unstage", keys.PREPULL_KIND})
 TRANSITIONS: dict[str, dict[str, list[list[Any]]]] = {}
 
 
-# --no-reboot: grub-cmdline's and module-blocklist's change left for the node's next boot, so the round's
-# interrupt is chrony's restart alone (a change of settings, not of the kernel).
-NO_REBOOT_ENV = "NODEGATE_BENCH_NO_REBOOT"
-
-
-def gate_manifest(name: str, nodes: list[str], images: dict[str, str]) -> dict[str, Any]:
-    boot = {"type": "none"} if os.environ.get(NO_REBOOT_ENV) else {"type": "reboot"}
+def gate_manifest(name: str, nodes: list[str], images: dict[str, str], *, reboot: bool = True) -> dict[str, Any]:
+    """The gate of the four packages; without `reboot` (--no-reboot), grub-cmdline's and module-blocklist's
+    change is left for the node's next boot, so the round's interrupt is chrony's restart alone."""
+    boot = {"type": "reboot" if reboot else "none"}
     interrupts = {"sysctl-tuning": {"type": "none"},
                   "chrony-conf": {"type": "service", "services": ["chrony.service"]},
                   "grub-cmdline": boot, "module-blocklist": boot}
@@ -199,8 +197,7 @@ class PodTimes:
             labels = pod["metadata"].get("labels") or {}
             took = {c: t for c, t in self.durations.get(name, {}).items()
                     if not (c == "interrupt" and labels.get(keys.INTERRUPT_LABEL) == "reboot")}
-            together = labels.get(keys.IN_TURN_LABEL) != "true" and len(pod["spec"].get("containers") or []) > 1
-            total += (max(took.values(), default=0.0) if together else sum(took.values()))
+            total += max(took.values(), default=0.0) if side_by_side(pod_steps(pod)) else sum(took.values())
         return total
 
     def serving(self) -> list[tuple[float, float]]:
@@ -319,14 +316,14 @@ def union(intervals: list[tuple[float, float]]) -> float:
 
 
 async def one_pass(client: KubeClient, name: str, nodes: list[str], images: dict[str, str], *, real: bool,
-                   timeout: float) -> dict[str, dict[str, float]]:
+                   timeout: float, reboot: bool) -> dict[str, dict[str, float]]:
     """Apply the gate to `nodes` (one at a time: budget 1) and measure each: node -> figures."""
     times = {node: PodTimes(client, node) for node in nodes}
     trails = {node: NodeTrail(client, node) for node in nodes}
     for watch in [*times.values(), *trails.values()]:
         await watch.cache.start()
     started = time.monotonic()
-    await client.apply(gate_manifest(name, nodes, images), field_manager="bench")
+    await client.apply(gate_manifest(name, nodes, images, reboot=reboot), field_manager="bench")
     done = await complete(client, name, timeout)
     await asyncio.sleep(1)
     for watch in [*times.values(), *trails.values()]:
@@ -375,15 +372,15 @@ def _figures(times: PodTimes, trail: NodeTrail, *, real: bool) -> dict[str, floa
 
 
 async def measure(dev: DevCluster, images: dict[str, str], real_nodes: list[str], kwok_node: str,
-                  timeout: float) -> dict[str, dict[str, dict[str, float]]]:
+                  timeout: float, reboot: bool) -> dict[str, dict[str, dict[str, float]]]:
     """pass ("cold", "warm") -> node -> figures, the kwok node's beside the real ones'."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     async with await dev.client() as client:
         for label in ("cold", "warm"):
             out[label] = await one_pass(client, f"bench-{label}-real", real_nodes, images, real=True,
-                                        timeout=timeout)
+                                        timeout=timeout, reboot=reboot)
             out[label].update(await one_pass(client, f"bench-{label}-kwok", [kwok_node], images, real=False,
-                                             timeout=timeout))
+                                             timeout=timeout, reboot=reboot))
         for label in ("cold", "warm"):
             for kind in ("real", "kwok"):
                 with contextlib.suppress(Exception):
@@ -451,8 +448,6 @@ def main() -> None:
                         help="the real nodes' kubelet feature gates, e.g. EventedPLEG=true (default none)")
     args = parser.parse_args()
     os.environ["NODEGATE_REALNODE_REBOOT_SECONDS"] = str(args.reboot_seconds)
-    if args.no_reboot:
-        os.environ[NO_REBOOT_ENV] = "1"
     feature_gates(args.kubelet_feature_gates)  # refused here, before a cluster starts
     os.environ[KUBELET_FEATURE_GATES_ENV] = args.kubelet_feature_gates
     with tempfile.TemporaryDirectory(prefix="ng-bench-realnode-") as tmp:
@@ -469,7 +464,8 @@ def main() -> None:
                 env["NODEGATE_STAGING_CONCURRENCY"] = str(args.staging_concurrency)
             services.start_operator(dev, print, env=env)
             real_nodes = [c.name for c in dev.real_node_configs()]
-            runs = asyncio.run(measure(dev, images, real_nodes, spec.names()[0], args.timeout))
+            runs = asyncio.run(measure(dev, images, real_nodes, spec.names()[0], args.timeout,
+                                       reboot=not args.no_reboot))
             figures = report(runs, spec.names()[0], args.job_seconds, args.reboot_seconds)
             if args.json:
                 Path(args.json).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")

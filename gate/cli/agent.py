@@ -118,7 +118,7 @@ def _termination_log(args: argparse.Namespace) -> Path | None:
     return Path(args.termination_log) if args.termination_log else None
 
 
-def in_turn(args: argparse.Namespace, command: Callable[[argparse.Namespace], int], stage: str) -> int:
+def run_in_turn(args: argparse.Namespace, command: Callable[[argparse.Namespace], int], stage: str) -> int:
     """Run `command` in its turn among the pod's steps (`--turn`, `gate.agent.turns`): once the step before
     it succeeded, and record its own end for the step after it. A step whose predecessor did not succeed
     runs nothing and says so in its summary. Without `--turn`, `command` at once."""
@@ -145,7 +145,7 @@ def in_turn(args: argparse.Namespace, command: Callable[[argparse.Namespace], in
 
 
 def cmd_agent_run(args: argparse.Namespace) -> int:
-    return in_turn(args, _agent_run, args.stage or os.environ.get("NODEGATE_STAGE", ""))
+    return run_in_turn(args, _agent_run, args.stage or os.environ.get("NODEGATE_STAGE", ""))
 
 
 def _agent_run(args: argparse.Namespace) -> int:
@@ -194,7 +194,7 @@ def interrupt_settings(args: argparse.Namespace) -> InterruptSettings:
 
 
 def cmd_agent_interrupt(args: argparse.Namespace) -> int:
-    return in_turn(args, _agent_interrupt, "interrupt")
+    return run_in_turn(args, _agent_interrupt, "interrupt")
 
 
 def _agent_interrupt(args: argparse.Namespace) -> int:

@@ -65,7 +65,6 @@ from gate.controller.steporder import (
     layout,
     payload_container,
     side_by_side,
-    take_turn,
 )
 from gate.kube.cache import slim
 from gate.kube.objects import container_states, container_statuses, created_at, parse_time, pod_ended, stuck_wait
@@ -334,13 +333,11 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
     if turns:
         labels[keys.IN_TURN_LABEL] = "true"
         volumes.append({"name": TURNS_VOLUME, "emptyDir": {}})
-    for index, step in enumerate(request.steps):
+    for step in request.steps:
         if step.package is None:  # the interrupt: a step of NodeGate's image alone
             assert request.interrupt is not None, "an interrupt step needs the request's interrupt"
             containers.append(_interrupt_step(request.interrupt, settings))
             deadline += INTERRUPT_DEADLINE
-            if turns:
-                take_turn(containers[-1], index)
             continue
         pkg = gate.spec.packages[step.package]
         if step.package not in stages:
@@ -364,8 +361,6 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         stages[step.package].append(step.stage)
         containers.append(_package_step(gate, node, step, settings.agent_image, request.part,
                                         step.package in on_host, images[step.package].image))
-        if turns:
-            take_turn(containers[-1], index)
         deadline += _seconds(pkg.timeout)
     if stages:
         volumes.append({"name": "facts", "downwardAPI": {"items": [
@@ -391,7 +386,7 @@ def stage_pod(gate: NodeGate, node: str, request: PodRequest, settings: Operator
         # No <SERVICE>_HOST/_PORT variables: a Service in the namespace is nobody's input to a package.
         "enableServiceLinks": False,
         "tolerations": tolerations(gate),
-        **layout(containers, turns or side_by_side(request.steps)),
+        **layout(containers, request.steps, turns),
         "volumes": volumes,
         # Each step is bounded by its package's `timeout` (the agent's --timeout); the pod by all of
         # them together, for what the agent cannot bound (a payload copy, an image pull).

@@ -56,18 +56,18 @@ def in_turn(steps: Sequence[Step], reboot: bool) -> bool:
     return len(steps) > 1 and not side_by_side(steps) and not (reboot and any(s.package is None for s in steps))
 
 
-def take_turn(container: Obj, index: int) -> None:
-    """An agent container as the pod's step `index` in its turn (`in_turn`): it waits for the step before it,
-    and records its own end, in the pod's `turns` emptyDir (`TURNS_VOLUME`)."""
-    container["args"] += ["--turn", str(index), "--turns", TURNS_DIR]
-    container["volumeMounts"].append({"name": TURNS_VOLUME, "mountPath": TURNS_DIR})
-
-
-def layout(containers: list[Obj], together: bool) -> Obj:
-    """The pod's init containers and containers from its containers in the steps' order: `together` (in
-    turn or side by side), the payload copies one after another and every step started at once; otherwise
-    (a chain) every container but the last one after another and the last as the pod's container."""
-    if not together:
+def layout(containers: list[Obj], steps: Sequence[Step], turns: bool) -> Obj:
+    """The pod's init containers and containers from its containers in the steps' order (payload copies
+    among them). In turn (`turns`, from `in_turn`) or side by side, the payload copies one after another
+    and every step started at once, each step in turn waiting for the one before it and recording its own
+    end in the pod's emptyDir `TURNS_VOLUME` (`gate.agent.turns`); otherwise (a chain) every container but
+    the last one after another and the last as the pod's container."""
+    if not (turns or side_by_side(steps)):
         return {"initContainers": containers[:-1], "containers": containers[-1:]}
     copies = [c for c in containers if c["name"].startswith(PAYLOAD_PREFIX)]
-    return {"initContainers": copies, "containers": [c for c in containers if c not in copies]}
+    running = [c for c in containers if c not in copies]
+    if turns:
+        for index, container in enumerate(running):
+            container["args"] += ["--turn", str(index), "--turns", TURNS_DIR]
+            container["volumeMounts"].append({"name": TURNS_VOLUME, "mountPath": TURNS_DIR})
+    return {"initContainers": copies, "containers": running}
