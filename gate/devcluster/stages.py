@@ -488,7 +488,7 @@ containerStatuses:
       startedAt: {{ $s.state.running.startedAt | Quote }}
       finishedAt: {{ $now | Quote }}
 {{ else }}
-  ready: false
+  ready: {{ if $s.state.running }}true{{ else }}false{{ end }}
   started: {{ if $s.state.running }}true{{ else }}false{{ end }}
   state:{{ YAML $s.state 2 }}
 {{ end }}
