@@ -39,6 +39,10 @@ Figures printed:
   `tracemalloc` lists what grew between them by source line, next to the operator's RSS at both
   moments (RSS beyond the traced total is the interpreter's arenas and the C heap). Tracing slows the
   operator: its CPU and makespan figures are not comparable then.
+* with `--heap-stats DIR`, nothing is traced: the same hook splits the operator's RSS as the fleet rollout
+  starts and ends (Python's small-object arenas, their live and free bytes; glibc's heap, in use and free;
+  resident bytes by mapping), and says how long Python's garbage collector ran so far, by generation, at
+  the operator's usual speed.
 
 Nothing here asserts on time: it prints figures.
 """
@@ -401,7 +405,8 @@ TRACEHOOK = Path(__file__).resolve().parent / "tracehook"
 
 
 async def tracemalloc_snapshot(folder: Path | None, name: str) -> None:
-    """Ask the operator's trace hook for a snapshot `name` and wait until it is written."""
+    """Ask the operator's hook (`--tracemalloc` or `--heap-stats`) for a snapshot `name`; wait until it is
+    written."""
     if folder is None:
         return
     (folder / f"{name}.request").touch()
@@ -428,6 +433,20 @@ def tracemalloc_growth(folder: Path, first: str, second: str, top: int = 25) -> 
         "largest_at_end": [{"kib": round(st.size / 1024), "blocks": st.count,
                             "traceback": [str(f) for f in st.traceback[:8]]} for st in largest],
     }
+
+
+def heap_stats(folder: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """The operator's RSS split at each snapshot, in MiB (`--heap-stats`)."""
+    def mib(figures: dict[str, int]) -> dict[str, float]:
+        return {k: round(v / 2**20, 1) for k, v in figures.items() if k != "arenas"}
+
+    out = {}
+    for name in names:
+        at = json.loads((folder / f"{name}.json").read_text())
+        out[name] = {"rss_mib": round(at["rss"] / 2**20, 1), "pymalloc_mib": mib(at["pymalloc"]),
+                     "glibc_mib": mib(at["glibc"]), "resident_by_mapping_mib": mib(at["resident_by_mapping"]),
+                     "gc": at["gc"]}
+    return out
 
 
 def py_spy(out: Path | None, pid: int) -> subprocess.Popen[bytes] | None:
@@ -478,7 +497,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
                                report=60.0, extra=lambda: f"cordoned now {watch.now()}, at most {dict(watch.peak)}; "
                                                           f"{progress_of('bench-fleet')}")
         sampling = asyncio.create_task(sampler.run())
-        await tracemalloc_snapshot(args.tracemalloc, "fleet-start")
+        await tracemalloc_snapshot(args.tracemalloc or args.heap_stats, "fleet-start")
         profiler = py_spy(args.py_spy, pid)
         fleet_started = time.monotonic()
         finished = True
@@ -493,7 +512,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         if profiler is not None:  # py-spy writes its file when interrupted
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=120)
-        await tracemalloc_snapshot(args.tracemalloc, "fleet-end")
+        await tracemalloc_snapshot(args.tracemalloc or args.heap_stats, "fleet-end")
         cpu1, peak_rss = proc_stats(pid)
         metrics1 = operator_metrics(port)
         req1, by1 = api_requests(metrics1)
@@ -521,6 +540,7 @@ async def measure(cluster: DevCluster, args: argparse.Namespace, pid: int, port:
         traced = tracemalloc_growth(args.tracemalloc, "fleet-start", "fleet-end") if args.tracemalloc else None
         return {
             "tracemalloc": traced,
+            "heap_stats": heap_stats(args.heap_stats, ("fleet-start", "fleet-end")) if args.heap_stats else None,
             "images": "registry, signed, enforce" if args.image_signatures else
                       "registry, no policy" if args.registry_images else "registry.example.com (not resolved)",
             "signatures": signatures if args.image_signatures else None,
@@ -594,6 +614,9 @@ def main() -> None:
     parser.add_argument("--tracemalloc", type=Path, default=None, metavar="DIR",
                         help="trace the operator's allocations; snapshots at the fleet rollout's start and end go "
                              "to DIR, and what grew between them is printed (CPU figures are not comparable then)")
+    parser.add_argument("--heap-stats", type=Path, default=None, metavar="DIR",
+                        help="split the operator's RSS (Python's arenas, glibc's heap, mappings) as the fleet rollout "
+                             "starts and ends, without tracing")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
                         help="sample the operator with py-spy (40 Hz, without pausing it) during the fleet rollout; "
                              "folded stacks go to FILE")
@@ -626,6 +649,9 @@ def main() -> None:
         if args.tracemalloc:
             args.tracemalloc.mkdir(parents=True, exist_ok=True)
             env.update(PYTHONPATH=f"{TRACEHOOK}:{SOURCE_ROOT}", NODEGATE_BENCH_TRACEMALLOC=str(args.tracemalloc))
+        elif args.heap_stats:
+            args.heap_stats.mkdir(parents=True, exist_ok=True)
+            env.update(PYTHONPATH=f"{TRACEHOOK}:{SOURCE_ROOT}", NODEGATE_BENCH_HEAPSTATS=str(args.heap_stats))
         resolve = ["--resolve-digests", "true"] if args.registry_images else []
         port = start_operator(cluster, lambda m: print(m, flush=True), env=env,
                               extra=["--workers", str(args.workers), "--poll-seconds", "1",
