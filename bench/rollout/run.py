@@ -449,11 +449,14 @@ def heap_stats(folder: Path, names: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
 def py_spy(out: Path | None, pid: int) -> subprocess.Popen[bytes] | None:
     """Sample the operator with py-spy during the fleet rollout (folded stacks into `out`), if asked."""
     if out is None:
         return None
-    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "-r", "40",
+    return subprocess.Popen([str(PY_SPY), "record", "--nonblocking", "-r", "40",
                              "-f", "raw", "-o", str(out), "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -622,6 +625,8 @@ def main() -> None:
                              "folded stacks go to FILE")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    if args.py_spy and not PY_SPY.exists():  # said now, not after the nodes are up
+        parser.error(f"--py-spy needs py-spy beside this Python ({PY_SPY}): pip install py-spy")
     args.registry_images = args.registry_images or args.image_signatures
     if args.timeout is None:
         args.timeout = max(3600.0, args.nodes * 0.6)

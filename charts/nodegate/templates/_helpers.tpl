@@ -189,8 +189,8 @@ rollouts at the benchmark's 3 packages per node.
 {{ toYaml .Values.operator.resources }}
 {{- else -}}
 {{- $s := mulf (float64 .Values.fleet.nodes) (divf (float64 .Values.fleet.packages) 3.0) -}}
-{{- $memory := mul (int (ceil (divf (addf 89.0 (mulf $s 0.01645)) 16.0))) 16 -}}
-{{- $cpu := max 100 (mul (int (ceil (divf (mulf $s 35.0) 6000.0))) 10) -}}
+{{- $memory := mul (int (ceil (divf (addf 98.0 (mulf $s 0.01827)) 16.0))) 16 -}}
+{{- $cpu := max 100 (mul (int (ceil (divf (mulf $s 56.0) 6000.0))) 10) -}}
 requests:
   cpu: {{ $cpu }}m
   memory: {{ $memory }}Mi
