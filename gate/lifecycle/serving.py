@@ -47,3 +47,8 @@ class ServingCatalog:
         if serving is None or spec is None or spec.version != serving.version:
             return None  # another version, or the cluster's own package: whole in the window
         return serving
+
+    def serves(self, gate: NodeGate) -> bool:
+        """Whether any package of the gate has serving steps at this version: without, no node of the gate
+        has anything to stage (`gate.lifecycle.staging.staging_steps`), and a plan need not ask each."""
+        return any(serving.lists for name in gate.spec.packages if (serving := self.of(gate, name)) is not None)

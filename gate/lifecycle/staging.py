@@ -287,6 +287,8 @@ def candidates(gate: NodeGate, picked: Mapping[str, NodeGateState], ahead: Itera
     progress, will cordon), then the next `limit_ahead` nodes of `ahead` (its line, in pick order, the
     waits that clear by themselves: `gate.lifecycle.prepull.AHEAD_REASONS`) with serving steps to stage.
     Paused gates stage ahead for nobody."""
+    if not catalog.serves(gate):
+        return ()
     out = []
     for node, state in sorted(picked.items()):
         if state.status != "in-progress" or state.phase != "idle" or (state.rollback and not state.rollback.done):
@@ -318,10 +320,19 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
     (picks just made) take precedence."""
 
     picked = {n: planned_state(gplan, states, n) for n in picked_nodes(gplan)}
-    line = [] if gplan.rollout is None else [(node, planned_state(gplan, states, node))
-                                             for node, wait in gplan.rollout.waits.items()
-                                             if wait.reason in AHEAD_REASONS]
-    taken = frozenset(n for n in {*states, *picked} if _round_owns_it(picked.get(n) or planned_state(gplan, states, n)))
+    # Each of these walks the gate's whole line or fleet at every plan: only as far as it must (a gate with
+    # nothing to stage had them take a sixth of the operator's CPU at 3,000 nodes; bench/README.md).
+    line = [] if gplan.rollout is None or not catalog.serves(gate) else \
+        [(node, planned_state(gplan, states, node)) for node, wait in gplan.rollout.waits.items()
+         if wait.reason in AHEAD_REASONS]
+
+    def owned(node: str) -> bool:  # a node with no state yet has nothing its round took over
+        update = gplan.updates.get(node)
+        state = picked.get(node) or (update.state if update is not None and update.state is not None else None) \
+            or states.get(node)
+        return state is not None and _round_owns_it(state)
+
+    taken = frozenset(n for n in {*states, *picked} if owned(n))
     return GateStaging(candidates(gate, picked, line, catalog=catalog, limit_ahead=ahead), taken_over=taken,
                        keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
 

@@ -345,6 +345,26 @@ def test_a_round_that_is_over_owns_its_staging_unless_it_failed_before_its_cordo
     assert plan.delete == [pods[0].name, pods[1].name] and pods[2].name not in plan.delete
 
 
+def test_a_gate_with_nothing_to_stage_has_no_candidates_yet_its_rounds_still_take_over_what_was_staged() -> None:
+    """`ServingCatalog.serves` spares each plan a walk of the gate's line: it says no only where no node of
+    the gate could have a staging step (no package of the gate with serving steps at the gate's version).
+    What an earlier spec staged is still taken over by the rounds that passed their cordon."""
+    plain = ServingCatalog({"k": Serving("1.0.0", {})})
+    other_version = ServingCatalog({"k": Serving("2.0.0", CATALOG.packages["k"].lists)})
+    g = gate({"k": REBOOT_PKG}, interruptionBudget={"count": 2})
+    assert CATALOG.serves(g) and not plain.serves(g) and not other_version.serves(g)
+    assert not ServingCatalog().serves(g)
+    for catalog in (plain, other_version, ServingCatalog()):
+        assert staging_steps(g, NodeGateState(), catalog) == ()
+    past = started(g).model_copy(update={"phase": "drain"})
+    fleet = [fleet_node("n0", state=past), *(fleet_node(f"n{i}") for i in range(1, 8))]
+    gplan = plan_gate(g, None, fleet, gates=[g], now=NOW)
+    states: dict[str, NodeGateState | None] = {"n0": past, **{f"n{i}": None for i in range(1, 8)}}
+    assert gate_staging(g, gplan, states, catalog=CATALOG, ahead=2).candidates  # the same fleet, with serving steps
+    part = gate_staging(g, gplan, states, catalog=plain, ahead=2)
+    assert part.candidates == () and part.taken_over == {"n0"}
+
+
 STEPS = staging_steps(gate({"k": REBOOT_PKG}), NodeGateState(), CATALOG)
 
 
