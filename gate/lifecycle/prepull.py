@@ -213,10 +213,17 @@ def waits_for_images(gate: NodeGate, state: NodeGateState, node: str, lookahead:
 def planned_state(gplan: GatePlan, states: Mapping[str, NodeGateState | None], node: str) -> NodeGateState:
     """A node's state for the gate as its plan leaves it: the plan's update (a pick just made) over the
     state as recorded (`states`; None or missing: none yet)."""
+    return planned_state_if_any(gplan, states, node) or NodeGateState()
+
+
+def planned_state_if_any(gplan: GatePlan, states: Mapping[str, NodeGateState | None],
+                         node: str) -> NodeGateState | None:
+    """`planned_state`, or None for a node with no state yet (a plan over the whole fleet need not build
+    an empty one for each)."""
     update = gplan.updates.get(node)
     if update is not None and update.state is not None:
         return update.state
-    return states.get(node) or NodeGateState()
+    return states.get(node)
 
 
 def picked_nodes(gplan: GatePlan) -> list[str]:

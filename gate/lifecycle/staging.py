@@ -71,7 +71,7 @@ from gate.api.nodegate import NodeGate
 from gate.api.state import NodeGateState
 from gate.lifecycle.fleet import GatePlan
 from gate.lifecycle.node import Decision, StagePod, Step
-from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon, picked_nodes, planned_state
+from gate.lifecycle.prepull import AHEAD_REASONS, needs_cordon, picked_nodes, planned_state, planned_state_if_any
 from gate.lifecycle.round import Round, install_order, round_work, stage_fingerprint, stuck_reason
 from gate.lifecycle.serving import ServingCatalog
 from gate.lifecycle.work import PackageWork, after_stage
@@ -325,14 +325,9 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
     line = [] if gplan.rollout is None or not catalog.serves(gate) else \
         [(node, planned_state(gplan, states, node)) for node, wait in gplan.rollout.waits.items()
          if wait.reason in AHEAD_REASONS]
-
-    def owned(node: str) -> bool:  # a node with no state yet has nothing its round took over
-        update = gplan.updates.get(node)
-        state = picked.get(node) or (update.state if update is not None and update.state is not None else None) \
-            or states.get(node)
-        return state is not None and _round_owns_it(state)
-
-    taken = frozenset(n for n in {*states, *picked} if owned(n))
+    # A node with no state yet has nothing its round took over.
+    taken = frozenset(n for n in {*states, *picked}
+                      if (state := planned_state_if_any(gplan, states, n)) is not None and _round_owns_it(state))
     return GateStaging(candidates(gate, picked, line, catalog=catalog, limit_ahead=ahead), taken_over=taken,
                        keep=gate.spec.paused, deleting=gate.metadata.deletion_timestamp is not None)
 
