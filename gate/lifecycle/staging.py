@@ -89,8 +89,8 @@ def staging_steps(gate: NodeGate, state: NodeGateState, catalog: ServingCatalog)
     for that is not made: it would cost the node a pod to save a container. A package with config is
     not placed: the operator creates a package's ConfigMap with the round's pods, a staging pod mounts
     none, and the agent refuses a config that is not the one its pod names."""
-    if not catalog.packages or not needs_cordon(gate, state):
-        return ()
+    if not catalog.serves(gate) or not needs_cordon(gate, state):
+        return ()  # no package of the gate stages at its version: asked at every look of every node
     work = round_work(gate, state)
     known = [(name, serving) for name in install_order(gate)
              if (serving := catalog.of(gate, name)) is not None and not work[name].done]
@@ -288,7 +288,7 @@ def candidates(gate: NodeGate, picked: Mapping[str, NodeGateState], ahead: Itera
     waits that clear by themselves: `gate.lifecycle.prepull.AHEAD_REASONS`) with serving steps to stage.
     Paused gates stage ahead for nobody."""
     if not catalog.serves(gate):
-        return ()
+        return ()  # `staging_steps` would say so for each node: not walked
     out = []
     for node, state in sorted(picked.items()):
         if state.status != "in-progress" or state.phase != "idle" or (state.rollback and not state.rollback.done):
