@@ -13,8 +13,8 @@ person at a shell (`python -m gate.devcluster.faults`) do the very same thing:
   does not come back in time), until released.
 * `registry_down` / `registry_up`: the cluster's registry killed, then started again on the same port
   (the nodes' containerd config names `host:port`).
-* `kill_operator`: SIGKILL of the operator, and, after `down_seconds`, the same operator started again
-  with the same command line and environment.
+* `kill_operator`: SIGKILL of the operator, and, after `down_seconds` (and once `until` holds), the same
+  operator started again with the same command line and environment.
 
 Host processes (registry, operator) are faulted through the cluster's `ProcessTable`; a node's own
 processes are found by their PID namespace, which is the node's init's.
@@ -126,11 +126,20 @@ def registry_up(state_dir: Path) -> Process:
     return ProcessTable(state_dir).start_again(REGISTRY)
 
 
-def kill_operator(state_dir: Path, *, down_seconds: float = 0.0, name: str = OPERATOR) -> Process:
-    """SIGKILL the operator (no shutdown, its Lease not released), and after `down_seconds` start it
-    again as it was started (argv and environment). Returns the new operator process."""
+def kill_operator(state_dir: Path, *, down_seconds: float = 0.0, until: Callable[[], bool] | None = None,
+                  timeout: float = 600.0, name: str = OPERATOR) -> Process:
+    """SIGKILL the operator (no shutdown, its Lease not released), and after `down_seconds`, and then once
+    `until` holds (asked every half second, at most `timeout` seconds: then it starts anyway and raises),
+    start it again as it was started (argv and environment). Returns the new operator process."""
     _kill_host_process(state_dir, name)
     time.sleep(down_seconds)
+    deadline = time.monotonic() + timeout
+    while until is not None and not until():
+        if time.monotonic() > deadline:
+            ProcessTable(state_dir).start_again(name)
+            raise FaultError(f"kill_operator: what the operator was to be away for did not happen within "
+                             f"{timeout:.0f}s; it is started again")
+        time.sleep(0.5)
     return ProcessTable(state_dir).start_again(name)
 
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gate.api import keys
-from gate.devcluster import faults, realnode
+from gate.devcluster import faults, realfleet, realnode
 from gate.kube.client import KubeClient
 from gate.testing.watcher import InvariantWatcher, WatchReport
 from tests.realnode.conftest import OPERATOR_ENV, POOL_LABEL, RealCluster
@@ -308,3 +308,57 @@ def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_
     assert not report.violations, report.summary()
     assert not cordoned(real)
 
+
+
+def boots(real: RealCluster, node: str) -> int:
+    """How many times the node's supervisor booted it so far (its log has a line per boot)."""
+    log = real.dev.dir / "logs" / f"{realfleet.supervisor(node)}.log"
+    return log.read_text(errors="replace").count(f"{node}: booted (") if log.exists() else 0
+
+
+def reboot_pod_ended(real: RealCluster, gate: str) -> bool:
+    """Whether the gate's pod that holds the reboot is there and ended (Succeeded or Failed)."""
+    out = real.kubectl.run("get", "pods", "-n", "nodegate-system", "-l",
+                           f"nodegate.io/gate={gate},{keys.INTERRUPT_LABEL}=reboot", "-o", "json").stdout
+    pods = json.loads(out or "{}").get("items") or []
+    return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+
+def test_the_operator_away_across_a_reboot_finds_the_node_rebooted_once_and_finishes_the_round(
+        faulty: RealCluster, gate_name: str) -> None:
+    """The operator is killed as the node goes down for its reboot, and stays away until the node is back
+    and its kubelet has ended the reboot pod (a clean reboot: the pod's sandbox is gone, the runtime still
+    lists its containers, so the kubelet does not run it again; docs/realnodes.md, "Out of service"). The
+    operator that comes back reads the round from the node's state, judges the reboot by the new boot ID
+    and finishes: the node booted once, the step ran once, nothing was left cordoned."""
+    real = faulty
+    node = real.nodes[0]
+    outcome: dict[str, Any] = {}
+
+    def down() -> bool:
+        try:
+            faults.node_processes(real.config(node), "kubelet")
+            return False
+        except Exception:  # hostside.RealNodeError: the node's init is gone
+            return True
+
+    def scenario() -> None:
+        before, boot = boots(real, node), real.boot_id(node)
+        apply_gate(real, gate_name, [node], interrupt="reboot", sleep=1)
+        try:
+            real.wait("the node to reach its reboot",
+                      lambda: node_state(real, gate_name, node).get("phase") == "interrupt", 300.0, every=0.5)
+            real.wait(f"{node} to go down for its reboot", down, 120.0, every=0.2)
+            faults.kill_operator(real.dev.dir, until=lambda: (
+                real.boot_id(node) not in ("", boot) and node_ready(real, node)
+                and reboot_pod_ended(real, gate_name)), timeout=300.0)
+            real.wait_complete(gate_name, 420.0)
+            outcome["boots"], outcome["runs"] = boots(real, node) - before, step_runs(real, node, gate_name)
+            assert real.node_file(node, f"/etc/nodegate-fault-{gate_name}") == f"{gate_name}\n"
+        finally:
+            finish(real, gate_name, [node])
+
+    report = watched(real, scenario)
+    assert outcome == {"boots": 1, "runs": 1}, outcome
+    assert not report.violations, report.summary()
+    assert not cordoned(real)

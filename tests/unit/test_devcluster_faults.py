@@ -77,3 +77,24 @@ def printed(log: Path, times: int) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"'env kept' not printed {times} times: {log.read_text() if log.exists() else ''}")
+
+
+def test_a_killed_operator_stays_away_until_what_it_waits_for_holds_and_no_longer(tmp_path: Path) -> None:
+    table = ProcessTable(tmp_path)
+    script = "import time; print('env kept', flush=True); time.sleep(60)"
+    first = table.register("operator", [sys.executable, "-c", script])
+    asked: list[bool] = []
+
+    def until() -> bool:  # holds at the third time it is asked; the operator is down until then
+        assert not table.all()["operator"].alive()
+        asked.append(True)
+        return len(asked) >= 3
+
+    try:
+        again = faults.kill_operator(tmp_path, until=until)
+        assert len(asked) == 3 and not first.alive() and again.alive() and again.pid != first.pid
+        with pytest.raises(faults.FaultError, match=r"did not happen within 1s; it is started again"):
+            faults.kill_operator(tmp_path, until=lambda: False, timeout=1.0)
+        assert table.all()["operator"].alive()  # started again all the same: a test's cluster keeps its operator
+    finally:
+        table.stop_all()
