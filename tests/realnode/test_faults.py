@@ -105,6 +105,15 @@ def node_ready(real: RealCluster, node: str) -> bool:
     return out.strip() == "True"
 
 
+def node_down(real: RealCluster, node: str) -> bool:
+    """Whether the node is down (its kubelet gone with its init: a reboot, a power cut)."""
+    try:
+        faults.node_processes(real.config(node), "kubelet")
+        return False
+    except Exception:  # hostside.RealNodeError: the node's init is gone
+        return True
+
+
 def finish(real: RealCluster, gate: str, nodes: list[str]) -> None:
     """Delete the gate and what its script left; every node Ready and uncordoned afterwards."""
     real.delete_gate(gate, 300.0)
@@ -270,13 +279,6 @@ def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_
                 return node
         return None
 
-    def down(node: str) -> bool:
-        try:
-            faults.node_processes(real.config(node), "kubelet")
-            return False
-        except Exception:  # hostside.RealNodeError: the node's init is gone
-            return True
-
     def scenario() -> None:
         boots = {node: real.boot_id(node) for node in real.nodes}
         apply_gate(real, gate_name, real.nodes, interrupt="reboot", sleep=1)
@@ -287,7 +289,7 @@ def test_the_operator_killed_during_a_reboot_resumes_it_and_a_reboot_that_never_
             second = next(node for node in real.nodes if node != first)
             outcome["first"], outcome["second"] = first, second
             faults.hold_boot(real.dev.dir, second, 3600)
-            real.wait(f"{first} to go down for its reboot", lambda: down(first), 120.0, every=0.2)
+            real.wait(f"{first} to go down for its reboot", lambda: node_down(real, first), 120.0, every=0.2)
             faults.kill_operator(real.dev.dir, down_seconds=3)
             real.wait(f"{first} complete and {second} failed", lambda: (
                 node_state(real, gate_name, first).get("status") == "complete"
@@ -335,20 +337,13 @@ def test_the_operator_away_across_a_reboot_finds_the_node_rebooted_once_and_fini
     node = real.nodes[0]
     outcome: dict[str, Any] = {}
 
-    def down() -> bool:
-        try:
-            faults.node_processes(real.config(node), "kubelet")
-            return False
-        except Exception:  # hostside.RealNodeError: the node's init is gone
-            return True
-
     def scenario() -> None:
         before, boot = boots(real, node), real.boot_id(node)
         apply_gate(real, gate_name, [node], interrupt="reboot", sleep=1)
         try:
             real.wait("the node to reach its reboot",
                       lambda: node_state(real, gate_name, node).get("phase") == "interrupt", 300.0, every=0.5)
-            real.wait(f"{node} to go down for its reboot", down, 120.0, every=0.2)
+            real.wait(f"{node} to go down for its reboot", lambda: node_down(real, node), 120.0, every=0.2)
             faults.kill_operator(real.dev.dir, until=lambda: (
                 real.boot_id(node) not in ("", boot) and node_ready(real, node)
                 and reboot_pod_ended(real, gate_name)), timeout=300.0)
