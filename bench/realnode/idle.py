@@ -71,8 +71,10 @@ def _gap(what: str, who: str, start: float | None, end: float | None) -> Gap:
     return Gap(what, who, None if start is None or end is None else end - start)
 
 
-def transitions(pods: Sequence[PodSeen], node: Sequence[NodeSeen]) -> list[Gap]:
-    """The gaps of one node's round, in order (see the module docstring)."""
+def transitions(pods: Sequence[PodSeen], node: Sequence[NodeSeen], reboot_started: float | None = None) -> list[Gap]:
+    """The gaps of one node's round, in order (see the module docstring). `reboot_started`: the reboot step's
+    start by the API's own time, for a real node whose kubelet never reported that step running before the
+    shutdown (the watch then never sees it run)."""
     order = sorted((p for p in pods if p.added is not None), key=lambda p: p.added or 0.0)
     cordon = next((n.at for n in node if n.unschedulable), None)
     out: list[Gap] = []
@@ -83,7 +85,7 @@ def transitions(pods: Sequence[PodSeen], node: Sequence[NodeSeen]) -> list[Gap]:
             out.append(_gap(f"{pod.name}: created -> first container started", "kubelet",
                             pod.created, pod.first_start))
         if pod.reboot:
-            out += _reboot(pod, order[i + 1] if i + 1 < len(order) else None, node)
+            out += _reboot(pod, order[i + 1] if i + 1 < len(order) else None, node, reboot_started)
             continue
         end = _first(pod.steps_ended, pod.ended)
         out.append(_gap(f"{pod.name}: finished -> end seen", "kubelet", pod.last_finish, end))
@@ -106,14 +108,17 @@ def _first(*times: float | None) -> float | None:
     return min(known) if known else None
 
 
-def _reboot(pod: PodSeen, after: PodSeen | None, node: Sequence[NodeSeen]) -> list[Gap]:
+def _reboot(pod: PodSeen, after: PodSeen | None, node: Sequence[NodeSeen], started: float | None) -> list[Gap]:
     """The reboot pod's start to the next pod: the reboot, the kubelet's return, the operator's look."""
     start = pod.running  # the watch's time: kwok's container times are not the node's
+    what = f"{pod.name}: started -> new boot ID seen"
+    if start is None and started is not None:
+        start, what = started, f"{pod.name}: started (API time, whole seconds) -> new boot ID seen"
     before = [n.boot_id for n in node if start is not None and n.at <= start]
     boot = before[-1] if before else None
     new_boot = next((n.at for n in node if boot is not None and n.boot_id != boot), None)
     ready = next((n.at for n in node if new_boot is not None and n.at >= new_boot and n.ready), None)
-    out = [_gap(f"{pod.name}: started -> new boot ID seen", "reboot", start, new_boot),
+    out = [_gap(what, "reboot", start, new_boot),
            _gap("new boot ID seen -> node Ready seen", "kubelet", new_boot, ready)]
     seen = _first(pod.steps_ended, pod.ended, pod.gone)
     if seen is not None:

@@ -339,7 +339,7 @@ async def one_pass(client: KubeClient, name: str, nodes: list[str], images: dict
             figures["image pulls (summed)"], count = await pull_seconds(client, node)
             figures["images pulled"] = float(count)
         out[node] = figures
-        gaps = idle.transitions(times[node].seen_pods(), trails[node].events())
+        gaps = idle.transitions(times[node].seen_pods(), trails[node].events(), times[node].interrupt_started())
         TRANSITIONS.setdefault(name, {})[node] = [[g.who, g.seconds, g.what] for g in gaps]
         figures.update({f"idle: {who}": seconds for who, seconds in idle.summary(gaps).items()})
         print(f"\nTransitions of {name} (watch times exact, API times whole seconds):")

@@ -39,3 +39,16 @@ def test_a_rounds_transitions_name_the_kubelet_the_operator_and_the_reboot() -> 
 def test_a_moment_not_seen_leaves_its_gap_unmeasured_not_zero() -> None:
     gaps = transitions([PodSeen("apply", added=1.0)], [])
     assert [(g.what, g.seconds) for g in gaps] == [("apply: finished -> end seen", None)]
+
+
+def test_a_reboot_the_kubelet_never_reported_running_is_timed_from_the_apis_start_of_its_step() -> None:
+    """On a real node the reboot step often runs and takes the node down before the kubelet reports it
+    running: the watch never sees it, and the reboot is timed from its step's start by the API's time."""
+    node = [NodeSeen(100.0, True, "boot-1", True), NodeSeen(112.5, True, "boot-1", False),
+            NodeSeen(130.0, True, "boot-2", False), NodeSeen(131.0, True, "boot-2", True)]
+    pods = [PodSeen("apply", reboot=True, added=100.2, created=100.0, first_start=101.0)]
+    unseen = {g.what: g.seconds for g in transitions(pods, node)}
+    assert unseen["apply: started -> new boot ID seen"] is None
+    gaps = {g.what: (g.who, g.seconds) for g in transitions(pods, node, reboot_started=112.0)}
+    assert gaps["apply: started (API time, whole seconds) -> new boot ID seen"] == ("reboot", pytest.approx(18.0))
+    assert gaps["new boot ID seen -> node Ready seen"] == ("kubelet", pytest.approx(1.0))
