@@ -16,6 +16,7 @@ same name, and their histories must not mix):
         data/                   the scripts' own state ($NODEGATE_STATE_DIR); removed by uninstall
         overlay-backup/         host files the overlay replaced, restored by uninstall
         node/                   the node's facts of the latest run ($NODEGATE_NODE_FACTS, gate.agent.facts)
+    /var/lib/nodegate/reboots/<pod uid>   the boot a reboot pod asked for its reboot on (gate.agent.reboots)
     /var/log/nodegate/<gate>/<package>/<version>/<time>-<stage>.log
     /var/log/nodegate/interrupts/<time>-<type>.log
 """
@@ -32,8 +33,23 @@ from gate.agent.errors import HostError
 STATE_BASE: Final = PurePosixPath("/var/lib/nodegate")
 LOG_BASE: Final = PurePosixPath("/var/log/nodegate")
 INTERRUPT_LOGS: Final = LOG_BASE / "interrupts"
+REBOOTS: Final = STATE_BASE / "reboots"
+BOOT_ID: Final = "proc/sys/kernel/random/boot_id"
 # Linux's own limit on symlinks followed while resolving one path.
 _MAX_SYMLINKS: Final = 40
+
+
+def boot_id(root: Path) -> str | None:
+    """The host's boot ID as the kubelet reports it: read through the host root first (a node that
+    gives its /proc a boot ID of its own, as the dev cluster's real nodes do), else the kernel's."""
+    for path in (root / BOOT_ID, Path("/") / BOOT_ID):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
 
 
 def resolve_in_root(root: Path, host_path: PurePosixPath | str) -> Path:

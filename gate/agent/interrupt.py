@@ -8,6 +8,10 @@ A reboot ends this pod: systemd stops everything, the agent included. So the age
 *before* asking for the reboot, and counts its own death by the shutdown (SIGTERM while waiting, or
 the reboot command killed under it) as success. Returning normally from a reboot request without
 being killed within the wait is the failure: the node did not go down.
+
+A reboot pod asks for its reboot once (`gate.agent.reboots`): given its pod's UID, the agent keeps on the
+host the boot it asks on, and the same pod run again on a later boot by the kubelet ends its reboot step
+with success and no second reboot.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Final, Literal
 
-from gate.agent import logs
+from gate.agent import logs, reboots
 from gate.agent.errors import HostError, UsageError
-from gate.agent.host import INTERRUPT_LOGS, check_root, resolve_in_root
+from gate.agent.host import INTERRUPT_LOGS, boot_id, check_root, resolve_in_root
 from gate.agent.plan import HOST_PATH
 from gate.agent.process import run_command
 from gate.agent.summary import Summary, tail
@@ -66,6 +70,7 @@ class InterruptSettings:
     root: Path
     services: tuple[str, ...] = ()
     reboot_wait: float = DEFAULT_REBOOT_WAIT
+    pod: str | None = None  # the UID of the pod the reboot runs in: it reboots the node once (`gate.agent.reboots`)
 
 
 @dataclass
@@ -133,6 +138,8 @@ def run_interrupt(
         raise HostError(f"host root {settings.root} has neither systemctl nor reboot")
     # Refused before anything is logged or run on the host.
     plan = plan_service_restart(settings.services) if settings.type == "service" else []
+    if settings.pod is not None:
+        reboots.checked_uid(settings.pod)
 
     started = time.monotonic()
     log_path = resolve_in_root(settings.root, INTERRUPT_LOGS) / logs.log_name(now(), settings.type)
@@ -209,6 +216,14 @@ def _reboot(
     say: Callable[[str], None],
 ) -> Summary:
     command = plan_reboot(has_systemctl)
+    booted = boot_id(settings.root)
+    if settings.pod is not None:
+        asked = reboots.asked_on(settings.root, settings.pod)
+        if asked is not None and booted is not None and asked != booted:
+            say(f"This pod asked for its reboot on boot {asked}, and the node has booted since: not again.")
+            return summary(True, f"the node rebooted after this pod asked for it on boot {asked} (now boot "
+                           f"{booted}): this pod's reboot is done, and the node is not rebooted again")
+        reboots.record(settings.root, settings.pod, booted or "")
     previous = {sig: signal.signal(sig, _raise_shutdown) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         # Written first: the shutdown may kill us before we could write anything afterwards.

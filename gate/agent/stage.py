@@ -42,7 +42,7 @@ from gate.agent.history import (
     with_step_done,
     without_staged,
 )
-from gate.agent.host import PackageLayout, check_root
+from gate.agent.host import PackageLayout, boot_id, check_root
 from gate.agent.loader import Package, load_package
 from gate.agent.package import STAGE_OF_LIST, STEPS_OF
 from gate.agent.plan import Invocation, Places, StageRequest, plan_stage
@@ -435,25 +435,9 @@ def run_stage(
         message=(_failure_message(failed, outcome, settings.timeout if termination.timed_out else None) if failed
                  else _success_message(results)),
         duration_seconds=time.monotonic() - started,
-        boot_id=_boot_id(settings.root) if request.part == "serving" else None,
+        boot_id=boot_id(settings.root) if request.part == "serving" else None,
     )
     return StageResult(summary=summary, steps=results, log_path=log_path)
-
-
-BOOT_ID = "proc/sys/kernel/random/boot_id"
-
-
-def _boot_id(root: Path) -> str | None:
-    """The host's boot ID as the kubelet reports it: read through the host root first (a node that
-    gives its /proc a boot ID of its own, as the dev cluster's real nodes do), else the kernel's."""
-    for path in (root / BOOT_ID, Path("/") / BOOT_ID):
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text:
-            return text
-    return None
 
 
 def _success_message(results: list[StepResult]) -> str:

@@ -189,8 +189,11 @@ def interrupt_settings(args: argparse.Namespace) -> InterruptSettings:
         raise CliError("--type service needs at least one --service UNIT")
     if args.reboot_wait < 0:
         raise CliError("--reboot-wait cannot be negative")
+    pod = args.pod or os.environ.get("NODEGATE_POD_UID") or None
+    if pod is not None and args.type != "reboot":
+        raise CliError("--pod is for --type reboot: only a reboot is asked for once per pod")
     return InterruptSettings(type=args.type, root=Path(args.root), services=tuple(args.service),
-                             reboot_wait=args.reboot_wait)
+                             reboot_wait=args.reboot_wait, pod=pod)
 
 
 def cmd_agent_interrupt(args: argparse.Namespace) -> int:
@@ -344,6 +347,10 @@ def register(subparsers: Any) -> None:
                            help="a systemd unit to restart (repeatable; needed for --type service)")
     interrupt.add_argument("--reboot-wait", type=float, default=600.0, metavar="SECONDS",
                            help="after requesting a reboot, how long to wait to be stopped by it (default 600)")
+    interrupt.add_argument("--pod", metavar="UID",
+                           help="the UID of the pod the reboot runs in (env NODEGATE_POD_UID, which the operator "
+                           "sets from the pod itself): the boot it asks on is kept on the host, and the same pod "
+                           "run again on a later boot does not reboot the node again")
     interrupt.set_defaults(func=cmd_agent_interrupt)
 
     package = subparsers.add_parser("package", help="tools for package authors: lint, test, explain, build, catalog, "

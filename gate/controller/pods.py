@@ -253,7 +253,10 @@ def _interrupt_step(interrupt: Interrupt, settings: OperatorSettings) -> Obj:
     args = ["agent", "interrupt", "--type", interrupt.type, "--root", HOST_ROOT, "--termination-log", TERMINATION_LOG]
     for service in interrupt.services:
         args += ["--service", service]
-    return _agent("interrupt", args, [], settings.agent_image, [])
+    # A reboot is asked for once per pod (`gate.agent.reboots`): the pod's own UID, from the kubelet, names it.
+    env = [{"name": "NODEGATE_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}] \
+        if interrupt.type == "reboot" else []
+    return _agent("interrupt", args, env, settings.agent_image, [])
 
 
 def staging_pod(gate: NodeGate, node: str, name: str, steps: tuple[Step, ...], settings: OperatorSettings,

@@ -317,8 +317,10 @@ def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
     rebooted = bool(s.boot_id) and ctx.node.boot_id != s.boot_id
     if rebooted and ctx.node.ready and view is not None and not view.ended:
         # The boot ended what ran in it, but the kubelet has not said so yet, or it starts the pod afresh
-        # on the new boot (its sandbox is gone), which would run its steps again and reboot the node once
-        # more. It goes first (a graceful delete: gone once the kubelet has stopped what runs in it), and
+        # on the new boot (its sandbox is gone and the runtime lists none of its containers), which would
+        # run its steps again (its reboot step would not reboot again: the host keeps the boot this pod
+        # asked on, `gate.agent.reboots`). It goes first (a graceful delete: gone once the kubelet has
+        # stopped what runs in it), and
         # the round goes on, to its checks and its uncordon, only once it is gone or ended. The reboot's
         # bound holds meanwhile.
         r.decision.delete_pods.append(name)
@@ -344,9 +346,9 @@ def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
     if view.phase == "failed" and not rebooted:
         return r.fail("InterruptFailed", view.message or "the reboot pod failed", stage="interrupt")
     if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
-        # The reboot pod goes too: on the boot that does come, the kubelet would run it again (its
-        # sandbox is gone, so it starts afresh) and reboot the node once more; and a release of
-        # the node waits until it is gone instead of uncordoning under it.
+        # The reboot pod goes too: on the boot that does come, the kubelet may run it again (its
+        # sandbox is gone) and its steps with it, on a node that failed; and a release of the node
+        # waits until it is gone instead of uncordoning under it.
         r.decision.delete_pods.append(name)
         return r.fail("RebootTimeout", f"no new boot ID and Ready within {ctx.timing.reboot_timeout:.0f}s",
                       stage="interrupt")

@@ -106,3 +106,47 @@ def test_an_interrupt_on_a_missing_root_is_refused(agent: Agent, tmp_path: Path)
     agent.root = tmp_path / "nowhere"
     run = agent.interrupt("reboot")
     assert run.code == 2 and "does not exist" in str(run.summary["message"])
+
+
+POD = "0f8e4c52-1a6b-4c1d-9a57-3c2b8e9d7f10"
+
+
+def test_a_reboot_pod_run_again_on_a_later_boot_does_not_reboot_the_node_again(agent: Agent) -> None:
+    """The kubelet of a new boot may run a reboot pod again from its first step (docs/realnodes.md): its
+    reboot step finds on the host that this pod asked for its reboot on an earlier boot, and ends with
+    success without a second reboot. Another pod (a retry, the next round) reboots as asked."""
+    first_boot = (agent.root / "proc/sys/kernel/random/boot_id").read_text().strip()
+    run = agent.interrupt("reboot", "--reboot-wait", "0", "--pod", POD)
+    assert run.code == 0, run.summary
+    assert fake_calls(agent.root) == ["systemctl reboot"]
+    assert (agent.root / "var/lib/nodegate/reboots" / POD).read_text() == f"{first_boot}\n"
+
+    again = agent.interrupt("reboot", "--reboot-wait", "0", "--pod", POD)
+    assert again.code == 0 and again.summary["ok"], again.summary
+    assert "is not rebooted again" in str(again.summary["message"]) and first_boot in str(again.summary["message"])
+    assert fake_calls(agent.root) == ["systemctl reboot"]  # still the one reboot
+
+    other = agent.interrupt("reboot", "--reboot-wait", "0", "--pod", POD.replace("0f8e", "1f8e"))
+    assert other.code == 0, other.summary
+    assert fake_calls(agent.root) == ["systemctl reboot", "systemctl reboot"]
+
+
+def test_a_reboot_asked_for_again_on_the_same_boot_is_asked_for_again(agent: Agent) -> None:
+    """The same pod on the same boot (its first request refused, say): the node has not rebooted since, so
+    the reboot is asked for again."""
+    make_fail(agent.root, "reboot")
+    assert agent.interrupt("reboot", "--reboot-wait", "0", "--pod", POD).code == 1
+    (agent.root / "etc/fake-systemd/fail-reboot").unlink()
+    run = agent.interrupt("reboot", "--reboot-wait", "0", "--pod", POD)
+    assert run.code == 0, run.summary
+    assert fake_calls(agent.root) == ["systemctl reboot", "systemctl reboot"]
+
+
+def test_a_pod_uid_that_is_not_one_is_refused_before_the_host_is_touched(agent: Agent) -> None:
+    for bad in ("../../etc/passwd", "0F8E4C52-1A6B-4C1D-9A57-3C2B8E9D7F10", "x"):
+        run = agent.interrupt("reboot", "--reboot-wait", "0", "--pod", bad)
+        assert run.code == 2 and "is not a pod UID" in str(run.summary["message"]), run.summary
+    run = agent.interrupt("service", "--service", "chrony.service", "--pod", POD)
+    assert run.code == 2 and "--pod is for --type reboot" in str(run.summary["message"]), run.summary
+    assert fake_calls(agent.root) == []
+    assert not (agent.root / "var/lib/nodegate/reboots").exists()

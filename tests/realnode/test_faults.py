@@ -357,3 +357,54 @@ def test_the_operator_away_across_a_reboot_finds_the_node_rebooted_once_and_fini
     assert outcome == {"boots": 1, "runs": 1}, outcome
     assert not report.violations, report.summary()
     assert not cordoned(real)
+
+
+def reboot_pod(real: RealCluster, name: str, node: str, uid: str) -> str:
+    """A bare pod whose one step is NodeGate's reboot, as the operator's stage pods run it, but naming the pod
+    by `uid` (the operator passes the pod's own UID): the same `uid` twice is the same pod run again."""
+    from gate.controller.pods import AGENT_COMMAND, HOST_ROOT, TERMINATION_LOG
+
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                           "spec": {"nodeName": node, "restartPolicy": "Never", "hostPID": True, "hostNetwork": True,
+                                    "containers": [{
+                                        "name": "interrupt", "image": real.images["nodegate"],
+                                        "imagePullPolicy": "IfNotPresent", "command": list(AGENT_COMMAND),
+                                        "args": ["agent", "interrupt", "--type", "reboot", "--root", HOST_ROOT,
+                                                 "--termination-log", TERMINATION_LOG],
+                                        "env": [{"name": "NODEGATE_POD_UID", "value": uid}],
+                                        "securityContext": {"privileged": True, "runAsUser": 0},
+                                        "volumeMounts": [{"name": "host", "mountPath": HOST_ROOT}]}],
+                                    "volumes": [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]}})
+
+
+def pod_phase(real: RealCluster, name: str) -> str:
+    return real.kubectl.run("get", "pod", name, "-n", "default", "-o", "jsonpath={.status.phase}",
+                            check=False).stdout.strip()
+
+
+def test_a_reboot_pod_run_again_on_a_later_boot_does_not_reboot_the_node_again(real: RealCluster) -> None:
+    """The kubelet of a new boot runs a pod again from its first step when the runtime lists none of its
+    containers (after a power cut, or a boot held back long: docs/realnodes.md). A reboot pod run again must
+    not reboot the node once more: its reboot step keeps, on the node's disk, the boot it asked on under its
+    pod's UID, and the same pod on a later boot ends at once with success. Played here by two bare pods with
+    the same UID: the first reboots the node, the second, after the boot, does not."""
+    node, uid = real.nodes[0], "6a0c2d9e-4b1f-4e8a-9c3d-7f5e1b2a8c40"
+    before, boot = boots(real, node), real.boot_id(node)
+    try:
+        real.kubectl.apply(reboot_pod(real, "reboot-once-first", node, uid))
+        real.wait(f"{node} down for the first pod's reboot", lambda: node_down(real, node), 180.0, every=0.2)
+        real.wait(f"{node} back with a new boot ID", lambda: real.boot_id(node) not in ("", boot)
+                  and node_ready(real, node), 300.0, every=1.0)
+        assert real.node_file(node, f"/var/lib/nodegate/reboots/{uid}") == f"{boot}\n"
+        real.kubectl.apply(reboot_pod(real, "reboot-once-again", node, uid))
+        real.wait("the pod run again to end", lambda: pod_phase(real, "reboot-once-again") in ("Succeeded", "Failed"),
+                  180.0, every=1.0)
+        message = real.kubectl.run("get", "pod", "reboot-once-again", "-n", "default", "-o",
+                                   "jsonpath={.status.containerStatuses[0].state.terminated.message}").stdout
+        assert pod_phase(real, "reboot-once-again") == "Succeeded", message
+        assert "is not rebooted again" in message and boot in message, message
+        assert boots(real, node) - before == 1 and node_ready(real, node)
+    finally:
+        real.kubectl.run("delete", "pod", "reboot-once-first", "reboot-once-again", "-n", "default",
+                         "--ignore-not-found", "--wait=false")
+        real.node_sh(node, f"rm -f /var/lib/nodegate/reboots/{uid}", check=False)

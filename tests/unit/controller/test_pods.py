@@ -584,9 +584,14 @@ def test_a_pod_that_ends_with_a_reboot_keeps_its_chain_and_a_staging_pod_says_th
     pod = stage_pod(gate(), "n", reboot, SETTINGS)
     assert _names(pod["spec"]) == (["payload-tuned", "apply-tuned", "payload-base", "apply-base"], ["interrupt"])
     assert keys.IN_TURN_LABEL not in pod["metadata"]["labels"] and _turns(pod["spec"]) == [None]
+    # The reboot is asked for once per pod (gate.agent.reboots): its step names the pod by the UID the kubelet
+    # gives it, never by a value of the operator's, so a pod run again on a later boot finds its own record.
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "NODEGATE_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
     restart = stage_pod(gate(), "n", replace(reboot, interrupt=Interrupt(type="service", services=["a"]),
                                              steps=(*reboot.steps[:2], Step(None, "interrupt", "service:a"))), SETTINGS)
     assert _names(restart["spec"]) == (["payload-tuned", "payload-base"], ["apply-tuned", "apply-base", "interrupt"])
+    assert restart["spec"]["containers"][2]["env"] == []
     staging = stage_pod(gate(), "n", PodRequest(name="ng-staging-y", kind="staging", part="serving", steps=(
         Step("tuned", "apply", "fp", version="1.2.0"), Step("base", "apply", "fp", version="2.0.0"))), SETTINGS)
     staging["status"] = {"phase": "Succeeded", "containerStatuses": [
