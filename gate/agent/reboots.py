@@ -59,7 +59,13 @@ def record(root: Path, uid: str, boot: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    kept = sorted((p for p in directory.iterdir() if _UID.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
-                  reverse=True)
+    kept = sorted((p for p in directory.iterdir() if _UID.fullmatch(p.name)), key=_mtime, reverse=True)
     for old in kept[KEEP:]:
         old.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # pruned meanwhile by another reboot step (another gate's, on the same host)
+        return 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,16 @@ def test_a_pod_uid_that_is_not_one_is_refused_before_the_host_is_touched(agent: 
     assert run.code == 2 and "--pod is for --type reboot" in str(run.summary["message"]), run.summary
     assert fake_calls(agent.root) == []
     assert not (agent.root / "var/lib/nodegate/reboots").exists()
+
+
+def test_the_host_keeps_the_newest_reboot_records_only(agent: Agent) -> None:
+    from gate.agent import reboots
+
+    directory = agent.root / "var/lib/nodegate/reboots"
+    uids = [f"{i:08x}-0000-4000-8000-000000000000" for i in range(reboots.KEEP + 3)]
+    for n, uid in enumerate(uids):
+        reboots.record(agent.root, uid, "boot-1")
+        os.utime(directory / uid, (1000 + n, 1000 + n))  # written in order, a second apart
+    kept = sorted(p.name for p in directory.iterdir())
+    assert len(kept) == reboots.KEEP and uids[0] not in kept and uids[-1] in kept
+    assert reboots.asked_on(agent.root, uids[-1]) == "boot-1" and reboots.asked_on(agent.root, uids[0]) is None
