@@ -129,18 +129,21 @@ def registry_up(state_dir: Path) -> Process:
 def kill_operator(state_dir: Path, *, down_seconds: float = 0.0, until: Callable[[], bool] | None = None,
                   timeout: float = 600.0, name: str = OPERATOR) -> Process:
     """SIGKILL the operator (no shutdown, its Lease not released), and after `down_seconds`, and then once
-    `until` holds (asked every half second, at most `timeout` seconds: then it starts anyway and raises),
-    start it again as it was started (argv and environment). Returns the new operator process."""
+    `until` holds (asked every half second, at most `timeout` seconds: then it raises), start it again as it
+    was started (argv and environment). It is started again whatever happens meanwhile (a timeout, `until`
+    raising), so a test's cluster never loses its operator. Returns the new operator process."""
     _kill_host_process(state_dir, name)
-    time.sleep(down_seconds)
-    deadline = time.monotonic() + timeout
-    while until is not None and not until():
-        if time.monotonic() > deadline:
-            ProcessTable(state_dir).start_again(name)
-            raise FaultError(f"kill_operator: what the operator was to be away for did not happen within "
-                             f"{timeout:.0f}s; it is started again")
-        time.sleep(0.5)
-    return ProcessTable(state_dir).start_again(name)
+    try:
+        time.sleep(down_seconds)
+        deadline = time.monotonic() + timeout
+        while until is not None and not until():
+            if time.monotonic() > deadline:
+                raise FaultError(f"kill_operator: what the operator was to be away for did not happen within "
+                                 f"{timeout:.0f}s; it is started again")
+            time.sleep(0.5)
+    finally:
+        started = ProcessTable(state_dir).start_again(name)
+    return started
 
 
 def _kill_host_process(state_dir: Path, name: str) -> Process:

@@ -96,5 +96,12 @@ def test_a_killed_operator_stays_away_until_what_it_waits_for_holds_and_no_longe
         with pytest.raises(faults.FaultError, match=r"did not happen within 1s; it is started again"):
             faults.kill_operator(tmp_path, until=lambda: False, timeout=1.0)
         assert table.all()["operator"].alive()  # started again all the same: a test's cluster keeps its operator
+
+        def broken() -> bool:
+            raise RuntimeError("the API server did not answer")
+
+        with pytest.raises(RuntimeError, match="did not answer"):
+            faults.kill_operator(tmp_path, until=broken)
+        assert table.all()["operator"].alive()
     finally:
         table.stop_all()
