@@ -360,21 +360,27 @@ def test_the_operator_away_across_a_reboot_finds_the_node_rebooted_once_and_fini
 
 
 def reboot_pod(real: RealCluster, name: str, node: str, uid: str) -> str:
-    """A bare pod whose one step is NodeGate's reboot, as the operator's stage pods run it, but naming the pod
-    by `uid` (the operator passes the pod's own UID): the same `uid` twice is the same pod run again."""
-    from gate.controller.pods import AGENT_COMMAND, HOST_ROOT, TERMINATION_LOG
+    """The operator's own reboot pod (`gate.controller.pods.stage_pod`, one step: the reboot), made bare in
+    `default`, with one change: its reboot step names the pod by `uid`, where the operator's names it by the
+    pod's own UID from the kubelet. The same `uid` twice is the same pod run again."""
+    from gate.api.nodegate import Interrupt, NodeGate
+    from gate.controller.pods import stage_pod
+    from gate.controller.settings import OperatorSettings
+    from gate.lifecycle.node import PodRequest, Step
 
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-                           "spec": {"nodeName": node, "restartPolicy": "Never", "hostPID": True, "hostNetwork": True,
-                                    "containers": [{
-                                        "name": "interrupt", "image": real.images["nodegate"],
-                                        "imagePullPolicy": "IfNotPresent", "command": list(AGENT_COMMAND),
-                                        "args": ["agent", "interrupt", "--type", "reboot", "--root", HOST_ROOT,
-                                                 "--termination-log", TERMINATION_LOG],
-                                        "env": [{"name": "NODEGATE_POD_UID", "value": uid}],
-                                        "securityContext": {"privileged": True, "runAsUser": 0},
-                                        "volumeMounts": [{"name": "host", "mountPath": HOST_ROOT}]}],
-                                    "volumes": [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]}})
+    gate = NodeGate.model_validate({"metadata": {"name": "reboot-once", "uid": "reboot-once"}, "spec": {
+        "packages": {"shellscript": {"version": "1.0.0", "image": real.images["shellscript"]}}}})
+    reboot = Interrupt(type="reboot")
+    pod = stage_pod(gate, node, PodRequest(name, "interrupt", (Step(None, "interrupt", "reboot:"),), interrupt=reboot),
+                    OperatorSettings(namespace="default", agent_image=real.images["nodegate"]))
+    pod["metadata"].pop("ownerReferences", None)  # no NodeGate object owns it here
+    (step,) = pod["spec"]["containers"]
+    assert step["env"] == [{"name": "NODEGATE_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
+    step["env"] = [{"name": "NODEGATE_POD_UID", "value": uid}]
+    account = pod["spec"]["serviceAccountName"]  # the chart's, in its namespace; here made in `default`
+    return yaml.safe_dump_all([{"apiVersion": "v1", "kind": "ServiceAccount",
+                                "metadata": {"name": account, "namespace": "default"},
+                                "automountServiceAccountToken": False}, pod])
 
 
 def pod_phase(real: RealCluster, name: str) -> str:
