@@ -216,8 +216,8 @@ def _reboot(
     say: Callable[[str], None],
 ) -> Summary:
     command = plan_reboot(has_systemctl)
-    booted = boot_id(settings.root)
     if settings.pod is not None:
+        booted = boot_id(settings.root)
         asked = reboots.asked_on(settings.root, settings.pod)
         if asked is not None and booted is not None and asked != booted:
             say(f"This pod asked for its reboot on boot {asked}, and the node has booted since: not again.")

@@ -320,9 +320,8 @@ def _interrupt(r: Round, required: Interrupt, paused: bool) -> Decision | None:
         # on the new boot (its sandbox is gone and the runtime lists none of its containers), which would
         # run its steps again (its reboot step would not reboot again: the host keeps the boot this pod
         # asked on, `gate.agent.reboots`). It goes first (a graceful delete: gone once the kubelet has
-        # stopped what runs in it), and
-        # the round goes on, to its checks and its uncordon, only once it is gone or ended. The reboot's
-        # bound holds meanwhile.
+        # stopped what runs in it), and the round goes on, to its checks and its uncordon, only once it
+        # is gone or ended. The reboot's bound holds meanwhile.
         r.decision.delete_pods.append(name)
         if seconds_since(s.phase_since, ctx.now) >= ctx.timing.reboot_timeout:
             return r.fail("RebootTimeout", f"the node rebooted, but its reboot pod {name} was not gone within "

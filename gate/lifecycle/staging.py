@@ -322,9 +322,10 @@ def gate_staging(gate: NodeGate, gplan: GatePlan, states: Mapping[str, NodeGateS
     picked = {n: planned_state(gplan, states, n) for n in picked_nodes(gplan)}
     # Each of these walks the gate's whole line or fleet at every plan: only as far as it must (a gate with
     # nothing to stage had them take a sixth of the operator's CPU at 3,000 nodes; bench/README.md).
-    line = [] if gplan.rollout is None or not catalog.serves(gate) else \
-        [(node, planned_state(gplan, states, node)) for node, wait in gplan.rollout.waits.items()
-         if wait.reason in AHEAD_REASONS]
+    # The line is read lazily: `candidates` walks none of it for a gate that serves nothing.
+    line = () if gplan.rollout is None else \
+        ((node, planned_state(gplan, states, node)) for node, wait in gplan.rollout.waits.items()
+         if wait.reason in AHEAD_REASONS)
     # A node with no state yet has nothing its round took over.
     taken = frozenset(n for n in {*states, *picked}
                       if (state := planned_state_if_any(gplan, states, n)) is not None and _round_owns_it(state))
